@@ -1,0 +1,1 @@
+"""Local real-service harness for txsink integration tests (see docs/testing.md)."""

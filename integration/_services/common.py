@@ -1,0 +1,329 @@
+"""Shared plumbing for the local service processes: paths, ports, pid files, state, logging.
+
+Everything a run writes lives under ``integration/.work/`` (git-ignored) so one ``rm -rf``
+resets it, and everything that is downloaded or built lives under the user cache
+(``~/.cache/txsink-services/``) so a second start on the same machine downloads nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+INTEGRATION_DIR = Path(__file__).resolve().parent.parent
+WORK_DIR = Path(os.environ.get("TXSINK_SERVICES_WORK", INTEGRATION_DIR / ".work"))
+ENV_FILE = INTEGRATION_DIR / ".services.env"
+STATE_FILE = WORK_DIR / "state.json"
+LOCK_FILE = WORK_DIR / ".lock"
+LOG_DIR = WORK_DIR / "logs"
+PID_DIR = WORK_DIR / "pids"
+LOOPBACK = "127.0.0.1"
+
+
+def cache_dir() -> Path:
+    """Where downloads and builds are kept between runs (survives ``down --purge``)."""
+    explicit = os.environ.get("TXSINK_SERVICES_CACHE")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "txsink-services"
+
+
+class ServiceError(RuntimeError):
+    """A service could not be provisioned or started; the message says what to look at."""
+
+
+@dataclass
+class StartReport:
+    """What ``up`` did for one service, so it can print honest cold/warm timings."""
+
+    name: str
+    env: dict[str, str]
+    seconds: float = 0.0
+    provision_seconds: float = 0.0
+    cold: bool = False
+    already_running: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        if self.already_running:
+            how = "already running"
+        elif self.cold:
+            how = f"cold: downloads/builds {self.provision_seconds:.1f}s"
+        else:
+            how = "warm: from cache"
+        extra = f"; {'; '.join(self.notes)}" if self.notes else ""
+        return f"{self.seconds:6.1f}s ({how}{extra})"
+
+
+def log(msg: str) -> None:
+    """Progress goes to stderr so stdout stays parseable (the env lines)."""
+    print(f"[services] {msg}", file=sys.stderr, flush=True)
+
+
+_DSN_PASSWORD = re.compile(r"(://[^:/@\s]+:)([^@\s]+)(@)")
+_KV_PASSWORD = re.compile(r"(password=)(\S+)", re.IGNORECASE)
+
+
+def redact(text: str) -> str:
+    """Hide passwords in DSNs (URL and key=value forms) before anything is printed or logged."""
+    return _KV_PASSWORD.sub(r"\1***", _DSN_PASSWORD.sub(r"\1***\3", text))
+
+
+def ensure_dirs() -> None:
+    for d in (WORK_DIR, LOG_DIR, PID_DIR):
+        d.mkdir(parents=True, exist_ok=True)
+        # Other users (postgres) must be able to traverse into the work folder.
+        d.chmod(0o755)
+
+
+@contextlib.contextmanager
+def locked() -> Iterator[None]:
+    """Serialise ``up``/``down`` between concurrent callers (two terminals, xdist workers)."""
+    ensure_dirs()
+    with LOCK_FILE.open("a+") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def load_state() -> dict[str, Any]:
+    try:
+        data = json.loads(STATE_FILE.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def save_state(state: Mapping[str, Any]) -> None:
+    ensure_dirs()
+    tmp = STATE_FILE.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=2, sort_keys=True))
+    tmp.replace(STATE_FILE)
+
+
+def port_is_free(port: int, host: str = LOOPBACK) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def choose_port(preferred: int, taken: set[int]) -> int:
+    """The documented default if it is free, else any free loopback port (printed by ``up``)."""
+    if preferred not in taken and port_is_free(preferred):
+        taken.add(preferred)
+        return preferred
+    for _ in range(50):
+        port = free_port()
+        if port not in taken:
+            taken.add(port)
+            return port
+    raise ServiceError("no free loopback port found")
+
+
+def port_open(port: int, host: str = LOOPBACK, timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def pid_file(name: str) -> Path:
+    return PID_DIR / f"{name}.pid"
+
+
+def read_pid(name: str) -> int | None:
+    try:
+        return int(pid_file(name).read_text().split()[0])
+    except (FileNotFoundError, ValueError, IndexError):
+        return None
+
+
+def write_pid(name: str, pid: int) -> None:
+    ensure_dirs()
+    pid_file(name).write_text(f"{pid}\n")
+
+
+def pid_cmdline(pid: int) -> str:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return ""
+    return raw.replace(b"\0", b" ").decode(errors="replace")
+
+
+def pid_alive(pid: int, marker: str | None = None) -> bool:
+    """True if ``pid`` runs and (when given) its command line contains ``marker``.
+
+    The marker guards against a recycled pid: we only ever signal our own server.
+    """
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        if stat.rsplit(")", 1)[1].split()[0] == "Z":
+            return False
+    except (OSError, IndexError):
+        pass
+    return marker is None or marker in pid_cmdline(pid)
+
+
+def stop_pid(pid: int, marker: str | None, sig: int = signal.SIGTERM, timeout: float = 30.0) -> bool:
+    """Signal our own process and wait for it to exit; SIGKILL after ``timeout``."""
+    if not pid_alive(pid, marker):
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not pid_alive(pid, marker):
+            return True
+        time.sleep(0.1)
+    log(f"pid {pid} did not exit after {timeout:.0f}s; sending SIGKILL")
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    for _ in range(50):
+        if not pid_alive(pid, marker):
+            break
+        time.sleep(0.1)
+    return True
+
+
+def spawn(
+    argv: Sequence[str],
+    log_path: Path,
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> subprocess.Popen[bytes]:
+    """Start a server detached from our session so it outlives ``up`` and the test run."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    full_env = dict(os.environ)
+    if env:
+        full_env.update(env)
+    with log_path.open("ab") as out:
+        return subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            cwd=str(cwd) if cwd else None,
+            start_new_session=True,
+            close_fds=True,
+        )
+
+
+def run(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    timeout: float | None = None,
+    log_path: Path | None = None,
+) -> str:
+    """Run a helper command to completion; on failure raise with the tail of its output."""
+    full_env = dict(os.environ)
+    if env:
+        full_env.update(env)
+    try:
+        proc = subprocess.run(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            env=full_env,
+            cwd=str(cwd) if cwd else None,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise ServiceError(f"{argv[0]} timed out after {timeout}s") from exc
+    output = (proc.stdout + proc.stderr).decode(errors="replace")
+    if log_path is not None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with log_path.open("a") as fh:
+            fh.write(f"$ {' '.join(argv)}\n{output}\n")
+    if proc.returncode != 0:
+        raise ServiceError(
+            f"{' '.join(argv[:3])} ... failed with exit {proc.returncode}:\n{tail_text(output)}"
+        )
+    return output
+
+
+def tail_text(text: str, lines: int = 25) -> str:
+    return redact("\n".join(text.rstrip().splitlines()[-lines:]))
+
+
+def tail_file(path: Path, lines: int = 25) -> str:
+    try:
+        return tail_text(path.read_text(errors="replace"), lines)
+    except FileNotFoundError:
+        return f"(no log at {path})"
+
+
+def wait_until(what: str, check: Any, timeout: float, *, alive: Any = None) -> None:
+    """Poll ``check()`` until true; fail early when ``alive()`` says the process died."""
+    deadline = time.monotonic() + timeout
+    delay = 0.1
+    while time.monotonic() < deadline:
+        if check():
+            return
+        if alive is not None and not alive():
+            raise ServiceError(f"{what}: the process exited during start-up")
+        time.sleep(delay)
+        delay = min(delay * 1.5, 1.0)
+    raise ServiceError(f"{what}: not ready after {timeout:.0f}s")
+
+
+def is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def apt_install(*packages: str) -> None:
+    """Install Debian packages (root only); ``apt-get update`` first on a fresh machine."""
+    if not is_root():
+        raise ServiceError(
+            f"{' '.join(packages)} missing and not running as root: install it "
+            f"(apt-get install {' '.join(packages)}) or point TXSINK_* env vars at your servers"
+        )
+    if shutil.which("apt-get") is None:
+        raise ServiceError(f"{' '.join(packages)} missing and apt-get not available")
+    env = {"DEBIAN_FRONTEND": "noninteractive"}
+    log(f"apt-get install {' '.join(packages)}")
+    run(["apt-get", "update", "-qq"], env=env, timeout=600, log_path=LOG_DIR / "apt.log")
+    run(
+        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *packages],
+        env=env,
+        timeout=1200,
+        log_path=LOG_DIR / "apt.log",
+    )

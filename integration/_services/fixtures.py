@@ -1,0 +1,421 @@
+"""The objects the ``postgres`` / ``kafka`` / ``s3`` pytest fixtures hand to tests.
+
+Servers are shared by the whole test session (starting them is the slow part); isolation
+between tests comes from fresh names instead: every ``new_*`` helper creates a uniquely
+named schema / topic / bucket and remembers it, and ``cleanup()`` (called by the conftest
+after each test) drops what the test created.
+
+Where the servers come from, in this order (see ``resolve_*``):
+1. the ``TXSINK_*`` environment variables (your own servers, or what ``integration/services
+   up`` wrote to ``integration/.services.env``);
+2. testcontainers, if a Docker engine answers;
+3. local processes started by this package (the same code as ``integration/services up``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit, urlunsplit
+
+from .common import redact
+
+if TYPE_CHECKING:
+    import psycopg
+    from mypy_boto3_s3 import S3Client
+    from netproxy import NetProxy
+
+Finalizer = Callable[[], None]
+
+
+def unique(prefix: str, sep: str = "_") -> str:
+    """A short unique name; lowercase hex so it is valid for schemas, topics and buckets."""
+    return f"{prefix}{sep}{uuid.uuid4().hex[:12]}"
+
+
+def _quiet_logger() -> logging.Logger:
+    logger = logging.getLogger("txsink.fixtures.rdkafka")
+    if not logger.handlers:
+        logger.addHandler(logging.NullHandler())
+        logger.propagate = False
+    return logger
+
+
+def _proxy_for(host: str, port: int, listen_port: int = 0) -> NetProxy:
+    from netproxy import NetProxy
+
+    proxy = NetProxy(host, port, listen_port=listen_port)
+    proxy.start()
+    return proxy
+
+
+# -- Postgres ---------------------------------------------------------------------------
+
+
+@dataclass(repr=False)
+class PostgresService:
+    """A PostgreSQL server with ``max_prepared_transactions > 0``; ``dsn`` is for psycopg."""
+
+    dsn: str
+    origin: str
+    _schemas: list[str] = field(default_factory=list)
+    _proxies: list[NetProxy] = field(default_factory=list)
+
+    def __repr__(self) -> str:
+        return f"PostgresService(dsn={redact(self.dsn)!r}, origin={self.origin!r})"
+
+    def connect(self, *, autocommit: bool = True, dsn: str | None = None) -> psycopg.Connection[Any]:
+        import psycopg
+
+        return psycopg.connect(dsn or self.dsn, autocommit=autocommit)
+
+    def new_schema(self, prefix: str = "t") -> str:
+        """Create a fresh schema and return its name; dropped (CASCADE) after the test."""
+        from psycopg import sql
+
+        name = unique(prefix)
+        with self.connect() as conn:
+            conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(name)))
+        self._schemas.append(name)
+        return name
+
+    def dsn_for_schema(self, schema: str) -> str:
+        """The DSN with ``search_path`` set, so unqualified table names land in ``schema``."""
+        from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+        params = conninfo_to_dict(self.dsn)
+        params["options"] = f"{params.get('options', '')} -c search_path={schema}".strip()
+        return make_conninfo(**params)
+
+    def with_proxy(self) -> tuple[NetProxy, str]:
+        """A NetProxy in front of the server and a DSN through it (stopped after the test)."""
+        from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+        params = conninfo_to_dict(self.dsn)
+        proxy = _proxy_for(str(params.get("host", "127.0.0.1")), int(params.get("port", 5432)))
+        self._proxies.append(proxy)
+        params.update(host="127.0.0.1", port=str(proxy.port))
+        return proxy, make_conninfo(**params)
+
+    def cleanup(self) -> None:
+        for proxy in self._proxies:
+            proxy.stop()
+        self._proxies.clear()
+        if not self._schemas:
+            return
+        from psycopg import sql
+
+        with self.connect() as conn:
+            for schema in self._schemas:
+                # A prepared transaction holding locks in the schema would block DROP forever.
+                for (gid,) in conn.execute(
+                    "SELECT DISTINCT p.gid FROM pg_locks l "
+                    "JOIN pg_prepared_xacts p ON l.virtualtransaction = '-1/' || p.transaction "
+                    "JOIN pg_class c ON c.oid = l.relation "
+                    "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s",
+                    (schema,),
+                ).fetchall():
+                    with contextlib.suppress(Exception):
+                        conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
+                try:
+                    conn.execute("SET lock_timeout = '10s'")
+                    conn.execute(
+                        sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema))
+                    )
+                except Exception as exc:
+                    logging.getLogger(__name__).warning("could not drop schema %s: %s", schema, exc)
+        self._schemas.clear()
+
+
+# -- Kafka ------------------------------------------------------------------------------
+
+
+@dataclass(repr=False)
+class KafkaService:
+    """A Kafka broker that supports transactions with replication factor 1."""
+
+    bootstrap: str
+    origin: str
+    proxy_listen: str | None = None
+    proxy_target: str | None = None
+    _topics: list[str] = field(default_factory=list)
+    _groups: list[str] = field(default_factory=list)
+    _proxies: list[NetProxy] = field(default_factory=list)
+
+    def __repr__(self) -> str:
+        return f"KafkaService(bootstrap={self.bootstrap!r}, origin={self.origin!r})"
+
+    def config(self, **overrides: Any) -> dict[str, Any]:
+        """Client config for confluent-kafka: bootstrap plus a logger that keeps stderr quiet.
+
+        Keys use Kafka's dotted names; pass them as ``**{"transactional.id": "x"}``.
+        """
+        conf: dict[str, Any] = {"bootstrap.servers": self.bootstrap, "logger": _quiet_logger()}
+        conf.update(overrides)
+        return conf
+
+    def admin(self) -> Any:
+        from confluent_kafka.admin import AdminClient
+
+        return AdminClient(self.config())
+
+    def new_topic(
+        self, partitions: int = 1, *, prefix: str = "t", config: dict[str, str] | None = None
+    ) -> str:
+        """Create a unique topic and wait until every partition has a leader."""
+        from confluent_kafka.admin import NewTopic
+
+        name = unique(prefix, "-")
+        admin = self.admin()
+        admin.create_topics(
+            [NewTopic(name, num_partitions=partitions, replication_factor=1, config=config or {})]
+        )[name].result(timeout=30)
+        self._topics.append(name)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            meta = admin.list_topics(name, timeout=5).topics.get(name)
+            if (
+                meta is not None
+                and meta.error is None
+                and len(meta.partitions) == partitions
+                and all(p.leader >= 0 for p in meta.partitions.values())
+            ):
+                return name
+            time.sleep(0.1)
+        raise TimeoutError(f"topic {name} has no leaders after 30s")
+
+    def new_group(self, prefix: str = "g") -> str:
+        """A unique consumer group id; the group is deleted after the test if it exists."""
+        name = unique(prefix, "-")
+        self._groups.append(name)
+        return name
+
+    def new_transactional_id(self, prefix: str = "tx") -> str:
+        return unique(prefix, "-")
+
+    def with_proxy(self) -> tuple[NetProxy, str]:
+        """A NetProxy that carries *all* traffic of clients bootstrapped through it.
+
+        Kafka clients reconnect to the broker's advertised address, so this needs the
+        broker's PROXIED listener (local processes have one); otherwise the test is skipped.
+        """
+        if not (self.proxy_listen and self.proxy_target):
+            import pytest
+
+            pytest.skip("this Kafka has no PROXIED listener (TXSINK_KAFKA_PROXY_* unset)")
+        t_host, t_port = self.proxy_target.rsplit(":", 1)
+        l_port = int(self.proxy_listen.rsplit(":", 1)[1])
+        if self._proxies:
+            raise RuntimeError("only one Kafka proxy at a time (it owns the advertised port)")
+        proxy = _proxy_for(t_host, int(t_port), listen_port=l_port)
+        self._proxies.append(proxy)
+        return proxy, proxy.address
+
+    def cleanup(self) -> None:
+        for proxy in self._proxies:
+            proxy.stop()
+        self._proxies.clear()
+        if not (self._topics or self._groups):
+            return
+        admin = self.admin()
+        if self._groups:
+            with contextlib.suppress(Exception):
+                for fut in admin.delete_consumer_groups(self._groups, request_timeout=10).values():
+                    with contextlib.suppress(Exception):
+                        fut.result(timeout=15)
+        if self._topics:
+            with contextlib.suppress(Exception):
+                for fut in admin.delete_topics(self._topics, operation_timeout=30).values():
+                    with contextlib.suppress(Exception):
+                        fut.result(timeout=35)
+        self._topics.clear()
+        self._groups.clear()
+
+
+# -- S3 ---------------------------------------------------------------------------------
+
+
+@dataclass(repr=False)
+class S3Service:
+    """An S3-compatible endpoint (MinIO, moto, or your own); path-style addressing."""
+
+    endpoint: str
+    access_key: str
+    secret_key: str
+    origin: str
+    server: str = "unknown"  # "minio" | "moto" | "unknown": lets tests expect known gaps
+    region: str = "us-east-1"
+    _buckets: list[str] = field(default_factory=list)
+    _proxies: list[NetProxy] = field(default_factory=list)
+
+    def __repr__(self) -> str:
+        return f"S3Service(endpoint={self.endpoint!r}, server={self.server!r}, origin={self.origin!r})"
+
+    def client(self, endpoint: str | None = None, **config: Any) -> S3Client:
+        """A boto3 S3 client for this server (``endpoint`` overrides, e.g. via a proxy)."""
+        import boto3
+        from botocore.config import Config
+
+        cfg = Config(
+            s3={"addressing_style": "path"},
+            retries={"max_attempts": 2, "mode": "standard"},
+            connect_timeout=5,
+            read_timeout=30,
+            **config,
+        )
+        return boto3.client(
+            "s3",
+            endpoint_url=endpoint or self.endpoint,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
+            region_name=self.region,
+            config=cfg,
+        )
+
+    def new_bucket(self, prefix: str = "t") -> str:
+        """Create a unique bucket; emptied (objects and open uploads) and deleted after the test."""
+        name = unique(prefix, "-")
+        self.client().create_bucket(Bucket=name)
+        self._buckets.append(name)
+        return name
+
+    def with_proxy(self) -> tuple[NetProxy, str]:
+        """A NetProxy in front of the endpoint and the endpoint URL through it."""
+        parts = urlsplit(self.endpoint)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        proxy = _proxy_for(parts.hostname or "127.0.0.1", port)
+        self._proxies.append(proxy)
+        return proxy, urlunsplit((parts.scheme, f"127.0.0.1:{proxy.port}", parts.path, "", ""))
+
+    def cleanup(self) -> None:
+        for proxy in self._proxies:
+            proxy.stop()
+        self._proxies.clear()
+        if not self._buckets:
+            return
+        client = self.client()
+        for bucket in self._buckets:
+            with contextlib.suppress(Exception):
+                empty_bucket(client, bucket)
+                client.delete_bucket(Bucket=bucket)
+        self._buckets.clear()
+
+
+def empty_bucket(client: S3Client, bucket: str) -> None:
+    """Abort open multipart uploads and delete every object, so the bucket can be deleted."""
+    for page in client.get_paginator("list_multipart_uploads").paginate(Bucket=bucket):
+        for upload in page.get("Uploads", []):
+            with contextlib.suppress(Exception):
+                client.abort_multipart_upload(
+                    Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"]
+                )
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+        keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+        if keys:
+            client.delete_objects(Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
+
+
+# -- resolution: env vars, then Docker, then local processes ------------------------------
+
+
+def docker_available() -> bool:
+    """True if a Docker engine answers; ``TXSINK_NO_DOCKER=1`` forces local processes."""
+    if os.environ.get("TXSINK_NO_DOCKER") == "1":
+        return False
+    try:
+        import docker
+
+        client = docker.from_env(timeout=3)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except Exception:
+        return False
+
+
+def _local(name: str) -> dict[str, str]:
+    from .manager import up
+
+    env, _ = up([name])
+    return env
+
+
+def resolve_postgres(finalizers: list[Finalizer]) -> PostgresService:
+    dsn = os.environ.get("TXSINK_PG_DSN")
+    if dsn:
+        return PostgresService(dsn=dsn, origin="env")
+    if docker_available():
+        from . import containers
+
+        return PostgresService(dsn=containers.postgres(finalizers), origin="docker")
+    return PostgresService(dsn=_local("postgres")["TXSINK_PG_DSN"], origin="local")
+
+
+def resolve_kafka(finalizers: list[Finalizer]) -> KafkaService:
+    bootstrap = os.environ.get("TXSINK_KAFKA_BOOTSTRAP")
+    if bootstrap:
+        return KafkaService(
+            bootstrap=bootstrap,
+            origin="env",
+            proxy_listen=os.environ.get("TXSINK_KAFKA_PROXY_LISTEN"),
+            proxy_target=os.environ.get("TXSINK_KAFKA_PROXY_TARGET"),
+        )
+    if docker_available():
+        from . import containers
+
+        return KafkaService(bootstrap=containers.kafka(finalizers), origin="docker")
+    env = _local("kafka")
+    return KafkaService(
+        bootstrap=env["TXSINK_KAFKA_BOOTSTRAP"],
+        origin="local",
+        proxy_listen=env.get("TXSINK_KAFKA_PROXY_LISTEN"),
+        proxy_target=env.get("TXSINK_KAFKA_PROXY_TARGET"),
+    )
+
+
+def resolve_s3(finalizers: list[Finalizer]) -> S3Service:
+    endpoint = os.environ.get("TXSINK_S3_ENDPOINT")
+    if endpoint:
+        return S3Service(
+            endpoint=endpoint,
+            access_key=os.environ.get("TXSINK_S3_ACCESS_KEY", ""),
+            secret_key=os.environ.get("TXSINK_S3_SECRET_KEY", ""),
+            region=os.environ.get("TXSINK_S3_REGION", "us-east-1"),
+            server=os.environ.get("TXSINK_S3_SERVER", "unknown"),
+            origin="env",
+        )
+    if docker_available():
+        from . import containers
+
+        endpoint, access, secret = containers.minio(finalizers)
+        return S3Service(
+            endpoint=endpoint, access_key=access, secret_key=secret, server="minio", origin="docker"
+        )
+    env = _local("s3")
+    return S3Service(
+        endpoint=env["TXSINK_S3_ENDPOINT"],
+        access_key=env["TXSINK_S3_ACCESS_KEY"],
+        secret_key=env["TXSINK_S3_SECRET_KEY"],
+        region=env.get("TXSINK_S3_REGION", "us-east-1"),
+        server=env.get("TXSINK_S3_SERVER", "unknown"),
+        origin="local",
+    )
+
+
+@contextlib.contextmanager
+def session_finalizers() -> Iterator[list[Finalizer]]:
+    """Collects stop callbacks of Docker containers; runs them (last first) at exit."""
+    finalizers: list[Finalizer] = []
+    try:
+        yield finalizers
+    finally:
+        for fin in reversed(finalizers):
+            with contextlib.suppress(Exception):
+                fin()

@@ -1,0 +1,344 @@
+"""Apache Kafka, one KRaft node in combined mode (broker + controller), from Maven Central jars.
+
+Why jars through Maven: no Kafka broker exists in Debian or on PyPI, and Maven Central is a
+package registry we may use through its ordinary client (``mvn``). The jars are the
+official ``org.apache.kafka:kafka_2.13`` artifacts and their runtime dependencies, cached
+under ``~/.cache/txsink-services/kafka/<version>/jars``.
+
+The quorum is a static voter set (``controller.quorum.voters``), formatted without
+``--standalone``: with a static quorum the controller's address is read from the config at
+every start, so a port that moved since the last run does not invalidate the data folder.
+
+Besides the normal listener the broker has a ``PROXIED`` listener that advertises a fixed
+port a test can put ``integration.netproxy.NetProxy`` on: Kafka clients connect to the
+*advertised* address after bootstrap, so a proxy only sees the traffic if the broker
+advertises the proxy's own port.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from .base import LocalService
+from .common import (
+    LOG_DIR,
+    LOOPBACK,
+    WORK_DIR,
+    ServiceError,
+    StartReport,
+    apt_install,
+    cache_dir,
+    choose_port,
+    ensure_dirs,
+    log,
+    pid_alive,
+    port_open,
+    read_pid,
+    run,
+    spawn,
+    stop_pid,
+    tail_file,
+    wait_until,
+    write_pid,
+)
+
+KAFKA_VERSION = "4.1.1"
+SCALA = "2.13"
+# Kafka's own jars only declare the slf4j API; this binds it to log4j2 so the broker logs.
+LOG4J_SLF4J = "org.apache.logging.log4j:log4j-slf4j-impl:2.24.3"
+
+DEFAULT_PORT = 59092
+DEFAULT_CONTROLLER_PORT = 59093
+DEFAULT_PROXY_TARGET_PORT = 59094
+DEFAULT_PROXY_LISTEN_PORT = 59095
+HEAP = "-Xmx512m"
+
+KAFKA_DIR = WORK_DIR / "kafka"
+DATA_DIR = KAFKA_DIR / "data"
+PROPERTIES = KAFKA_DIR / "server.properties"
+LOG4J = KAFKA_DIR / "log4j2.properties"
+LOG_FILE = LOG_DIR / "kafka.log"
+STDOUT_FILE = LOG_DIR / "kafka.out"
+
+POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>dev.txsink.harness</groupId>
+  <artifactId>kafka-runtime</artifactId>
+  <version>1</version>
+  <packaging>pom</packaging>
+  <dependencies>
+    <dependency>
+      <groupId>org.apache.kafka</groupId>
+      <artifactId>kafka_{scala}</artifactId>
+      <version>{version}</version>
+    </dependency>
+    <dependency>
+      <groupId>{l_group}</groupId>
+      <artifactId>{l_artifact}</artifactId>
+      <version>{l_version}</version>
+    </dependency>
+  </dependencies>
+</project>
+"""
+
+
+def jars_dir() -> Path:
+    return cache_dir() / "kafka" / KAFKA_VERSION / "jars"
+
+
+def quiet_logger() -> logging.Logger:
+    """librdkafka prints every refused connection to stderr; route it to a silent logger."""
+    logger = logging.getLogger("txsink.services.rdkafka")
+    if not logger.handlers:
+        logger.addHandler(logging.NullHandler())
+        logger.propagate = False
+    return logger
+
+
+def ensure_jars(report: StartReport) -> Path:
+    """Fetch the broker jars with Maven once; later starts use the cached folder."""
+    target = jars_dir()
+    done = target.parent / ".complete"
+    if done.exists() and any(target.glob("kafka_*.jar")):
+        return target
+    if shutil.which("mvn") is None:
+        apt_install("maven")
+    t0 = time.monotonic()
+    log(f"kafka: fetching org.apache.kafka:kafka_{SCALA}:{KAFKA_VERSION} jars with Maven")
+    work = target.parent
+    work.mkdir(parents=True, exist_ok=True)
+    if target.exists():
+        shutil.rmtree(target)
+    group, artifact, version = LOG4J_SLF4J.split(":")
+    (work / "pom.xml").write_text(
+        POM.format(
+            scala=SCALA,
+            version=KAFKA_VERSION,
+            l_group=group,
+            l_artifact=artifact,
+            l_version=version,
+        )
+    )
+    run(
+        [
+            "mvn",
+            "-B",
+            "-q",
+            f"-Dmaven.repo.local={cache_dir() / 'm2'}",
+            "-f",
+            str(work / "pom.xml"),
+            "dependency:copy-dependencies",
+            "-DincludeScope=runtime",
+            f"-DoutputDirectory={target}",
+        ],
+        timeout=1200,
+        log_path=LOG_DIR / "kafka-maven.log",
+    )
+    done.write_text(KAFKA_VERSION)
+    report.cold = True
+    report.provision_seconds += time.monotonic() - t0
+    return target
+
+
+class Kafka(LocalService):
+    name = "kafka"
+
+    def _marker(self) -> str:
+        return str(PROPERTIES)
+
+    def running(self, state: dict[str, Any]) -> bool:
+        pid = read_pid(self.name)
+        return pid is not None and pid_alive(pid, self._marker())
+
+    def healthy(self, state: dict[str, Any]) -> bool:
+        port = state.get("port")
+        if not isinstance(port, int) or not port_open(port):
+            return False
+        try:
+            from confluent_kafka.admin import AdminClient
+        except ImportError:  # plain python3 without the venv: the open port must do
+            return True
+        admin = AdminClient(
+            {"bootstrap.servers": f"{LOOPBACK}:{port}", "logger": quiet_logger()}
+        )
+        try:
+            cluster = admin.describe_cluster(request_timeout=5).result(timeout=10)
+            return bool(cluster.nodes)
+        except Exception:
+            return False
+
+    def env(self, state: dict[str, Any]) -> dict[str, str]:
+        return {
+            "TXSINK_KAFKA_BOOTSTRAP": f"{LOOPBACK}:{state['port']}",
+            # A NetProxy listening here and forwarding to the target sees all broker traffic.
+            "TXSINK_KAFKA_PROXY_LISTEN": f"{LOOPBACK}:{state['proxy_listen_port']}",
+            "TXSINK_KAFKA_PROXY_TARGET": f"{LOOPBACK}:{state['proxy_target_port']}",
+        }
+
+    def _write_config(self, state: dict[str, Any]) -> None:
+        port, cport = state["port"], state["controller_port"]
+        ptarget, plisten = state["proxy_target_port"], state["proxy_listen_port"]
+        props = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.voters": f"1@{LOOPBACK}:{cport}",
+            "listeners": (
+                f"PLAINTEXT://{LOOPBACK}:{port},CONTROLLER://{LOOPBACK}:{cport},"
+                f"PROXIED://{LOOPBACK}:{ptarget}"
+            ),
+            "advertised.listeners": (
+                f"PLAINTEXT://{LOOPBACK}:{port},PROXIED://{LOOPBACK}:{plisten}"
+            ),
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": (
+                "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,PROXIED:PLAINTEXT"
+            ),
+            "log.dirs": str(DATA_DIR),
+            "num.partitions": "1",
+            "default.replication.factor": "1",
+            "min.insync.replicas": "1",
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "4",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.num.partitions": "4",
+            "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
+            "auto.create.topics.enable": "false",
+            "delete.topic.enable": "true",
+            "group.initial.rebalance.delay.ms": "0",
+            "log.retention.hours": "168",
+        }
+        KAFKA_DIR.mkdir(parents=True, exist_ok=True)
+        PROPERTIES.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+        LOG4J.write_text(
+            "\n".join(
+                [
+                    "status = warn",
+                    "appender.file.type = File",
+                    "appender.file.name = file",
+                    f"appender.file.fileName = {LOG_FILE}",
+                    "appender.file.layout.type = PatternLayout",
+                    "appender.file.layout.pattern = [%d] %p %m (%c)%n",
+                    "rootLogger.level = INFO",
+                    "rootLogger.appenderRef.file.ref = file",
+                    "logger.kafka.name = kafka",
+                    "logger.kafka.level = INFO",
+                    "logger.state.name = state.change.logger",
+                    "logger.state.level = WARN",
+                    "",
+                ]
+            )
+        )
+
+    def _java(self, jars: Path, main: str, *args: str) -> list[str]:
+        return [
+            "java",
+            HEAP,
+            "-Xms128m",
+            "-XX:+ExitOnOutOfMemoryError",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={LOG4J}",
+            f"-Dkafka.logs.dir={LOG_DIR}",
+            "-cp",
+            f"{jars}/*",
+            main,
+            *args,
+        ]
+
+    def _format(self, jars: Path, report: StartReport) -> None:
+        if (DATA_DIR / "meta.properties").exists():
+            return
+        if DATA_DIR.exists():
+            shutil.rmtree(DATA_DIR)
+        t0 = time.monotonic()
+        cluster_id = (
+            run(self._java(jars, "kafka.tools.StorageTool", "random-uuid")).strip().splitlines()[-1]
+        )
+        run(
+            self._java(
+                jars, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(PROPERTIES)
+            ),
+            timeout=120,
+            log_path=LOG_DIR / "kafka-format.log",
+        )
+        report.notes.append(f"storage formatted {time.monotonic() - t0:.1f}s")
+
+    def _warm_up(self, state: dict[str, Any]) -> None:
+        """Run one transaction so ``__transaction_state`` exists before the first test."""
+        try:
+            from confluent_kafka import Producer
+        except ImportError:
+            return
+        producer = Producer(
+            {
+                "bootstrap.servers": f"{LOOPBACK}:{state['port']}",
+                "transactional.id": f"txsink-harness-warmup-{uuid.uuid4().hex[:8]}",
+                "logger": quiet_logger(),
+            }
+        )
+        producer.init_transactions(60)
+        producer.begin_transaction()
+        producer.abort_transaction(60)
+
+    def up(self, state: dict[str, Any], taken_ports: set[int]) -> StartReport:
+        t0 = time.monotonic()
+        ensure_dirs()
+        report = StartReport(self.name, {})
+        if self.running(state) and self.healthy(state):
+            report.already_running = True
+            report.env = self.env(state)
+            report.seconds = time.monotonic() - t0
+            return report
+        if self.running(state):
+            log("kafka: running but not answering; restarting it")
+            self.down(state)
+        if shutil.which("java") is None:
+            apt_install("openjdk-17-jre-headless")
+        jars = ensure_jars(report)
+        wanted = {
+            "port": DEFAULT_PORT,
+            "controller_port": DEFAULT_CONTROLLER_PORT,
+            "proxy_target_port": DEFAULT_PROXY_TARGET_PORT,
+            "proxy_listen_port": DEFAULT_PROXY_LISTEN_PORT,
+        }
+        for key, default in wanted.items():
+            port = choose_port(int(state.get(key, default)), taken_ports)
+            if port != default:
+                report.notes.append(f"{key} {default} taken, using {port}")
+            state[key] = port
+        self._write_config(state)
+        self._format(jars, report)
+        proc = spawn(
+            self._java(jars, "kafka.Kafka", str(PROPERTIES)), STDOUT_FILE, cwd=KAFKA_DIR
+        )
+        write_pid(self.name, proc.pid)
+        try:
+            wait_until(
+                "kafka health check",
+                lambda: self.healthy(state),
+                180,
+                alive=lambda: proc.poll() is None,
+            )
+            self._warm_up(state)
+        except Exception as exc:
+            raise ServiceError(
+                f"kafka did not start: {exc}\n--- {LOG_FILE}:\n{tail_file(LOG_FILE)}"
+                f"\n--- {STDOUT_FILE}:\n{tail_file(STDOUT_FILE, 10)}"
+            ) from exc
+        report.env = self.env(state)
+        report.seconds = time.monotonic() - t0
+        return report
+
+    def down(self, state: dict[str, Any]) -> bool:
+        pid = read_pid(self.name)
+        if pid is None:
+            return False
+        # SIGTERM runs Kafka's controlled shutdown (flushes logs, closes the quorum cleanly).
+        return stop_pid(pid, self._marker(), timeout=60)

@@ -1,0 +1,309 @@
+"""PostgreSQL from Debian's packages, as a private cluster under ``.work/postgres``.
+
+Why a private cluster and not the distribution's ``main`` one: we need
+``max_prepared_transactions > 0`` (two-phase commit), a fixed loopback port and a
+throw-away data folder, without touching a server the machine may already run.
+``initdb`` refuses to run as root, so as root every server command runs as ``postgres``.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import secrets
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from .base import LocalService
+from .common import (
+    LOG_DIR,
+    LOOPBACK,
+    WORK_DIR,
+    ServiceError,
+    StartReport,
+    apt_install,
+    choose_port,
+    ensure_dirs,
+    is_root,
+    log,
+    pid_alive,
+    read_pid,
+    run,
+    stop_pid,
+    tail_file,
+    wait_until,
+    write_pid,
+)
+
+DEFAULT_PORT = 55432
+USER = "txsink"
+PASSWORD = "txsink"  # a fixed test credential for a loopback-only throw-away server
+DATABASE = "txsink"
+MAX_PREPARED = 200
+
+PG_DIR = WORK_DIR / "postgres"
+DATA_DIR = PG_DIR / "data"
+ADMIN_PW_FILE = PG_DIR / "admin-password"
+LOG_FILE = LOG_DIR / "postgres.log"
+
+
+def find_bindir() -> Path | None:
+    """Newest ``/usr/lib/postgresql/<ver>/bin`` with initdb, else whatever is on PATH."""
+    candidates = sorted(
+        glob.glob("/usr/lib/postgresql/*/bin/initdb"),
+        key=lambda p: int(Path(p).parent.parent.name) if Path(p).parent.parent.name.isdigit() else 0,
+    )
+    if candidates:
+        return Path(candidates[-1]).parent
+    found = shutil.which("initdb")
+    return Path(found).resolve().parent if found else None
+
+
+def _as_server_user(argv: list[str]) -> list[str]:
+    """Prefix a command so it runs as ``postgres`` when we are root (initdb insists)."""
+    if not is_root():
+        return argv
+    if shutil.which("runuser"):
+        return ["runuser", "-u", "postgres", "--", *argv]
+    return ["su", "-s", "/bin/sh", "postgres", "-c", " ".join(argv)]
+
+
+def _chown_to_server_user(*paths: Path) -> None:
+    if not is_root():
+        return
+    entry = pwd.getpwnam("postgres")
+    for path in paths:
+        os.chown(path, entry.pw_uid, entry.pw_gid)
+
+
+def dsn(port: int, password: str = PASSWORD) -> str:
+    return f"postgresql://{USER}:{password}@{LOOPBACK}:{port}/{DATABASE}"
+
+
+class Postgres(LocalService):
+    name = "postgres"
+
+    def _marker(self) -> str:
+        return str(DATA_DIR)
+
+    def _pid(self) -> int | None:
+        """The postmaster's pid, from its own pid file (first line of postmaster.pid)."""
+        try:
+            first = (DATA_DIR / "postmaster.pid").read_text().splitlines()[0]
+            return int(first)
+        except (OSError, ValueError, IndexError):
+            return read_pid(self.name)
+
+    def running(self, state: dict[str, Any]) -> bool:
+        pid = self._pid()
+        return pid is not None and pid_alive(pid, self._marker())
+
+    def healthy(self, state: dict[str, Any]) -> bool:
+        port = state.get("port")
+        if not isinstance(port, int):
+            return False
+        try:
+            import psycopg
+
+            with psycopg.connect(dsn(port), connect_timeout=3) as conn:
+                row = conn.execute("SHOW max_prepared_transactions").fetchone()
+                return row is not None and int(row[0]) > 0
+        except Exception:
+            return False
+
+    def env(self, state: dict[str, Any]) -> dict[str, str]:
+        return {"TXSINK_PG_DSN": dsn(int(state["port"]))}
+
+    # -- provisioning -------------------------------------------------------------------
+
+    def _ensure_binaries(self, report: StartReport) -> Path:
+        bindir = find_bindir()
+        if bindir is None:
+            t0 = time.monotonic()
+            apt_install("postgresql")
+            report.cold = True
+            report.provision_seconds += time.monotonic() - t0
+            report.notes.append("installed postgresql with apt-get")
+            bindir = find_bindir()
+        if bindir is None:
+            raise ServiceError("postgresql installed but initdb not found")
+        return bindir
+
+    def _init_cluster(self, bindir: Path, report: StartReport) -> None:
+        version = run([str(bindir / "postgres"), "--version"]).split()[-1].split(".")[0]
+        marker = PG_DIR / ".initialized"
+        if marker.exists() and (DATA_DIR / "PG_VERSION").exists():
+            if (DATA_DIR / "PG_VERSION").read_text().strip() == version:
+                return
+            log("postgres: data folder is from another major version; re-creating (test data)")
+        if DATA_DIR.exists():
+            shutil.rmtree(DATA_DIR)
+        marker.unlink(missing_ok=True)
+        PG_DIR.mkdir(parents=True, exist_ok=True)
+        PG_DIR.chmod(0o755)
+        DATA_DIR.mkdir(mode=0o700)
+        admin_pw = secrets.token_hex(16)
+        ADMIN_PW_FILE.write_text(admin_pw)
+        ADMIN_PW_FILE.chmod(0o600)
+        pwfile = PG_DIR / ".initdb-pw"
+        pwfile.write_text(admin_pw + "\n")
+        pwfile.chmod(0o600)
+        _chown_to_server_user(DATA_DIR, pwfile)
+        t0 = time.monotonic()
+        try:
+            run(
+                _as_server_user(
+                    [
+                        str(bindir / "initdb"),
+                        "-D",
+                        str(DATA_DIR),
+                        "-U",
+                        "postgres",
+                        f"--pwfile={pwfile}",
+                        "--auth=scram-sha-256",
+                        "--encoding=UTF8",
+                        "--no-locale",
+                    ]
+                ),
+                timeout=300,
+                log_path=LOG_DIR / "postgres-initdb.log",
+            )
+        finally:
+            pwfile.unlink(missing_ok=True)
+        conf = DATA_DIR / "postgresql.conf"
+        with conf.open("a") as fh:
+            fh.write("\n# txsink test harness: settings rewritten by every `up`\n")
+            fh.write("include_if_exists = 'txsink.conf'\n")
+        report.notes.append(f"initdb {time.monotonic() - t0:.1f}s")
+        (PG_DIR / ".needs-bootstrap").write_text("1")
+        marker.write_text(version)
+
+    def _write_conf(self, port: int) -> None:
+        conf = DATA_DIR / "txsink.conf"
+        conf.write_text(
+            "\n".join(
+                [
+                    f"listen_addresses = '{LOOPBACK}'",
+                    f"port = {port}",
+                    "unix_socket_directories = ''",
+                    f"max_prepared_transactions = {MAX_PREPARED}",
+                    "max_connections = 200",
+                    "fsync = on",
+                    "synchronous_commit = on",
+                    "full_page_writes = on",
+                    "log_min_messages = warning",
+                    "log_line_prefix = '%m [%p] %u@%d '",
+                    "",
+                ]
+            )
+        )
+        _chown_to_server_user(conf)
+
+    def _bootstrap_roles(self, port: int) -> None:
+        """Create the test role and database once, as the cluster's superuser."""
+        flag = PG_DIR / ".needs-bootstrap"
+        if not flag.exists():
+            return
+        import psycopg
+        from psycopg import sql
+
+        admin_pw = ADMIN_PW_FILE.read_text().strip()
+        admin = f"postgresql://postgres:{admin_pw}@{LOOPBACK}:{port}/postgres"
+        with psycopg.connect(admin, autocommit=True, connect_timeout=10) as conn:
+            exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (USER,)).fetchone()
+            if not exists:
+                conn.execute(
+                    sql.SQL("CREATE ROLE {} LOGIN CREATEDB PASSWORD {}").format(
+                        sql.Identifier(USER), sql.Literal(PASSWORD)
+                    )
+                )
+            has_db = conn.execute(
+                "SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,)
+            ).fetchone()
+            if not has_db:
+                conn.execute(
+                    sql.SQL("CREATE DATABASE {} OWNER {}").format(
+                        sql.Identifier(DATABASE), sql.Identifier(USER)
+                    )
+                )
+        flag.unlink()
+
+    def up(self, state: dict[str, Any], taken_ports: set[int]) -> StartReport:
+        t0 = time.monotonic()
+        ensure_dirs()
+        report = StartReport(self.name, {})
+        if self.running(state) and self.healthy(state):
+            report.already_running = True
+            report.env = self.env(state)
+            report.seconds = time.monotonic() - t0
+            return report
+        if self.running(state):
+            log("postgres: running but not answering; restarting it")
+            self.down(state)
+        bindir = self._ensure_binaries(report)
+        self._init_cluster(bindir, report)
+        port = choose_port(int(state.get("port", DEFAULT_PORT)), taken_ports)
+        if port != DEFAULT_PORT:
+            report.notes.append(f"port {DEFAULT_PORT} taken, using {port}")
+        self._write_conf(port)
+        LOG_FILE.touch()
+        _chown_to_server_user(LOG_FILE)
+        # pg_ctl -w returns once postmaster.pid says "ready"; it detaches the postmaster.
+        run(
+            _as_server_user(
+                [
+                    str(bindir / "pg_ctl"),
+                    "-D",
+                    str(DATA_DIR),
+                    "-l",
+                    str(LOG_FILE),
+                    "-w",
+                    "-t",
+                    "120",
+                    "start",
+                ]
+            ),
+            timeout=150,
+            log_path=LOG_DIR / "postgres-ctl.log",
+        )
+        pid = self._pid()
+        if pid is None:
+            raise ServiceError(f"postgres did not write its pid file; log:\n{tail_file(LOG_FILE)}")
+        write_pid(self.name, pid)
+        state.update({"port": port, "bindir": str(bindir)})
+        self._bootstrap_roles(port)
+        wait_until(
+            "postgres health check",
+            lambda: self.healthy(state),
+            60,
+            alive=lambda: self.running(state),
+        )
+        report.env = self.env(state)
+        report.seconds = time.monotonic() - t0
+        return report
+
+    def down(self, state: dict[str, Any]) -> bool:
+        pid = self._pid()
+        if pid is None or not pid_alive(pid, self._marker()):
+            return False
+        bindir = state.get("bindir") or (str(find_bindir()) if find_bindir() else None)
+        if bindir:
+            try:
+                run(
+                    _as_server_user(
+                        [str(Path(bindir) / "pg_ctl"), "-D", str(DATA_DIR), "-m", "fast", "-w",
+                         "-t", "60", "stop"]
+                    ),
+                    timeout=90,
+                    log_path=LOG_DIR / "postgres-ctl.log",
+                )
+            except ServiceError as exc:
+                log(f"postgres: pg_ctl stop failed ({exc}); signalling the postmaster")
+        # SIGINT is PostgreSQL's "fast shutdown"; a no-op if pg_ctl already stopped it.
+        import signal
+
+        stop_pid(pid, self._marker(), sig=signal.SIGINT, timeout=60)
+        return True

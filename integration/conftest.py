@@ -1,0 +1,100 @@
+"""Real-server fixtures for integration tests: ``postgres``, ``kafka``, ``s3``.
+
+A test marked ``@pytest.mark.postgres`` / ``kafka`` / ``s3`` gets its server started (once
+per session) even if it does not name the fixture; a test that names the fixture gets the
+marker, so ``-m "not kafka"`` deselects it. Servers come from the ``TXSINK_*`` environment
+variables, else testcontainers (Docker), else local processes; see docs/testing.md.
+
+What each test creates through ``new_schema()`` / ``new_topic()`` / ``new_bucket()`` (and
+the ``with_proxy()`` proxies) is removed right after that test.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from typing import Protocol, TypeVar
+
+import pytest
+from _services.common import ServiceError, redact
+from _services.fixtures import (
+    Finalizer,
+    KafkaService,
+    PostgresService,
+    S3Service,
+    resolve_kafka,
+    resolve_postgres,
+    resolve_s3,
+    session_finalizers,
+)
+
+SERVICE_MARKERS = ("postgres", "kafka", "s3")
+
+
+class _Cleanable(Protocol):
+    def cleanup(self) -> None: ...
+
+
+_active: dict[str, _Cleanable] = {}
+T = TypeVar("T", PostgresService, KafkaService, S3Service)
+
+
+def pytest_report_header() -> list[str]:
+    keys = ("TXSINK_PG_DSN", "TXSINK_KAFKA_BOOTSTRAP", "TXSINK_S3_ENDPOINT", "TXSINK_S3_SERVER")
+    shown = [f"{k}={redact(os.environ[k])}" for k in keys if os.environ.get(k)]
+    return [f"txsink services: {' '.join(shown) if shown else 'from Docker or local processes'}"]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        names = getattr(item, "fixturenames", ())
+        for marker in SERVICE_MARKERS:
+            if marker in names and item.get_closest_marker(marker) is None:
+                item.add_marker(getattr(pytest.mark, marker))
+
+
+@pytest.fixture(scope="session")
+def _service_finalizers() -> Iterator[list[Finalizer]]:
+    with session_finalizers() as finalizers:
+        yield finalizers
+
+
+def _obtain(name: str, resolve: Callable[[list[Finalizer]], T], fins: list[Finalizer]) -> T:
+    try:
+        service = resolve(fins)
+    except (ServiceError, OSError) as exc:
+        message = f"{name} server unavailable: {redact(str(exc))}"
+        if os.environ.get("TXSINK_SKIP_UNAVAILABLE") == "1":
+            pytest.skip(message)
+        pytest.fail(message, pytrace=False)
+    _active[name] = service
+    return service
+
+
+@pytest.fixture(scope="session")
+def postgres(_service_finalizers: list[Finalizer]) -> PostgresService:
+    """PostgreSQL with 2PC: ``.dsn``, ``.connect()``, ``.new_schema()``, ``.with_proxy()``."""
+    return _obtain("postgres", resolve_postgres, _service_finalizers)
+
+
+@pytest.fixture(scope="session")
+def kafka(_service_finalizers: list[Finalizer]) -> KafkaService:
+    """Kafka with transactions: ``.bootstrap``, ``.config()``, ``.new_topic()``, ``.with_proxy()``."""
+    return _obtain("kafka", resolve_kafka, _service_finalizers)
+
+
+@pytest.fixture(scope="session")
+def s3(_service_finalizers: list[Finalizer]) -> S3Service:
+    """S3-compatible server: ``.endpoint``, ``.client()``, ``.new_bucket()``, ``.with_proxy()``."""
+    return _obtain("s3", resolve_s3, _service_finalizers)
+
+
+@pytest.fixture(autouse=True)
+def _txsink_services(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Start the servers a test's markers ask for; afterwards drop what the test created."""
+    for marker in SERVICE_MARKERS:
+        if request.node.get_closest_marker(marker) is not None:
+            request.getfixturevalue(marker)
+    yield
+    for service in list(_active.values()):
+        service.cleanup()

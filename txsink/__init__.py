@@ -1,0 +1,63 @@
+"""txsink: exactly-once, transactional sinks for Spark Structured Streaming.
+
+Quick use::
+
+    from txsink import Coordinator
+    from txsink.connectors.files import FilesSink
+
+    coordinator = Coordinator([FilesSink("/data/out", uid="events")], log="/data/txlog")
+    df.writeStream.foreachBatch(coordinator).option("checkpointLocation", ...).start()
+"""
+
+from txsink.coordinator import Coordinator, EpochResult
+from txsink.errors import (
+    CheckpointMismatchError,
+    CommitError,
+    ConfigurationError,
+    EpochAbortedError,
+    FencedError,
+    HandleFormatError,
+    InjectedFault,
+    LogError,
+    NonRestoredStateError,
+    RetryableError,
+    TxsinkError,
+    UnsupportedQueryError,
+    WriteError,
+)
+from txsink.faults import CrashPoint, Fault, FaultMode, FaultPlan
+from txsink.handles import Handle, register_handle
+from txsink.log import TxLog, open_log
+from txsink.sink import TwoPhaseCommitSink
+from txsink.txid import TxnId
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CheckpointMismatchError",
+    "CommitError",
+    "ConfigurationError",
+    "Coordinator",
+    "CrashPoint",
+    "EpochAbortedError",
+    "EpochResult",
+    "Fault",
+    "FaultMode",
+    "FaultPlan",
+    "FencedError",
+    "Handle",
+    "HandleFormatError",
+    "InjectedFault",
+    "LogError",
+    "NonRestoredStateError",
+    "RetryableError",
+    "TwoPhaseCommitSink",
+    "TxLog",
+    "TxnId",
+    "TxsinkError",
+    "UnsupportedQueryError",
+    "WriteError",
+    "__version__",
+    "open_log",
+    "register_handle",
+]

@@ -1,0 +1,503 @@
+"""The epoch coordinator: Flink's two-phase commit on Spark micro-batches.
+
+One :class:`Coordinator` drives one or more sinks with one decision per
+epoch, so several targets move atomically. Use it as
+``df.writeStream.foreachBatch(coordinator)`` or, for a static DataFrame,
+``coordinator.write(df)``.
+
+Replay edge cases this handles (the reason for each step):
+
+* Spark re-runs the last batch after a crash with the same ``batch_id``: a
+  committed epoch is skipped (step 2) and writes nothing.
+* The driver dies after the decision: the next run commits the decided
+  handles before anything else (step 1); the decision stands.
+* The driver dies before the decision, or a task attempt fails, is retried
+  or runs speculatively: those transactions are named by no decision and are
+  aborted (step 1 at the next start, step 5 after each epoch).
+* A zombie driver still runs an epoch another driver took over: rounds and
+  voids in the log let only one of them decide (see :mod:`txsink.log`).
+* The Spark checkpoint was reset or restored from an old copy while the log
+  was kept: refused, because epoch numbers no longer mean the same rows.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, final
+
+from txsink import _spark
+from txsink._logging import get_logger
+from txsink._task import Ack, TaskPlan
+from txsink.errors import (
+    CheckpointMismatchError,
+    CommitError,
+    ConfigurationError,
+    EpochAbortedError,
+    FencedError,
+    NonRestoredStateError,
+    TxsinkError,
+)
+from txsink.faults import CrashPoint, FaultPlan
+from txsink.handles import Handle, load_handle
+from txsink.log import EpochDecision, LogStore, TxLog, open_log
+from txsink.sink import TwoPhaseCommitSink
+from txsink.txid import check_name
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame
+
+__all__ = ["Coordinator", "EpochResult"]
+
+AnySink = TwoPhaseCommitSink[Any, Any]
+Precommit = Callable[[TaskPlan], list[Ack]]
+
+
+@dataclass(frozen=True)
+class EpochResult:
+    """What one call did: ``committed``, or ``skipped`` (already committed: a replay)."""
+
+    epoch: int
+    status: str
+    round: int | None = None
+    rows: dict[str, int] = field(default_factory=dict)
+    handles: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+class Coordinator:
+    """Runs the txsink protocol for each epoch over a set of sinks.
+
+    Args:
+        sinks: one sink or several; all share one decision per epoch.
+        log: where the txsink log lives (a path, or a :class:`~txsink.log.LogStore`).
+        app_id: the app's stable id. Defaults to the streaming query's id, which
+            Spark keeps in its checkpoint. Required for :meth:`write` on a
+            fresh log.
+        allow_non_restored_state: start even if the log holds pending handles
+            for a sink uid that is not configured any more (they are skipped
+            and reported in the epoch's committed record).
+        retain_epochs: how many epochs of records the log keeps.
+        faults: a fault plan, its text form, or ``None`` to read ``TXSINK_FAULT``.
+    """
+
+    def __init__(
+        self,
+        sinks: AnySink | Sequence[AnySink],
+        *,
+        log: str | os.PathLike[str] | LogStore | TxLog,
+        app_id: str | None = None,
+        allow_non_restored_state: bool = False,
+        retain_epochs: int = 100,
+        faults: FaultPlan | str | None = None,
+    ) -> None:
+        self.sinks: tuple[AnySink, ...] = (
+            (sinks,) if isinstance(sinks, TwoPhaseCommitSink) else tuple(sinks)
+        )
+        if not self.sinks:
+            raise ValueError("Coordinator needs at least one sink")
+        uids = [s.uid for s in self.sinks]
+        if len(set(uids)) != len(uids):
+            raise ValueError(f"sink uids must be unique within a coordinator, got {uids}")
+        if retain_epochs < 1:
+            raise ValueError("retain_epochs must be >= 1")
+        self.log = log if isinstance(log, TxLog) else open_log(log)
+        self.app_id = check_name("app id", app_id) if app_id is not None else None
+        self.allow_non_restored_state = allow_non_restored_state
+        self.retain_epochs = retain_epochs
+        self.faults = FaultPlan.parse(faults) if isinstance(faults, str) else faults
+        if self.faults is None:
+            self.faults = FaultPlan.from_env()
+        self._bound_app: str | None = None
+        self._checked_queries: set[str] = set()
+        self._checked_schema: pa.Schema | None = None
+        self._needs_recovery = True
+        self._last_committed: int | None = None
+        self._log = get_logger(__name__, uid="+".join(uids))
+
+    # -- entry points ------------------------------------------------------------------
+
+    @final
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
+        """``foreachBatch`` entry point: run epoch ``batch_id`` over ``df``."""
+        query_id = _spark.streaming_query_id(df)
+        app_id = self.app_id or query_id
+        if app_id is None:
+            raise ConfigurationError(
+                "txsink.Coordinator was called outside a streaming query's foreachBatch and "
+                "without app_id: pass app_id=..., or use coordinator.write(df) for a static "
+                "DataFrame"
+            )
+        if query_id is not None and query_id not in self._checked_queries:
+            _spark.check_query_mode(df, query_id)
+            self._checked_queries.add(query_id)
+            self._needs_recovery = True  # a new query run: recover before its first epoch
+        self._check_schema(df, app_id)
+        self.run_epoch(int(batch_id), _spark.precommit_job(df), app_id=app_id)
+
+    @final
+    def write(self, df: DataFrame, epoch: int | None = None) -> EpochResult:
+        """Write a static DataFrame as one epoch (the next one unless ``epoch`` is given).
+
+        Re-running the same call with the same explicit ``epoch`` after a crash
+        writes nothing twice; without ``epoch`` every call is a new epoch.
+        """
+        app_id = self.app_id or self._app_from_log()
+        self._check_schema(df, app_id)
+        if epoch is None:
+            self._recover_if_needed(app_id)
+            last = self.log.last_committed()
+            epoch = 0 if last is None else last + 1
+        return self.run_epoch(epoch, _spark.precommit_job(df), app_id=app_id)
+
+    @final
+    def run_epoch(self, epoch: int, precommit: Precommit, *, app_id: str) -> EpochResult:
+        """Run the protocol for one epoch. ``precommit`` runs the partition tasks.
+
+        1. Recover: commit a decided-but-uncommitted epoch; abort every prepared
+           transaction no decision names (on the first call and after failures).
+        2. Skip the epoch if it is already committed (Spark's replay).
+        3. Pre-commit: every partition writes and prepares (``precommit``).
+        4. Decide: create the epoch's decision record; the commit point.
+        5. Commit every handle, finish the epoch, write the committed mark,
+           abort the epoch's leftover attempts.
+        """
+        self._bind(app_id)
+        timings: dict[str, float] = {}
+        # Step 1
+        t0 = time.monotonic()
+        self._recover_if_needed(app_id)
+        timings["recover"] = time.monotonic() - t0
+        # Step 2
+        if self._already_committed(epoch):
+            self._log.bind(epoch=epoch).info("epoch already committed: replay skipped")
+            return EpochResult(epoch, "skipped")
+        # Step 3
+        t0 = time.monotonic()
+        round_ = self.log.claim_round(epoch)
+        handles, rows = self._precommit(epoch, round_, precommit, app_id)
+        timings["precommit"] = time.monotonic() - t0
+        # Step 4
+        t0 = time.monotonic()
+        self._decide(epoch, round_, handles, rows)
+        timings["decide"] = time.monotonic() - t0
+        # Step 5
+        t0 = time.monotonic()
+        self._commit(epoch, round_, handles)
+        self._abort_leftovers(epoch, handles, app_id)
+        self._last_committed = epoch
+        self.log.prune(self.retain_epochs)
+        timings["commit"] = time.monotonic() - t0
+        count = sum(len(hs) for hs in handles.values())
+        self._log.bind(epoch=epoch).info(
+            "epoch committed: %d handles, rows %s, seconds %s",
+            count,
+            rows,
+            {k: round(v, 3) for k, v in timings.items()},
+        )
+        return EpochResult(epoch, "committed", round_, rows, count, timings)
+
+    # -- step 1: recover -----------------------------------------------------------------
+
+    def _recover_if_needed(self, app_id: str) -> None:
+        self._bind(app_id)
+        if not self._needs_recovery:
+            return
+        self._recover(app_id)
+        self._needs_recovery = False
+
+    def _recover(self, app_id: str) -> None:
+        acted = False
+        for pending in self.log.pending():
+            acted |= self._finish_decided(pending)
+        decisions: dict[int, EpochDecision | None] = {}
+        for sink in self.sinks:
+            for handle in list(sink.list_prepared(app_id)):
+                txn = handle.txn
+                if txn.epoch not in decisions:
+                    decisions[txn.epoch] = self.log.decision(txn.epoch)
+                decision: EpochDecision | None = decisions[txn.epoch]
+                if decision is None:
+                    # Fence the round first: once void, no zombie can decide it.
+                    decision = self.log.void(txn.epoch, txn.round, "aborted by recovery")
+                    decisions[txn.epoch] = decision
+                log = self._log.bind(uid=sink.uid, epoch=txn.epoch)
+                if decision is not None and str(txn) in decision.txn_names():
+                    log.warning("recovery commits decided transaction %s", txn)
+                    self._commit_one(sink, handle, txn.epoch)
+                else:
+                    log.info("recovery aborts lingering transaction %s", txn)
+                    sink.abort(handle)
+                if not acted:
+                    acted = True
+                    self._fire(CrashPoint.DURING_RECOVERY, txn.epoch)
+
+    def _finish_decided(self, decision: EpochDecision) -> bool:
+        """Commit every handle of a decided epoch, then mark it committed."""
+        epoch = decision.epoch
+        configured = {s.uid for s in self.sinks}
+        missing = tuple(
+            sorted(u for u, docs in decision.handles.items() if docs and u not in configured)
+        )
+        if missing and not self.allow_non_restored_state:
+            raise NonRestoredStateError(
+                f"the txsink log holds decided, uncommitted handles of epoch {epoch} for sink "
+                f"uid(s) {list(missing)} that this coordinator does not configure "
+                f"(configured: {sorted(configured)}). Add the sink back with the same uid so "
+                "recovery can commit them, or pass allow_non_restored_state=True to skip them "
+                "(their rows of that epoch will not be written)",
+                epoch=epoch,
+            )
+        log = self._log.bind(epoch=epoch)
+        log.warning("recovery finishes decided epoch %d (round %d)", epoch, decision.round)
+        handles = self._load(decision)
+        first = True
+        for sink in self.sinks:
+            for handle in handles.get(sink.uid, []):
+                self._commit_one(sink, handle, epoch)
+                if first:
+                    first = False
+                    self._fire(CrashPoint.DURING_RECOVERY, epoch)
+        for sink in self.sinks:
+            sink.finish_epoch(epoch, handles.get(sink.uid, []))
+        if missing:
+            log.warning("skipped handles of unconfigured sink uid(s) %s", list(missing))
+        self.log.mark_committed(epoch, decision.round, not_restored=missing)
+        return True
+
+    # -- step 2: skip ----------------------------------------------------------------
+
+    def _already_committed(self, epoch: int) -> bool:
+        if self._last_committed is None:
+            self._last_committed = self.log.last_committed()
+        last = self._last_committed
+        if last is not None and epoch < last:
+            raise CheckpointMismatchError(
+                f"Spark asks for epoch {epoch}, but the txsink log at {self.log.location} has "
+                f"already committed epoch {last}: the Spark checkpoint was reset or restored "
+                "from an older copy while the txsink log was kept, so epoch numbers no longer "
+                "name the same rows. Restore the matching checkpoint, or start the query with "
+                "a new checkpoint AND a new txsink log",
+                epoch=epoch,
+            )
+        if last is not None and epoch > last + 1:
+            self._log.bind(epoch=epoch).warning(
+                "the txsink log's last committed epoch is %d: epochs in between were not "
+                "written through this log",
+                last,
+            )
+        return self.log.committed(epoch) is not None
+
+    # -- step 3: pre-commit ------------------------------------------------------------
+
+    def _precommit(
+        self, epoch: int, round_: int, precommit: Precommit, app_id: str
+    ) -> tuple[dict[str, list[Handle]], dict[str, int]]:
+        plan = TaskPlan(app_id, epoch, round_, self.sinks, self.faults, os.getpid())
+        try:
+            acks = precommit(plan)
+            errors = [a.error for a in acks if a.error is not None]
+            if errors:
+                first = errors[0]
+                raise EpochAbortedError(
+                    f"epoch {epoch} aborted, nothing of it is visible: {first}",
+                    causes=errors,
+                    sink_uid=first.sink_uid,
+                    epoch=epoch,
+                    partition=first.partition,
+                    phase="precommit",
+                    connector=first.connector,
+                    row=first.row,
+                    column=first.column,
+                )
+            handles, rows = self._collect(epoch, acks)
+        except BaseException as err:
+            self._needs_recovery = True
+            self._abort_round(epoch, round_, app_id)
+            if isinstance(err, EpochAbortedError) or not isinstance(err, Exception):
+                raise
+            context = err.context if isinstance(err, TxsinkError) else {"epoch": epoch}
+            causes = [err] if isinstance(err, TxsinkError) else []
+            raise EpochAbortedError(
+                f"epoch {epoch} aborted, nothing of it is visible: {_first_line(err)}",
+                causes=causes,
+                **context,
+            ) from err
+        self._fire(CrashPoint.BEFORE_DECISION, epoch)
+        return handles, rows
+
+    def _collect(
+        self, epoch: int, acks: Iterable[Ack]
+    ) -> tuple[dict[str, list[Handle]], dict[str, int]]:
+        """Check every (sink, partition) acked exactly once; load the handles."""
+        handles: dict[str, list[Handle]] = {s.uid: [] for s in self.sinks}
+        rows: dict[str, int] = {s.uid: 0 for s in self.sinks}
+        seen: set[tuple[str, int]] = set()
+        for ack in acks:
+            key = (ack.sink, ack.partition)
+            if ack.sink not in handles or key in seen:
+                raise EpochAbortedError(
+                    f"unexpected pre-commit ack {key} (unknown sink or duplicate partition)",
+                    epoch=epoch,
+                    sink_uid=ack.sink,
+                    partition=ack.partition,
+                )
+            seen.add(key)
+            if ack.handle is not None:
+                handles[ack.sink].append(load_handle(ack.handle, sink_uid=ack.sink))
+                rows[ack.sink] += ack.rows
+        partitions = {p for _, p in seen}
+        for sink in self.sinks:
+            acked = {p for u, p in seen if u == sink.uid}
+            if acked != partitions:
+                raise EpochAbortedError(
+                    f"sink {sink.uid} did not ack partitions {sorted(partitions - acked)}",
+                    epoch=epoch,
+                    sink_uid=sink.uid,
+                )
+        return handles, rows
+
+    def _abort_round(self, epoch: int, round_: int, app_id: str) -> None:
+        """Abort every transaction of this round; void it so it can never be decided."""
+        decision = self.log.void(epoch, round_, "pre-commit failed")
+        if decision is not None:  # cannot happen: only this driver holds the round
+            raise FencedError(f"round {round_} of epoch {epoch} was decided meanwhile", epoch=epoch)
+        for sink in self.sinks:
+            for handle in list(sink.list_prepared(app_id)):
+                if handle.txn.epoch == epoch and handle.txn.round == round_:
+                    try:
+                        sink.abort(handle)
+                    except Exception as err:  # recovery will retry it
+                        self._log.bind(uid=sink.uid, epoch=epoch).warning(
+                            "could not abort %s: %s", handle.txn, err
+                        )
+
+    # -- step 4: decide ----------------------------------------------------------------
+
+    def _decide(
+        self, epoch: int, round_: int, handles: dict[str, list[Handle]], rows: dict[str, int]
+    ) -> None:
+        from txsink.handles import dump_handle
+
+        for earlier in range(round_):
+            if self.log.void(epoch, earlier, f"superseded by round {round_}") is not None:
+                self._lost(epoch, round_, handles, f"round {earlier} was decided by another driver")
+        docs = {uid: [dump_handle(h) for h in hs] for uid, hs in handles.items()}
+        if not self.log.decide(epoch, round_, docs, {"rows": rows}):
+            self._lost(epoch, round_, handles, f"round {round_} was voided by another driver")
+        self._fire(CrashPoint.AFTER_DECISION, epoch)
+
+    def _lost(self, epoch: int, round_: int, handles: dict[str, list[Handle]], why: str) -> None:
+        self._needs_recovery = True
+        for sink in self.sinks:
+            for handle in handles[sink.uid]:
+                sink.abort(handle)
+        raise FencedError(
+            f"this driver lost epoch {epoch} (its round {round_}): {why}. Its transactions "
+            "were aborted; the other driver's decision stands. Another query is writing "
+            "with the same txsink log: stop one of them",
+            epoch=epoch,
+            phase="decide",
+        )
+
+    # -- step 5: commit --------------------------------------------------------------
+
+    def _commit(self, epoch: int, round_: int, handles: dict[str, list[Handle]]) -> None:
+        try:
+            first = True
+            for sink in self.sinks:
+                for handle in handles[sink.uid]:
+                    self._commit_one(sink, handle, epoch)
+                    if first:
+                        first = False
+                        self._fire(CrashPoint.DURING_COMMIT, epoch)
+            for sink in self.sinks:
+                sink.finish_epoch(epoch, handles[sink.uid])
+            self._fire(CrashPoint.AFTER_COMMIT_BEFORE_MARK, epoch)
+            self.log.mark_committed(epoch, round_)
+        except BaseException:
+            # The decision stands; the next run's recovery finishes the commit.
+            self._needs_recovery = True
+            raise
+
+    def _commit_one(self, sink: AnySink, handle: Handle, epoch: int) -> None:
+        try:
+            sink.commit(handle)
+        except TxsinkError as err:
+            err.with_context(
+                sink_uid=sink.uid, epoch=epoch, phase="commit", connector=sink.connector
+            )
+            raise
+        except Exception as err:
+            raise CommitError(
+                f"commit of {handle.txn} failed: {err!r}; the decision stands and recovery "
+                "retries it on the next run",
+                sink_uid=sink.uid,
+                epoch=epoch,
+                partition=handle.txn.partition,
+                phase="commit",
+                connector=sink.connector,
+            ) from err
+
+    def _abort_leftovers(self, epoch: int, handles: dict[str, list[Handle]], app_id: str) -> None:
+        """Abort this epoch's transactions from attempts whose result was not used."""
+        decided = {str(h.txn) for hs in handles.values() for h in hs}
+        for sink in self.sinks:
+            for handle in list(sink.list_prepared(app_id)):
+                if handle.txn.epoch == epoch and str(handle.txn) not in decided:
+                    self._log.bind(uid=sink.uid, epoch=epoch).info(
+                        "aborting leftover attempt %s", handle.txn
+                    )
+                    sink.abort(handle)
+
+    # -- helpers ---------------------------------------------------------------------
+
+    def _bind(self, app_id: str) -> None:
+        if self._bound_app != app_id:
+            self.log.bind_app(app_id)
+            self._bound_app = app_id
+            self._last_committed = None
+            self._needs_recovery = True
+
+    def _app_from_log(self) -> str:
+        meta = self.log.meta()
+        if meta is None:
+            raise ConfigurationError(
+                f"the txsink log at {self.log.location} is empty and no app_id was given: "
+                "pass app_id=... for a one-shot write"
+            )
+        return str(meta["app_id"])
+
+    def _check_schema(self, df: DataFrame, app_id: str) -> None:
+        schema = _spark.arrow_schema(df)
+        if self._checked_schema is not None and schema.equals(self._checked_schema):
+            return
+        for sink in self.sinks:
+            try:
+                sink.check(schema, app_id)
+            except TxsinkError as err:
+                err.with_context(sink_uid=sink.uid, phase="check", connector=sink.connector)
+                raise
+        self._checked_schema = schema
+
+    def _load(self, decision: EpochDecision) -> dict[str, list[Handle]]:
+        return {
+            uid: [load_handle(doc, sink_uid=uid) for doc in docs]
+            for uid, docs in decision.handles.items()
+        }
+
+    def _fire(self, point: CrashPoint, epoch: int) -> None:
+        if self.faults is not None:
+            self.faults.fire(point, epoch=epoch)
+
+    def __repr__(self) -> str:
+        return f"Coordinator(sinks={list(self.sinks)!r}, log={self.log.location!r})"
+
+
+def _first_line(err: BaseException) -> str:
+    """A one-line summary; Spark's own messages carry a JVM stack trace after the first line."""
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"[:500]

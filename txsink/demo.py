@@ -1,0 +1,252 @@
+"""``txsink demo``: exactly-once into local files, with an optional crash.
+
+The parent process writes a deterministic input (Parquet files), then runs
+the streaming query in a child process under :mod:`txsink.runner`, which
+restarts it after every crash, and finally reads the output back through the
+epoch manifests and prints one JSON line with the verdict.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from txsink.faults import CrashPoint, Fault, FaultMode, FaultPlan
+
+__all__ = ["local_spark", "main", "make_input", "run_demo"]
+
+
+def local_spark(master: str = "local[2]", app_name: str = "txsink") -> Any:
+    """A local SparkSession set up for txsink (workers run this interpreter)."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master(master)
+        .appName(app_name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.memory", "1g")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def make_input(folder: Path, rows: int, files: int) -> None:
+    """Deterministic input: ``files`` Parquet files holding ids ``0..rows-1``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder.mkdir(parents=True, exist_ok=True)
+    per = -(-rows // files)
+    for i in range(files):
+        lo, hi = i * per, min(rows, (i + 1) * per)
+        if lo >= hi:
+            break
+        ids = pa.array(range(lo, hi), pa.int64())
+        table = pa.table(
+            {
+                "id": ids,
+                "key": pa.array([f"k{n % 97}" for n in range(lo, hi)]),
+                "amount": pa.array(
+                    [(n * 7919 % 100000) / 100 for n in range(lo, hi)], pa.float64()
+                ),
+                "payload": pa.array([f"event-{n:09d}" for n in range(lo, hi)]),
+            }
+        )
+        pq.write_table(table, folder / f"input-{i:04d}.parquet")
+
+
+def run_query(workdir: Path, partitions: int, fmt: str) -> None:
+    """The child: one streaming query, ``availableNow``, until the input is processed."""
+    from txsink import Coordinator
+    from txsink.connectors.files import FilesSink
+
+    logging.basicConfig(
+        level=logging.WARNING, stream=sys.stdout, format="txsink: %(levelname)s %(message)s"
+    )
+    logging.getLogger("txsink").setLevel(logging.INFO)
+    spark = local_spark(f"local[{partitions}]", "txsink-demo")
+    coordinator = Coordinator(
+        [
+            FilesSink(workdir / "output", uid="demo", format=fmt)  # type: ignore[arg-type]
+        ],
+        log=str(workdir / "txlog"),
+    )
+    query = (
+        spark.readStream.schema("id long, key string, amount double, payload string")
+        .option("maxFilesPerTrigger", 1)
+        .parquet(str(workdir / "input"))
+        .repartition(partitions)
+        .writeStream.foreachBatch(coordinator)
+        .option("checkpointLocation", str(workdir / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    try:
+        query.awaitTermination()
+    except Exception as err:
+        # One readable line for the runner's progress; the full trace goes to the log.
+        logging.getLogger("txsink.demo").debug("query failed", exc_info=True)
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        print(f"txsink: query failed: {type(err).__name__}: {first[:300]}", flush=True)
+        spark.stop()
+        raise SystemExit(1) from None
+    spark.stop()
+
+
+def fault_plan_for(crash: str | None) -> str:
+    """The fault plan text for ``--crash``; ``during_recovery`` gets a crash to recover from."""
+    if not crash:
+        return ""
+    fault = Fault.parse(crash)
+    if fault.point is CrashPoint.DURING_RECOVERY:
+        lead = Fault(
+            CrashPoint.DURING_COMMIT,
+            fault.mode if fault.mode is not FaultMode.KILL_WORKER else FaultMode.RAISE,
+            epoch=fault.epoch,
+        )
+        return f"{lead},{fault}"
+    return str(fault)
+
+
+def run_demo(
+    workdir: Path,
+    *,
+    rows: int,
+    files: int,
+    partitions: int,
+    crash: str | None,
+    fmt: str,
+    max_runs: int,
+    echo: bool = True,
+) -> dict[str, Any]:
+    from txsink.runner import describe_exit, python_module_cmd, run_until_done
+    from txsink.verify import verify_files
+
+    started = time.monotonic()
+    shutil.rmtree(workdir, ignore_errors=True)
+    make_input(workdir / "input", rows, files)
+    plan = fault_plan_for(crash)
+    env = dict(os.environ)
+    env.pop("TXSINK_FAULT", None)
+    if plan:
+        env["TXSINK_FAULT"] = plan
+        env["TXSINK_FAULT_STATE"] = str(workdir / "faults")
+
+    def say(message: str) -> None:
+        if echo:
+            print(message, file=sys.stderr, flush=True)
+
+    say(
+        f"txsink demo: {rows} rows in {files} input files -> {workdir / 'output'}"
+        + (f", injecting {plan}" if plan else "")
+    )
+
+    def on_line(line: str) -> None:
+        if line.startswith("txsink:"):
+            say("  " + line)
+
+    report = run_until_done(
+        python_module_cmd(
+            "txsink.demo",
+            "--child",
+            "--workdir",
+            str(workdir),
+            "--partitions",
+            str(partitions),
+            "--format",
+            fmt,
+        ),
+        env=env,
+        max_runs=max_runs,
+        on_line=on_line,
+        on_restart=lambda run, code: say(
+            f"txsink demo: query run {run} ended ({describe_exit(code)}); restarting"
+        ),
+    )
+    verdict = verify_files(workdir / "output", range(rows))
+    fired = FaultPlan.parse(plan, str(workdir / "faults")).fired() if plan else []
+    return {
+        "rows_expected": verdict.rows_expected,
+        "rows_written": verdict.rows_written,
+        "duplicates": verdict.duplicates,
+        "missing": verdict.missing,
+        "unexpected": verdict.unexpected,
+        "lingering": verdict.lingering,
+        "epochs": verdict.epochs,
+        "restarts": report.restarts,
+        "finished": report.finished,
+        "faults_fired": len(fired),
+        "crash": plan or None,
+        "seconds": round(time.monotonic() - started, 1),
+        "output": str(workdir / "output"),
+        "ok": verdict.ok and report.finished,
+    }
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--rows", type=int, default=100_000, help="input rows (default 100000)")
+    parser.add_argument(
+        "--files", type=int, default=8, help="input files; one epoch per file (default 8)"
+    )
+    parser.add_argument("--partitions", type=int, default=2, help="Spark partitions (default 2)")
+    parser.add_argument(
+        "--crash",
+        metavar="POINT[:MODE]",
+        default=None,
+        help="inject a fault, e.g. after_decision:kill-driver",
+    )
+    parser.add_argument("--format", default="parquet", choices=["parquet", "jsonl", "csv"])
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        default=Path(".txsink-demo"),
+        help="input, output, txsink log and checkpoint (default .txsink-demo)",
+    )
+    parser.add_argument("--max-runs", type=int, default=10, help="give up after this many runs")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="txsink demo", description=__doc__)
+    add_arguments(parser)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    return demo_command(args)
+
+
+def demo_command(args: argparse.Namespace) -> int:
+    if getattr(args, "child", False):
+        run_query(args.workdir.resolve(), args.partitions, args.format)
+        return 0
+    if args.crash:
+        try:
+            Fault.parse(args.crash)
+        except ValueError as err:
+            print(f"txsink demo: --crash: {err}", file=sys.stderr)
+            return 2
+    result = run_demo(
+        args.workdir.resolve(),
+        rows=args.rows,
+        files=args.files,
+        partitions=args.partitions,
+        crash=args.crash,
+        fmt=args.format,
+        max_runs=args.max_runs,
+    )
+    print(json.dumps(result), flush=True)
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,171 @@
+"""Exceptions raised by txsink.
+
+The hierarchy::
+
+    TxsinkError                      base; carries sink uid, epoch, partition, phase, connector
+    ├── ConfigurationError           detected at start, before anything is written
+    │   ├── UnsupportedQueryError    a query setting that breaks the guarantee
+    │   ├── NonRestoredStateError    the log holds pending state for a sink uid not configured
+    │   └── CheckpointMismatchError  Spark's checkpoint and the txsink log disagree
+    ├── WriteError                   bad input: a row or column a sink cannot write (fatal)
+    ├── RetryableError               transient (connection lost, timeout): Spark may retry the task
+    ├── EpochAbortedError            the pre-commit failed; every handle of the epoch was aborted
+    ├── FencedError                  another driver decided (or voided) this epoch first
+    ├── CommitError                  a decided handle could not be committed: needs attention
+    ├── LogError                     the txsink log is unreadable or of an unknown format
+    ├── HandleFormatError            a handle's serializer or version is unknown
+    └── InjectedFault                raised on purpose by :mod:`txsink.faults`
+
+Every error pickles with its context, because Spark ships exceptions between
+the Python workers and the driver. Retryable and fatal errors are different
+types; connectors map their libraries' errors by code (SQLSTATE, Kafka error
+code, HTTP status), never by message text.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "CheckpointMismatchError",
+    "CommitError",
+    "ConfigurationError",
+    "EpochAbortedError",
+    "FencedError",
+    "HandleFormatError",
+    "InjectedFault",
+    "LogError",
+    "NonRestoredStateError",
+    "RetryableError",
+    "TxsinkError",
+    "UnsupportedQueryError",
+    "WriteError",
+]
+
+_CONTEXT_KEYS = ("sink_uid", "epoch", "partition", "phase", "connector", "row", "column")
+
+
+class TxsinkError(Exception):
+    """Base of every txsink error.
+
+    ``message`` says what happened and how to fix it; the keyword context says
+    where (which sink, epoch, partition, phase, row, column). ``str(err)`` puts
+    both on one line, so a log line or a Spark stack trace is enough to act on.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        sink_uid: str | None = None,
+        epoch: int | None = None,
+        partition: int | None = None,
+        phase: str | None = None,
+        connector: str | None = None,
+        row: int | None = None,
+        column: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.sink_uid = sink_uid
+        self.epoch = epoch
+        self.partition = partition
+        self.phase = phase
+        self.connector = connector
+        self.row = row
+        self.column = column
+
+    @property
+    def context(self) -> dict[str, Any]:
+        """The non-empty context fields, in a stable order."""
+        return {k: getattr(self, k) for k in _CONTEXT_KEYS if getattr(self, k) is not None}
+
+    def with_context(self, **context: Any) -> TxsinkError:
+        """Fill context fields that are still unset; returns ``self``."""
+        for key, value in context.items():
+            if key not in _CONTEXT_KEYS:
+                raise TypeError(f"with_context() got an unknown field {key!r}")
+            if getattr(self, key) is None:
+                setattr(self, key, value)
+        return self
+
+    def __str__(self) -> str:
+        ctx = self.context
+        if not ctx:
+            return self.message
+        where = ", ".join(f"{k}={v}" for k, v in ctx.items())
+        return f"[{where}] {self.message}"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The default reduce replays __init__(*args) and would drop the context.
+        return (_rebuild, (type(self), self.message, self.context, self.__dict__.copy()))
+
+
+def _rebuild(
+    cls: type[TxsinkError], message: str, context: dict[str, Any], state: dict[str, Any]
+) -> TxsinkError:
+    err = cls.__new__(cls)
+    TxsinkError.__init__(err, message, **context)
+    err.__dict__.update(state)
+    return err
+
+
+class ConfigurationError(TxsinkError):
+    """A setting or server configuration that would break the guarantee; found at start."""
+
+
+class UnsupportedQueryError(ConfigurationError):
+    """The streaming query runs in a mode txsink cannot make exactly-once."""
+
+
+class NonRestoredStateError(ConfigurationError):
+    """The log holds pending handles for a sink uid that is not configured any more."""
+
+
+class CheckpointMismatchError(ConfigurationError):
+    """Spark's checkpoint and the txsink log describe different histories."""
+
+
+class WriteError(TxsinkError):
+    """A row or value the sink cannot write. Fatal: retrying writes the same bad row."""
+
+
+class RetryableError(TxsinkError):
+    """A transient failure (connection lost, timeout). The task may be retried by Spark."""
+
+
+class EpochAbortedError(TxsinkError):
+    """The pre-commit of an epoch failed and every handle of it was aborted.
+
+    Nothing of the epoch is visible. ``__cause__`` (or ``causes``) holds the
+    error(s) of the failed partitions; fix the cause and restart the query.
+    """
+
+    def __init__(self, message: str, *, causes: list[TxsinkError] | None = None, **ctx: Any):
+        super().__init__(message, **ctx)
+        self.causes: list[TxsinkError] = list(causes or [])
+
+
+class FencedError(TxsinkError):
+    """Another driver decided or voided this epoch first; this driver's handles were aborted."""
+
+
+class CommitError(TxsinkError):
+    """A handle of a decided epoch could not be committed.
+
+    The decision stands: the next run's recovery retries the commit. If the
+    handle's transaction is gone (aborted by hand, expired by the target), the
+    rows of that handle are lost and the message says which.
+    """
+
+
+class LogError(TxsinkError):
+    """The txsink log cannot be read or written, or is of an unknown format version."""
+
+
+class HandleFormatError(TxsinkError):
+    """A handle was written by a serializer or version this txsink cannot read."""
+
+
+class InjectedFault(TxsinkError):
+    """Raised by a fault injected at a named crash point (mode ``raise``)."""

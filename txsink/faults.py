@@ -1,0 +1,206 @@
+"""Fault injection at the protocol's named crash points.
+
+A user-facing feature, not only for our tests: declare where the pipeline
+should crash and how, run it, and check the targets read back exactly once.
+
+Crash points, in protocol order::
+
+    during_recovery           driver: recovery committed or aborted its first handle
+    before_precommit          task:   rows written into the open transaction, not yet prepared
+    after_precommit           task:   transaction prepared, the ack not yet returned
+    before_decision           driver: every ack collected, the decision not yet written
+    after_decision            driver: decision durable, nothing committed
+    during_commit             driver: the first handle committed, the others not
+    after_commit_before_mark  driver: every handle committed, the committed mark not written
+
+Modes: ``raise`` (an :class:`~txsink.errors.InjectedFault`), ``kill-worker``
+(SIGKILL of the Python worker running the task; task points only) and
+``kill-driver`` (SIGKILL of the driver process, from the driver or the task).
+
+Choose faults by API (``Coordinator(..., faults=FaultPlan.parse("..."))``) or
+by environment, so a query in a subprocess can be given one::
+
+    TXSINK_FAULT="after_decision:kill-driver"           POINT[:MODE][@EPOCH][#PARTITION][*TIMES]
+    TXSINK_FAULT="during_commit:raise,during_recovery"  several, comma-separated
+    TXSINK_FAULT_STATE=/some/dir                        where "already fired" is remembered
+
+A fault fires ``TIMES`` times (default once) *in total*, across processes and
+restarts: each firing first creates a marker file in the state folder with an
+atomic exclusive create. That is what lets a restarted query get past the
+point it crashed at.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+from txsink.errors import InjectedFault
+
+__all__ = ["DRIVER_POINTS", "TASK_POINTS", "CrashPoint", "Fault", "FaultMode", "FaultPlan"]
+
+
+class CrashPoint(enum.StrEnum):
+    DURING_RECOVERY = "during_recovery"
+    BEFORE_PRECOMMIT = "before_precommit"
+    AFTER_PRECOMMIT = "after_precommit"
+    BEFORE_DECISION = "before_decision"
+    AFTER_DECISION = "after_decision"
+    DURING_COMMIT = "during_commit"
+    AFTER_COMMIT_BEFORE_MARK = "after_commit_before_mark"
+
+
+class FaultMode(enum.StrEnum):
+    RAISE = "raise"
+    KILL_WORKER = "kill-worker"
+    KILL_DRIVER = "kill-driver"
+
+
+TASK_POINTS = frozenset({CrashPoint.BEFORE_PRECOMMIT, CrashPoint.AFTER_PRECOMMIT})
+DRIVER_POINTS = frozenset(CrashPoint) - TASK_POINTS
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault: where, how, and optionally only at one epoch / partition."""
+
+    point: CrashPoint
+    mode: FaultMode = FaultMode.RAISE
+    epoch: int | None = None
+    partition: int | None = None
+    times: int = 1
+
+    def __post_init__(self) -> None:
+        if self.mode is FaultMode.KILL_WORKER and self.point not in TASK_POINTS:
+            raise ValueError(
+                f"fault {self.point}:kill-worker: there is no Python worker at a driver-side "
+                f"point; use kill-worker with {sorted(TASK_POINTS)}, or kill-driver"
+            )
+        if self.partition is not None and self.point not in TASK_POINTS:
+            raise ValueError(f"fault {self.point}: #PARTITION applies to task points only")
+        if self.times < 1:
+            raise ValueError("fault *TIMES must be >= 1")
+
+    @classmethod
+    def parse(cls, spec: str) -> Fault:
+        """Parse ``POINT[:MODE][@EPOCH][#PARTITION][*TIMES]``."""
+        text = spec.strip()
+        times = partition = epoch = None
+        if "*" in text:
+            text, t = text.rsplit("*", 1)
+            times = int(t)
+        if "#" in text:
+            text, p = text.rsplit("#", 1)
+            partition = int(p)
+        if "@" in text:
+            text, e = text.rsplit("@", 1)
+            epoch = int(e)
+        point, _, mode = text.partition(":")
+        try:
+            cp = CrashPoint(point)
+        except ValueError:
+            raise ValueError(
+                f"unknown crash point {point!r} in {spec!r}; known: {[p.value for p in CrashPoint]}"
+            ) from None
+        try:
+            fm = FaultMode(mode or "raise")
+        except ValueError:
+            raise ValueError(
+                f"unknown fault mode {mode!r} in {spec!r}; known: {[m.value for m in FaultMode]}"
+            ) from None
+        return cls(cp, fm, epoch, partition, times or 1)
+
+    def __str__(self) -> str:
+        s = f"{self.point}:{self.mode}"
+        if self.epoch is not None:
+            s += f"@{self.epoch}"
+        if self.partition is not None:
+            s += f"#{self.partition}"
+        if self.times != 1:
+            s += f"*{self.times}"
+        return s
+
+
+@dataclass(frozen=True)
+class FaultPlan:
+    """Faults to inject, and the folder that remembers which already fired.
+
+    Picklable: the plan travels to Spark tasks with the coordinator's task.
+    For task points on a real cluster, ``state_dir`` must be on a filesystem
+    the executors share with the driver (local mode always does).
+    """
+
+    faults: tuple[Fault, ...]
+    state_dir: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="txsink-faults-"))
+
+    @classmethod
+    def parse(cls, specs: str, state_dir: str | None = None) -> FaultPlan:
+        faults = tuple(Fault.parse(s) for s in specs.split(",") if s.strip())
+        if state_dir is None:
+            return cls(faults)
+        return cls(faults, state_dir)
+
+    @classmethod
+    def from_env(cls) -> FaultPlan | None:
+        """The plan given by ``TXSINK_FAULT`` / ``TXSINK_FAULT_STATE``, if any."""
+        specs = os.environ.get("TXSINK_FAULT", "").strip()
+        if not specs:
+            return None
+        return cls.parse(specs, os.environ.get("TXSINK_FAULT_STATE") or None)
+
+    def fire(
+        self,
+        point: CrashPoint,
+        *,
+        epoch: int,
+        partition: int | None = None,
+        driver_pid: int | None = None,
+    ) -> None:
+        """Inject the first matching fault that has firings left; no-op otherwise."""
+        for index, fault in enumerate(self.faults):
+            if fault.point is not point:
+                continue
+            if fault.epoch is not None and fault.epoch != epoch:
+                continue
+            if fault.partition is not None and fault.partition != partition:
+                continue
+            if not self._claim(index, fault):
+                continue
+            where = f"epoch={epoch}" + (f" partition={partition}" if partition is not None else "")
+            print(f"txsink: injecting fault {fault} at {where}", file=sys.stderr, flush=True)
+            if fault.mode is FaultMode.RAISE:
+                raise InjectedFault(
+                    f"injected fault {fault}", epoch=epoch, partition=partition, phase=str(point)
+                )
+            pid = (
+                os.getpid() if fault.mode is FaultMode.KILL_WORKER else (driver_pid or os.getpid())
+            )
+            os.kill(pid, signal.SIGKILL)
+            time.sleep(120)  # a task that killed its driver waits to be torn down with it
+            raise InjectedFault(f"injected fault {fault}: process {pid} did not die")
+
+    def fired(self) -> list[str]:
+        """Marker names of the faults that fired so far."""
+        try:
+            return sorted(os.listdir(self.state_dir))
+        except FileNotFoundError:
+            return []
+
+    def _claim(self, index: int, fault: Fault) -> bool:
+        os.makedirs(self.state_dir, exist_ok=True)
+        for n in range(fault.times):
+            marker = os.path.join(self.state_dir, f"{index:02d}-{fault.point}-{n}")
+            try:
+                fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                continue
+            os.write(fd, f"{fault} pid={os.getpid()} at={time.time()}\n".encode())
+            os.fsync(fd)
+            os.close(fd)
+            return True
+        return False

@@ -1,0 +1,443 @@
+"""The txsink log: the durable record of every epoch's decision.
+
+Layout (human-readable JSON, each record written once, never rewritten)::
+
+    meta.json                                   format version, app id
+    epochs/<epoch:020d>/claim-<round:06d>.json  a driver claimed this round of the epoch
+    epochs/<epoch:020d>/decision-<round>.json   "decision" (all handles) or "void" (fenced)
+    epochs/<epoch:020d>/committed.json          every handle of the decision is committed
+
+Why rounds: a replay of an epoch after a crash is a new *round* with fresh
+transaction names, claimed with create-if-absent so two drivers never share
+one. At most one round of an epoch can hold a decision: a driver deciding
+round ``k`` first *voids* rounds ``0..k-1`` (create-if-absent), and recovery
+voids a round before aborting its lingering transactions. A void can never be
+overwritten by a decision nor the reverse, so a zombie driver that prepared
+round ``j`` either decided before it was voided (and its decision is
+committed by whoever comes next) or can never decide. This is what makes
+aborting a lingering transaction safe.
+
+Every record is created with an atomic create-if-absent on the
+:class:`LogStore`; a store that cannot do that cannot hold a txsink log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from txsink.errors import CheckpointMismatchError, LogError
+
+__all__ = [
+    "LOG_FORMAT_VERSION",
+    "CommitRecord",
+    "EpochDecision",
+    "EpochState",
+    "FileStore",
+    "LogStore",
+    "TxLog",
+    "open_log",
+]
+
+LOG_FORMAT_VERSION = 1
+_EPOCHS = "epochs/"
+
+
+class LogStore(Protocol):
+    """Key-value storage for the log. ``create`` must be atomic create-if-absent."""
+
+    location: str
+
+    def create(self, key: str, data: bytes) -> bool:
+        """Store ``data`` under ``key`` unless the key exists; True if this call created it."""
+        ...
+
+    def read(self, key: str) -> bytes | None: ...
+
+    def list(self, prefix: str) -> list[str]:
+        """Every key that starts with ``prefix``, sorted."""
+        ...
+
+    def delete(self, key: str) -> None: ...
+
+
+class FileStore:
+    """A :class:`LogStore` on a local or mounted POSIX filesystem.
+
+    ``create`` writes a temporary file, fsyncs it and hard-links it into place:
+    ``link`` fails if the name exists, so creation is atomic and a reader never
+    sees a half-written record. The directory is fsynced after each change.
+    """
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self.location = str(self.root)
+
+    def _path(self, key: str) -> Path:
+        if key.startswith("/") or ".." in key.split("/"):
+            raise ValueError(f"bad log key {key!r}")
+        return self.root / key
+
+    def create(self, key: str, data: bytes) -> bool:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.parent / f".tmp-{path.name}-{uuid.uuid4().hex}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        finally:
+            tmp.unlink(missing_ok=True)
+        _fsync_dir(path.parent)
+        return True
+
+    def read(self, key: str) -> bytes | None:
+        try:
+            return self._path(key).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def list(self, prefix: str) -> list[str]:
+        base = self._path(prefix.rstrip("/")) if prefix.endswith("/") else self._path(prefix).parent
+        if not base.is_dir():
+            return []
+        keys = []
+        for dirpath, _dirs, files in os.walk(base):
+            for name in files:
+                if name.startswith(".tmp-"):
+                    continue
+                key = os.path.relpath(os.path.join(dirpath, name), self.root).replace(os.sep, "/")
+                if key.startswith(prefix):
+                    keys.append(key)
+        return sorted(keys)
+
+    def delete(self, key: str) -> None:
+        path = self._path(key)
+        path.unlink(missing_ok=True)
+        # Remove emptied epoch folders so listings stay short.
+        with contextlib.suppress(OSError):
+            path.parent.rmdir()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def open_log(location: str | os.PathLike[str] | LogStore) -> TxLog:
+    """Open the txsink log at a filesystem path, a ``file://`` URL or a given store."""
+    if not isinstance(location, (str, os.PathLike)):
+        return TxLog(location)
+    loc = os.fspath(location)
+    if loc.startswith("file://"):
+        loc = loc[len("file://") :]
+    if "://" in loc:
+        scheme = loc.split("://", 1)[0]
+        raise LogError(
+            f"txsink log location {loc!r}: scheme {scheme!r} is not supported here; "
+            "use a local or mounted filesystem path"
+        )
+    return TxLog(FileStore(loc))
+
+
+def _dumps(doc: dict[str, Any]) -> bytes:
+    return (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
+
+
+def _epoch_prefix(epoch: int) -> str:
+    return f"{_EPOCHS}{epoch:020d}/"
+
+
+@dataclass(frozen=True)
+class EpochDecision:
+    """The commit point of an epoch: every handle of every sink, as JSON documents."""
+
+    epoch: int
+    round: int
+    handles: dict[str, list[dict[str, Any]]]
+    decided_at: float = 0.0
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    def txn_names(self) -> set[str]:
+        return {doc["data"]["txn"] for docs in self.handles.values() for doc in docs}
+
+
+@dataclass(frozen=True)
+class CommitRecord:
+    epoch: int
+    round: int
+    committed_at: float
+    not_restored: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class EpochState:
+    """What the log knows of one epoch (for status and recovery)."""
+
+    epoch: int
+    rounds: tuple[int, ...]
+    decision: EpochDecision | None
+    voided: tuple[int, ...]
+    committed: CommitRecord | None
+
+    @property
+    def status(self) -> str:
+        if self.committed is not None:
+            return "committed"
+        if self.decision is not None:
+            return "decided"
+        if self.rounds and len(self.voided) >= len(self.rounds):
+            return "aborted"
+        return "open"
+
+
+class TxLog:
+    """The protocol's records on top of a :class:`LogStore` (one app per log)."""
+
+    def __init__(self, store: LogStore) -> None:
+        self.store = store
+
+    @property
+    def location(self) -> str:
+        return self.store.location
+
+    # -- meta ------------------------------------------------------------------------
+
+    def meta(self) -> dict[str, Any] | None:
+        raw = self.store.read("meta.json")
+        if raw is None:
+            return None
+        doc = self._parse("meta.json", raw)
+        version = doc.get("version")
+        if doc.get("format") != "txsink-log" or version != LOG_FORMAT_VERSION:
+            raise LogError(
+                f"txsink log at {self.location} has format {doc.get('format')!r} version "
+                f"{version!r}; this txsink reads 'txsink-log' version {LOG_FORMAT_VERSION}"
+            )
+        return doc
+
+    def bind_app(self, app_id: str) -> None:
+        """Tie the log to ``app_id`` on first use; refuse a log that belongs to another app."""
+        doc = {
+            "format": "txsink-log",
+            "version": LOG_FORMAT_VERSION,
+            "app_id": app_id,
+            "created_at": time.time(),
+        }
+        self.store.create("meta.json", _dumps(doc))
+        meta = self.meta()
+        if meta is None or meta.get("app_id") != app_id:
+            owner = None if meta is None else meta.get("app_id")
+            raise CheckpointMismatchError(
+                f"the txsink log at {self.location} belongs to app {owner!r}, but this query "
+                f"runs as app {app_id!r}. The Spark checkpoint location (and so the query id) "
+                "changed while the txsink log was kept. Use a new txsink log for a new "
+                f"checkpoint, or pass app_id={owner!r} to keep writing this log's history"
+            )
+
+    # -- epochs ------------------------------------------------------------------------
+
+    def claim_round(self, epoch: int) -> int:
+        """Claim the next unused round of ``epoch`` for this driver."""
+        rounds = self._rounds(epoch)
+        nxt = (max(rounds) + 1) if rounds else 0
+        info = {"epoch": epoch, "host": socket.gethostname(), "pid": os.getpid(), "at": time.time()}
+        while True:
+            key = f"{_epoch_prefix(epoch)}claim-{nxt:06d}.json"
+            if self.store.create(key, _dumps({"version": 1, "round": nxt, **info})):
+                return nxt
+            nxt += 1
+
+    def decide(
+        self,
+        epoch: int,
+        round_: int,
+        handles: dict[str, list[dict[str, Any]]],
+        stats: dict[str, Any] | None = None,
+    ) -> bool:
+        """Create round ``round_``'s decision; False if that round was voided first."""
+        doc = {
+            "version": 1,
+            "kind": "decision",
+            "epoch": epoch,
+            "round": round_,
+            "decided_at": time.time(),
+            "handles": handles,
+            "stats": stats or {},
+        }
+        return self.store.create(self._decision_key(epoch, round_), _dumps(doc))
+
+    def void(self, epoch: int, round_: int, reason: str) -> EpochDecision | None:
+        """Make sure round ``round_`` can never be decided.
+
+        Returns that round's decision if it was decided first (the void lost).
+        """
+        doc = {
+            "version": 1,
+            "kind": "void",
+            "epoch": epoch,
+            "round": round_,
+            "reason": reason,
+            "at": time.time(),
+        }
+        key = self._decision_key(epoch, round_)
+        if self.store.create(key, _dumps(doc)):
+            return None
+        return self._read_decision(key)
+
+    def decision(self, epoch: int) -> EpochDecision | None:
+        """The decision of ``epoch``, if any round of it was decided."""
+        for key in self.store.list(_epoch_prefix(epoch)):
+            if key.rsplit("/", 1)[1].startswith("decision-"):
+                dec = self._read_decision(key)
+                if dec is not None:
+                    return dec
+        return None
+
+    def committed(self, epoch: int) -> CommitRecord | None:
+        raw = self.store.read(f"{_epoch_prefix(epoch)}committed.json")
+        if raw is None:
+            return None
+        doc = self._parse("committed", raw)
+        return CommitRecord(
+            epoch=int(doc["epoch"]),
+            round=int(doc["round"]),
+            committed_at=float(doc["committed_at"]),
+            not_restored=tuple(doc.get("not_restored", ())),
+        )
+
+    def mark_committed(self, epoch: int, round_: int, not_restored: tuple[str, ...] = ()) -> None:
+        doc = {
+            "version": 1,
+            "epoch": epoch,
+            "round": round_,
+            "committed_at": time.time(),
+            "not_restored": list(not_restored),
+        }
+        self.store.create(f"{_epoch_prefix(epoch)}committed.json", _dumps(doc))
+
+    def epochs(self) -> list[int]:
+        """Every epoch the log holds records for, ascending."""
+        seen = {self._epoch_of(key) for key in self.store.list(_EPOCHS)}
+        return sorted(e for e in seen if e is not None)
+
+    def state(self, epoch: int) -> EpochState:
+        rounds, voided = [], []
+        decision = None
+        committed = None
+        for key in self.store.list(_epoch_prefix(epoch)):
+            name = key.rsplit("/", 1)[1]
+            if name.startswith("claim-"):
+                rounds.append(int(name[6:12]))
+            elif name.startswith("decision-"):
+                raw = self.store.read(key)
+                doc = self._parse(key, raw or b"{}")
+                if doc.get("kind") == "void":
+                    voided.append(int(doc["round"]))
+                else:
+                    decision = self._decision_from(doc)
+            elif name == "committed.json":
+                committed = self.committed(epoch)
+        return EpochState(epoch, tuple(sorted(rounds)), decision, tuple(sorted(voided)), committed)
+
+    def states(self) -> list[EpochState]:
+        return [self.state(e) for e in self.epochs()]
+
+    def last_committed(self) -> int | None:
+        for epoch in reversed(self.epochs()):
+            if self.store.read(f"{_epoch_prefix(epoch)}committed.json") is not None:
+                return epoch
+        return None
+
+    def pending(self) -> list[EpochDecision]:
+        """Decided epochs without their committed mark, ascending."""
+        out = []
+        for epoch in self.epochs():
+            if self.store.read(f"{_epoch_prefix(epoch)}committed.json") is not None:
+                continue
+            dec = self.decision(epoch)
+            if dec is not None:
+                out.append(dec)
+        return out
+
+    def prune(self, keep: int) -> list[int]:
+        """Delete committed epochs older than the newest ``keep`` epochs; returns them."""
+        if keep < 1:
+            raise ValueError("retain_epochs must be >= 1")
+        epochs = self.epochs()
+        last = self.last_committed()
+        if last is None:
+            return []
+        removed = []
+        for epoch in epochs[: max(0, len(epochs) - keep)]:
+            if epoch >= last:
+                break
+            state = self.state(epoch)
+            if state.status not in ("committed", "aborted"):
+                continue  # keep anything recovery may still need
+            for key in self.store.list(_epoch_prefix(epoch)):
+                self.store.delete(key)
+            removed.append(epoch)
+        return removed
+
+    # -- helpers ---------------------------------------------------------------------
+
+    def _rounds(self, epoch: int) -> list[int]:
+        return [
+            int(key.rsplit("/", 1)[1][6:12])
+            for key in self.store.list(_epoch_prefix(epoch))
+            if key.rsplit("/", 1)[1].startswith("claim-")
+        ]
+
+    @staticmethod
+    def _decision_key(epoch: int, round_: int) -> str:
+        return f"{_epoch_prefix(epoch)}decision-{round_:06d}.json"
+
+    @staticmethod
+    def _epoch_of(key: str) -> int | None:
+        parts = key.split("/")
+        if len(parts) >= 3 and parts[1].isdigit():
+            return int(parts[1])
+        return None
+
+    def _read_decision(self, key: str) -> EpochDecision | None:
+        raw = self.store.read(key)
+        if raw is None:
+            return None
+        doc = self._parse(key, raw)
+        return None if doc.get("kind") == "void" else self._decision_from(doc)
+
+    @staticmethod
+    def _decision_from(doc: dict[str, Any]) -> EpochDecision:
+        return EpochDecision(
+            epoch=int(doc["epoch"]),
+            round=int(doc["round"]),
+            handles={uid: list(docs) for uid, docs in doc["handles"].items()},
+            decided_at=float(doc.get("decided_at", 0.0)),
+            stats=dict(doc.get("stats", {})),
+        )
+
+    def _parse(self, key: str, raw: bytes) -> dict[str, Any]:
+        try:
+            doc = json.loads(raw)
+        except ValueError as err:
+            raise LogError(
+                f"txsink log record {key} at {self.location} is not JSON: {err}"
+            ) from err
+        if not isinstance(doc, dict):
+            raise LogError(f"txsink log record {key} at {self.location} is not a JSON object")
+        return doc

@@ -34,7 +34,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import pyarrow as pa
 import pyarrow.csv as pacsv

@@ -79,7 +79,7 @@ def postgres(_service_finalizers: list[Finalizer]) -> PostgresService:
 
 @pytest.fixture(scope="session")
 def kafka(_service_finalizers: list[Finalizer]) -> KafkaService:
-    """Kafka with transactions: ``.bootstrap``, ``.config()``, ``.new_topic()``, ``.with_proxy()``."""
+    """Kafka with transactions: ``.bootstrap``, ``.config()``, ``.new_topic()``, ``.with_proxy``."""
     return _obtain("kafka", resolve_kafka, _service_finalizers)
 
 

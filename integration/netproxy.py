@@ -247,6 +247,9 @@ class NetProxy:
                 return False
             return True
 
+    def _is_cut(self) -> bool:
+        return self._mode is Mode.CUT
+
     def _delay(self) -> float:
         return self._slow_s if self._mode is Mode.SLOW else 0.0
 
@@ -316,7 +319,7 @@ class NetProxy:
                 if self._stopping.is_set():
                     break
                 continue
-            if self._mode is Mode.CUT:
+            if self._is_cut():  # cut() between accept() and here
                 self.stats.refused_during_cut += 1
                 _reset_close(client)
                 continue

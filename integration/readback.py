@@ -41,6 +41,17 @@ def _quiet() -> logging.Logger:
     return logger
 
 
+def _headers(raw: Any) -> tuple[tuple[str, bytes | None], ...]:
+    """Normalise librdkafka headers (list of pairs, or dict) to (name, bytes) pairs."""
+    if not raw:
+        return ()
+    pairs = raw.items() if isinstance(raw, dict) else raw
+    return tuple(
+        (str(k), v.encode() if isinstance(v, str) else (bytes(v) if v is not None else None))
+        for k, v in pairs
+    )
+
+
 def end_offsets(
     bootstrap: str, topic: str, *, isolation: str = "read_committed", timeout_s: float = 30.0
 ) -> dict[int, int]:
@@ -50,9 +61,10 @@ def end_offsets(
     transaction lie beyond it, so a reader never waits for a transaction that may not end.
     """
     from confluent_kafka import IsolationLevel, TopicPartition
-    from confluent_kafka.admin import AdminClient, OffsetSpec
+    from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
-    admin = AdminClient({"bootstrap.servers": bootstrap, "logger": _quiet()})
+    conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": _quiet()}
+    admin = AdminClient(conf)
     meta = admin.list_topics(topic, timeout=timeout_s)
     tmeta = meta.topics.get(topic)
     if tmeta is None or tmeta.error is not None:
@@ -62,7 +74,8 @@ def end_offsets(
         if isolation == "read_committed"
         else IsolationLevel.READ_UNCOMMITTED
     )
-    requests = {TopicPartition(topic, p): OffsetSpec.latest() for p in tmeta.partitions}
+    latest: Any = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+    requests = {TopicPartition(topic, p): latest for p in tmeta.partitions}
     futures = admin.list_offsets(requests, isolation_level=level, request_timeout=timeout_s)
     return {tp.partition: int(f.result().offset) for tp, f in futures.items()}
 
@@ -127,7 +140,7 @@ def read_topic(
             if offset >= ends[part]:
                 pending.discard(part)
                 continue
-            headers = tuple((k, v) for k, v in (msg.headers() or []))
+            headers = _headers(msg.headers())
             records.append(
                 KafkaRecord(
                     topic=topic,
@@ -162,7 +175,7 @@ def fetch_rows(
     import psycopg
 
     with psycopg.connect(dsn, autocommit=True) as conn:
-        return list(conn.execute(query, params).fetchall())  # type: ignore[arg-type]
+        return list(conn.execute(query, params).fetchall())
 
 
 def list_prepared(dsn: str, prefix: str = "") -> list[str]:
@@ -202,14 +215,23 @@ def read_object(client: S3Client, bucket: str, key: str) -> bytes:
     return client.get_object(Bucket=bucket, Key=key)["Body"].read()
 
 
-def list_multipart_uploads(client: S3Client, bucket: str, prefix: str = "") -> list[MultipartUpload]:
-    """Unfinished multipart uploads under ``prefix``: prepared-but-undecided S3 writes."""
+def list_multipart_uploads(
+    client: S3Client, bucket: str, prefix: str = ""
+) -> list[MultipartUpload]:
+    """Unfinished multipart uploads under ``prefix``: prepared-but-undecided S3 writes.
+
+    Lists the whole bucket and filters here: MinIO treats ``Prefix`` of
+    ListMultipartUploads as an exact object key (a real prefix returns nothing), while S3
+    and moto treat it as a prefix. Listing without ``Prefix`` is right on all of them.
+    """
     uploads: list[MultipartUpload] = []
-    kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
+    kwargs: dict[str, Any] = {"Bucket": bucket}
     while True:
         page = client.list_multipart_uploads(**kwargs)
         uploads.extend(
-            MultipartUpload(key=u["Key"], upload_id=u["UploadId"]) for u in page.get("Uploads", [])
+            MultipartUpload(key=u["Key"], upload_id=u["UploadId"])
+            for u in page.get("Uploads", [])
+            if u["Key"].startswith(prefix)
         )
         if not page.get("IsTruncated"):
             break

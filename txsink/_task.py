@@ -104,10 +104,12 @@ def run_partition(
                     txn = open_txns[sink.uid] = sink.begin(txn_id, batch.schema)
                 try:
                     sink.write(txn, batch)
-                except WriteError as err:
-                    if err.row is not None:
+                except TxsinkError as err:
+                    if isinstance(err, WriteError) and err.row is not None:
                         err.row += rows  # batch-relative -> partition-relative
-                    raise
+                    raise err.with_context(
+                        sink_uid=sink.uid, connector=sink.connector, phase="write"
+                    ) from None
             rows += batch.num_rows
         plan.fire(CrashPoint.BEFORE_PRECOMMIT, partition)
         acks = []
@@ -118,6 +120,11 @@ def run_partition(
                 continue
             try:
                 handle = sink.prepare(txn)
+            except TxsinkError as err:
+                open_txns[sink.uid] = txn
+                raise err.with_context(
+                    sink_uid=sink.uid, connector=sink.connector, phase="prepare"
+                ) from None
             except BaseException:
                 open_txns[sink.uid] = txn
                 raise

@@ -109,6 +109,8 @@ def fault_plan_for(crash: str | None) -> str:
     """The fault plan text for ``--crash``; ``during_recovery`` gets a crash to recover from."""
     if not crash:
         return ""
+    if "," in crash:  # a full plan: taken as given
+        return str(",".join(str(f) for f in FaultPlan.parse(crash).faults))
     fault = Fault.parse(crash)
     if fault.point is CrashPoint.DURING_RECOVERY:
         lead = Fault(
@@ -205,7 +207,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--crash",
         metavar="POINT[:MODE]",
         default=None,
-        help="inject a fault, e.g. after_decision:kill-driver",
+        help="inject a fault, e.g. after_decision:kill-driver; several comma-separated "
+        "(POINT[:MODE][@EPOCH][#PARTITION][*TIMES])",
     )
     parser.add_argument("--format", default="parquet", choices=["parquet", "jsonl", "csv"])
     parser.add_argument(
@@ -231,7 +234,7 @@ def demo_command(args: argparse.Namespace) -> int:
         return 0
     if args.crash:
         try:
-            Fault.parse(args.crash)
+            fault_plan_for(args.crash)
         except ValueError as err:
             print(f"txsink demo: --crash: {err}", file=sys.stderr)
             return 2

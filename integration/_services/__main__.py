@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 from .common import ENV_FILE, LOG_DIR, ServiceError, cache_dir
@@ -10,9 +11,10 @@ from .manager import SERVICES, down, printable, status, up
 
 
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `services up | head` must not traceback
     parser = argparse.ArgumentParser(
         prog="integration/services",
-        description="Local PostgreSQL, Kafka (KRaft) and S3 servers for txsink's integration tests.",
+        description="Local PostgreSQL, Kafka (KRaft) and S3 servers for txsink integration tests.",
     )
     sub = parser.add_subparsers(dest="cmd", required=True)
     p_up = sub.add_parser("up", help="start services (idempotent) and write the env file")

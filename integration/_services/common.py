@@ -133,11 +133,18 @@ def free_port(host: str = LOOPBACK) -> int:
         return int(s.getsockname()[1])
 
 
-def choose_port(preferred: int, taken: set[int]) -> int:
-    """The documented default if it is free, else any free loopback port (printed by ``up``)."""
-    if preferred not in taken and port_is_free(preferred):
-        taken.add(preferred)
-        return preferred
+def choose_port(default: int, previous: object, taken: set[int]) -> int:
+    """The documented default if free, else last run's port, else any free loopback port.
+
+    ``up`` prints the port whenever it is not the default.
+    """
+    candidates = [default]
+    if isinstance(previous, int) and previous != default:
+        candidates.append(previous)
+    for preferred in candidates:
+        if preferred not in taken and port_is_free(preferred):
+            taken.add(preferred)
+            return preferred
     for _ in range(50):
         port = free_port()
         if port not in taken:
@@ -198,7 +205,9 @@ def pid_alive(pid: int, marker: str | None = None) -> bool:
     return marker is None or marker in pid_cmdline(pid)
 
 
-def stop_pid(pid: int, marker: str | None, sig: int = signal.SIGTERM, timeout: float = 30.0) -> bool:
+def stop_pid(
+    pid: int, marker: str | None, sig: int = signal.SIGTERM, timeout: float = 30.0
+) -> bool:
     """Signal our own process and wait for it to exit; SIGKILL after ``timeout``."""
     if not pid_alive(pid, marker):
         return False

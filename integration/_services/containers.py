@@ -90,7 +90,8 @@ def kafka(finalizers: list[Callable[[], None]]) -> str:
 
         from .kafka import quiet_logger
 
-        admin = AdminClient({"bootstrap.servers": bootstrap, "logger": quiet_logger()})
+        conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": quiet_logger()}
+        admin = AdminClient(conf)
         return bool(admin.describe_cluster(request_timeout=5).result(timeout=10).nodes)
 
     _poll("kafka", ready)

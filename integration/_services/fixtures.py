@@ -29,6 +29,7 @@ from .common import redact
 if TYPE_CHECKING:
     import psycopg
     from mypy_boto3_s3 import S3Client
+    from mypy_boto3_s3.type_defs import ObjectIdentifierTypeDef
     from netproxy import NetProxy
 
 Finalizer = Callable[[], None]
@@ -58,6 +59,19 @@ def _proxy_for(host: str, port: int, listen_port: int = 0) -> NetProxy:
 # -- Postgres ---------------------------------------------------------------------------
 
 
+# Prepared transactions holding a lock on a relation in the schema: their relation lock and
+# their transaction-id lock share a virtualtransaction; the latter names the xid.
+_PREPARED_IN_SCHEMA = """
+SELECT DISTINCT p.gid
+FROM pg_locks l
+JOIN pg_class c ON c.oid = l.relation
+JOIN pg_namespace n ON n.oid = c.relnamespace
+JOIN pg_locks x ON x.virtualtransaction = l.virtualtransaction AND x.locktype = 'transactionid'
+JOIN pg_prepared_xacts p ON p.transaction = x.transactionid
+WHERE n.nspname = %s AND l.pid IS NULL
+"""
+
+
 @dataclass(repr=False)
 class PostgresService:
     """A PostgreSQL server with ``max_prepared_transactions > 0``; ``dsn`` is for psycopg."""
@@ -70,7 +84,9 @@ class PostgresService:
     def __repr__(self) -> str:
         return f"PostgresService(dsn={redact(self.dsn)!r}, origin={self.origin!r})"
 
-    def connect(self, *, autocommit: bool = True, dsn: str | None = None) -> psycopg.Connection[Any]:
+    def connect(
+        self, *, autocommit: bool = True, dsn: str | None = None
+    ) -> psycopg.Connection[Any]:
         import psycopg
 
         return psycopg.connect(dsn or self.dsn, autocommit=autocommit)
@@ -90,18 +106,19 @@ class PostgresService:
         from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
         params = conninfo_to_dict(self.dsn)
-        params["options"] = f"{params.get('options', '')} -c search_path={schema}".strip()
-        return make_conninfo(**params)
+        params["options"] = f"{params.get('options') or ''} -c search_path={schema}".strip()
+        return make_conninfo("", **params)
 
     def with_proxy(self) -> tuple[NetProxy, str]:
         """A NetProxy in front of the server and a DSN through it (stopped after the test)."""
         from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
         params = conninfo_to_dict(self.dsn)
-        proxy = _proxy_for(str(params.get("host", "127.0.0.1")), int(params.get("port", 5432)))
+        host = str(params.get("host") or "127.0.0.1")
+        proxy = _proxy_for(host, int(str(params.get("port") or 5432)))
         self._proxies.append(proxy)
         params.update(host="127.0.0.1", port=str(proxy.port))
-        return proxy, make_conninfo(**params)
+        return proxy, make_conninfo("", **params)
 
     def cleanup(self) -> None:
         for proxy in self._proxies:
@@ -114,13 +131,7 @@ class PostgresService:
         with self.connect() as conn:
             for schema in self._schemas:
                 # A prepared transaction holding locks in the schema would block DROP forever.
-                for (gid,) in conn.execute(
-                    "SELECT DISTINCT p.gid FROM pg_locks l "
-                    "JOIN pg_prepared_xacts p ON l.virtualtransaction = '-1/' || p.transaction "
-                    "JOIN pg_class c ON c.oid = l.relation "
-                    "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s",
-                    (schema,),
-                ).fetchall():
+                for (gid,) in conn.execute(_PREPARED_IN_SCHEMA, (schema,)).fetchall():
                     with contextlib.suppress(Exception):
                         conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
                 try:
@@ -169,7 +180,7 @@ class KafkaService:
         self, partitions: int = 1, *, prefix: str = "t", config: dict[str, str] | None = None
     ) -> str:
         """Create a unique topic and wait until every partition has a leader."""
-        from confluent_kafka.admin import NewTopic
+        from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
         name = unique(prefix, "-")
         admin = self.admin()
@@ -255,20 +266,26 @@ class S3Service:
     _proxies: list[NetProxy] = field(default_factory=list)
 
     def __repr__(self) -> str:
-        return f"S3Service(endpoint={self.endpoint!r}, server={self.server!r}, origin={self.origin!r})"
+        return (
+            f"S3Service(endpoint={self.endpoint!r}, server={self.server!r}, origin={self.origin!r})"
+        )
 
     def client(self, endpoint: str | None = None, **config: Any) -> S3Client:
-        """A boto3 S3 client for this server (``endpoint`` overrides, e.g. via a proxy)."""
+        """A boto3 S3 client for this server (``endpoint`` overrides, e.g. via a proxy).
+
+        ``config`` overrides botocore ``Config`` options (``retries``, ``read_timeout``...).
+        """
         import boto3
         from botocore.config import Config
 
-        cfg = Config(
-            s3={"addressing_style": "path"},
-            retries={"max_attempts": 2, "mode": "standard"},
-            connect_timeout=5,
-            read_timeout=30,
-            **config,
-        )
+        options: dict[str, Any] = {
+            "s3": {"addressing_style": "path"},
+            "retries": {"max_attempts": 2, "mode": "standard"},
+            "connect_timeout": 5,
+            "read_timeout": 30,
+        }
+        options.update(config)
+        cfg = Config(**options)
         return boto3.client(
             "s3",
             endpoint_url=endpoint or self.endpoint,
@@ -315,8 +332,10 @@ def empty_bucket(client: S3Client, bucket: str) -> None:
                 client.abort_multipart_upload(
                     Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"]
                 )
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
-        keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+    for listing in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+        keys: list[ObjectIdentifierTypeDef] = [
+            {"Key": o["Key"]} for o in listing.get("Contents", [])
+        ]
         if keys:
             client.delete_objects(Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
 
@@ -329,7 +348,7 @@ def docker_available() -> bool:
     if os.environ.get("TXSINK_NO_DOCKER") == "1":
         return False
     try:
-        import docker
+        import docker  # type: ignore[import-untyped]
 
         client = docker.from_env(timeout=3)
         try:

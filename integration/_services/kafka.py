@@ -163,9 +163,8 @@ class Kafka(LocalService):
             from confluent_kafka.admin import AdminClient
         except ImportError:  # plain python3 without the venv: the open port must do
             return True
-        admin = AdminClient(
-            {"bootstrap.servers": f"{LOOPBACK}:{port}", "logger": quiet_logger()}
-        )
+        conf: dict[str, Any] = {"bootstrap.servers": f"{LOOPBACK}:{port}", "logger": quiet_logger()}
+        admin = AdminClient(conf)
         try:
             cluster = admin.describe_cluster(request_timeout=5).result(timeout=10)
             return bool(cluster.nodes)
@@ -309,15 +308,13 @@ class Kafka(LocalService):
             "proxy_listen_port": DEFAULT_PROXY_LISTEN_PORT,
         }
         for key, default in wanted.items():
-            port = choose_port(int(state.get(key, default)), taken_ports)
+            port = choose_port(default, state.get(key), taken_ports)
             if port != default:
                 report.notes.append(f"{key} {default} taken, using {port}")
             state[key] = port
         self._write_config(state)
         self._format(jars, report)
-        proc = spawn(
-            self._java(jars, "kafka.Kafka", str(PROPERTIES)), STDOUT_FILE, cwd=KAFKA_DIR
-        )
+        proc = spawn(self._java(jars, "kafka.Kafka", str(PROPERTIES)), STDOUT_FILE, cwd=KAFKA_DIR)
         write_pid(self.name, proc.pid)
         try:
             wait_until(

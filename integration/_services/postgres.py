@@ -54,7 +54,9 @@ def find_bindir() -> Path | None:
     """Newest ``/usr/lib/postgresql/<ver>/bin`` with initdb, else whatever is on PATH."""
     candidates = sorted(
         glob.glob("/usr/lib/postgresql/*/bin/initdb"),
-        key=lambda p: int(Path(p).parent.parent.name) if Path(p).parent.parent.name.isdigit() else 0,
+        key=lambda p: (
+            int(Path(p).parent.parent.name) if Path(p).parent.parent.name.isdigit() else 0
+        ),
     )
     if candidates:
         return Path(candidates[-1]).parent
@@ -245,7 +247,7 @@ class Postgres(LocalService):
             self.down(state)
         bindir = self._ensure_binaries(report)
         self._init_cluster(bindir, report)
-        port = choose_port(int(state.get("port", DEFAULT_PORT)), taken_ports)
+        port = choose_port(DEFAULT_PORT, state.get("port"), taken_ports)
         if port != DEFAULT_PORT:
             report.notes.append(f"port {DEFAULT_PORT} taken, using {port}")
         self._write_conf(port)
@@ -294,8 +296,17 @@ class Postgres(LocalService):
             try:
                 run(
                     _as_server_user(
-                        [str(Path(bindir) / "pg_ctl"), "-D", str(DATA_DIR), "-m", "fast", "-w",
-                         "-t", "60", "stop"]
+                        [
+                            str(Path(bindir) / "pg_ctl"),
+                            "-D",
+                            str(DATA_DIR),
+                            "-m",
+                            "fast",
+                            "-w",
+                            "-t",
+                            "60",
+                            "stop",
+                        ]
                     ),
                     timeout=90,
                     log_path=LOG_DIR / "postgres-ctl.log",

@@ -224,7 +224,7 @@ class S3(LocalService):
                 server = "moto"
         state["server"] = server
         for key, default in (("port", DEFAULT_PORT), ("console_port", DEFAULT_CONSOLE_PORT)):
-            port = choose_port(int(state.get(key, default)), taken_ports)
+            port = choose_port(default, state.get(key), taken_ports)
             if port != default:
                 report.notes.append(f"{key} {default} taken, using {port}")
             state[key] = port

@@ -1,0 +1,194 @@
+"""The files connector in real streaming queries on the shared local[2,2] SparkSession.
+
+Faults here are ``raise`` and ``kill-worker`` (in-process restarts of the query);
+``kill-driver`` needs a fresh process per crash and lives in test_demo.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.streaming import files_coordinator, prepare_input, run_until_done, start_query
+from txsink.connectors.files import FilesSink, read_committed
+from txsink.errors import CheckpointMismatchError
+from txsink.faults import DRIVER_POINTS, TASK_POINTS, FaultPlan
+from txsink.log import open_log
+from txsink.verify import verify_files
+
+pytestmark = pytest.mark.spark
+ROWS = 1000
+
+
+def _assert_exactly_once(workdir: Path, rows: int = ROWS, epochs: int = 4) -> None:
+    verdict = verify_files(workdir / "output", range(rows))
+    assert verdict.as_dict() == {
+        **verdict.as_dict(),
+        "duplicates": 0,
+        "missing": 0,
+        "unexpected": 0,
+        "lingering": 0,
+        "epochs": epochs,
+    }
+    log = open_log(workdir / "txlog")
+    assert log.pending() == []
+    assert [s.status for s in log.states()].count("committed") == epochs
+
+
+def test_clean_streaming_run(spark: Any, tmp_path: Path) -> None:
+    prepare_input(tmp_path, ROWS)
+    restarts, _ = run_until_done(spark, tmp_path, lambda: files_coordinator(tmp_path))
+    assert restarts == 0
+    _assert_exactly_once(tmp_path)
+
+
+MATRIX = [(str(p), "raise", 1) for p in sorted(DRIVER_POINTS)] + [
+    (str(p), mode, times)
+    for p in sorted(TASK_POINTS)
+    for mode in ("raise", "kill-worker")
+    for times in (1, 2)  # 1: Spark's task retry absorbs it; 2: the query fails and restarts
+]
+
+
+@pytest.mark.parametrize(("point", "mode", "times"), MATRIX)
+def test_crash_point_matrix(spark: Any, tmp_path: Path, point: str, mode: str, times: int) -> None:
+    prepare_input(tmp_path, ROWS)
+    task_point = point in {str(p) for p in TASK_POINTS}
+    # Task faults hit partition 1 so that "twice" means the same task fails twice.
+    spec = f"{point}:{mode}@1#1*{times}" if task_point else f"{point}:{mode}@1"
+    if point == "during_recovery":
+        spec = f"during_commit:raise@1,{spec}"  # recovery needs something to recover
+    plan = FaultPlan.parse(spec, str(tmp_path / "faults"))
+    restarts, _errors = run_until_done(
+        spark, tmp_path, lambda: files_coordinator(tmp_path, faults=plan)
+    )
+    assert len(plan.fired()) == len(plan.faults) * times, "the fault never fired: test is void"
+    if task_point and times == 1:
+        assert restarts == 0, "a retried task attempt must not fail the query"
+    else:
+        assert restarts >= 1
+    _assert_exactly_once(tmp_path)
+
+
+def test_replayed_batch_writes_nothing(spark: Any, tmp_path: Path) -> None:
+    coordinator = files_coordinator(tmp_path, app_id="static-app")
+    df = spark.range(0, 500).repartition(2)
+    coordinator(df, 0)
+    files = sorted(p.name for p in (tmp_path / "output").rglob("*.parquet"))
+    mtimes = sorted(p.stat().st_mtime_ns for p in (tmp_path / "output").rglob("*.parquet"))
+    coordinator(df, 0)  # Spark's replay of the same batch id
+    files_coordinator(tmp_path, app_id="static-app")(df, 0)  # and after a restart
+    assert sorted(p.name for p in (tmp_path / "output").rglob("*.parquet")) == files
+    assert sorted(p.stat().st_mtime_ns for p in (tmp_path / "output").rglob("*.parquet")) == mtimes
+    assert read_committed(tmp_path / "output").num_rows == 500
+
+
+def test_static_write_with_explicit_epoch_is_idempotent(spark: Any, tmp_path: Path) -> None:
+    coordinator = files_coordinator(tmp_path, app_id="nightly")
+    df = spark.range(0, 300)
+    first = coordinator.write(df, epoch=20261122)
+    again = files_coordinator(tmp_path, app_id="nightly").write(df, epoch=20261122)
+    assert (first.status, again.status) == ("committed", "skipped")
+    nxt = coordinator.write(spark.range(300, 400))
+    assert nxt.epoch == 20261123
+    assert sorted(read_committed(tmp_path / "output").column("id").to_pylist()) == list(range(400))
+
+
+def test_sink_alone_as_foreach_batch(spark: Any, tmp_path: Path) -> None:
+    prepare_input(tmp_path, ROWS)
+    restarts, _ = run_until_done(
+        spark,
+        tmp_path,
+        lambda: FilesSink(tmp_path / "output", uid="out", log=str(tmp_path / "txlog")),
+    )
+    assert restarts == 0
+    _assert_exactly_once(tmp_path)
+
+
+def test_bad_row_aborts_epoch_then_restart_after_fix(spark: Any, tmp_path: Path) -> None:
+    from pyspark.sql import functions as F
+
+    prepare_input(tmp_path, ROWS)
+
+    def poison(df: Any) -> Any:  # id 600 (epoch 2) gets a NaN amount: JSON cannot hold it
+        return df.withColumn(
+            "amount", F.when(F.col("id") == 600, F.lit(float("nan"))).otherwise(F.col("amount"))
+        )
+
+    query = start_query(
+        spark, tmp_path, files_coordinator(tmp_path, format="jsonl"), transform=poison
+    )
+    with pytest.raises(Exception) as info:
+        query.awaitTermination()
+    text = str(info.value)
+    assert "EpochAbortedError" in text and "sink_uid=out" in text and "column=amount" in text
+    assert "partition=" in text and "NaN" in text
+    # Epochs 0 and 1 are committed; nothing of epoch 2 is visible, nothing staged.
+    verdict = verify_files(tmp_path / "output", range(500))
+    assert (verdict.rows_written, verdict.duplicates, verdict.lingering) == (500, 0, 0)
+    assert not (tmp_path / "output" / "epoch=2").exists()
+
+    def fixed(df: Any) -> Any:  # the user's fix: NaN -> null
+        return poison(df).withColumn("amount", F.nanvl(F.col("amount"), F.lit(None)))
+
+    restarts, _ = run_until_done(
+        spark, tmp_path, lambda: files_coordinator(tmp_path, format="jsonl"), transform=fixed
+    )
+    assert restarts == 0
+    _assert_exactly_once(tmp_path)
+
+
+def test_csv_with_nested_column_is_refused_before_writing(spark: Any, tmp_path: Path) -> None:
+    from pyspark.sql import functions as F
+
+    prepare_input(tmp_path, ROWS)
+    query = start_query(
+        spark,
+        tmp_path,
+        files_coordinator(tmp_path, format="csv"),
+        transform=lambda df: df.withColumn("tags", F.array(F.col("key"))),
+    )
+    with pytest.raises(Exception, match=r"ConfigurationError.*'tags'.*CSV cannot hold"):
+        query.awaitTermination()
+    assert not list((tmp_path / "output").rglob("*.csv"))
+
+
+def test_checkpoint_reset_is_refused(spark: Any, tmp_path: Path) -> None:
+    prepare_input(tmp_path, ROWS)
+    run_until_done(spark, tmp_path, lambda: files_coordinator(tmp_path))
+    # Same txsink log, new checkpoint: a new query id, and epochs restart at 0.
+    query = start_query(spark, tmp_path, files_coordinator(tmp_path), checkpoint="checkpoint-2")
+    with pytest.raises(Exception, match=r"CheckpointMismatchError.*belongs to app"):
+        query.awaitTermination()
+    # Keeping the app id on purpose is still refused: epoch 0 < the log's last epoch.
+    app = open_log(tmp_path / "txlog").meta()["app_id"]  # type: ignore[index]
+    query = start_query(
+        spark, tmp_path, files_coordinator(tmp_path, app_id=app), checkpoint="checkpoint-3"
+    )
+    with pytest.raises(Exception, match=r"CheckpointMismatchError.*checkpoint was reset"):
+        query.awaitTermination()
+    _assert_exactly_once(tmp_path)
+
+
+def test_racing_driver_is_fenced_with_real_log(spark: Any, tmp_path: Path) -> None:
+    """Driver B replays epoch 0 while A is pre-committing it; A loses, data lands once."""
+    from txsink import _spark
+    from txsink.errors import FencedError
+
+    df = spark.range(0, 200).repartition(2)
+    a = files_coordinator(tmp_path, app_id="race")
+    b = files_coordinator(tmp_path, app_id="race")
+    job = _spark.precommit_job(df)
+
+    def a_precommit(plan: Any) -> Any:
+        acks = job(plan)
+        b.run_epoch(0, _spark.precommit_job(df), app_id="race")  # recovery voids A's round
+        return acks
+
+    with pytest.raises(FencedError):
+        a.run_epoch(0, a_precommit, app_id="race")
+    verdict = verify_files(tmp_path / "output", range(200))
+    assert verdict.ok, verdict
+    assert isinstance(CheckpointMismatchError, type)

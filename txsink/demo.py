@@ -23,21 +23,31 @@ from txsink.faults import CrashPoint, Fault, FaultMode, FaultPlan
 __all__ = ["local_spark", "main", "make_input", "run_demo"]
 
 
-def local_spark(master: str = "local[2]", app_name: str = "txsink") -> Any:
-    """A local SparkSession set up for txsink (workers run this interpreter)."""
+def local_spark(
+    master: str = "local[2]", app_name: str = "txsink", *, fast_start: bool = True
+) -> Any:
+    """A local SparkSession set up for txsink (workers run this interpreter).
+
+    ``fast_start`` trades peak JIT throughput for a ~30% faster JVM start
+    (C1 only, serial GC): right for the demo and tests, not for long jobs.
+    """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    spark = (
+    builder = (
         SparkSession.builder.master(master)
         .appName(app_name)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.driver.memory", "1g")
-        .getOrCreate()
     )
+    if fast_start:
+        builder = builder.config(
+            "spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+        )
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 

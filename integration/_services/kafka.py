@@ -161,14 +161,22 @@ class Kafka(LocalService):
             return False
         try:
             from confluent_kafka.admin import AdminClient
-        except ImportError:  # plain python3 without the venv: the open port must do
-            return True
+        except ImportError:  # plain python3 without the venv: trust the broker's own log
+            return self._started_since(int(state.get("log_offset", 0)))
         conf: dict[str, Any] = {"bootstrap.servers": f"{LOOPBACK}:{port}", "logger": quiet_logger()}
         admin = AdminClient(conf)
         try:
             cluster = admin.describe_cluster(request_timeout=5).result(timeout=10)
             return bool(cluster.nodes)
         except Exception:
+            return False
+
+    def _started_since(self, offset: int) -> bool:
+        try:
+            with LOG_FILE.open("rb") as fh:
+                fh.seek(offset)
+                return b"Kafka Server started" in fh.read()
+        except OSError:
             return False
 
     def env(self, state: dict[str, Any]) -> dict[str, str]:
@@ -314,6 +322,7 @@ class Kafka(LocalService):
             state[key] = port
         self._write_config(state)
         self._format(jars, report)
+        state["log_offset"] = LOG_FILE.stat().st_size if LOG_FILE.exists() else 0
         proc = spawn(self._java(jars, "kafka.Kafka", str(PROPERTIES)), STDOUT_FILE, cwd=KAFKA_DIR)
         write_pid(self.name, proc.pid)
         try:

@@ -108,13 +108,38 @@ class Postgres(LocalService):
         if not isinstance(port, int):
             return False
         try:
-            import psycopg
-
-            with psycopg.connect(dsn(port), connect_timeout=3) as conn:
-                row = conn.execute("SHOW max_prepared_transactions").fetchone()
-                return row is not None and int(row[0]) > 0
-        except Exception:
+            out = self._psql(port, USER, PASSWORD, DATABASE, "SHOW max_prepared_transactions")
+            return int(out.strip()) > 0
+        except (ServiceError, ValueError, OSError):
             return False
+
+    def _psql(self, port: int, user: str, password: str, db: str, query: str) -> str:
+        """Run one statement with psql (no Python driver needed: works before the venv)."""
+        bindir = find_bindir()
+        psql = str(bindir / "psql") if bindir and (bindir / "psql").exists() else "psql"
+        return run(
+            [
+                psql,
+                "-X",
+                "-q",
+                "-t",
+                "-A",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-h",
+                LOOPBACK,
+                "-p",
+                str(port),
+                "-U",
+                user,
+                "-d",
+                db,
+                "-c",
+                query,
+            ],
+            env={"PGPASSWORD": password, "PGCONNECT_TIMEOUT": "3"},
+            timeout=30,
+        )
 
     def env(self, state: dict[str, Any]) -> dict[str, str]:
         return {"TXSINK_PG_DSN": dsn(int(state["port"]))}
@@ -209,28 +234,16 @@ class Postgres(LocalService):
         flag = PG_DIR / ".needs-bootstrap"
         if not flag.exists():
             return
-        import psycopg
-        from psycopg import sql
-
         admin_pw = ADMIN_PW_FILE.read_text().strip()
-        admin = f"postgresql://postgres:{admin_pw}@{LOOPBACK}:{port}/postgres"
-        with psycopg.connect(admin, autocommit=True, connect_timeout=10) as conn:
-            exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (USER,)).fetchone()
-            if not exists:
-                conn.execute(
-                    sql.SQL("CREATE ROLE {} LOGIN CREATEDB PASSWORD {}").format(
-                        sql.Identifier(USER), sql.Literal(PASSWORD)
-                    )
-                )
-            has_db = conn.execute(
-                "SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,)
-            ).fetchone()
-            if not has_db:
-                conn.execute(
-                    sql.SQL("CREATE DATABASE {} OWNER {}").format(
-                        sql.Identifier(DATABASE), sql.Identifier(USER)
-                    )
-                )
+
+        def admin(query: str) -> str:
+            return self._psql(port, "postgres", admin_pw, "postgres", query)
+
+        # Identifiers and the password are our own constants (no quoting issues).
+        if not admin(f"SELECT 1 FROM pg_roles WHERE rolname = '{USER}'").strip():
+            admin(f"CREATE ROLE {USER} LOGIN CREATEDB PASSWORD '{PASSWORD}'")
+        if not admin(f"SELECT 1 FROM pg_database WHERE datname = '{DATABASE}'").strip():
+            admin(f"CREATE DATABASE {DATABASE} OWNER {USER}")
         flag.unlink()
 
     def up(self, state: dict[str, Any], taken_ports: set[int]) -> StartReport:

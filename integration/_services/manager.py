@@ -127,7 +127,11 @@ def down(names: Sequence[str] = (), *, purge: bool = False) -> list[str]:
                 log(f"{name}: stop failed: {redact(str(exc))}")
             (PID_DIR / f"{name}.pid").unlink(missing_ok=True)
             if purge:
-                shutil.rmtree(WORK_DIR / name, ignore_errors=True)
+                target = WORK_DIR / name
+                if target.is_symlink():  # postgres as root lives outside the checkout
+                    shutil.rmtree(target.resolve(), ignore_errors=True)
+                    target.unlink()
+                shutil.rmtree(target, ignore_errors=True)
                 state.pop(name, None)
         save_state(state)
         _write_env_file(state)

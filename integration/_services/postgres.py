@@ -9,6 +9,7 @@ throw-away data folder, without touching a server the machine may already run.
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
 import pwd
 import secrets
@@ -44,10 +45,27 @@ PASSWORD = "txsink"  # a fixed test credential for a loopback-only throw-away se
 DATABASE = "txsink"
 MAX_PREPARED = 200
 
-PG_DIR = WORK_DIR / "postgres"
+
+
+def _pg_dir() -> Path:
+    """Where the cluster lives.
+
+    As root, the server runs as ``postgres``, which must be able to reach its
+    data folder: a checkout under a private folder (``mktemp -d`` is 0700, as
+    is a home folder) is out of its reach. So as root the cluster lives under
+    ``/var/lib/txsink-services/<key of this work folder>/``, one per checkout,
+    and ``.work/postgres`` is a symlink to it.
+    """
+    if not is_root():
+        return WORK_DIR / "postgres"
+    key = hashlib.sha256(str(WORK_DIR.resolve()).encode()).hexdigest()[:12]
+    return Path("/var/lib/txsink-services") / key / "postgres"
+
+
+PG_DIR = _pg_dir()
 DATA_DIR = PG_DIR / "data"
 ADMIN_PW_FILE = PG_DIR / "admin-password"
-LOG_FILE = LOG_DIR / "postgres.log"
+LOG_FILE = PG_DIR / "postgres.log"
 
 
 def find_bindir() -> Path | None:
@@ -170,7 +188,14 @@ class Postgres(LocalService):
             shutil.rmtree(DATA_DIR)
         marker.unlink(missing_ok=True)
         PG_DIR.mkdir(parents=True, exist_ok=True)
+        for folder in (PG_DIR, *list(PG_DIR.parents)[:2]):
+            if folder != WORK_DIR and folder.is_relative_to("/var/lib/txsink-services"):
+                folder.chmod(0o755)
         PG_DIR.chmod(0o755)
+        link = WORK_DIR / "postgres"
+        if link != PG_DIR and not link.exists():
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(PG_DIR, target_is_directory=True)
         DATA_DIR.mkdir(mode=0o700)
         admin_pw = secrets.token_hex(16)
         ADMIN_PW_FILE.write_text(admin_pw)

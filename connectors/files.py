@@ -95,6 +95,7 @@ class _OpenFiles:
     schema: pa.Schema
     stage: Path
     seq: int = 0
+    rows_total: int = 0
     rows_in_file: int = 0
     bytes_in_file: int = 0
     writer: Any = None
@@ -190,8 +191,9 @@ class FilesSink(TwoPhaseCommitSink[_OpenFiles, FilesHandle]):
         if self.format in ("parquet", "csv"):
             txn.writer.write_batch(batch)
         elif txn.stream is not None:
-            txn.stream.write(_jsonl(batch, self.uid, txn.txn.partition))
+            txn.stream.write(_jsonl(batch, self.uid, txn.txn.partition, txn.rows_total))
         txn.rows_in_file += batch.num_rows
+        txn.rows_total += batch.num_rows
         txn.bytes_in_file += batch.nbytes
         if txn.bytes_in_file >= self.target_file_bytes:
             self._close_file(txn)
@@ -360,7 +362,7 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON-serialisable")
 
 
-def _jsonl(batch: pa.RecordBatch, uid: str, partition: int) -> bytes:
+def _jsonl(batch: pa.RecordBatch, uid: str, partition: int, first_row: int) -> bytes:
     out = []
     for i, row in enumerate(batch.to_pylist()):
         try:
@@ -375,7 +377,7 @@ def _jsonl(batch: pa.RecordBatch, uid: str, partition: int) -> bytes:
                 "format='parquet'",
                 sink_uid=uid,
                 partition=partition,
-                row=i,
+                row=first_row + i,
                 column=column,
                 connector="files",
                 phase="write",

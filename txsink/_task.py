@@ -16,7 +16,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from txsink.errors import InjectedFault, RetryableError, TxsinkError, WriteError
+from txsink.errors import InjectedFault, RetryableError, TxsinkError
 from txsink.faults import CrashPoint, FaultPlan
 from txsink.handles import dump_handle
 from txsink.sink import TwoPhaseCommitSink
@@ -105,8 +105,6 @@ def run_partition(
                 try:
                     sink.write(txn, batch)
                 except TxsinkError as err:
-                    if isinstance(err, WriteError) and err.row is not None:
-                        err.row += rows  # batch-relative -> partition-relative
                     raise err.with_context(
                         sink_uid=sink.uid, connector=sink.connector, phase="write"
                     ) from None

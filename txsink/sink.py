@@ -103,9 +103,10 @@ class TwoPhaseCommitSink(abc.ABC, Generic[T, H]):
     def write(self, txn: T, batch: pa.RecordBatch) -> None:
         """Write one Arrow record batch into the open transaction.
 
-        Raise :class:`~txsink.errors.WriteError` naming the row and column for
-        input the target cannot take, :class:`~txsink.errors.RetryableError`
-        for transient failures. Either way the epoch is aborted, not partial.
+        Raise :class:`~txsink.errors.WriteError` naming the row (counted from
+        the partition's first row, 0-based) and column for input the target
+        cannot take, :class:`~txsink.errors.RetryableError` for transient
+        failures. Either way the epoch is aborted, not partial.
         """
 
     @abc.abstractmethod

@@ -136,7 +136,7 @@ class Coordinator:
             self._checked_queries.add(query_id)
             self._needs_recovery = True  # a new query run: recover before its first epoch
         self._check_schema(df, app_id)
-        self.run_epoch(int(batch_id), _spark.precommit_job(df), app_id=app_id)
+        self.run_epoch(int(batch_id), _spark.precommit_job(self._partitioned(df)), app_id=app_id)
 
     @final
     def write(self, df: DataFrame, epoch: int | None = None) -> EpochResult:
@@ -151,7 +151,7 @@ class Coordinator:
             self._recover_if_needed(app_id)
             last = self.log.last_committed()
             epoch = 0 if last is None else last + 1
-        return self.run_epoch(epoch, _spark.precommit_job(df), app_id=app_id)
+        return self.run_epoch(epoch, _spark.precommit_job(self._partitioned(df)), app_id=app_id)
 
     @final
     def run_epoch(self, epoch: int, precommit: Precommit, *, app_id: str) -> EpochResult:
@@ -470,6 +470,18 @@ class Coordinator:
                 "pass app_id=... for a one-shot write"
             )
         return str(meta["app_id"])
+
+    def _partitioned(self, df: DataFrame) -> DataFrame:
+        """Repartition by the sinks' required columns (e.g. upsert keys), if any."""
+        wanted = {s.required_partitioning() for s in self.sinks} - {()}
+        if not wanted:
+            return df
+        if len(wanted) > 1:
+            raise ConfigurationError(
+                f"sinks of one coordinator need different partitioning {sorted(wanted)}: use "
+                "the same upsert key for all of them, or separate coordinators"
+            )
+        return df.repartition(*wanted.pop())
 
     def _check_schema(self, df: DataFrame, app_id: str) -> None:
         schema = _spark.arrow_schema(df)

@@ -91,3 +91,42 @@ def run_until_done(
 def python_module_cmd(module: str, *args: str) -> list[str]:
     """A command that runs ``python -m module args`` with this interpreter."""
     return [sys.executable, "-m", module, *args]
+
+
+def load_callable(spec: str) -> Callable[..., object]:
+    """``package.module:function`` or ``path/to/file.py:function``."""
+    import importlib
+    import importlib.util
+
+    target, _, name = spec.rpartition(":")
+    if not target or not name:
+        raise ValueError(f"expected MODULE:FUNCTION or FILE.py:FUNCTION, got {spec!r}")
+    if target.endswith(".py"):
+        module_spec = importlib.util.spec_from_file_location("_txsink_pipeline", target)
+        if module_spec is None or module_spec.loader is None:
+            raise ValueError(f"cannot load {target}")
+        module = importlib.util.module_from_spec(module_spec)
+        module_spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(target)
+    func = getattr(module, name)
+    if not callable(func):
+        raise TypeError(f"{spec} is not callable")
+    return func  # type: ignore[no-any-return]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Child entry point: ``python -m txsink.runner SPEC [JSON_KWARGS]`` runs one pipeline once."""
+    import json
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args:
+        print("usage: python -m txsink.runner MODULE:FUNCTION [JSON_KWARGS]", file=sys.stderr)
+        return 2
+    kwargs = json.loads(args[1]) if len(args) > 1 else {}
+    load_callable(args[0])(**kwargs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -89,6 +89,16 @@ class TwoPhaseCommitSink(abc.ABC, Generic[T, H]):
         otherwise fail at the first crash or the first bad row. Must not write.
         """
 
+    def required_partitioning(self) -> tuple[str, ...]:
+        """Columns whose equal values must meet in one partition task (default: none).
+
+        An upsert sink returns its key: two prepared transactions upserting the
+        same key in different partitions would wait on each other's row locks
+        until the decision, which never comes. The coordinator repartitions the
+        epoch's DataFrame by these columns (all sinks of a coordinator must agree).
+        """
+        return ()
+
     # -- executor side: one partition of one epoch ------------------------------
 
     @abc.abstractmethod

@@ -1,4 +1,4 @@
-"""Shared fixtures: one local SparkSession per test session (it takes ~7 s to start)."""
+"""Fixtures for tests/ and integration/: one local SparkSession per test session (~7 s to start)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,571 @@
+"""PostgresSink against the real PostgreSQL server: hooks phase by phase, checks at start,
+bad rows, upsert, and streaming queries under every crash point and mode."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import json
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from psycopg import sql
+
+from txsink.connectors.postgres import PgHandle, PostgresSink, redact_dsn
+from txsink.errors import CommitError, ConfigurationError, EpochAbortedError, WriteError
+from txsink.faults import DRIVER_POINTS, TASK_POINTS, FaultPlan
+from txsink.handles import dump_handle, load_handle
+from txsink.txid import TxnId
+from txsink.verify import Verdict, count_ids
+
+pytestmark = pytest.mark.postgres
+SCHEMA = pa.schema(
+    [("id", pa.int64()), ("key", pa.string()), ("amount", pa.float64()), ("payload", pa.string())]
+)
+DDL = "CREATE TABLE {} (id bigint, key text, amount double precision, payload text)"
+
+
+@pytest.fixture
+def table(postgres: Any) -> tuple[str, str]:
+    """A fresh schema with an ``events`` table; returns (qualified table, uid)."""
+    schema = postgres.new_schema("tpg")
+    with postgres.connect() as conn:
+        conn.execute(sql.SQL(DDL).format(sql.Identifier(schema, "events")))
+    return f"{schema}.events", schema
+
+
+def _batch(ids: range, key: str = "k") -> pa.RecordBatch:
+    return pa.RecordBatch.from_pydict(
+        {
+            "id": list(ids),
+            "key": [key] * len(ids),
+            "amount": [1.25] * len(ids),
+            "payload": [f"p{i}" for i in ids],
+        },
+        schema=SCHEMA,
+    )
+
+
+def _rows(postgres: Any, query: str) -> list[tuple[Any, ...]]:
+    with postgres.connect() as conn:
+        return conn.execute(query).fetchall()  # type: ignore[no-any-return]
+
+
+def _prepared(postgres: Any, uid: str) -> list[str]:
+    return [g for (g,) in _rows(postgres, "SELECT gid FROM pg_prepared_xacts") if f".{uid}." in g]
+
+
+def test_phases_commit_from_driver_and_verify(postgres: Any, table: tuple[str, str]) -> None:
+    name, uid = table
+    sink = PostgresSink(postgres.dsn, name, uid=uid)
+    sink.check(SCHEMA, "app")
+    txn = TxnId("app", uid, 0, 0, 1, 5)
+    open_ = sink.begin(txn, SCHEMA)
+    sink.write(open_, _batch(range(0, 100)))
+    sink.write(open_, _batch(range(100, 250)))
+    handle = sink.prepare(open_)
+    assert handle.rows == 250
+    assert _rows(postgres, f"SELECT count(*) FROM {name}") == [(0,)]  # prepared: invisible
+    assert _prepared(postgres, uid) == [str(txn)]
+    assert [h.txn for h in sink.list_prepared("app")] == [txn]
+    restored = load_handle(json.loads(json.dumps(dump_handle(handle))))
+    assert isinstance(restored, PgHandle)
+    fresh = PostgresSink(postgres.dsn, name, uid=uid)  # a new driver after a crash
+    fresh.commit(restored)
+    fresh.commit(restored)  # committed already: verified by the progress row
+    assert _rows(postgres, f"SELECT count(*), count(DISTINCT id) FROM {name}") == [(250, 250)]
+    assert _prepared(postgres, uid) == []
+
+
+def test_abort_is_idempotent_and_commit_after_abort_is_an_error(
+    postgres: Any, table: tuple[str, str]
+) -> None:
+    name, uid = table
+    sink = PostgresSink(postgres.dsn, name, uid=uid)
+    sink.check(SCHEMA, "app")
+    open_ = sink.begin(TxnId("app", uid, 0, 0, 0, 0), SCHEMA)
+    sink.write(open_, _batch(range(10)))
+    handle = sink.prepare(open_)
+    sink.abort(handle)
+    sink.abort(handle)
+    assert _prepared(postgres, uid) == []
+    with pytest.raises(CommitError, match="rows are lost"):
+        sink.commit(handle)
+    other = sink.begin(TxnId("app", uid, 0, 0, 1, 1), SCHEMA)
+    sink.write(other, _batch(range(10)))
+    sink.discard(other)  # an unprepared transaction just rolls back
+    assert _rows(postgres, f"SELECT count(*) FROM {name}") == [(0,)]
+
+
+def test_upsert_last_row_of_a_key_wins(postgres: Any) -> None:
+    schema = postgres.new_schema("up")
+    with postgres.connect() as conn:
+        conn.execute(
+            f"CREATE TABLE {schema}.kv (id bigint PRIMARY KEY, key text, amount "
+            "double precision, payload text)"
+        )
+        conn.execute(f"INSERT INTO {schema}.kv VALUES (1, 'old', 0, 'old'), (99, 'keep', 0, 'x')")
+    sink = PostgresSink(postgres.dsn, f"{schema}.kv", uid=schema, mode="upsert", key=["id"])
+    sink.check(SCHEMA, "app")
+    assert sink.required_partitioning() == ("id",)
+    open_ = sink.begin(TxnId("app", schema, 0, 0, 0, 0), SCHEMA)
+    sink.write(open_, _batch(range(0, 5), key="first"))
+    sink.write(open_, _batch(range(1, 3), key="second"))  # ids 1, 2 again: these win
+    sink.commit(sink.prepare(open_))
+    rows = dict(_rows(postgres, f"SELECT id, key FROM {schema}.kv"))
+    assert rows == {0: "first", 1: "second", 2: "second", 3: "first", 4: "first", 99: "keep"}
+    assert not _rows(postgres, "SELECT 1 FROM pg_tables WHERE tablename LIKE 'txsink_stage_%'")
+
+
+def test_create_table_maps_types_and_round_trips(postgres: Any) -> None:
+    schema = postgres.new_schema("ct")
+    arrow = pa.schema(
+        [
+            ("id", pa.int64()),
+            ("flag", pa.bool_()),
+            ("small", pa.int16()),
+            ("n", pa.int32()),
+            ("price", pa.decimal128(12, 3)),
+            ("ratio", pa.float32()),
+            ("name", pa.string()),
+            ("at", pa.timestamp("us", tz="UTC")),
+            ("local", pa.timestamp("us")),
+            ("day", pa.date32()),
+            ("blob", pa.binary()),
+            ("tags", pa.list_(pa.string())),
+            ("attrs", pa.map_(pa.string(), pa.int64())),
+            ("point", pa.struct([("x", pa.float64()), ("y", pa.float64())])),
+        ]
+    )
+    sink = PostgresSink(postgres.dsn, f"{schema}.wide", uid=schema, create_table=True)
+    sink.check(arrow, "app")
+    types = dict(
+        _rows(
+            postgres,
+            f"SELECT attname, format_type(atttypid, atttypmod) FROM "
+            f"pg_attribute WHERE attrelid = '{schema}.wide'::regclass AND attnum > 0",
+        )
+    )
+    assert types["price"] == "numeric(12,3)" and types["at"] == "timestamp with time zone"
+    assert types["tags"] == "text[]" and types["attrs"] == "jsonb" and types["blob"] == "bytea"
+    at = dt.datetime(2026, 11, 22, 1, 2, 3, 456789, tzinfo=dt.UTC)
+    batch = pa.RecordBatch.from_pylist(
+        [
+            {
+                "id": 1,
+                "flag": True,
+                "small": 2,
+                "n": 3,
+                "price": decimal.Decimal("12.345"),
+                "ratio": 0.5,
+                "name": "a",
+                "at": at,
+                "local": dt.datetime(2026, 1, 1),
+                "day": dt.date(2026, 1, 2),
+                "blob": b"\x00\xff",
+                "tags": ["x", "y"],
+                "attrs": [("k", 1)],
+                "point": {"x": 1.0, "y": 2.0},
+            },
+            {"id": 2},  # every other column null
+        ],
+        schema=arrow,
+    )
+    open_ = sink.begin(TxnId("app", schema, 0, 0, 0, 0), arrow)
+    sink.write(open_, batch)
+    sink.commit(sink.prepare(open_))
+    got = _rows(
+        postgres, f"SELECT price, at, blob, tags, attrs, point, name FROM {schema}.wide ORDER BY id"
+    )
+    assert got[0] == (
+        decimal.Decimal("12.345"),
+        at,
+        b"\x00\xff",
+        ["x", "y"],
+        {"k": 1},
+        {"x": 1.0, "y": 2.0},
+        "a",
+    )
+    assert got[1] == (None,) * 7
+
+
+@pytest.mark.parametrize(
+    ("ddl", "batch", "column", "row", "sqlstate"),
+    [
+        (
+            "id bigint, key text NOT NULL, amount double precision, payload text",
+            pa.RecordBatch.from_pydict(
+                {
+                    "id": [1, 2, 3],
+                    "key": ["a", None, "c"],
+                    "amount": [1.0] * 3,
+                    "payload": ["x"] * 3,
+                },
+                schema=SCHEMA,
+            ),
+            "key",
+            None,
+            "23502",
+        ),
+        (
+            "id bigint, key varchar(3), amount double precision, payload text",
+            pa.RecordBatch.from_pydict(
+                {
+                    "id": [1, 2, 3],
+                    "key": ["a", "b", "toolong"],
+                    "amount": [1.0] * 3,
+                    "payload": ["x"] * 3,
+                },
+                schema=SCHEMA,
+            ),
+            "key",
+            2,
+            "22001",
+        ),
+    ],
+)
+def test_bad_rows_name_sink_partition_and_column(
+    postgres: Any, ddl: str, batch: pa.RecordBatch, column: str, row: int | None, sqlstate: str
+) -> None:
+    schema = postgres.new_schema("bad")
+    with postgres.connect() as conn:
+        conn.execute(f"CREATE TABLE {schema}.t ({ddl})")
+    sink = PostgresSink(postgres.dsn, f"{schema}.t", uid=schema)
+    sink.check(SCHEMA, "app")
+    open_ = sink.begin(TxnId("app", schema, 0, 0, 3, 0), SCHEMA)
+    with pytest.raises(WriteError) as info:
+        sink.write(open_, batch)
+        sink.prepare(open_)
+    err = info.value
+    assert (err.sink_uid, err.partition, err.column) == (schema, 3, column)
+    if row is not None:
+        assert err.row == row
+    assert sqlstate in str(err) and "nothing of this epoch was committed" in str(err)
+    assert _prepared(postgres, schema) == []
+
+
+def test_wrong_type_is_refused_at_start_and_at_copy(postgres: Any) -> None:
+    schema = postgres.new_schema("wt")
+    with postgres.connect() as conn:
+        conn.execute(
+            f"CREATE TABLE {schema}.t (id bigint, key integer, amount double precision, "
+            "payload text)"
+        )
+    sink = PostgresSink(postgres.dsn, f"{schema}.t", uid=schema)
+    with pytest.raises(ConfigurationError, match="'key' of .* is integer, which cannot take"):
+        sink.check(SCHEMA, "app")
+    # Past the check (e.g. the table changed meanwhile), COPY names row and column.
+    open_ = sink.begin(TxnId("app", schema, 0, 0, 0, 0), SCHEMA)
+    with pytest.raises(WriteError) as info:
+        sink.write(open_, _batch(range(3), key="abc"))
+        sink.prepare(open_)
+    assert (info.value.column, info.value.row) == ("key", 0)
+
+
+def test_start_checks_name_the_fix(postgres: Any) -> None:
+    schema = postgres.new_schema("chk")
+    with pytest.raises(ConfigurationError, match="does not exist: create it, or pass create_table"):
+        PostgresSink(postgres.dsn, f"{schema}.missing", uid=schema).check(SCHEMA, "app")
+    with postgres.connect() as conn:
+        conn.execute(f"CREATE TABLE {schema}.t (id bigint, key text, must int NOT NULL)")
+        conn.execute(
+            f"CREATE TABLE {schema}.u (id bigint, key text, amount double precision, "
+            "payload text, must int NOT NULL)"
+        )
+        conn.execute(
+            f"CREATE TABLE {schema}.v (id bigint, key text, amount double precision, payload text)"
+        )
+    with pytest.raises(ConfigurationError, match="no column 'amount'"):
+        PostgresSink(postgres.dsn, f"{schema}.t", uid=schema).check(SCHEMA, "app")
+    with pytest.raises(ConfigurationError, match="'must' .* NOT NULL without a default"):
+        PostgresSink(postgres.dsn, f"{schema}.u", uid=schema).check(SCHEMA, "app")
+    with pytest.raises(ConfigurationError, match="unique index or primary key on exactly"):
+        PostgresSink(postgres.dsn, f"{schema}.v", uid=schema, mode="upsert", key=["id"]).check(
+            SCHEMA, "app"
+        )
+
+
+def test_secrets_stay_out_of_reprs_and_errors(postgres: Any) -> None:
+    dsn = "postgresql://txsink:s3cret-pw@127.0.0.1:1/txsink?connect_timeout=2"
+    sink = PostgresSink(dsn, "t", uid="s")
+    assert "s3cret-pw" not in repr(sink) and "***" in redact_dsn(dsn)
+    with pytest.raises(Exception) as info:
+        sink.check(SCHEMA, "app")
+    assert "s3cret-pw" not in str(info.value)
+
+
+def test_old_prepared_transactions_are_reported(
+    postgres: Any, table: tuple[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    name, uid = table
+    sink = PostgresSink(postgres.dsn, name, uid=uid, prepared_age_warning_s=0)
+    sink.check(SCHEMA, "app")
+    open_ = sink.begin(TxnId("app", uid, 0, 0, 0, 0), SCHEMA)
+    sink.write(open_, _batch(range(3)))
+    handle = sink.prepare(open_)
+    with caplog.at_level(logging.WARNING, logger="txsink"):
+        sink.check(SCHEMA, "app")
+    assert any(
+        str(handle.txn) in r.getMessage() and "blocks vacuum" in r.getMessage()
+        for r in caplog.records
+    )
+    sink.abort(handle)
+
+
+# -- streaming ---------------------------------------------------------------------------
+
+
+def _verdict(postgres: Any, name: str, uid: str, rows: int) -> Verdict:
+    ids = [r[0] for r in _rows(postgres, f"SELECT id FROM {name}")]
+    return count_ids(range(rows), ids, lingering=len(_prepared(postgres, uid)))
+
+
+def _pg_coordinator(
+    postgres: Any, tmp: Path, name: str, uid: str, **options: Any
+) -> Callable[[], Any]:
+    from txsink import Coordinator
+
+    def make() -> Any:
+        sink = PostgresSink(
+            postgres.dsn,
+            name,
+            uid=uid,
+            mode=options.pop("mode", "append"),
+            key=options.pop("key", ()),
+        )
+        return Coordinator([sink], log=str(tmp / "txlog"), **options)
+
+    return make
+
+
+MATRIX = [(str(p), "raise", 1) for p in sorted(DRIVER_POINTS)] + [
+    (str(p), mode, times)
+    for p in sorted(TASK_POINTS)
+    for mode in ("raise", "kill-worker")
+    for times in (1, 2)
+]
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize(("point", "mode", "times"), MATRIX)
+def test_streaming_crash_matrix(
+    spark: Any,
+    postgres: Any,
+    table: tuple[str, str],
+    tmp_path: Path,
+    point: str,
+    mode: str,
+    times: int,
+) -> None:
+    from tests.streaming import prepare_input, run_until_done
+
+    name, uid = table
+    prepare_input(tmp_path, 1000)
+    task_point = point in {str(p) for p in TASK_POINTS}
+    spec = f"{point}:{mode}@1#1*{times}" if task_point else f"{point}:{mode}@1"
+    if point == "during_recovery":
+        spec = f"during_commit:raise@1,{spec}"
+    plan = FaultPlan.parse(spec, str(tmp_path / "faults"))
+    restarts, _ = run_until_done(
+        spark, tmp_path, _pg_coordinator(postgres, tmp_path, name, uid, faults=plan)
+    )
+    assert len(plan.fired()) == len(plan.faults) * times, "the fault never fired"
+    assert restarts == (0 if task_point and times == 1 else restarts or 1)
+    verdict = _verdict(postgres, name, uid, 1000)
+    assert verdict.ok, verdict
+
+
+@pytest.mark.spark
+def test_streaming_upsert_under_crash(spark: Any, postgres: Any, tmp_path: Path) -> None:
+    from tests.streaming import prepare_input, run_until_done
+
+    schema = postgres.new_schema("ups")
+    with postgres.connect() as conn:
+        conn.execute(
+            f"CREATE TABLE {schema}.kv (id bigint PRIMARY KEY, key text, amount "
+            "double precision, payload text)"
+        )
+    prepare_input(tmp_path, 1000)
+    plan = FaultPlan.parse("during_commit:raise@2", str(tmp_path / "faults"))
+    restarts, _ = run_until_done(
+        spark,
+        tmp_path,
+        _pg_coordinator(
+            postgres, tmp_path, f"{schema}.kv", schema, mode="upsert", key=["id"], faults=plan
+        ),
+    )
+    assert restarts == 1
+    assert _rows(
+        postgres, f"SELECT count(*), count(DISTINCT id), min(id), max(id) FROM {schema}.kv"
+    ) == [(1000, 1000, 0, 999)]
+    assert _prepared(postgres, schema) == []
+
+
+@pytest.mark.spark
+def test_streaming_bad_row_aborts_epoch(spark: Any, postgres: Any, tmp_path: Path) -> None:
+    from pyspark.sql import functions as F
+
+    from tests.streaming import prepare_input, run_until_done, start_query
+
+    schema = postgres.new_schema("br")
+    with postgres.connect() as conn:
+        conn.execute(
+            f"CREATE TABLE {schema}.t (id bigint, key text NOT NULL, amount double "
+            "precision, payload text)"
+        )
+    prepare_input(tmp_path, 1000)
+    make = _pg_coordinator(postgres, tmp_path, f"{schema}.t", schema)
+
+    def poison(df: Any) -> Any:
+        return df.withColumn("key", F.when(F.col("id") == 600, F.lit(None)).otherwise(F.col("key")))
+
+    query = start_query(spark, tmp_path, make(), transform=poison)
+    with pytest.raises(Exception) as info:
+        query.awaitTermination()
+    text = str(info.value)
+    assert "EpochAbortedError" in text and f"sink_uid={schema}" in text and "column=key" in text
+    assert "partition=" in text and "23502" in text
+    assert _rows(postgres, f"SELECT count(*), max(id) FROM {schema}.t") == [(500, 499)]
+    assert _prepared(postgres, schema) == []
+    restarts, _ = run_until_done(
+        spark, tmp_path, make, transform=lambda df: poison(df).fillna({"key": "fixed"})
+    )
+    assert restarts == 0
+    assert _verdict(postgres, f"{schema}.t", schema, 1000).ok
+
+
+@pytest.mark.chaos
+def test_kill_driver_at_every_point(postgres: Any, table: tuple[str, str], tmp_path: Path) -> None:
+    from txsink.demo import make_input
+    from txsink.runner import run_until_done as run_child
+
+    name, uid = table
+    make_input(tmp_path / "input", 3000, 6)
+    plan = (
+        "before_precommit:kill-driver@0,after_precommit:kill-driver@1,"
+        "before_decision:kill-driver@2,after_decision:kill-driver@3,"
+        "during_commit:kill-driver@4,during_recovery:kill-driver@4,"
+        "after_commit_before_mark:kill-driver@5"
+    )
+    env = dict(
+        os.environ,
+        TXSINK_FAULT=plan,
+        TXSINK_FAULT_STATE=str(tmp_path / "faults"),
+        TXSINK_TEST_PG_DSN=postgres.dsn,
+    )
+    args = json.dumps(
+        {"workdir": str(tmp_path), "sinks": [{"kind": "postgres", "table": name, "uid": uid}]}
+    )
+    pipeline = str(Path(__file__).with_name("pipelines.py")) + ":run_stream"
+    report = run_child(
+        [sys.executable, "-m", "txsink.runner", pipeline, args], env=env, max_runs=12
+    )
+    assert report.finished and report.restarts == 7, report
+    assert len(os.listdir(tmp_path / "faults")) == 7
+    verdict = _verdict(postgres, name, uid, 3000)
+    assert verdict.ok, verdict
+
+
+def test_no_two_phase_commit_server_is_refused_at_start(tmp_path: Path) -> None:
+    """A real second server with max_prepared_transactions = 0."""
+    server = _start_server_without_2pc(tmp_path)
+    try:
+        sink = PostgresSink(server, "t", uid="s")
+        with pytest.raises(ConfigurationError, match="max_prepared_transactions = 0"):
+            sink.check(SCHEMA, "app")
+    finally:
+        _stop_server(tmp_path)
+
+
+def _pg_bin() -> Path | None:
+    import glob
+
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    return Path(found[-1]).parent if found else None
+
+
+def _as_postgres(argv: list[str]) -> list[str]:
+    return ["runuser", "-u", "postgres", "--", *argv] if os.geteuid() == 0 else argv
+
+
+def _start_server_without_2pc(tmp: Path) -> str:
+    import shutil
+    import socket
+
+    bindir = _pg_bin()
+    if bindir is None:
+        pytest.skip("no local PostgreSQL binaries to start a second server")
+    data = (
+        Path("/var/lib/txsink-services") / f"no2pc-{os.getpid()}"
+        if os.geteuid() == 0
+        else tmp / "no2pc"
+    )
+    shutil.rmtree(data, ignore_errors=True)
+    data.mkdir(parents=True)
+    if os.geteuid() == 0:
+        shutil.chown(data, "postgres", "postgres")
+    (tmp / "no2pc-path").write_text(str(data))
+    subprocess.run(
+        _as_postgres(
+            [
+                str(bindir / "initdb"),
+                "-D",
+                str(data / "d"),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "--no-locale",
+            ]
+        ),
+        check=True,
+        capture_output=True,
+    )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    subprocess.run(
+        _as_postgres(
+            [
+                str(bindir / "pg_ctl"),
+                "-D",
+                str(data / "d"),
+                "-w",
+                "-l",
+                str(data / "log"),
+                "-o",
+                f"-p {port} -c listen_addresses=127.0.0.1 -c unix_socket_directories='' "
+                "-c max_prepared_transactions=0",
+                "start",
+            ]
+        ),
+        check=True,
+        capture_output=True,
+    )
+    return f"postgresql://postgres@127.0.0.1:{port}/postgres"
+
+
+def _stop_server(tmp: Path) -> None:
+    import shutil
+
+    bindir = _pg_bin()
+    data = Path((tmp / "no2pc-path").read_text())
+    if bindir is not None:
+        subprocess.run(
+            _as_postgres(
+                [str(bindir / "pg_ctl"), "-D", str(data / "d"), "-m", "immediate", "stop"]
+            ),
+            check=False,
+            capture_output=True,
+        )
+    shutil.rmtree(data, ignore_errors=True)
+
+
+def test_epoch_aborted_error_is_exported() -> None:
+    assert issubclass(EpochAbortedError, Exception)

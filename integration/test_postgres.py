@@ -259,7 +259,7 @@ def test_wrong_type_is_refused_at_start_and_at_copy(postgres: Any) -> None:
             "payload text)"
         )
     sink = PostgresSink(postgres.dsn, f"{schema}.t", uid=schema)
-    with pytest.raises(ConfigurationError, match="'key' of .* is integer, which cannot take"):
+    with pytest.raises(ConfigurationError, match=r"'key' of .* is integer, which cannot take"):
         sink.check(SCHEMA, "app")
     # Past the check (e.g. the table changed meanwhile), COPY names row and column.
     open_ = sink.begin(TxnId("app", schema, 0, 0, 0, 0), SCHEMA)
@@ -284,7 +284,7 @@ def test_start_checks_name_the_fix(postgres: Any) -> None:
         )
     with pytest.raises(ConfigurationError, match="no column 'amount'"):
         PostgresSink(postgres.dsn, f"{schema}.t", uid=schema).check(SCHEMA, "app")
-    with pytest.raises(ConfigurationError, match="'must' .* NOT NULL without a default"):
+    with pytest.raises(ConfigurationError, match=r"'must' .* NOT NULL without a default"):
         PostgresSink(postgres.dsn, f"{schema}.u", uid=schema).check(SCHEMA, "app")
     with pytest.raises(ConfigurationError, match="unique index or primary key on exactly"):
         PostgresSink(postgres.dsn, f"{schema}.v", uid=schema, mode="upsert", key=["id"]).check(

@@ -276,6 +276,27 @@ class PostgresSink(TwoPhaseCommitSink[_OpenTxn, PgHandle]):
 
     @override
     def check(self, schema: pa.Schema, app_id: str) -> None:
+        import psycopg
+
+        try:
+            self._check(schema)
+        except psycopg.errors.InsufficientPrivilege as err:
+            raise ConfigurationError(
+                f"the connecting role lacks a privilege txsink needs at start: "
+                f"{(err.diag.message_primary or str(err)).strip()}. It needs INSERT (and UPDATE "
+                f"for upsert) on {self.qualified_table}, and CREATE on its schema for the "
+                f"progress table {self.progress!r} (or create that table beforehand)",
+                sink_uid=self.uid, connector="postgres", phase="check",
+            ) from err
+        except psycopg.OperationalError as err:
+            self._driver_conn = None
+            raise RetryableError(
+                f"PostgreSQL at {redact_dsn(self.dsn)} failed during the start-up check: "
+                f"{(err.diag.message_primary or str(err)).strip()}",
+                sink_uid=self.uid, connector="postgres", phase="check",
+            ) from err
+
+    def _check(self, schema: pa.Schema) -> None:
         from psycopg import sql
 
         conn = self._driver()

@@ -569,3 +569,45 @@ def _stop_server(tmp: Path) -> None:
 
 def test_epoch_aborted_error_is_exported() -> None:
     assert issubclass(EpochAbortedError, Exception)
+
+
+def test_missing_privileges_are_named_at_start(postgres: Any, table: tuple[str, str]) -> None:
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    admin_pw = Path(__file__).with_name(".work") / "postgres" / "admin-password"
+    if not admin_pw.exists():
+        pytest.skip("needs the harness's own server (superuser password) to create a role")
+    name, uid = table
+    params = conninfo_to_dict(postgres.dsn)
+    admin = make_conninfo(
+        "", **{**params, "user": "postgres", "password": admin_pw.read_text().strip()}
+    )
+    role = f"ro_{uid}"
+    with postgres.connect(dsn=admin) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD 'ro'").format(sql.Identifier(role)))
+        conn.execute(
+            sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(
+                sql.Identifier(uid), sql.Identifier(role)
+            )
+        )
+        conn.execute(
+            sql.SQL("GRANT SELECT ON {} TO {}").format(
+                sql.Identifier(uid, "events"), sql.Identifier(role)
+            )
+        )
+    try:
+        ro = make_conninfo("", **{**params, "user": role, "password": "ro"})
+        with pytest.raises(ConfigurationError, match=r"lacks INSERT on .*events: GRANT INSERT"):
+            PostgresSink(ro, name, uid=uid).check(SCHEMA, "app")
+        with postgres.connect(dsn=admin) as conn:
+            conn.execute(
+                sql.SQL("GRANT INSERT ON {} TO {}").format(
+                    sql.Identifier(uid, "events"), sql.Identifier(role)
+                )
+            )
+        with pytest.raises(ConfigurationError, match="CREATE on its schema for the progress table"):
+            PostgresSink(ro, name, uid=uid).check(SCHEMA, "app")
+    finally:
+        with postgres.connect(dsn=admin) as conn:
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))

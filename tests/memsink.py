@@ -124,6 +124,13 @@ class MemSink(TwoPhaseCommitSink[_Open, MemHandle]):
     def commit(self, handle: MemHandle) -> None:
         name = str(handle.txn)
         self.crasher.tick(f"{self.uid} commit {name} (before)")
+        if name in self.target.prepared and handle.rows != len(self.target.prepared[name]):
+            # Like files: a stand-in handle from list_prepared cannot be committed.
+            raise CommitError(
+                f"{name}: handle says {handle.rows} rows, prepared holds "
+                f"{len(self.target.prepared[name])}",
+                sink_uid=self.uid,
+            )
         if name in self.target.prepared:
             self.target.committed[name] = self.target.prepared.pop(name)
             self.crasher.tick(f"{self.uid} commit {name} (after)")

@@ -266,3 +266,49 @@ def test_pending_state_of_removed_sink_is_refused_unless_allowed() -> None:
     record = log.committed(0)
     assert record is not None and record.not_restored == ("kafka",)
     assert len(world.targets["pg"].visible()) == 12
+
+
+def test_zombie_deciding_during_recovery_is_finished_from_its_record() -> None:
+    """The zombie decides between recovery's scan of the log and its void."""
+    from txsink.handles import dump_handle
+
+    world = World()
+    zombie = world.coordinator(Crasher())
+    log = TxLog(world.store)
+    log.bind_app(APP)
+    round_ = log.claim_round(0)
+    plan = TaskPlan(APP, 0, round_, zombie.sinks, None, 0)
+    acks = memory_precommit(batches_for(0, 2, 3))(plan)
+    handles, _rows = zombie._collect(0, acks)
+    fresh = world.coordinator(Crasher())
+    real_void = fresh.log.void
+
+    def void_after_zombie_decides(epoch: int, r: int, reason: str) -> Any:
+        fresh.log.decide(
+            epoch, round_, {u: [dump_handle(h) for h in hs] for u, hs in handles.items()}
+        )
+        return real_void(epoch, r, reason)
+
+    fresh.log.void = void_after_zombie_decides  # type: ignore[method-assign]
+    fresh.run_epoch(0, memory_precommit(batches_for(0, 2, 3), attempt_base=50), app_id=APP)
+    for target in world.targets.values():
+        assert sorted(target.visible()) == [0, 1, 2, 100, 101, 102]
+        assert target.prepared == {}
+    assert TxLog(world.store).committed(0) is not None
+
+
+def test_same_coordinator_recovers_after_a_failure_after_the_decision() -> None:
+    from txsink.errors import InjectedFault
+    from txsink.faults import FaultPlan
+
+    world = World()
+    coord = world.coordinator(Crasher())
+    coord.faults = FaultPlan.parse("after_decision:raise@1")
+    coord.run_epoch(0, memory_precommit(batches_for(0, 2, 3)), app_id=APP)
+    with pytest.raises(InjectedFault):
+        coord.run_epoch(1, memory_precommit(batches_for(1, 2, 3)), app_id=APP)
+    # Spark replays epoch 1 on the same coordinator object: recovery commits it, then skips.
+    result = coord.run_epoch(1, memory_precommit(batches_for(1, 2, 3), attempt_base=10), app_id=APP)
+    assert result.status == "skipped"
+    for target in world.targets.values():
+        assert len(target.visible()) == 12 and target.prepared == {}

@@ -63,10 +63,13 @@ def _df(*queries: _Query) -> Any:
     return DF()
 
 
-@pytest.mark.parametrize(("execution", "what"), [
-    ("AsyncProgressTrackingMicroBatchExecution", "async progress tracking"),
-    ("ContinuousExecution", "a continuous trigger"),
-])
+@pytest.mark.parametrize(
+    ("execution", "what"),
+    [
+        ("AsyncProgressTrackingMicroBatchExecution", "async progress tracking"),
+        ("ContinuousExecution", "a continuous trigger"),
+    ],
+)
 def test_refuses_modes_that_break_replay(execution: str, what: str) -> None:
     df = _df(_Query("other", "MicroBatchExecution"), _Query("q1", execution))
     with pytest.raises(UnsupportedQueryError, match=what):

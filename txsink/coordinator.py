@@ -175,21 +175,27 @@ class Coordinator:
         if self._already_committed(epoch):
             self._log.bind(epoch=epoch).info("epoch already committed: replay skipped")
             return EpochResult(epoch, "skipped")
-        # Step 3
-        t0 = time.monotonic()
-        round_ = self.log.claim_round(epoch)
-        handles, rows = self._precommit(epoch, round_, precommit, app_id)
-        timings["precommit"] = time.monotonic() - t0
-        # Step 4
-        t0 = time.monotonic()
-        self._decide(epoch, round_, handles, rows)
-        timings["decide"] = time.monotonic() - t0
-        # Step 5
-        t0 = time.monotonic()
-        self._commit(epoch, round_, handles)
-        self._abort_leftovers(epoch, handles, app_id)
-        self._last_committed = epoch
-        self.log.prune(self.retain_epochs)
+        try:
+            # Step 3
+            t0 = time.monotonic()
+            round_ = self.log.claim_round(epoch)
+            handles, rows = self._precommit(epoch, round_, precommit, app_id)
+            timings["precommit"] = time.monotonic() - t0
+            # Step 4
+            t0 = time.monotonic()
+            self._decide(epoch, round_, handles, rows)
+            timings["decide"] = time.monotonic() - t0
+            # Step 5
+            t0 = time.monotonic()
+            self._commit(epoch, round_, handles)
+            self._abort_leftovers(epoch, handles, app_id)
+            self._last_committed = epoch
+            self.log.prune(self.retain_epochs)
+        except BaseException:
+            # Whatever failed, the next call must look at the log and the targets
+            # again before doing anything else (a decision may stand unfinished).
+            self._needs_recovery = True
+            raise
         timings["commit"] = time.monotonic() - t0
         count = sum(len(hs) for hs in handles.values())
         self._log.bind(epoch=epoch).info(
@@ -213,10 +219,18 @@ class Coordinator:
         acted = False
         for pending in self.log.pending():
             acted |= self._finish_decided(pending)
+        epochs = self.log.epochs()
+        floor = epochs[0] if epochs else None
         decisions: dict[int, EpochDecision | None] = {}
         for sink in self.sinks:
             for handle in list(sink.list_prepared(app_id)):
                 txn = handle.txn
+                log = self._log.bind(uid=sink.uid, epoch=txn.epoch)
+                if floor is not None and txn.epoch < floor:
+                    # Its epoch's records were pruned long after it committed: garbage.
+                    log.info("recovery aborts lingering transaction %s (pruned epoch)", txn)
+                    sink.abort(handle)
+                    continue
                 if txn.epoch not in decisions:
                     decisions[txn.epoch] = self.log.decision(txn.epoch)
                 decision: EpochDecision | None = decisions[txn.epoch]
@@ -224,16 +238,32 @@ class Coordinator:
                     # Fence the round first: once void, no zombie can decide it.
                     decision = self.log.void(txn.epoch, txn.round, "aborted by recovery")
                     decisions[txn.epoch] = decision
-                log = self._log.bind(uid=sink.uid, epoch=txn.epoch)
+                    if decision is not None and self.log.committed(txn.epoch) is None:
+                        # A zombie decided between our scan and the void: finish its epoch.
+                        self._finish_decided(decision)
                 if decision is not None and str(txn) in decision.txn_names():
+                    # Commit what the decision recorded, never the listed stand-in:
+                    # a listed handle may not carry everything commit needs.
+                    decided = self._decided_handle(decision, sink.uid, str(txn))
                     log.warning("recovery commits decided transaction %s", txn)
-                    self._commit_one(sink, handle, txn.epoch)
+                    self._commit_one(sink, decided, txn.epoch)
                 else:
                     log.info("recovery aborts lingering transaction %s", txn)
                     sink.abort(handle)
                 if not acted:
                     acted = True
                     self._fire(CrashPoint.DURING_RECOVERY, txn.epoch)
+
+    @staticmethod
+    def _decided_handle(decision: EpochDecision, uid: str, name: str) -> Handle:
+        for doc in decision.handles.get(uid, []):
+            if doc["data"]["txn"] == name:
+                return load_handle(doc, sink_uid=uid)
+        raise CommitError(
+            f"decision of epoch {decision.epoch} names {name} without its handle",
+            sink_uid=uid,
+            epoch=decision.epoch,
+        )
 
     def _finish_decided(self, decision: EpochDecision) -> bool:
         """Commit every handle of a decided epoch, then mark it committed."""
@@ -496,9 +526,12 @@ class Coordinator:
         self._checked_schema = schema
 
     def _load(self, decision: EpochDecision) -> dict[str, list[Handle]]:
+        """The decided handles of the configured sinks (others may not be importable)."""
+        configured = {s.uid for s in self.sinks}
         return {
             uid: [load_handle(doc, sink_uid=uid) for doc in docs]
             for uid, docs in decision.handles.items()
+            if uid in configured
         }
 
     def _fire(self, point: CrashPoint, epoch: int) -> None:

@@ -1,0 +1,2 @@
+def f() -> int:
+    return 1

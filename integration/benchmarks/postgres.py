@@ -1,0 +1,3 @@
+from benchmarks import _bench
+
+x: int = _bench.f()

@@ -289,7 +289,7 @@ def test_zombie_deciding_during_recovery_is_finished_from_its_record() -> None:
         )
         return real_void(epoch, r, reason)
 
-    fresh.log.void = void_after_zombie_decides  # type: ignore[method-assign]
+    fresh.log.void = void_after_zombie_decides  # type: ignore[method-assign,assignment]
     fresh.run_epoch(0, memory_precommit(batches_for(0, 2, 3), attempt_base=50), app_id=APP)
     for target in world.targets.values():
         assert sorted(target.visible()) == [0, 1, 2, 100, 101, 102]

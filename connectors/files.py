@@ -8,10 +8,13 @@ How the two phases map to files::
     finish   write <path>/_manifests/<uid>-<epoch>.json listing the epoch's files
     abort    delete the staging folder
 
-Published names are deterministic: ``<path>/epoch=<e>/<uid>-p<partition>-<seq>.<ext>``.
-A reader that follows the manifests (:func:`read_committed`) sees whole
-epochs only; a reader that lists the folder may see an epoch's files before
-its manifest exists (the window is the commit step, typically milliseconds).
+Published names are deterministic:
+``<path>/epoch=<e>/<uid>-p<partition:05d>-<seq:04d>.<ext>``, manifests
+``<path>/_manifests/<uid>-<epoch:020d>.json``. A reader that follows the
+manifests (:func:`read_committed`) sees whole epochs only; a reader that lists
+the folder may see an epoch's files before its manifest exists: during the
+commit step (milliseconds), or until the restart's recovery if the driver
+died in the middle of it.
 
 Guarantee: exactly-once, provided ``path`` is on one filesystem shared by the
 driver and every executor (local mode, NFS, a FUSE mount with POSIX rename
@@ -161,6 +164,7 @@ class FilesSink(TwoPhaseCommitSink[_OpenFiles, FilesHandle]):
                 sink_uid=self.uid,
                 connector="files",
             ) from err
+        self._check_owner(app_id)
         if self.format == "csv":
             for f in schema:
                 if pa.types.is_nested(f.type) or pa.types.is_binary(f.type):
@@ -172,6 +176,24 @@ class FilesSink(TwoPhaseCommitSink[_OpenFiles, FilesHandle]):
                         connector="files",
                         column=f.name,
                     )
+
+    def _check_owner(self, app_id: str) -> None:
+        """Refuse a folder whose epochs under this uid were written by another app.
+
+        A new query (new checkpoint and log) numbers its epochs from 0 again;
+        its files would collide with the old app's names.
+        """
+        for doc in read_manifests(self.path, self.uid):
+            owner = doc.get("app_id")
+            if owner is not None and owner != app_id:
+                raise ConfigurationError(
+                    f"{self.path} already holds epochs of sink uid {self.uid!r} written by app "
+                    f"{owner!r}, and this query runs as app {app_id!r}: a new query numbers its "
+                    "epochs from 0 again and its files would collide. Use a new output folder "
+                    "or a new sink uid (or keep the old checkpoint and txsink log)",
+                    sink_uid=self.uid,
+                    connector="files",
+                )
 
     # -- executor: write and prepare ------------------------------------------------
 
@@ -285,6 +307,7 @@ class FilesSink(TwoPhaseCommitSink[_OpenFiles, FilesHandle]):
         )
         doc = {
             "version": 1,
+            "app_id": handles[0].txn.app if handles else None,
             "uid": self.uid,
             "epoch": epoch,
             "format": self.format,
@@ -364,17 +387,26 @@ def _json_default(value: Any) -> Any:
 
 def _jsonl(batch: pa.RecordBatch, uid: str, partition: int, first_row: int) -> bytes:
     out = []
+    maps = [f.name for f in batch.schema if pa.types.is_map(f.type)]
     for i, row in enumerate(batch.to_pylist()):
+        for name in maps:  # Arrow gives maps as [(key, value), ...]; JSON wants an object
+            if row[name] is not None:
+                row[name] = {str(k): v for k, v in row[name]}
         try:
             out.append(
                 json.dumps(row, default=_json_default, allow_nan=False, separators=(",", ":"))
             )
         except (TypeError, ValueError) as err:
             column = _bad_column(row)
+            fix = (
+                "JSON has no NaN or Infinity: replace them (e.g. with null via nanvl/when) "
+                "before the sink, or use format='parquet'"
+                if isinstance(err, ValueError)
+                else "convert the column to a string or a JSON-friendly type before the sink, "
+                "or use format='parquet'"
+            )
             raise WriteError(
-                f"row cannot be written as JSON ({err}); JSON has no NaN or Infinity: "
-                f"replace them (e.g. with null via nanvl/when) before the sink, or use "
-                "format='parquet'",
+                f"row cannot be written as JSON ({err}); {fix}",
                 sink_uid=uid,
                 partition=partition,
                 row=first_row + i,

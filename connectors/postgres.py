@@ -286,14 +286,18 @@ class PostgresSink(TwoPhaseCommitSink[_OpenTxn, PgHandle]):
                 f"{(err.diag.message_primary or str(err)).strip()}. It needs INSERT (and UPDATE "
                 f"for upsert) on {self.qualified_table}, and CREATE on its schema for the "
                 f"progress table {self.progress!r} (or create that table beforehand)",
-                sink_uid=self.uid, connector="postgres", phase="check",
+                sink_uid=self.uid,
+                connector="postgres",
+                phase="check",
             ) from err
         except psycopg.OperationalError as err:
             self._driver_conn = None
             raise RetryableError(
                 f"PostgreSQL at {redact_dsn(self.dsn)} failed during the start-up check: "
                 f"{(err.diag.message_primary or str(err)).strip()}",
-                sink_uid=self.uid, connector="postgres", phase="check",
+                sink_uid=self.uid,
+                connector="postgres",
+                phase="check",
             ) from err
 
     def _check(self, schema: pa.Schema) -> None:

@@ -145,3 +145,29 @@ def test_bad_options_fail_at_construction(tmp_path: Path) -> None:
         FilesSink(tmp_path, "s1", format="xml")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="sink uid"):
         FilesSink(tmp_path, "has space")
+
+
+def test_json_maps_are_objects_and_read_back(tmp_path: Path) -> None:
+    schema = pa.schema([("id", pa.int64()), ("attrs", pa.map_(pa.string(), pa.int64()))])
+    sink = FilesSink(tmp_path, "s1", format="jsonl")
+    t = sink.begin(TxnId("app", "s1", 0, 0, 0, 0), schema)
+    sink.write(
+        t, pa.RecordBatch.from_pylist([{"id": 1, "attrs": [("a", 1)]}, {"id": 2}], schema=schema)
+    )
+    handle = sink.prepare(t)
+    sink.commit(handle)
+    sink.finish_epoch(0, [handle])
+    assert read_committed(tmp_path).to_pylist()[0]["attrs"] == {"a": 1}
+
+
+def test_another_apps_epochs_in_the_folder_are_refused(tmp_path: Path) -> None:
+    sink = FilesSink(tmp_path, "s1")
+    sink.check(SCHEMA, "app-1")
+    t = sink.begin(TxnId("app-1", "s1", 0, 0, 0, 0), SCHEMA)
+    sink.write(t, _batch(range(3)))
+    handle = sink.prepare(t)
+    sink.commit(handle)
+    sink.finish_epoch(0, [handle])
+    sink.check(SCHEMA, "app-1")  # the same app may go on
+    with pytest.raises(ConfigurationError, match=r"written by app 'app-1'.*new output folder"):
+        sink.check(SCHEMA, "app-2")

@@ -132,3 +132,39 @@ def test_log_refuses_unknown_format(tmp_path: Path) -> None:
         open_log(tmp_path).meta()
     with pytest.raises(LogError, match="scheme"):
         open_log("hdfs://nn/x")
+
+
+def test_fault_state_without_env_folder_is_shared_by_restarts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TXSINK_FAULT", "after_decision:raise@7")
+    monkeypatch.delenv("TXSINK_FAULT_STATE", raising=False)
+    first, second = FaultPlan.from_env(), FaultPlan.from_env()
+    assert first is not None and second is not None and first.state_dir == second.state_dir
+
+
+def test_kill_driver_from_a_task_on_another_host_is_refused(tmp_path: Path) -> None:
+    from txsink.errors import InjectedFault
+
+    plan = FaultPlan.parse("after_precommit:kill-driver", str(tmp_path))
+    with pytest.raises(InjectedFault, match="only kill a driver on its own host"):
+        plan.fire(
+            CrashPoint.AFTER_PRECOMMIT,
+            epoch=0,
+            partition=0,
+            driver_pid=1,
+            driver_host="some-other-host",
+        )
+
+
+def test_runner_ends_a_silent_hang() -> None:
+    import sys
+    import time
+
+    from txsink.runner import run_until_done
+
+    t0 = time.monotonic()
+    report = run_until_done(
+        [sys.executable, "-c", "import time; time.sleep(60)"], max_runs=1, timeout=1.0
+    )
+    assert not report.finished and time.monotonic() - t0 < 30

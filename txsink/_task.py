@@ -58,11 +58,16 @@ class TaskPlan:
     sinks: tuple[TwoPhaseCommitSink[Any, Any], ...]
     faults: FaultPlan | None
     driver_pid: int
+    driver_host: str | None = None
 
     def fire(self, point: CrashPoint, partition: int) -> None:
         if self.faults is not None:
             self.faults.fire(
-                point, epoch=self.epoch, partition=partition, driver_pid=self.driver_pid
+                point,
+                epoch=self.epoch,
+                partition=partition,
+                driver_pid=self.driver_pid,
+                driver_host=self.driver_host,
             )
 
 

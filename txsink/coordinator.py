@@ -23,6 +23,7 @@ Replay edge cases this handles (the reason for each step):
 from __future__ import annotations
 
 import os
+import socket
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -135,6 +136,7 @@ class Coordinator:
             _spark.check_query_mode(df, query_id)
             self._checked_queries.add(query_id)
             self._needs_recovery = True  # a new query run: recover before its first epoch
+        self._bind(app_id)  # the log's own checks come before the sinks'
         self._check_schema(df, app_id)
         self.run_epoch(int(batch_id), _spark.precommit_job(self._partitioned(df)), app_id=app_id)
 
@@ -146,6 +148,7 @@ class Coordinator:
         writes nothing twice; without ``epoch`` every call is a new epoch.
         """
         app_id = self.app_id or self._app_from_log()
+        self._bind(app_id)
         self._check_schema(df, app_id)
         if epoch is None:
             self._recover_if_needed(app_id)
@@ -306,11 +309,12 @@ class Coordinator:
         last = self._last_committed
         if last is not None and epoch < last:
             raise CheckpointMismatchError(
-                f"Spark asks for epoch {epoch}, but the txsink log at {self.log.location} has "
+                f"epoch {epoch} was asked for, but the txsink log at {self.log.location} has "
                 f"already committed epoch {last}: the Spark checkpoint was reset or restored "
-                "from an older copy while the txsink log was kept, so epoch numbers no longer "
-                "name the same rows. Restore the matching checkpoint, or start the query with "
-                "a new checkpoint AND a new txsink log",
+                "from an older copy while the txsink log was kept (or write() was given an "
+                "epoch lower than the log's last), so epoch numbers no longer name the same "
+                "rows. Restore the matching checkpoint, or start the query with a new "
+                "checkpoint AND a new txsink log (and a new output folder or sink uid)",
                 epoch=epoch,
             )
         if last is not None and epoch > last + 1:
@@ -326,14 +330,16 @@ class Coordinator:
     def _precommit(
         self, epoch: int, round_: int, precommit: Precommit, app_id: str
     ) -> tuple[dict[str, list[Handle]], dict[str, int]]:
-        plan = TaskPlan(app_id, epoch, round_, self.sinks, self.faults, os.getpid())
+        plan = TaskPlan(
+            app_id, epoch, round_, self.sinks, self.faults, os.getpid(), socket.gethostname()
+        )
         try:
             acks = precommit(plan)
             errors = [a.error for a in acks if a.error is not None]
             if errors:
                 first = errors[0]
                 raise EpochAbortedError(
-                    f"epoch {epoch} aborted, nothing of it is visible: {first}",
+                    f"epoch {epoch} aborted, nothing of it is visible: {first.message}",
                     causes=errors,
                     sink_uid=first.sink_uid,
                     epoch=epoch,
@@ -351,8 +357,9 @@ class Coordinator:
                 raise
             context = err.context if isinstance(err, TxsinkError) else {"epoch": epoch}
             causes = [err] if isinstance(err, TxsinkError) else []
+            summary = err.message if isinstance(err, TxsinkError) else _first_line(err)
             raise EpochAbortedError(
-                f"epoch {epoch} aborted, nothing of it is visible: {_first_line(err)}",
+                f"epoch {epoch} aborted, nothing of it is visible: {summary}",
                 causes=causes,
                 **context,
             ) from err

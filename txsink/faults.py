@@ -33,8 +33,10 @@ point it crashed at.
 from __future__ import annotations
 
 import enum
+import hashlib
 import os
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -79,7 +81,8 @@ class Fault:
         if self.mode is FaultMode.KILL_WORKER and self.point not in TASK_POINTS:
             raise ValueError(
                 f"fault {self.point}:kill-worker: there is no Python worker at a driver-side "
-                f"point; use kill-worker with {sorted(TASK_POINTS)}, or kill-driver"
+                f"point; use kill-worker with {sorted(p.value for p in TASK_POINTS)}, or "
+                "kill-driver"
             )
         if self.partition is not None and self.point not in TASK_POINTS:
             raise ValueError(f"fault {self.point}: #PARTITION applies to task points only")
@@ -147,11 +150,21 @@ class FaultPlan:
 
     @classmethod
     def from_env(cls) -> FaultPlan | None:
-        """The plan given by ``TXSINK_FAULT`` / ``TXSINK_FAULT_STATE``, if any."""
+        """The plan given by ``TXSINK_FAULT`` / ``TXSINK_FAULT_STATE``, if any.
+
+        Without ``TXSINK_FAULT_STATE`` the state folder is derived from the plan
+        text, so every process (and every restart) given the same plan shares it
+        and a fault does not fire again after the restart it caused. Delete the
+        folder (its path is printed when a fault fires) to re-arm the plan.
+        """
         specs = os.environ.get("TXSINK_FAULT", "").strip()
         if not specs:
             return None
-        return cls.parse(specs, os.environ.get("TXSINK_FAULT_STATE") or None)
+        state = os.environ.get("TXSINK_FAULT_STATE") or os.path.join(
+            tempfile.gettempdir(),
+            "txsink-faults-" + hashlib.sha256(specs.encode()).hexdigest()[:12],
+        )
+        return cls.parse(specs, state)
 
     def fire(
         self,
@@ -160,6 +173,7 @@ class FaultPlan:
         epoch: int,
         partition: int | None = None,
         driver_pid: int | None = None,
+        driver_host: str | None = None,
     ) -> None:
         """Inject the first matching fault that has firings left; no-op otherwise."""
         for index, fault in enumerate(self.faults):
@@ -172,7 +186,24 @@ class FaultPlan:
             if not self._claim(index, fault):
                 continue
             where = f"epoch={epoch}" + (f" partition={partition}" if partition is not None else "")
-            print(f"txsink: injecting fault {fault} at {where}", file=sys.stderr, flush=True)
+            print(
+                f"txsink: injecting fault {fault} at {where} (state: {self.state_dir})",
+                file=sys.stderr,
+                flush=True,
+            )
+            if (
+                fault.mode is FaultMode.KILL_DRIVER
+                and driver_host is not None
+                and driver_host != socket.gethostname()
+            ):
+                raise InjectedFault(
+                    f"injected fault {fault}: this task runs on {socket.gethostname()}, the "
+                    f"driver on {driver_host}; a task can only kill a driver on its own host "
+                    "(local mode). Use kill-driver at a driver-side point on a cluster",
+                    epoch=epoch,
+                    partition=partition,
+                    phase=str(point),
+                )
             if fault.mode is FaultMode.RAISE:
                 raise InjectedFault(
                     f"injected fault {fault}", epoch=epoch, partition=partition, phase=str(point)

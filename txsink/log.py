@@ -86,6 +86,15 @@ class FileStore:
         return self.root / key
 
     def create(self, key: str, data: bytes) -> bool:
+        try:
+            return self._create(key, data)
+        except OSError as err:
+            raise LogError(
+                f"cannot write txsink log record {key} under {self.root}: {err.strerror or err}; "
+                "check that the folder exists, is writable and has free space",
+            ) from err
+
+    def _create(self, key: str, data: bytes) -> bool:
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.parent / f".tmp-{path.name}-{uuid.uuid4().hex}"

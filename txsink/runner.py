@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -70,14 +71,16 @@ def run_until_done(
         )
         if proc.stdout is None:  # pragma: no cover - PIPE was requested
             raise RuntimeError("subprocess has no stdout pipe")
-        deadline = time.monotonic() + timeout
-        for line in proc.stdout:
-            if on_line is not None:
-                on_line(line.rstrip("\n"))
-            if time.monotonic() > deadline:
-                proc.kill()
-                break
-        code = proc.wait()
+        # A watchdog, so a child that hangs silently is ended too.
+        watchdog = threading.Timer(timeout, proc.kill)
+        watchdog.start()
+        try:
+            for line in proc.stdout:
+                if on_line is not None:
+                    on_line(line.rstrip("\n"))
+            code = proc.wait()
+        finally:
+            watchdog.cancel()
         report.exit_codes.append(code)
         if code == 0:
             report.finished = True

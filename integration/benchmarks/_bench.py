@@ -115,10 +115,14 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], align:
         ]
         return "| " + " | ".join(padded) + " |"
 
-    rule = "|" + "|".join(
-        "-" * (w + 1) + ":" if a == "r" else "-" * (w + 2)
-        for w, a in zip(widths, align, strict=True)
-    ) + "|"
+    rule = (
+        "|"
+        + "|".join(
+            "-" * (w + 1) + ":" if a == "r" else "-" * (w + 2)
+            for w, a in zip(widths, align, strict=True)
+        )
+        + "|"
+    )
     return "\n".join([line(headers), rule, *(line(r) for r in cells)])
 
 
@@ -184,9 +188,7 @@ def maven_jar(group: str, artifact: str, version: str, cache: Path = JAR_CACHE) 
     if jar.exists():
         return jar
     cache.mkdir(parents=True, exist_ok=True)
-    local = (
-        Path.home() / ".m2/repository" / group.replace(".", "/") / artifact / version / jar.name
-    )
+    local = Path.home() / ".m2/repository" / group.replace(".", "/") / artifact / version / jar.name
     if not local.exists():
         if shutil.which("mvn") is None:
             raise SystemExit(

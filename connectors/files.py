@@ -23,14 +23,10 @@ and hard links).
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import datetime as dt
-import decimal
 import gzip
 import hashlib
 import json
-import math
 import os
 import shutil
 import time
@@ -44,7 +40,8 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 from typing_extensions import override
 
-from txsink.errors import CommitError, ConfigurationError, WriteError
+from txsink._json import json_rows
+from txsink.errors import CommitError, ConfigurationError
 from txsink.handles import Handle, register_handle
 from txsink.sink import TwoPhaseCommitSink
 from txsink.txid import TxnId
@@ -373,60 +370,15 @@ class FilesSink(TwoPhaseCommitSink[_OpenFiles, FilesHandle]):
 # -- JSON lines ---------------------------------------------------------------------------
 
 
-def _json_default(value: Any) -> Any:
-    if isinstance(value, (dt.datetime, dt.date, dt.time)):
-        return value.isoformat()
-    if isinstance(value, decimal.Decimal):
-        return str(value)
-    if isinstance(value, (bytes, bytearray)):
-        return base64.b64encode(value).decode()
-    if isinstance(value, dt.timedelta):
-        return value.total_seconds()
-    raise TypeError(f"{type(value).__name__} is not JSON-serialisable")
-
-
 def _jsonl(batch: pa.RecordBatch, uid: str, partition: int, first_row: int) -> bytes:
-    out = []
-    maps = [f.name for f in batch.schema if pa.types.is_map(f.type)]
-    for i, row in enumerate(batch.to_pylist()):
-        for name in maps:  # Arrow gives maps as [(key, value), ...]; JSON wants an object
-            if row[name] is not None:
-                row[name] = {str(k): v for k, v in row[name]}
-        try:
-            out.append(
-                json.dumps(row, default=_json_default, allow_nan=False, separators=(",", ":"))
-            )
-        except (TypeError, ValueError) as err:
-            column = _bad_column(row)
-            fix = (
-                "JSON has no NaN or Infinity: replace them (e.g. with null via nanvl/when) "
-                "before the sink, or use format='parquet'"
-                if isinstance(err, ValueError)
-                else "convert the column to a string or a JSON-friendly type before the sink, "
-                "or use format='parquet'"
-            )
-            raise WriteError(
-                f"row cannot be written as JSON ({err}); {fix}",
-                sink_uid=uid,
-                partition=partition,
-                row=first_row + i,
-                column=column,
-                connector="files",
-                phase="write",
-            ) from err
-    out.append("")
-    return "\n".join(out).encode()
-
-
-def _bad_column(row: dict[str, Any]) -> str | None:
-    for name, value in row.items():
-        try:
-            json.dumps(value, default=_json_default, allow_nan=False)
-        except (TypeError, ValueError):
-            return name
-        if isinstance(value, float) and not math.isfinite(value):
-            return name
-    return None
+    rows = json_rows(
+        batch,
+        first_row=first_row,
+        alternative=", or use format='parquet'",
+        context={"sink_uid": uid, "partition": partition, "connector": "files"},
+    )
+    rows.append("")
+    return "\n".join(rows).encode()
 
 
 # -- filesystem helpers -------------------------------------------------------------------

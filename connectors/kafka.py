@@ -1,0 +1,731 @@
+"""Kafka connector: exactly-once into Kafka topics with transactions and a commit marker.
+
+librdkafka cannot resume a prepared transaction from a new producer (KIP-939
+is in no stable broker nor client), so a Kafka transaction cannot stay
+"prepared" across the driver's decision and a crash. The pre-commit is made
+durable elsewhere, and the Kafka transaction is the commit::
+
+    write    each task serialises its rows to Kafka records (key, value, headers, topic,
+             partition) and checks their size
+    prepare  the records go to a write-ahead log file (Arrow IPC, fsynced) under ``wal``;
+             the handle names it
+    commit   (per shard, in finish_epoch) init_transactions on the shard's stable
+             transactional.id, which fences any zombie with that id; read the shard's
+             marker; if it already says this epoch, do nothing; else produce the shard's
+             records AND the new marker in one transaction, commit, delete the WAL files
+    abort    delete the WAL file
+    recover  WAL files of this app and sink that no decision names
+
+The marker is a record keyed ``<app>/<uid>/<shard>`` in a compacted marker
+topic (default ``txsink-markers``), written inside the same transaction as the
+records: it never expires (consumer-group offsets do, after 7 days by
+default) and a ``read_committed`` read shows it exactly when the records are
+visible. A shard is ``partition % shards`` of the Spark partition that wrote
+the records, fixed in the decision, so a restart with another number of Spark
+partitions commits exactly what was decided.
+
+Guarantee: exactly-once for consumers with ``isolation.level=read_committed``
+(``read_uncommitted`` consumers can see records of aborted transactions).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import time
+import zlib
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from typing_extensions import override
+
+from txsink._json import json_rows
+from txsink.errors import (
+    CommitError,
+    ConfigurationError,
+    FencedError,
+    RetryableError,
+    TxsinkError,
+    WriteError,
+)
+from txsink.handles import Handle, register_handle
+from txsink.sink import TwoPhaseCommitSink
+from txsink.txid import TxnId
+
+__all__ = ["RECORD_SCHEMA", "KafkaSink", "KafkaWalHandle"]
+
+_log = logging.getLogger(__name__)
+
+RECORD_SCHEMA = pa.schema(
+    [
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
+    ]
+)
+_ENFORCED = {"enable.idempotence": True, "acks": "all"}
+_MIN_TXN_TIMEOUT_MS = 10_000
+
+
+@register_handle
+@dataclass(frozen=True)
+class KafkaWalHandle(Handle):
+    """Records of one task, durable in the write-ahead log; ``path`` is relative to ``wal``."""
+
+    serializer: ClassVar[str] = "kafka.wal"
+    version: ClassVar[int] = 1
+
+    path: str = ""
+    crc32: int = 0
+
+
+@dataclass
+class _OpenWal:
+    txn: TxnId
+    folder: Path
+    writer: Any = None
+    rows: int = 0
+    nbytes: int = 0
+    crc: int = 0
+
+
+@dataclass
+class _Marker:
+    epoch: int
+    offset: int
+
+
+@dataclass
+class _DriverState:
+    """Driver-only state: producers per shard (initialised once) and known markers."""
+
+    producers: dict[int, Any] = field(default_factory=dict)
+    markers: dict[int, int] = field(default_factory=dict)
+    checked: bool = False
+
+
+class KafkaSink(TwoPhaseCommitSink[_OpenWal, KafkaWalHandle]):
+    """Exactly-once records into Kafka.
+
+    Args:
+        bootstrap_servers: the brokers.
+        topic: the target topic (or None with ``topic_column``).
+        uid: the sink's stable id.
+        wal: the write-ahead log folder, on a filesystem the driver and every
+            executor share (like the files connector's output).
+        shards: how many transactional ids (and markers) share the commit;
+            stable across epochs, one producer each on the driver.
+        key, value: the key and value columns. Binary is taken as is, strings
+            UTF-8 encoded, anything else as JSON. Without ``value`` the value is a
+            JSON object of every column that is not key, headers, topic or partition.
+        headers: a ``map<string, string|binary>`` column of record headers.
+        topic_column, partition_column: per-row topic / Kafka partition (fan-out).
+        transactional_id_prefix: transactional ids are ``<prefix>-<uid>-<shard>``.
+        marker_topic: the compacted marker topic (created if missing).
+        producer_config: extra librdkafka settings (TLS, SASL, linger.ms,
+            compression.type, ...), passed through untouched except that
+            ``enable.idempotence`` and ``acks=all`` are enforced.
+        max_record_bytes: refuse records larger than this in pre-commit
+            (default: the producer's ``message.max.bytes``, 1 MB).
+        log: the txsink log, to use the sink alone as ``foreachBatch(sink)``.
+    """
+
+    connector: ClassVar[str] = "kafka"
+    handle_type: ClassVar[type[Handle]] = KafkaWalHandle
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        topic: str | None,
+        uid: str,
+        *,
+        wal: str | os.PathLike[str],
+        mode: Literal["wal"] = "wal",
+        shards: int = 1,
+        key: str | None = None,
+        value: str | None = None,
+        headers: str | None = None,
+        topic_column: str | None = None,
+        partition_column: str | None = None,
+        transactional_id_prefix: str = "txsink",
+        marker_topic: str = "txsink-markers",
+        producer_config: dict[str, Any] | None = None,
+        max_record_bytes: int | None = None,
+        timeout_s: float = 30.0,
+        log: str | None = None,
+        **coordinator_options: Any,
+    ) -> None:
+        super().__init__(uid, log=log, **coordinator_options)
+        if mode != "wal":
+            raise ValueError("KafkaSink supports mode='wal' in this version")
+        if topic is None and topic_column is None:
+            raise ValueError("KafkaSink needs topic=... or topic_column=...")
+        if shards < 1:
+            raise ValueError("shards must be >= 1")
+        self.bootstrap_servers = bootstrap_servers
+        self.topic = topic
+        self.wal = os.path.abspath(os.fspath(wal))
+        self.mode = mode
+        self.shards = shards
+        self.key = key
+        self.value = value
+        self.headers = headers
+        self.topic_column = topic_column
+        self.partition_column = partition_column
+        self.prefix = transactional_id_prefix
+        self.marker_topic = marker_topic
+        self.producer_config = dict(producer_config or {})
+        for name, wanted in _ENFORCED.items():
+            given = self.producer_config.get(name)
+            if given is not None and str(given).lower() != str(wanted).lower():
+                raise ValueError(f"KafkaSink enforces {name}={wanted} (got {given!r})")
+        self.max_record_bytes = max_record_bytes or int(
+            self.producer_config.get("message.max.bytes", 1_000_000)
+        )
+        self.timeout_s = timeout_s
+        self._driver = _DriverState()
+
+    @override
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_driver"] = _DriverState()  # producers stay on the driver
+        return state
+
+    def transactional_id(self, shard: int) -> str:
+        return f"{self.prefix}-{self.uid}-{shard}"
+
+    def _client_config(self) -> dict[str, Any]:
+        # Security settings (TLS/SASL) pass through; producer tuning does not matter here.
+        conf = {
+            k: v
+            for k, v in self.producer_config.items()
+            if k.startswith(("security.", "ssl.", "sasl.", "client.", "socket."))
+        }
+        conf["bootstrap.servers"] = self.bootstrap_servers
+        conf["logger"] = _quiet_logger()
+        return conf
+
+    # -- driver: start -------------------------------------------------------------
+
+    @override
+    def check(self, schema: pa.Schema, app_id: str) -> None:
+        from confluent_kafka.admin import AdminClient
+
+        ctx: dict[str, Any] = {"sink_uid": self.uid, "connector": "kafka", "phase": "check"}
+        for name, column in (
+            ("key", self.key),
+            ("value", self.value),
+            ("headers", self.headers),
+            ("topic_column", self.topic_column),
+            ("partition_column", self.partition_column),
+        ):
+            if column is not None and column not in schema.names:
+                raise ConfigurationError(
+                    f"{name}={column!r} is not a column of the DataFrame (columns: {schema.names})",
+                    column=column,
+                    **ctx,
+                )
+        try:
+            os.makedirs(self.wal, exist_ok=True)
+        except OSError as err:
+            raise ConfigurationError(
+                f"cannot create the WAL folder {self.wal}: {err.strerror}", **ctx
+            ) from err
+        admin = AdminClient(self._client_config())
+        try:
+            meta = admin.list_topics(timeout=self.timeout_s)
+        except Exception as err:
+            raise RetryableError(
+                f"cannot reach Kafka at {self.bootstrap_servers}: {err}", **ctx
+            ) from err
+        if self.topic is not None and self.topic not in meta.topics:
+            raise ConfigurationError(
+                f"topic {self.topic!r} does not exist: create it (txsink does not create data "
+                "topics, their partitions and retention are yours to choose)",
+                **ctx,
+            )
+        self._check_transaction_timeout(admin, meta, ctx)
+        self._ensure_marker_topic(admin, meta, ctx)
+        # Initialise every shard's producer now: it fences zombies and aborts any
+        # transaction they left open, so read_committed readers are not held back.
+        for shard in range(self.shards):
+            self._producer(shard)
+        self._driver.checked = True
+
+    def _check_transaction_timeout(self, admin: Any, meta: Any, ctx: dict[str, Any]) -> None:
+        from confluent_kafka.admin import (  # type: ignore[attr-defined]
+            ConfigResource,
+            ResourceType,
+        )
+
+        ours = int(self.producer_config.get("transaction.timeout.ms", 60_000))
+        if ours < _MIN_TXN_TIMEOUT_MS:
+            raise ConfigurationError(
+                f"transaction.timeout.ms={ours} is too short: an epoch's commit produces all of a "
+                f"shard's records in one transaction; use at least {_MIN_TXN_TIMEOUT_MS}",
+                **ctx,
+            )
+        broker = str(next(iter(meta.brokers)))
+        res = ConfigResource(ResourceType.BROKER, broker)
+        configs = admin.describe_configs([res])[res].result(timeout=self.timeout_s)
+        entry = configs.get("transaction.max.timeout.ms")
+        limit = int(entry.value) if entry is not None and entry.value else None
+        if limit is not None and ours > limit:
+            raise ConfigurationError(
+                f"transaction.timeout.ms={ours} is above the broker's "
+                f"transaction.max.timeout.ms={limit}: the broker would refuse every transaction. "
+                "Lower transaction.timeout.ms in producer_config, or raise the broker setting",
+                **ctx,
+            )
+
+    def _ensure_marker_topic(self, admin: Any, meta: Any, ctx: dict[str, Any]) -> None:
+        from confluent_kafka import KafkaException
+        from confluent_kafka.admin import (  # type: ignore[attr-defined]
+            ConfigResource,
+            NewTopic,
+            ResourceType,
+        )
+
+        if self.marker_topic not in meta.topics:
+            replicas = min(3, len(meta.brokers))
+            topic = NewTopic(
+                self.marker_topic,
+                num_partitions=1,
+                replication_factor=replicas,
+                config={
+                    "cleanup.policy": "compact",
+                    "segment.ms": "3600000",
+                    "min.cleanable.dirty.ratio": "0.1",
+                },
+            )
+            try:
+                admin.create_topics([topic])[self.marker_topic].result(timeout=self.timeout_s)
+            except KafkaException as err:
+                if err.args[0].code() != _error_code("TOPIC_ALREADY_EXISTS"):
+                    raise ConfigurationError(
+                        f"cannot create the marker topic {self.marker_topic!r}: {err}. Create it "
+                        "with cleanup.policy=compact, or grant CREATE",
+                        **ctx,
+                    ) from err
+            return
+        res = ConfigResource(ResourceType.TOPIC, self.marker_topic)
+        policy = (
+            admin.describe_configs([res])[res].result(timeout=self.timeout_s).get("cleanup.policy")
+        )
+        if policy is None or policy.value.replace(" ", "") != "compact":
+            raise ConfigurationError(
+                f"marker topic {self.marker_topic!r} has cleanup.policy="
+                f"{getattr(policy, 'value', None)!r}: markers would expire and an old epoch "
+                "could be written twice. Use a topic with cleanup.policy=compact only",
+                **ctx,
+            )
+
+    # -- executor: write and prepare -----------------------------------------------
+
+    @override
+    def begin(self, txn: TxnId, schema: pa.Schema) -> _OpenWal:
+        folder = Path(self.wal, str(txn))
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        return _OpenWal(txn, folder)
+
+    @override
+    def write(self, txn: _OpenWal, batch: pa.RecordBatch) -> None:
+        records = self._records(batch, txn)
+        if txn.writer is None:
+            txn.writer = pa.ipc.new_file(str(txn.folder / "records.arrow"), RECORD_SCHEMA)
+        txn.writer.write_batch(records)
+        txn.rows += records.num_rows
+        txn.nbytes += records.nbytes
+
+    def _records(self, batch: pa.RecordBatch, txn: _OpenWal) -> pa.RecordBatch:
+        n = batch.num_rows
+        ctx: dict[str, Any] = {
+            "sink_uid": self.uid,
+            "partition": txn.txn.partition,
+            "connector": "kafka",
+        }
+        special = {
+            c
+            for c in (self.key, self.headers, self.topic_column, self.partition_column)
+            if c is not None
+        }
+        if self.value is not None:
+            value = _to_binary(batch, self.value, txn.rows, ctx)
+        else:
+            payload = [c for c in batch.schema.names if c not in special]
+            value = pa.array(
+                [r.encode() for r in json_rows(batch, payload, first_row=txn.rows, context=ctx)],
+                pa.binary(),
+            )
+        key = _to_binary(batch, self.key, txn.rows, ctx) if self.key else pa.nulls(n, pa.binary())
+        topic = (
+            batch.column(self.topic_column).cast(pa.string())
+            if self.topic_column
+            else pa.array([self.topic] * n, pa.string())
+        )
+        partition = (
+            batch.column(self.partition_column).cast(pa.int32())
+            if self.partition_column
+            else pa.nulls(n, pa.int32())
+        )
+        headers = (
+            _headers(batch.column(self.headers))
+            if self.headers
+            else pa.nulls(n, RECORD_SCHEMA.field("headers").type)
+        )
+        self._check_sizes(key, value, txn, ctx)
+        if self.topic_column and topic.null_count:
+            raise WriteError(
+                f"topic_column {self.topic_column!r} is null",
+                row=txn.rows + _first_null(topic),
+                column=self.topic_column,
+                **ctx,
+            )
+        return pa.RecordBatch.from_arrays(
+            [topic, partition, key, value, headers], schema=RECORD_SCHEMA
+        )
+
+    def _check_sizes(
+        self, key: pa.Array, value: pa.Array, txn: _OpenWal, ctx: dict[str, Any]
+    ) -> None:
+        # Caught here, before the decision: once decided, a record the broker
+        # refuses could never be committed.
+        sizes = pc.add(
+            pc.fill_null(pc.binary_length(value), 0), pc.fill_null(pc.binary_length(key), 0)
+        )
+        if len(sizes) and pc.max(sizes).as_py() > self.max_record_bytes:
+            row = int(pc.index(pc.greater(sizes, self.max_record_bytes), True).as_py())
+            raise WriteError(
+                f"record of {sizes[row].as_py()} bytes is larger than max_record_bytes="
+                f"{self.max_record_bytes} (the producer's message.max.bytes); the broker would "
+                "refuse it after the decision. Shrink or split the value, or raise "
+                "message.max.bytes on the producer, the topic (max.message.bytes) and the broker",
+                row=txn.rows + row,
+                column=self.value or "value",
+                **ctx,
+            )
+
+    @override
+    def prepare(self, txn: _OpenWal) -> KafkaWalHandle:
+        path = txn.folder / "records.arrow"
+        if txn.writer is not None:
+            txn.writer.close()
+        crc = 0
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                crc = zlib.crc32(chunk, crc)
+            os.fsync(f.fileno())
+        _fsync_dir(txn.folder)
+        _fsync_dir(txn.folder.parent)
+        return KafkaWalHandle(
+            txn=txn.txn,
+            rows=txn.rows,
+            nbytes=txn.nbytes,
+            path=f"{txn.txn}/records.arrow",
+            crc32=crc,
+        )
+
+    @override
+    def discard(self, txn: _OpenWal) -> None:
+        if txn.writer is not None:
+            with contextlib.suppress(Exception):  # the folder goes anyway
+                txn.writer.close()
+        shutil.rmtree(txn.folder, ignore_errors=True)
+
+    # -- driver: commit --------------------------------------------------------------
+
+    @override
+    def commit(self, handle: KafkaWalHandle) -> None:
+        """Nothing to do per handle: Kafka commits per shard, in :meth:`finish_epoch`."""
+
+    @override
+    def finish_epoch(self, epoch: int, handles: Sequence[KafkaWalHandle]) -> None:
+        by_shard: dict[int, list[KafkaWalHandle]] = defaultdict(list)
+        for h in handles:
+            by_shard[h.txn.partition % self.shards].append(h)
+        for shard in sorted(by_shard):
+            self._commit_shard(shard, epoch, sorted(by_shard[shard], key=lambda h: h.txn))
+
+    def _commit_shard(self, shard: int, epoch: int, handles: list[KafkaWalHandle]) -> None:
+        from confluent_kafka import KafkaException
+
+        app = handles[0].txn.app
+        producer = self._producer(shard)
+        marker = self._marker(shard, app)
+        if marker is not None and marker >= epoch:
+            self._delete_wal(handles)  # committed before a crash: verified by the marker
+            return
+        missing = [h.path for h in handles if not Path(self.wal, h.path).exists()]
+        if missing:
+            raise CommitError(
+                f"cannot commit epoch {epoch} shard {shard}: WAL files {missing} are gone and the "
+                f"shard's marker says epoch {marker}, so their records are lost. Was the WAL "
+                f"folder {self.wal} cleaned by hand?",
+                sink_uid=self.uid,
+                epoch=epoch,
+                connector="kafka",
+                phase="commit",
+            )
+        errors: list[str] = []
+
+        def on_delivery(err: Any, msg: Any) -> None:
+            if err is not None and not errors:
+                errors.append(f"{err.str()} (topic {msg.topic()} partition {msg.partition()})")
+
+        try:
+            producer.begin_transaction()
+            for h in handles:
+                self._produce_wal(producer, h, on_delivery)
+            producer.produce(
+                self.marker_topic,
+                key=_marker_key(app, self.uid, shard).encode(),
+                value=json.dumps(
+                    {
+                        "app": app,
+                        "uid": self.uid,
+                        "shard": shard,
+                        "shards": self.shards,
+                        "epoch": epoch,
+                        "at": time.time(),
+                    }
+                ).encode(),
+                partition=0,
+                on_delivery=on_delivery,
+            )
+            producer.commit_transaction(self.timeout_s)
+        except KafkaException as err:
+            kerr = err.args[0]
+            self._driver.producers.pop(shard, None)
+            if kerr.txn_requires_abort():
+                with contextlib.suppress(KafkaException):
+                    producer.abort_transaction(self.timeout_s)
+            raise self._map(kerr, epoch, shard, errors) from err
+        self._driver.markers[shard] = epoch
+        self._delete_wal(handles)
+
+    def _produce_wal(self, producer: Any, handle: KafkaWalHandle, on_delivery: Any) -> None:
+        with pa.memory_map(str(Path(self.wal, handle.path))) as source:
+            reader = pa.ipc.open_file(source)
+            for i in range(reader.num_record_batches):
+                batch = reader.get_batch(i)
+                cols = [batch.column(c).to_pylist() for c in range(batch.num_columns)]
+                for topic, part, key, value, headers in zip(*cols, strict=True):
+                    kwargs: dict[str, Any] = {
+                        "key": key,
+                        "value": value,
+                        "on_delivery": on_delivery,
+                    }
+                    if part is not None:
+                        kwargs["partition"] = part
+                    if headers:
+                        kwargs["headers"] = [(h["key"], h["value"]) for h in headers]
+                    while True:
+                        try:
+                            producer.produce(topic, **kwargs)
+                            break
+                        except BufferError:
+                            producer.poll(0.05)  # local queue full: let deliveries drain
+                producer.poll(0)
+
+    def _producer(self, shard: int) -> Any:
+        from confluent_kafka import KafkaException, Producer
+
+        producer = self._driver.producers.get(shard)
+        if producer is not None:
+            return producer
+        conf = {
+            "linger.ms": 20,
+            "compression.type": "lz4",
+            "partitioner": "murmur2_random",
+            **self.producer_config,
+            **_ENFORCED,
+            "bootstrap.servers": self.bootstrap_servers,
+            "transactional.id": self.transactional_id(shard),
+            "logger": _quiet_logger(),
+        }
+        producer = Producer(conf)
+        try:
+            producer.init_transactions(self.timeout_s)
+        except KafkaException as err:
+            raise self._map(err.args[0], None, shard, []) from err
+        self._driver.producers[shard] = producer
+        self._driver.markers.pop(shard, None)  # read it again under the new producer epoch
+        return producer
+
+    def _marker(self, shard: int, app: str) -> int | None:
+        """The last committed epoch of ``shard`` for ``app`` (read after init_transactions)."""
+        if shard in self._driver.markers:
+            return self._driver.markers[shard]
+        from confluent_kafka import Consumer, IsolationLevel, TopicPartition
+        from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
+
+        tp = TopicPartition(self.marker_topic, 0)
+        admin = AdminClient(self._client_config())
+        latest: Any = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+        futures = admin.list_offsets({tp: latest}, isolation_level=IsolationLevel.READ_COMMITTED)
+        end = next(iter(futures.values())).result(timeout=self.timeout_s).offset
+        want = _marker_key(app, self.uid, shard).encode()
+        found: int | None = None
+        consumer = Consumer(
+            {
+                **self._client_config(),
+                "group.id": f"txsink-marker-{self.uid}",
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+                "auto.offset.reset": "earliest",
+            }
+        )
+        try:
+            consumer.assign([TopicPartition(self.marker_topic, 0, 0)])
+            position = 0
+            deadline = time.monotonic() + self.timeout_s
+            while position < end:
+                if time.monotonic() > deadline:
+                    raise RetryableError(
+                        f"timed out reading marker topic {self.marker_topic!r}",
+                        sink_uid=self.uid,
+                        connector="kafka",
+                    )
+                msg = consumer.poll(0.5)
+                if msg is None or msg.error():
+                    continue
+                position = (msg.offset() or 0) + 1
+                if msg.key() == want and msg.value() is not None:
+                    found = int(json.loads(msg.value() or b"{}")["epoch"])
+        finally:
+            consumer.close()
+        if found is not None:
+            self._driver.markers[shard] = found
+        return found
+
+    # -- driver: abort, recover ------------------------------------------------------
+
+    @override
+    def abort(self, handle: KafkaWalHandle) -> None:
+        shutil.rmtree(Path(self.wal, str(handle.txn)), ignore_errors=True)
+
+    @override
+    def list_prepared(self, app_id: str) -> Iterator[KafkaWalHandle]:
+        try:
+            names = os.listdir(self.wal)
+        except FileNotFoundError:
+            return
+        for name in sorted(names):
+            txn = TxnId.try_parse(name)
+            if txn is not None and txn.belongs_to(app_id, self.uid):
+                yield KafkaWalHandle(txn=txn, path=f"{name}/records.arrow")
+
+    def _delete_wal(self, handles: Sequence[KafkaWalHandle]) -> None:
+        for h in handles:
+            shutil.rmtree(Path(self.wal, str(h.txn)), ignore_errors=True)
+
+    # -- errors ----------------------------------------------------------------------
+
+    def _map(self, err: Any, epoch: int | None, shard: int, delivery: list[str]) -> TxsinkError:
+        """Map a KafkaError by code (never by message text)."""
+        ctx: dict[str, Any] = {
+            "sink_uid": self.uid,
+            "epoch": epoch,
+            "connector": "kafka",
+            "phase": "commit",
+        }
+        code = err.code()
+        detail = f"{err.str()}" + (f"; first delivery error: {delivery[0]}" if delivery else "")
+        if code in (
+            _error_code("_FENCED"),
+            _error_code("PRODUCER_FENCED"),
+            _error_code("INVALID_PRODUCER_EPOCH"),
+        ):
+            return FencedError(
+                f"transactional id {self.transactional_id(shard)!r} was taken over by another "
+                "producer: another live query (or a zombie driver) writes with the same "
+                f"transactional_id_prefix and uid. Give each query its own prefix or uid "
+                f"({detail})",
+                **ctx,
+            )
+        if code == _error_code("TRANSACTIONAL_ID_AUTHORIZATION_FAILED"):
+            return ConfigurationError(
+                f"not authorised to use transactional id {self.transactional_id(shard)!r}: "
+                f"grant WRITE on TransactionalId {self.prefix}-* ({detail})",
+                **ctx,
+            )
+        if err.retriable() or code == _error_code("_TIMED_OUT"):
+            return RetryableError(f"Kafka shard {shard}: {detail}", **ctx)
+        return CommitError(
+            f"Kafka shard {shard}: {detail}; the decision stands and recovery retries the commit",
+            **ctx,
+        )
+
+    @override
+    def __repr__(self) -> str:
+        return (
+            f"KafkaSink(uid={self.uid!r}, topic={self.topic!r}, "
+            f"bootstrap_servers={self.bootstrap_servers!r}, shards={self.shards})"
+        )
+
+
+def _error_code(name: str) -> int:
+    from confluent_kafka import KafkaError
+
+    return int(getattr(KafkaError, name))
+
+
+def _marker_key(app: str, uid: str, shard: int) -> str:
+    return f"{app}/{uid}/{shard}"
+
+
+def _quiet_logger() -> logging.Logger:
+    logger = logging.getLogger("txsink.connectors.kafka.librdkafka")
+    logger.setLevel(logging.ERROR)
+    return logger
+
+
+def _to_binary(batch: pa.RecordBatch, column: str, first_row: int, ctx: dict[str, Any]) -> pa.Array:
+    arr = batch.column(column)
+    if pa.types.is_binary(arr.type) or pa.types.is_large_binary(arr.type):
+        return arr.cast(pa.binary())
+    if pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type):
+        return arr.cast(pa.string()).cast(pa.binary())
+    if pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type):
+        return arr.cast(pa.string()).cast(pa.binary())
+    rows = json_rows(
+        pa.RecordBatch.from_arrays([arr], names=[column]), first_row=first_row, context=ctx
+    )
+    values = [json.dumps(json.loads(r)[column], separators=(",", ":")).encode() for r in rows]
+    return pa.array(values, pa.binary())
+
+
+def _headers(arr: pa.Array) -> pa.Array:
+    out: list[list[dict[str, Any]] | None] = []
+    for item in arr.to_pylist():
+        if item is None:
+            out.append(None)
+            continue
+        pairs = item.items() if isinstance(item, dict) else item
+        out.append(
+            [{"key": str(k), "value": v.encode() if isinstance(v, str) else v} for k, v in pairs]
+        )
+    return pa.array(out, RECORD_SCHEMA.field("headers").type)
+
+
+def _first_null(arr: pa.Array) -> int:
+    return int(pc.index(pc.is_null(arr), True).as_py())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

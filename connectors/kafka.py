@@ -588,19 +588,16 @@ class KafkaSink(TwoPhaseCommitSink[_OpenWal, KafkaWalHandle]):
         )
         try:
             consumer.assign([TopicPartition(self.marker_topic, 0, 0)])
-            position = 0
             deadline = time.monotonic() + self.timeout_s
-            while position < end:
+            # The position (not the last record's offset) is compared with the end: a
+            # transaction's commit is a control record the consumer never hands out.
+            while end > 0 and (consumer.position([tp])[0].offset or 0) < end:
                 if time.monotonic() > deadline:
-                    raise RetryableError(
-                        f"timed out reading marker topic {self.marker_topic!r}",
-                        sink_uid=self.uid,
-                        connector="kafka",
-                    )
-                msg = consumer.poll(0.5)
+                    raise RetryableError(f"timed out reading marker topic {self.marker_topic!r}",
+                                         sink_uid=self.uid, connector="kafka")
+                msg = consumer.poll(0.2)
                 if msg is None or msg.error():
                     continue
-                position = (msg.offset() or 0) + 1
                 if msg.key() == want and msg.value() is not None:
                     found = int(json.loads(msg.value() or b"{}")["epoch"])
         finally:

@@ -23,9 +23,24 @@ def build_sink(spec: dict[str, Any]) -> Any:
     if kind == "postgres":
         from txsink.connectors.postgres import PostgresSink
 
-        return PostgresSink(os.environ[spec.get("dsn_env", "TXSINK_TEST_PG_DSN")], spec["table"],
-                            uid=spec.get("uid", "pg"), mode=spec.get("mode", "append"),
-                            key=spec.get("key", ()))
+        return PostgresSink(
+            os.environ[spec.get("dsn_env", "TXSINK_TEST_PG_DSN")],
+            spec["table"],
+            uid=spec.get("uid", "pg"),
+            mode=spec.get("mode", "append"),
+            key=spec.get("key", ()),
+        )
+    if kind == "kafka":
+        from txsink.connectors.kafka import KafkaSink
+
+        return KafkaSink(
+            os.environ[spec.get("bootstrap_env", "TXSINK_TEST_KAFKA")],
+            spec["topic"],
+            uid=spec.get("uid", "kafka"),
+            wal=spec["wal"],
+            key=spec.get("key", "key"),
+            shards=spec.get("shards", 2),
+        )
     raise ValueError(f"unknown sink kind {kind!r}")
 
 
@@ -34,17 +49,21 @@ def run_stream(workdir: str, sinks: list[dict[str, Any]], partitions: int = 2) -
     from txsink import Coordinator
     from txsink.demo import local_spark
 
-    logging.basicConfig(level=logging.WARNING, stream=sys.stdout,
-                        format="txsink: %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.WARNING, stream=sys.stdout, format="txsink: %(levelname)s %(message)s"
+    )
     logging.getLogger("txsink").setLevel(logging.INFO)
     spark = local_spark(f"local[{partitions}]", "txsink-pipeline")
     coordinator = Coordinator([build_sink(s) for s in sinks], log=str(Path(workdir, "txlog")))
     query = (
-        spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1)
-        .parquet(str(Path(workdir, "input"))).repartition(partitions)
+        spark.readStream.schema(SCHEMA)
+        .option("maxFilesPerTrigger", 1)
+        .parquet(str(Path(workdir, "input")))
+        .repartition(partitions)
         .writeStream.foreachBatch(coordinator)
         .option("checkpointLocation", str(Path(workdir, "checkpoint")))
-        .trigger(availableNow=True).start()
+        .trigger(availableNow=True)
+        .start()
     )
     try:
         query.awaitTermination()

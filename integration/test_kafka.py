@@ -1,0 +1,289 @@
+"""KafkaSink (WAL mode) against the real Kafka broker, read back with read_committed."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from readback import end_offsets, read_topic
+
+from txsink.connectors.kafka import KafkaSink, KafkaWalHandle
+from txsink.errors import ConfigurationError, FencedError, WriteError
+from txsink.faults import DRIVER_POINTS, TASK_POINTS, FaultPlan
+from txsink.handles import dump_handle, load_handle
+from txsink.txid import TxnId
+from txsink.verify import Verdict, count_ids
+
+pytestmark = pytest.mark.kafka
+SCHEMA = pa.schema(
+    [("id", pa.int64()), ("key", pa.string()), ("amount", pa.float64()), ("payload", pa.string())]
+)
+
+
+def _uid() -> str:
+    return "k" + uuid.uuid4().hex[:10]
+
+
+def _batch(ids: range) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pydict(
+        {
+            "id": list(ids),
+            "key": [f"k{i % 7}" for i in ids],
+            "amount": [0.5] * len(ids),
+            "payload": [f"p{i}" for i in ids],
+        },
+        schema=SCHEMA,
+    )
+
+
+def _ids(kafka: Any, topic: str) -> list[int]:
+    return [json.loads(r.value)["id"] for r in read_topic(kafka.bootstrap, topic)]
+
+
+def _prepared_one(
+    sink: KafkaSink, app: str, epoch: int, partition: int, ids: range
+) -> KafkaWalHandle:
+    open_ = sink.begin(TxnId(app, sink.uid, epoch, 0, partition, partition), SCHEMA)
+    sink.write(open_, _batch(ids))
+    return sink.prepare(open_)
+
+
+def test_commit_is_visible_once_and_idempotent(kafka: Any, tmp_path: Path) -> None:
+    topic = kafka.new_topic(3)
+    uid = _uid()
+    sink = KafkaSink(kafka.bootstrap, topic, uid=uid, wal=tmp_path / "wal", key="key", shards=2)
+    sink.check(SCHEMA, "app")
+    handles = [_prepared_one(sink, "app", 0, p, range(p * 100, p * 100 + 100)) for p in range(3)]
+    assert _ids(kafka, topic) == []  # prepared = in the WAL, nothing in Kafka
+    assert sorted(h.txn for h in sink.list_prepared("app")) == sorted(h.txn for h in handles)
+    restored = [load_handle(json.loads(json.dumps(dump_handle(h)))) for h in handles]
+    for h in restored:
+        sink.commit(h)  # type: ignore[arg-type]
+    sink.finish_epoch(0, restored)  # type: ignore[arg-type]
+    assert sorted(_ids(kafka, topic)) == list(range(300))
+    sink.finish_epoch(0, restored)  # type: ignore[arg-type]  # the same driver again
+    fresh = KafkaSink(kafka.bootstrap, topic, uid=uid, wal=tmp_path / "wal", key="key", shards=2)
+    fresh.check(SCHEMA, "app")
+    fresh.finish_epoch(0, restored)  # type: ignore[arg-type]  # a new driver: reads the marker
+    records = read_topic(kafka.bootstrap, topic)
+    assert sorted(json.loads(r.value)["id"] for r in records) == list(range(300))  # type: ignore[arg-type]
+    assert {r.key for r in records} == {f"k{i}".encode() for i in range(7)}
+    assert list(sink.list_prepared("app")) == []
+    ends = end_offsets(kafka.bootstrap, topic)
+    assert ends == end_offsets(kafka.bootstrap, topic, isolation="read_uncommitted")
+
+
+def test_abort_removes_the_wal(kafka: Any, tmp_path: Path) -> None:
+    topic = kafka.new_topic(1)
+    sink = KafkaSink(kafka.bootstrap, topic, uid=_uid(), wal=tmp_path / "wal")
+    sink.check(SCHEMA, "app")
+    handle = _prepared_one(sink, "app", 0, 0, range(10))
+    sink.abort(handle)
+    sink.abort(handle)
+    assert list(sink.list_prepared("app")) == [] and _ids(kafka, topic) == []
+
+
+def test_oversized_record_is_refused_before_the_decision(kafka: Any, tmp_path: Path) -> None:
+    topic = kafka.new_topic(1)
+    sink = KafkaSink(
+        kafka.bootstrap,
+        topic,
+        uid=_uid(),
+        wal=tmp_path / "wal",
+        value="payload",
+        max_record_bytes=1000,
+    )
+    sink.check(SCHEMA, "app")
+    open_ = sink.begin(TxnId("app", sink.uid, 0, 0, 2, 0), SCHEMA)
+    sink.write(open_, _batch(range(5)))
+    big = pa.RecordBatch.from_pydict(
+        {"id": [5, 6], "key": ["a", "b"], "amount": [1.0, 1.0], "payload": ["x", "y" * 5000]},
+        schema=SCHEMA,
+    )
+    with pytest.raises(WriteError) as info:
+        sink.write(open_, big)
+    err = info.value
+    assert (err.row, err.column, err.partition) == (6, "payload", 2)
+    assert "larger than max_record_bytes=1000" in str(err)
+
+
+def test_zombie_producer_is_fenced_and_its_transaction_aborted(kafka: Any, tmp_path: Path) -> None:
+    from confluent_kafka import KafkaException, Producer
+
+    topic = kafka.new_topic(1)
+    sink = KafkaSink(kafka.bootstrap, topic, uid=_uid(), wal=tmp_path / "wal")
+    zombie = Producer(kafka.config(**{"transactional.id": sink.transactional_id(0)}))
+    zombie.init_transactions(30)
+    zombie.begin_transaction()
+    zombie.produce(topic, value=b'{"id": -1}')
+    zombie.flush(10)
+    sink.check(SCHEMA, "app")  # init_transactions: fences the zombie, aborts its transaction
+    with pytest.raises(KafkaException):
+        zombie.commit_transaction(10)
+    handle = _prepared_one(sink, "app", 0, 0, range(20))
+    sink.finish_epoch(0, [handle])
+    assert sorted(_ids(kafka, topic)) == list(range(20))
+    assert end_offsets(kafka.bootstrap, topic) == end_offsets(
+        kafka.bootstrap, topic, isolation="read_uncommitted"
+    )  # no transaction left open
+
+
+def test_two_live_writers_sharing_an_id_get_a_clear_error(kafka: Any, tmp_path: Path) -> None:
+    topic = kafka.new_topic(1)
+    uid = _uid()
+    first = KafkaSink(kafka.bootstrap, topic, uid=uid, wal=tmp_path / "a")
+    first.check(SCHEMA, "app-a")
+    second = KafkaSink(kafka.bootstrap, topic, uid=uid, wal=tmp_path / "b")
+    second.check(SCHEMA, "app-b")  # takes the transactional id over
+    handle = _prepared_one(first, "app-a", 0, 0, range(5))
+    with pytest.raises(FencedError, match="taken over by another producer"):
+        first.finish_epoch(0, [handle])
+    assert _ids(kafka, topic) == []
+
+
+def test_start_checks(kafka: Any, tmp_path: Path) -> None:
+    topic = kafka.new_topic(1)
+    with pytest.raises(ConfigurationError, match="does not exist: create it"):
+        KafkaSink(kafka.bootstrap, "no-such-topic-" + _uid(), uid=_uid(), wal=tmp_path).check(
+            SCHEMA, "app"
+        )
+    with pytest.raises(ConfigurationError, match="above the broker's transaction.max.timeout.ms"):
+        KafkaSink(
+            kafka.bootstrap,
+            topic,
+            uid=_uid(),
+            wal=tmp_path,
+            producer_config={"transaction.timeout.ms": 3_600_000},
+        ).check(SCHEMA, "app")
+    with pytest.raises(ConfigurationError, match="too short"):
+        KafkaSink(
+            kafka.bootstrap,
+            topic,
+            uid=_uid(),
+            wal=tmp_path,
+            producer_config={"transaction.timeout.ms": 2000},
+        ).check(SCHEMA, "app")
+    not_compacted = kafka.new_topic(1, prefix="m")
+    with pytest.raises(ConfigurationError, match="markers would expire"):
+        KafkaSink(
+            kafka.bootstrap, topic, uid=_uid(), wal=tmp_path, marker_topic=not_compacted
+        ).check(SCHEMA, "app")
+    with pytest.raises(ConfigurationError, match="key='nope' is not a column"):
+        KafkaSink(kafka.bootstrap, topic, uid=_uid(), wal=tmp_path, key="nope").check(SCHEMA, "app")
+    with pytest.raises(ValueError, match="enforces acks=all"):
+        KafkaSink(kafka.bootstrap, topic, uid=_uid(), wal=tmp_path, producer_config={"acks": "1"})
+
+
+# -- streaming ---------------------------------------------------------------------------
+
+
+def _verdict(kafka: Any, topic: str, wal: Path, rows: int) -> Verdict:
+    lingering = len(os.listdir(wal)) if wal.exists() else 0
+    return count_ids(range(rows), _ids(kafka, topic), lingering=lingering)
+
+
+def _kafka_coordinator(
+    kafka: Any, tmp: Path, topic: str, uid: str, **options: Any
+) -> Callable[[], Any]:
+    from txsink import Coordinator
+
+    def make() -> Any:
+        sink = KafkaSink(kafka.bootstrap, topic, uid=uid, wal=tmp / "wal", key="key", shards=2)
+        return Coordinator([sink], log=str(tmp / "txlog"), **options)
+
+    return make
+
+
+MATRIX = [(str(p), "raise", 1) for p in sorted(DRIVER_POINTS)] + [
+    (str(p), mode, times)
+    for p in sorted(TASK_POINTS)
+    for mode in ("raise", "kill-worker")
+    for times in (1, 2)
+]
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize(("point", "mode", "times"), MATRIX)
+def test_streaming_crash_matrix(
+    spark: Any, kafka: Any, tmp_path: Path, point: str, mode: str, times: int
+) -> None:
+    from tests.streaming import prepare_input, run_until_done
+
+    topic = kafka.new_topic(3)
+    prepare_input(tmp_path, 1000)
+    task_point = point in {str(p) for p in TASK_POINTS}
+    spec = f"{point}:{mode}@1#1*{times}" if task_point else f"{point}:{mode}@1"
+    if point == "during_recovery":
+        spec = f"during_commit:raise@1,{spec}"
+    plan = FaultPlan.parse(spec, str(tmp_path / "faults"))
+    restarts, _ = run_until_done(
+        spark, tmp_path, _kafka_coordinator(kafka, tmp_path, topic, _uid(), faults=plan)
+    )
+    assert len(plan.fired()) == len(plan.faults) * times, "the fault never fired"
+    if not (task_point and times == 1):
+        assert restarts >= 1
+    verdict = _verdict(kafka, topic, tmp_path / "wal", 1000)
+    assert verdict.ok, verdict
+
+
+@pytest.mark.spark
+def test_restart_with_another_partition_count(spark: Any, kafka: Any, tmp_path: Path) -> None:
+    """Decided with 2 Spark partitions, recovered by a query with 3: exactly the decided records."""
+    from tests.streaming import prepare_input, start_query
+
+    topic = kafka.new_topic(2)
+    uid = _uid()
+    prepare_input(tmp_path, 1000)
+    plan = FaultPlan.parse("after_decision:raise@1", str(tmp_path / "faults"))
+    query = start_query(
+        spark, tmp_path, _kafka_coordinator(kafka, tmp_path, topic, uid, faults=plan)()
+    )
+    with pytest.raises(Exception, match="InjectedFault"):
+        query.awaitTermination()
+    make = _kafka_coordinator(kafka, tmp_path, topic, uid)
+    query = start_query(spark, tmp_path, make(), transform=lambda df: df.repartition(3))
+    query.awaitTermination()
+    assert _verdict(kafka, topic, tmp_path / "wal", 1000).ok
+
+
+@pytest.mark.chaos
+def test_kill_driver_at_every_point(kafka: Any, tmp_path: Path) -> None:
+    from txsink.demo import make_input
+    from txsink.runner import run_until_done as run_child
+
+    topic = kafka.new_topic(3)
+    make_input(tmp_path / "input", 3000, 6)
+    plan = (
+        "before_precommit:kill-driver@0,after_precommit:kill-driver@1,"
+        "before_decision:kill-driver@2,after_decision:kill-driver@3,"
+        "during_commit:kill-driver@4,during_recovery:kill-driver@4,"
+        "after_commit_before_mark:kill-driver@5"
+    )
+    env = dict(
+        os.environ,
+        TXSINK_FAULT=plan,
+        TXSINK_FAULT_STATE=str(tmp_path / "faults"),
+        TXSINK_TEST_KAFKA=kafka.bootstrap,
+    )
+    args = json.dumps(
+        {
+            "workdir": str(tmp_path),
+            "sinks": [
+                {"kind": "kafka", "topic": topic, "uid": _uid(), "wal": str(tmp_path / "wal")}
+            ],
+        }
+    )
+    pipeline = str(Path(__file__).with_name("pipelines.py")) + ":run_stream"
+    report = run_child(
+        [sys.executable, "-m", "txsink.runner", pipeline, args], env=env, max_runs=12
+    )
+    assert report.finished and report.restarts == 7, report
+    verdict = _verdict(kafka, topic, tmp_path / "wal", 3000)
+    assert verdict.ok, verdict

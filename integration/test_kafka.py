@@ -44,7 +44,7 @@ def _batch(ids: range) -> pa.RecordBatch:
 
 
 def _ids(kafka: Any, topic: str) -> list[int]:
-    return [json.loads(r.value)["id"] for r in read_topic(kafka.bootstrap, topic)]
+    return [json.loads(r.value or b"null")["id"] for r in read_topic(kafka.bootstrap, topic)]
 
 
 def _prepared_one(
@@ -154,7 +154,7 @@ def test_start_checks(kafka: Any, tmp_path: Path) -> None:
         KafkaSink(kafka.bootstrap, "no-such-topic-" + _uid(), uid=_uid(), wal=tmp_path).check(
             SCHEMA, "app"
         )
-    with pytest.raises(ConfigurationError, match="above the broker's transaction.max.timeout.ms"):
+    with pytest.raises(ConfigurationError, match=r"above the broker's transaction.max.timeout.ms"):
         KafkaSink(
             kafka.bootstrap,
             topic,

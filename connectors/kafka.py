@@ -24,6 +24,15 @@ visible. A shard is ``partition % shards`` of the Spark partition that wrote
 the records, fixed in the decision, so a restart with another number of Spark
 partitions commits exactly what was decided.
 
+Replay mode (``mode="replay"``) writes no WAL: the epoch is resharded into
+``shards`` tasks by Spark's stable hash of ``shard_by`` (default: the key); the
+pre-commit records each shard's record count and an order-independent
+checksum; the commit is a second job over the same (persisted) rows, one task
+per shard, that produces and writes the marker in one transaction, and
+refuses with :class:`~txsink.errors.NonDeterministicReplayError` if the
+replayed shard differs from what was decided. After a crash, only the replay
+of the same epoch (Spark re-running the batch) can commit it.
+
 Guarantee: exactly-once for consumers with ``isolation.level=read_committed``
 (``read_uncommitted`` consumers can see records of aborted transactions).
 """
@@ -52,15 +61,16 @@ from txsink.errors import (
     CommitError,
     ConfigurationError,
     FencedError,
+    NonDeterministicReplayError,
     RetryableError,
     TxsinkError,
     WriteError,
 )
 from txsink.handles import Handle, register_handle
-from txsink.sink import TwoPhaseCommitSink
+from txsink.sink import Partitioning, TwoPhaseCommitSink
 from txsink.txid import TxnId
 
-__all__ = ["RECORD_SCHEMA", "KafkaSink", "KafkaWalHandle"]
+__all__ = ["RECORD_SCHEMA", "KafkaReplayHandle", "KafkaSink", "KafkaWalHandle"]
 
 _log = logging.getLogger(__name__)
 
@@ -89,14 +99,26 @@ class KafkaWalHandle(Handle):
     crc32: int = 0
 
 
+@register_handle
+@dataclass(frozen=True)
+class KafkaReplayHandle(Handle):
+    """A shard's count and checksum at pre-commit (replay mode: no data stored)."""
+
+    serializer: ClassVar[str] = "kafka.replay"
+    version: ClassVar[int] = 1
+
+    shards: int = 1
+    checksum: int = 0
+
+
 @dataclass
 class _OpenWal:
     txn: TxnId
-    folder: Path
+    folder: Path | None
     writer: Any = None
     rows: int = 0
     nbytes: int = 0
-    crc: int = 0
+    checksum: int = 0
 
 
 @dataclass
@@ -114,7 +136,7 @@ class _DriverState:
     checked: bool = False
 
 
-class KafkaSink(TwoPhaseCommitSink[_OpenWal, KafkaWalHandle]):
+class KafkaSink(TwoPhaseCommitSink[_OpenWal, Any]):
     """Exactly-once records into Kafka.
 
     Args:
@@ -149,8 +171,9 @@ class KafkaSink(TwoPhaseCommitSink[_OpenWal, KafkaWalHandle]):
         topic: str | None,
         uid: str,
         *,
-        wal: str | os.PathLike[str],
-        mode: Literal["wal"] = "wal",
+        wal: str | os.PathLike[str] | None = None,
+        mode: Literal["wal", "replay"] = "wal",
+        shard_by: Sequence[str] | None = None,
         shards: int = 1,
         key: str | None = None,
         value: str | None = None,
@@ -166,15 +189,25 @@ class KafkaSink(TwoPhaseCommitSink[_OpenWal, KafkaWalHandle]):
         **coordinator_options: Any,
     ) -> None:
         super().__init__(uid, log=log, **coordinator_options)
-        if mode != "wal":
-            raise ValueError("KafkaSink supports mode='wal' in this version")
+        if mode not in ("wal", "replay"):
+            raise ValueError(f"KafkaSink mode must be 'wal' or 'replay', got {mode!r}")
+        if mode == "wal" and wal is None:
+            raise ValueError(
+                "KafkaSink(mode='wal') needs wal='<folder shared by driver and executors>'"
+            )
+        self.shard_by = tuple(shard_by) if shard_by else ((key,) if key else ())
+        if mode == "replay" and not self.shard_by:
+            raise ValueError(
+                "KafkaSink(mode='replay') needs key=... or shard_by=[...]: rows are "
+                "resharded by a stable hash of those columns"
+            )
         if topic is None and topic_column is None:
             raise ValueError("KafkaSink needs topic=... or topic_column=...")
         if shards < 1:
             raise ValueError("shards must be >= 1")
         self.bootstrap_servers = bootstrap_servers
         self.topic = topic
-        self.wal = os.path.abspath(os.fspath(wal))
+        self.wal = os.path.abspath(os.fspath(wal)) if wal is not None else ""
         self.mode = mode
         self.shards = shards
         self.key = key
@@ -200,6 +233,20 @@ class KafkaSink(TwoPhaseCommitSink[_OpenWal, KafkaWalHandle]):
         state = super().__getstate__()
         state["_driver"] = _DriverState()  # producers stay on the driver
         return state
+
+    @property
+    @override
+    def commits_from_data(self) -> bool:
+        return self.mode == "replay"
+
+    @override
+    def required_partitioning(self) -> Partitioning | None:
+        # Replay: one task per shard, rows by a stable hash, so each shard's rows
+        # can be re-read by one task after a crash (Spark does not promise the
+        # same rows in the same partition otherwise, SPARK-28650).
+        if self.mode == "replay":
+            return Partitioning(self.shard_by, self.shards)
+        return None
 
     def transactional_id(self, shard: int) -> str:
         return f"{self.prefix}-{self.uid}-{shard}"
@@ -236,7 +283,8 @@ class KafkaSink(TwoPhaseCommitSink[_OpenWal, KafkaWalHandle]):
                     **ctx,
                 )
         try:
-            os.makedirs(self.wal, exist_ok=True)
+            if self.mode == "wal":
+                os.makedirs(self.wal, exist_ok=True)
         except OSError as err:
             raise ConfigurationError(
                 f"cannot create the WAL folder {self.wal}: {err.strerror}", **ctx
@@ -260,7 +308,15 @@ class KafkaSink(TwoPhaseCommitSink[_OpenWal, KafkaWalHandle]):
         # transaction they left open, so read_committed readers are not held back.
         for shard in range(self.shards):
             self._producer(shard)
+        if self.mode == "replay":  # tasks produce; the driver's producers only fenced
+            self._close_producers()
         self._driver.checked = True
+
+    def _close_producers(self) -> None:
+        for producer in self._driver.producers.values():
+            producer.flush(0)
+        self._driver.producers.clear()
+        self._driver.markers.clear()
 
     def _check_transaction_timeout(self, admin: Any, meta: Any, ctx: dict[str, Any]) -> None:
         from confluent_kafka.admin import (  # type: ignore[attr-defined]
@@ -334,6 +390,8 @@ class KafkaSink(TwoPhaseCommitSink[_OpenWal, KafkaWalHandle]):
 
     @override
     def begin(self, txn: TxnId, schema: pa.Schema) -> _OpenWal:
+        if self.mode == "replay":
+            return _OpenWal(txn, None)
         folder = Path(self.wal, str(txn))
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
@@ -341,18 +399,21 @@ class KafkaSink(TwoPhaseCommitSink[_OpenWal, KafkaWalHandle]):
 
     @override
     def write(self, txn: _OpenWal, batch: pa.RecordBatch) -> None:
-        records = self._records(batch, txn)
-        if txn.writer is None:
-            txn.writer = pa.ipc.new_file(str(txn.folder / "records.arrow"), RECORD_SCHEMA)
-        txn.writer.write_batch(records)
+        records = self._records(batch, txn.txn.partition, txn.rows)
+        if txn.folder is None:  # replay: remember what the commit must find again
+            txn.checksum = (txn.checksum + _checksum(records)) % _MOD
+        else:
+            if txn.writer is None:
+                txn.writer = pa.ipc.new_file(str(txn.folder / "records.arrow"), RECORD_SCHEMA)
+            txn.writer.write_batch(records)
         txn.rows += records.num_rows
         txn.nbytes += records.nbytes
 
-    def _records(self, batch: pa.RecordBatch, txn: _OpenWal) -> pa.RecordBatch:
+    def _records(self, batch: pa.RecordBatch, partition: int, first_row: int) -> pa.RecordBatch:
         n = batch.num_rows
         ctx: dict[str, Any] = {
             "sink_uid": self.uid,
-            "partition": txn.txn.partition,
+            "partition": partition,
             "connector": "kafka",
         }
         special = {
@@ -361,14 +422,14 @@ class KafkaSink(TwoPhaseCommitSink[_OpenWal, KafkaWalHandle]):
             if c is not None
         }
         if self.value is not None:
-            value = _to_binary(batch, self.value, txn.rows, ctx)
+            value = _to_binary(batch, self.value, first_row, ctx)
         else:
             payload = [c for c in batch.schema.names if c not in special]
             value = pa.array(
-                [r.encode() for r in json_rows(batch, payload, first_row=txn.rows, context=ctx)],
+                [r.encode() for r in json_rows(batch, payload, first_row=first_row, context=ctx)],
                 pa.binary(),
             )
-        key = _to_binary(batch, self.key, txn.rows, ctx) if self.key else pa.nulls(n, pa.binary())
+        key = _to_binary(batch, self.key, first_row, ctx) if self.key else pa.nulls(n, pa.binary())
         topic = (
             batch.column(self.topic_column).cast(pa.string())
             if self.topic_column
@@ -384,11 +445,11 @@ class KafkaSink(TwoPhaseCommitSink[_OpenWal, KafkaWalHandle]):
             if self.headers
             else pa.nulls(n, RECORD_SCHEMA.field("headers").type)
         )
-        self._check_sizes(key, value, txn, ctx)
+        self._check_sizes(key, value, first_row, ctx)
         if self.topic_column and topic.null_count:
             raise WriteError(
                 f"topic_column {self.topic_column!r} is null",
-                row=txn.rows + _first_null(topic),
+                row=first_row + _first_null(topic),
                 column=self.topic_column,
                 **ctx,
             )
@@ -397,7 +458,7 @@ class KafkaSink(TwoPhaseCommitSink[_OpenWal, KafkaWalHandle]):
         )
 
     def _check_sizes(
-        self, key: pa.Array, value: pa.Array, txn: _OpenWal, ctx: dict[str, Any]
+        self, key: pa.Array, value: pa.Array, first_row: int, ctx: dict[str, Any]
     ) -> None:
         # Caught here, before the decision: once decided, a record the broker
         # refuses could never be committed.
@@ -411,13 +472,21 @@ class KafkaSink(TwoPhaseCommitSink[_OpenWal, KafkaWalHandle]):
                 f"{self.max_record_bytes} (the producer's message.max.bytes); the broker would "
                 "refuse it after the decision. Shrink or split the value, or raise "
                 "message.max.bytes on the producer, the topic (max.message.bytes) and the broker",
-                row=txn.rows + row,
+                row=first_row + row,
                 column=self.value or "value",
                 **ctx,
             )
 
     @override
-    def prepare(self, txn: _OpenWal) -> KafkaWalHandle:
+    def prepare(self, txn: _OpenWal) -> KafkaWalHandle | KafkaReplayHandle:
+        if txn.folder is None:
+            return KafkaReplayHandle(
+                txn=txn.txn,
+                rows=txn.rows,
+                nbytes=txn.nbytes,
+                shards=self.shards,
+                checksum=txn.checksum,
+            )
         path = txn.folder / "records.arrow"
         if txn.writer is not None:
             txn.writer.close()
@@ -441,16 +510,19 @@ class KafkaSink(TwoPhaseCommitSink[_OpenWal, KafkaWalHandle]):
         if txn.writer is not None:
             with contextlib.suppress(Exception):  # the folder goes anyway
                 txn.writer.close()
-        shutil.rmtree(txn.folder, ignore_errors=True)
+        if txn.folder is not None:
+            shutil.rmtree(txn.folder, ignore_errors=True)
 
     # -- driver: commit --------------------------------------------------------------
 
     @override
-    def commit(self, handle: KafkaWalHandle) -> None:
+    def commit(self, handle: Any) -> None:
         """Nothing to do per handle: Kafka commits per shard, in :meth:`finish_epoch`."""
 
     @override
-    def finish_epoch(self, epoch: int, handles: Sequence[KafkaWalHandle]) -> None:
+    def finish_epoch(self, epoch: int, handles: Sequence[Any]) -> None:
+        if self.mode == "replay":
+            return  # committed by commit_from_data
         by_shard: dict[int, list[KafkaWalHandle]] = defaultdict(list)
         for h in handles:
             by_shard[h.txn.partition % self.shards].append(h)
@@ -514,29 +586,123 @@ class KafkaSink(TwoPhaseCommitSink[_OpenWal, KafkaWalHandle]):
         self._driver.markers[shard] = epoch
         self._delete_wal(handles)
 
+    @override
+    def commit_from_data(self, data: Any, epoch: int, handles: Sequence[Any]) -> None:
+        """Replay mode: one task per shard re-reads its rows, checks them, produces, commits."""
+        import functools
+        import pickle
+
+        decided: dict[int, tuple[int, int]] = {}
+        for h in handles:
+            if h.shards != self.shards:
+                raise ConfigurationError(
+                    f"epoch {epoch} was decided with shards={h.shards}, this sink has "
+                    f"shards={self.shards}: set shards={h.shards} until that epoch is committed",
+                    sink_uid=self.uid,
+                    epoch=epoch,
+                    connector="kafka",
+                )
+            decided[h.txn.partition] = (h.rows, h.checksum)
+        app = handles[0].txn.app
+        job = data.mapInArrow(
+            functools.partial(_replay_commit_task, self, app, epoch, decided),
+            "shard int, status string, rows long, error binary",
+        )
+        failures = [r for r in job.collect() if r["error"] is not None]
+        if failures:
+            # Our own task pickled it in this application: trusted input.
+            raise pickle.loads(failures[0]["error"])  # noqa: S301
+
+    def _commit_shard_rows(
+        self,
+        shard: int,
+        app: str,
+        epoch: int,
+        want: tuple[int, int],
+        batches: Iterator[pa.RecordBatch],
+    ) -> tuple[str, int]:
+        """In a replay commit task: produce ``shard``'s rows and its marker, once."""
+        from confluent_kafka import KafkaException
+
+        producer = self._producer(shard)
+        marker = self._marker(shard, app)
+        if marker is not None and marker >= epoch:
+            return "already-committed", 0
+        errors: list[str] = []
+
+        def on_delivery(err: Any, msg: Any) -> None:
+            if err is not None and not errors:
+                errors.append(f"{err.str()} (topic {msg.topic()} partition {msg.partition()})")
+
+        rows = checksum = 0
+        try:
+            producer.begin_transaction()
+            for batch in batches:
+                records = self._records(batch, shard, rows)
+                checksum = (checksum + _checksum(records)) % _MOD
+                rows += records.num_rows
+                self._produce_batch(producer, records, on_delivery)
+            if (rows, checksum) != want:
+                producer.abort_transaction(self.timeout_s)
+                raise NonDeterministicReplayError(
+                    f"the replay of epoch {epoch} gives shard {shard} {rows} records (checksum "
+                    f"{checksum}), but its pre-commit recorded {want[0]} (checksum {want[1]}): the "
+                    "source or a transformation is not deterministic. Nothing was written. Use "
+                    "mode='wal' for this query (the WAL keeps the decided records), or make the "
+                    "input deterministic",
+                    sink_uid=self.uid,
+                    epoch=epoch,
+                    partition=shard,
+                    connector="kafka",
+                    phase="commit",
+                )
+            producer.produce(
+                self.marker_topic,
+                key=_marker_key(app, self.uid, shard).encode(),
+                value=json.dumps(
+                    {
+                        "app": app,
+                        "uid": self.uid,
+                        "shard": shard,
+                        "shards": self.shards,
+                        "epoch": epoch,
+                        "at": time.time(),
+                    }
+                ).encode(),
+                partition=0,
+                on_delivery=on_delivery,
+            )
+            producer.commit_transaction(self.timeout_s)
+        except KafkaException as err:
+            kerr = err.args[0]
+            if kerr.txn_requires_abort():
+                with contextlib.suppress(KafkaException):
+                    producer.abort_transaction(self.timeout_s)
+            raise self._map(kerr, epoch, shard, errors) from err
+        return "committed", rows
+
     def _produce_wal(self, producer: Any, handle: KafkaWalHandle, on_delivery: Any) -> None:
         with pa.memory_map(str(Path(self.wal, handle.path))) as source:
             reader = pa.ipc.open_file(source)
             for i in range(reader.num_record_batches):
-                batch = reader.get_batch(i)
-                cols = [batch.column(c).to_pylist() for c in range(batch.num_columns)]
-                for topic, part, key, value, headers in zip(*cols, strict=True):
-                    kwargs: dict[str, Any] = {
-                        "key": key,
-                        "value": value,
-                        "on_delivery": on_delivery,
-                    }
-                    if part is not None:
-                        kwargs["partition"] = part
-                    if headers:
-                        kwargs["headers"] = [(h["key"], h["value"]) for h in headers]
-                    while True:
-                        try:
-                            producer.produce(topic, **kwargs)
-                            break
-                        except BufferError:
-                            producer.poll(0.05)  # local queue full: let deliveries drain
-                producer.poll(0)
+                self._produce_batch(producer, reader.get_batch(i), on_delivery)
+
+    @staticmethod
+    def _produce_batch(producer: Any, batch: pa.RecordBatch, on_delivery: Any) -> None:
+        cols = [batch.column(c).to_pylist() for c in range(batch.num_columns)]
+        for topic, part, key, value, headers in zip(*cols, strict=True):
+            kwargs: dict[str, Any] = {"key": key, "value": value, "on_delivery": on_delivery}
+            if part is not None:
+                kwargs["partition"] = part
+            if headers:
+                kwargs["headers"] = [(h["key"], h["value"]) for h in headers]
+            while True:
+                try:
+                    producer.produce(topic, **kwargs)
+                    break
+                except BufferError:
+                    producer.poll(0.05)  # local queue full: let deliveries drain
+        producer.poll(0)
 
     def _producer(self, shard: int) -> Any:
         from confluent_kafka import KafkaException, Producer
@@ -593,8 +759,11 @@ class KafkaSink(TwoPhaseCommitSink[_OpenWal, KafkaWalHandle]):
             # transaction's commit is a control record the consumer never hands out.
             while end > 0 and (consumer.position([tp])[0].offset or 0) < end:
                 if time.monotonic() > deadline:
-                    raise RetryableError(f"timed out reading marker topic {self.marker_topic!r}",
-                                         sink_uid=self.uid, connector="kafka")
+                    raise RetryableError(
+                        f"timed out reading marker topic {self.marker_topic!r}",
+                        sink_uid=self.uid,
+                        connector="kafka",
+                    )
                 msg = consumer.poll(0.2)
                 if msg is None or msg.error():
                     continue
@@ -609,11 +778,14 @@ class KafkaSink(TwoPhaseCommitSink[_OpenWal, KafkaWalHandle]):
     # -- driver: abort, recover ------------------------------------------------------
 
     @override
-    def abort(self, handle: KafkaWalHandle) -> None:
-        shutil.rmtree(Path(self.wal, str(handle.txn)), ignore_errors=True)
+    def abort(self, handle: Any) -> None:
+        if self.mode == "wal":
+            shutil.rmtree(Path(self.wal, str(handle.txn)), ignore_errors=True)
 
     @override
     def list_prepared(self, app_id: str) -> Iterator[KafkaWalHandle]:
+        if self.mode == "replay":
+            return  # nothing is prepared outside Kafka; check() aborted open transactions
         try:
             names = os.listdir(self.wal)
         except FileNotFoundError:
@@ -670,6 +842,55 @@ class KafkaSink(TwoPhaseCommitSink[_OpenWal, KafkaWalHandle]):
             f"KafkaSink(uid={self.uid!r}, topic={self.topic!r}, "
             f"bootstrap_servers={self.bootstrap_servers!r}, shards={self.shards})"
         )
+
+
+_MOD = 1 << 64
+
+
+def _checksum(records: pa.RecordBatch) -> int:
+    """Order-independent checksum of records (Spark does not keep row order in a replay)."""
+    total = 0
+    topics = records.column(0).to_pylist()
+    keys = records.column(2).to_pylist()
+    values = records.column(3).to_pylist()
+    for topic, key, value in zip(topics, keys, values, strict=True):
+        h = zlib.crc32(value or b"", zlib.crc32(key or b"", zlib.crc32(topic.encode())))
+        total += h * 2654435761 + len(value or b"")
+    return total % _MOD
+
+
+def _replay_commit_task(
+    sink: KafkaSink,
+    app: str,
+    epoch: int,
+    decided: dict[int, tuple[int, int]],
+    batches: Iterator[pa.RecordBatch],
+) -> Iterator[pa.RecordBatch]:
+    import pickle
+
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    shard = ctx.partitionId() if ctx is not None else 0
+    error: bytes | None = None
+    status, rows = "failed", 0
+    try:
+        status, rows = sink._commit_shard_rows(
+            shard, app, epoch, decided.get(shard, (0, 0)), batches
+        )
+    except (NonDeterministicReplayError, ConfigurationError, FencedError) as err:
+        error = pickle.dumps(err)
+    yield pa.RecordBatch.from_pydict(
+        {"shard": [shard], "status": [status], "rows": [rows], "error": [error]},
+        schema=pa.schema(
+            [
+                ("shard", pa.int32()),
+                ("status", pa.string()),
+                ("rows", pa.int64()),
+                ("error", pa.binary()),
+            ]
+        ),
+    )
 
 
 def _error_code(name: str) -> int:

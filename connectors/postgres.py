@@ -39,7 +39,7 @@ from txsink.errors import (
     WriteError,
 )
 from txsink.handles import Handle, register_handle
-from txsink.sink import TwoPhaseCommitSink
+from txsink.sink import Partitioning, TwoPhaseCommitSink
 from txsink.txid import TxnId
 
 if TYPE_CHECKING:
@@ -449,10 +449,10 @@ class PostgresSink(TwoPhaseCommitSink[_OpenTxn, PgHandle]):
             )
 
     @override
-    def required_partitioning(self) -> tuple[str, ...]:
+    def required_partitioning(self) -> Partitioning | None:
         # Rows of one key must meet in one transaction: two prepared transactions
         # upserting the same key would wait on each other until the decision.
-        return self.key if self.mode == "upsert" else ()
+        return Partitioning(self.key) if self.mode == "upsert" else None
 
     # -- executor: write and prepare -----------------------------------------------
 

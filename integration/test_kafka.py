@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 from readback import end_offsets, read_topic
 
-from txsink.connectors.kafka import KafkaSink, KafkaWalHandle
+from txsink.connectors.kafka import KafkaSink
 from txsink.errors import ConfigurationError, FencedError, WriteError
 from txsink.faults import DRIVER_POINTS, TASK_POINTS, FaultPlan
 from txsink.handles import dump_handle, load_handle
@@ -47,9 +47,7 @@ def _ids(kafka: Any, topic: str) -> list[int]:
     return [json.loads(r.value or b"null")["id"] for r in read_topic(kafka.bootstrap, topic)]
 
 
-def _prepared_one(
-    sink: KafkaSink, app: str, epoch: int, partition: int, ids: range
-) -> KafkaWalHandle:
+def _prepared_one(sink: KafkaSink, app: str, epoch: int, partition: int, ids: range) -> Any:
     open_ = sink.begin(TxnId(app, sink.uid, epoch, 0, partition, partition), SCHEMA)
     sink.write(open_, _batch(ids))
     return sink.prepare(open_)
@@ -65,13 +63,13 @@ def test_commit_is_visible_once_and_idempotent(kafka: Any, tmp_path: Path) -> No
     assert sorted(h.txn for h in sink.list_prepared("app")) == sorted(h.txn for h in handles)
     restored = [load_handle(json.loads(json.dumps(dump_handle(h)))) for h in handles]
     for h in restored:
-        sink.commit(h)  # type: ignore[arg-type]
-    sink.finish_epoch(0, restored)  # type: ignore[arg-type]
+        sink.commit(h)
+    sink.finish_epoch(0, restored)
     assert sorted(_ids(kafka, topic)) == list(range(300))
-    sink.finish_epoch(0, restored)  # type: ignore[arg-type]  # the same driver again
+    sink.finish_epoch(0, restored)  # the same driver again
     fresh = KafkaSink(kafka.bootstrap, topic, uid=uid, wal=tmp_path / "wal", key="key", shards=2)
     fresh.check(SCHEMA, "app")
-    fresh.finish_epoch(0, restored)  # type: ignore[arg-type]  # a new driver: reads the marker
+    fresh.finish_epoch(0, restored)  # a new driver: reads the marker
     records = read_topic(kafka.bootstrap, topic)
     assert sorted(json.loads(r.value)["id"] for r in records) == list(range(300))  # type: ignore[arg-type]
     assert {r.key for r in records} == {f"k{i}".encode() for i in range(7)}
@@ -190,12 +188,20 @@ def _verdict(kafka: Any, topic: str, wal: Path, rows: int) -> Verdict:
 
 
 def _kafka_coordinator(
-    kafka: Any, tmp: Path, topic: str, uid: str, **options: Any
+    kafka: Any, tmp: Path, topic: str, uid: str, mode: str = "wal", **options: Any
 ) -> Callable[[], Any]:
     from txsink import Coordinator
 
     def make() -> Any:
-        sink = KafkaSink(kafka.bootstrap, topic, uid=uid, wal=tmp / "wal", key="key", shards=2)
+        sink = KafkaSink(
+            kafka.bootstrap,
+            topic,
+            uid=uid,
+            wal=tmp / "wal",
+            key="key",
+            shards=2,
+            mode=mode,  # type: ignore[arg-type]
+        )
         return Coordinator([sink], log=str(tmp / "txlog"), **options)
 
     return make
@@ -210,9 +216,10 @@ MATRIX = [(str(p), "raise", 1) for p in sorted(DRIVER_POINTS)] + [
 
 
 @pytest.mark.spark
+@pytest.mark.parametrize("kmode", ["wal", "replay"])
 @pytest.mark.parametrize(("point", "mode", "times"), MATRIX)
 def test_streaming_crash_matrix(
-    spark: Any, kafka: Any, tmp_path: Path, point: str, mode: str, times: int
+    spark: Any, kafka: Any, tmp_path: Path, point: str, mode: str, times: int, kmode: str
 ) -> None:
     from tests.streaming import prepare_input, run_until_done
 
@@ -224,7 +231,7 @@ def test_streaming_crash_matrix(
         spec = f"during_commit:raise@1,{spec}"
     plan = FaultPlan.parse(spec, str(tmp_path / "faults"))
     restarts, _ = run_until_done(
-        spark, tmp_path, _kafka_coordinator(kafka, tmp_path, topic, _uid(), faults=plan)
+        spark, tmp_path, _kafka_coordinator(kafka, tmp_path, topic, _uid(), kmode, faults=plan)
     )
     assert len(plan.fired()) == len(plan.faults) * times, "the fault never fired"
     if not (task_point and times == 1):
@@ -234,7 +241,10 @@ def test_streaming_crash_matrix(
 
 
 @pytest.mark.spark
-def test_restart_with_another_partition_count(spark: Any, kafka: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("kmode", ["wal", "replay"])
+def test_restart_with_another_partition_count(
+    spark: Any, kafka: Any, tmp_path: Path, kmode: str
+) -> None:
     """Decided with 2 Spark partitions, recovered by a query with 3: exactly the decided records."""
     from tests.streaming import prepare_input, start_query
 
@@ -243,18 +253,57 @@ def test_restart_with_another_partition_count(spark: Any, kafka: Any, tmp_path: 
     prepare_input(tmp_path, 1000)
     plan = FaultPlan.parse("after_decision:raise@1", str(tmp_path / "faults"))
     query = start_query(
-        spark, tmp_path, _kafka_coordinator(kafka, tmp_path, topic, uid, faults=plan)()
+        spark, tmp_path, _kafka_coordinator(kafka, tmp_path, topic, uid, kmode, faults=plan)()
     )
     with pytest.raises(Exception, match="InjectedFault"):
         query.awaitTermination()
-    make = _kafka_coordinator(kafka, tmp_path, topic, uid)
+    make = _kafka_coordinator(kafka, tmp_path, topic, uid, kmode)
     query = start_query(spark, tmp_path, make(), transform=lambda df: df.repartition(3))
     query.awaitTermination()
     assert _verdict(kafka, topic, tmp_path / "wal", 1000).ok
 
 
+@pytest.mark.spark
+def test_replay_mode_refuses_a_non_deterministic_replay(
+    spark: Any, kafka: Any, tmp_path: Path
+) -> None:
+    """rand() in the query: the replay after a crash differs, and nothing else is written."""
+    from pyspark.sql import functions as F
+
+    from tests.streaming import prepare_input, start_query
+
+    topic = kafka.new_topic(2)
+    uid = _uid()
+    prepare_input(tmp_path, 1000)
+
+    def noisy(df: Any) -> Any:
+        return df.withColumn("amount", F.rand())
+
+    plan = FaultPlan.parse("after_decision:raise@1", str(tmp_path / "faults"))
+    make = _kafka_coordinator(kafka, tmp_path, topic, uid, "replay", faults=plan)
+    query = start_query(spark, tmp_path, make(), transform=noisy)
+    with pytest.raises(Exception, match="InjectedFault"):
+        query.awaitTermination()
+    before = sorted(_ids(kafka, topic))
+    assert before == list(range(250))  # epoch 0 only; epoch 1 decided, not produced
+    query = start_query(
+        spark,
+        tmp_path,
+        _kafka_coordinator(kafka, tmp_path, topic, uid, "replay")(),
+        transform=noisy,
+    )
+    with pytest.raises(Exception, match=r"NonDeterministicReplayError.*not deterministic"):
+        query.awaitTermination()
+    assert sorted(_ids(kafka, topic)) == before  # nothing else was written
+    # The refused shard's transaction was aborted, not left open: readers are not held back.
+    assert end_offsets(kafka.bootstrap, topic) == end_offsets(
+        kafka.bootstrap, topic, isolation="read_uncommitted"
+    )
+
+
 @pytest.mark.chaos
-def test_kill_driver_at_every_point(kafka: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("kmode", ["wal", "replay"])
+def test_kill_driver_at_every_point(kafka: Any, tmp_path: Path, kmode: str) -> None:
     from txsink.demo import make_input
     from txsink.runner import run_until_done as run_child
 
@@ -276,7 +325,13 @@ def test_kill_driver_at_every_point(kafka: Any, tmp_path: Path) -> None:
         {
             "workdir": str(tmp_path),
             "sinks": [
-                {"kind": "kafka", "topic": topic, "uid": _uid(), "wal": str(tmp_path / "wal")}
+                {
+                    "kind": "kafka",
+                    "topic": topic,
+                    "uid": _uid(),
+                    "wal": str(tmp_path / "wal"),
+                    "mode": kmode,
+                }
             ],
         }
     )

@@ -22,6 +22,7 @@ from txsink.connectors.postgres import PgHandle, PostgresSink, redact_dsn
 from txsink.errors import CommitError, ConfigurationError, EpochAbortedError, WriteError
 from txsink.faults import DRIVER_POINTS, TASK_POINTS, FaultPlan
 from txsink.handles import dump_handle, load_handle
+from txsink.sink import Partitioning
 from txsink.txid import TxnId
 from txsink.verify import Verdict, count_ids
 
@@ -114,7 +115,7 @@ def test_upsert_last_row_of_a_key_wins(postgres: Any) -> None:
         conn.execute(f"INSERT INTO {schema}.kv VALUES (1, 'old', 0, 'old'), (99, 'keep', 0, 'x')")
     sink = PostgresSink(postgres.dsn, f"{schema}.kv", uid=schema, mode="upsert", key=["id"])
     sink.check(SCHEMA, "app")
-    assert sink.required_partitioning() == ("id",)
+    assert sink.required_partitioning() == Partitioning(("id",))
     open_ = sink.begin(TxnId("app", schema, 0, 0, 0, 0), SCHEMA)
     sink.write(open_, _batch(range(0, 5), key="first"))
     sink.write(open_, _batch(range(1, 3), key="second"))  # ids 1, 2 again: these win

@@ -138,7 +138,7 @@ class Coordinator:
             self._needs_recovery = True  # a new query run: recover before its first epoch
         self._bind(app_id)  # the log's own checks come before the sinks'
         self._check_schema(df, app_id)
-        self.run_epoch(int(batch_id), _spark.precommit_job(self._partitioned(df)), app_id=app_id)
+        self._run_spark_epoch(int(batch_id), df, app_id)
 
     @final
     def write(self, df: DataFrame, epoch: int | None = None) -> EpochResult:
@@ -154,11 +154,27 @@ class Coordinator:
             self._recover_if_needed(app_id)
             last = self.log.last_committed()
             epoch = 0 if last is None else last + 1
-        return self.run_epoch(epoch, _spark.precommit_job(self._partitioned(df)), app_id=app_id)
+        return self._run_spark_epoch(epoch, df, app_id)
+
+    def _run_spark_epoch(self, epoch: int, df: DataFrame, app_id: str) -> EpochResult:
+        data = self._partitioned(df)
+        if not any(s.commits_from_data for s in self.sinks):
+            return self.run_epoch(epoch, _spark.precommit_job(data), app_id=app_id)
+        # The commit reads the rows again: keep this epoch's rows instead of
+        # recomputing them (a recomputation after a crash is what the checksums catch).
+        data = data.persist()
+        try:
+            return self.run_epoch(epoch, _spark.precommit_job(data), app_id=app_id, data=data)
+        finally:
+            data.unpersist()
 
     @final
-    def run_epoch(self, epoch: int, precommit: Precommit, *, app_id: str) -> EpochResult:
+    def run_epoch(
+        self, epoch: int, precommit: Precommit, *, app_id: str, data: Any = None
+    ) -> EpochResult:
         """Run the protocol for one epoch. ``precommit`` runs the partition tasks.
+
+        ``data`` is the epoch's rows for sinks that commit from data (Kafka replay).
 
         1. Recover: commit a decided-but-uncommitted epoch; abort every prepared
            transaction no decision names (on the first call and after failures).
@@ -172,7 +188,7 @@ class Coordinator:
         timings: dict[str, float] = {}
         # Step 1
         t0 = time.monotonic()
-        self._recover_if_needed(app_id)
+        self._recover_if_needed(app_id, data=data, epoch=epoch)
         timings["recover"] = time.monotonic() - t0
         # Step 2
         if self._already_committed(epoch):
@@ -190,7 +206,7 @@ class Coordinator:
             timings["decide"] = time.monotonic() - t0
             # Step 5
             t0 = time.monotonic()
-            self._commit(epoch, round_, handles)
+            self._commit(epoch, round_, handles, data)
             self._abort_leftovers(epoch, handles, app_id)
             self._last_committed = epoch
             self.log.prune(self.retain_epochs)
@@ -211,17 +227,17 @@ class Coordinator:
 
     # -- step 1: recover -----------------------------------------------------------------
 
-    def _recover_if_needed(self, app_id: str) -> None:
+    def _recover_if_needed(self, app_id: str, data: Any = None, epoch: int | None = None) -> None:
         self._bind(app_id)
         if not self._needs_recovery:
             return
-        self._recover(app_id)
+        self._recover(app_id, data, epoch)
         self._needs_recovery = False
 
-    def _recover(self, app_id: str) -> None:
+    def _recover(self, app_id: str, data: Any = None, current: int | None = None) -> None:
         acted = False
         for pending in self.log.pending():
-            acted |= self._finish_decided(pending)
+            acted |= self._finish_decided(pending, data if pending.epoch == current else None)
         epochs = self.log.epochs()
         floor = epochs[0] if epochs else None
         decisions: dict[int, EpochDecision | None] = {}
@@ -243,7 +259,7 @@ class Coordinator:
                     decisions[txn.epoch] = decision
                     if decision is not None and self.log.committed(txn.epoch) is None:
                         # A zombie decided between our scan and the void: finish its epoch.
-                        self._finish_decided(decision)
+                        self._finish_decided(decision, data if txn.epoch == current else None)
                 if decision is not None and str(txn) in decision.txn_names():
                     # Commit what the decision recorded, never the listed stand-in:
                     # a listed handle may not carry everything commit needs.
@@ -268,8 +284,12 @@ class Coordinator:
             epoch=decision.epoch,
         )
 
-    def _finish_decided(self, decision: EpochDecision) -> bool:
-        """Commit every handle of a decided epoch, then mark it committed."""
+    def _finish_decided(self, decision: EpochDecision, data: Any = None) -> bool:
+        """Commit every handle of a decided epoch, then mark it committed.
+
+        ``data`` is that epoch's rows when this call is its replay (needed by
+        sinks that commit from data).
+        """
         epoch = decision.epoch
         configured = {s.uid for s in self.sinks}
         missing = tuple(
@@ -289,6 +309,18 @@ class Coordinator:
         handles = self._load(decision)
         first = True
         for sink in self.sinks:
+            if sink.commits_from_data:
+                if handles.get(sink.uid) and data is None:
+                    raise CommitError(
+                        f"epoch {epoch} is decided, and sink {sink.uid} commits it by reading its "
+                        "rows again, which only the replay of that epoch provides: restart the "
+                        "query from its checkpoint (Spark replays the epoch) to finish it",
+                        sink_uid=sink.uid,
+                        epoch=epoch,
+                        phase="recover",
+                    )
+                self._commit_from_data(sink, data, epoch, handles.get(sink.uid, []))
+                continue
             for handle in handles.get(sink.uid, []):
                 self._commit_one(sink, handle, epoch)
                 if first:
@@ -442,10 +474,18 @@ class Coordinator:
 
     # -- step 5: commit --------------------------------------------------------------
 
-    def _commit(self, epoch: int, round_: int, handles: dict[str, list[Handle]]) -> None:
+    def _commit(
+        self, epoch: int, round_: int, handles: dict[str, list[Handle]], data: Any = None
+    ) -> None:
         try:
             first = True
             for sink in self.sinks:
+                if sink.commits_from_data:
+                    self._commit_from_data(sink, data, epoch, handles[sink.uid])
+                    if first:
+                        first = False
+                        self._fire(CrashPoint.DURING_COMMIT, epoch)
+                    continue
                 for handle in handles[sink.uid]:
                     self._commit_one(sink, handle, epoch)
                     if first:
@@ -479,6 +519,19 @@ class Coordinator:
                 connector=sink.connector,
             ) from err
 
+    def _commit_from_data(
+        self, sink: AnySink, data: Any, epoch: int, handles: list[Handle]
+    ) -> None:
+        if not handles:
+            return
+        try:
+            sink.commit_from_data(data, epoch, handles)
+        except TxsinkError as err:
+            err.with_context(
+                sink_uid=sink.uid, epoch=epoch, phase="commit", connector=sink.connector
+            )
+            raise
+
     def _abort_leftovers(self, epoch: int, handles: dict[str, list[Handle]], app_id: str) -> None:
         """Abort this epoch's transactions from attempts whose result was not used."""
         decided = {str(h.txn) for hs in handles.values() for h in hs}
@@ -509,16 +562,21 @@ class Coordinator:
         return str(meta["app_id"])
 
     def _partitioned(self, df: DataFrame) -> DataFrame:
-        """Repartition by the sinks' required columns (e.g. upsert keys), if any."""
-        wanted = {s.required_partitioning() for s in self.sinks} - {()}
+        """Repartition as the sinks require (upsert keys, Kafka shards), if any."""
+        wanted = {s.required_partitioning() for s in self.sinks} - {None}
         if not wanted:
             return df
         if len(wanted) > 1:
             raise ConfigurationError(
-                f"sinks of one coordinator need different partitioning {sorted(wanted)}: use "
-                "the same upsert key for all of them, or separate coordinators"
+                f"sinks of one coordinator need different partitioning {sorted(map(str, wanted))}: "
+                "use the same key (and shard count) for all of them, or separate coordinators"
             )
-        return df.repartition(*wanted.pop())
+        part = wanted.pop()
+        if part is None:  # pragma: no cover - removed above
+            return df
+        if part.num_partitions is not None:
+            return df.repartition(part.num_partitions, *part.columns)
+        return df.repartition(*part.columns)
 
     def _check_schema(self, df: DataFrame, app_id: str) -> None:
         schema = _spark.arrow_schema(df)

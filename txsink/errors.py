@@ -12,6 +12,7 @@ The hierarchy::
     ├── EpochAbortedError            the pre-commit failed; every handle of the epoch was aborted
     ├── FencedError                  another driver decided (or voided) this epoch first
     ├── CommitError                  a decided handle could not be committed: needs attention
+    │   └── NonDeterministicReplayError  a replayed epoch differs from the decided one
     ├── LogError                     the txsink log is unreadable or of an unknown format
     ├── HandleFormatError            a handle's serializer or version is unknown
     └── InjectedFault                raised on purpose by :mod:`txsink.faults`
@@ -35,6 +36,7 @@ __all__ = [
     "HandleFormatError",
     "InjectedFault",
     "LogError",
+    "NonDeterministicReplayError",
     "NonRestoredStateError",
     "RetryableError",
     "TxsinkError",
@@ -156,6 +158,16 @@ class CommitError(TxsinkError):
     The decision stands: the next run's recovery retries the commit. If the
     handle's transaction is gone (aborted by hand, expired by the target), the
     rows of that handle are lost and the message says which.
+    """
+
+
+class NonDeterministicReplayError(CommitError):
+    """The replay of a decided epoch produced other rows than its pre-commit recorded.
+
+    Raised by sinks that commit by reading the epoch again (Kafka replay mode)
+    instead of writing something other than what was decided. The source or a
+    transformation is not deterministic (``rand()``, ``current_timestamp()``, a
+    non-replayable source): use the Kafka sink's WAL mode for such a query.
     """
 
 

@@ -37,6 +37,7 @@ Traps:
 from __future__ import annotations
 
 import abc
+import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
@@ -49,7 +50,21 @@ if TYPE_CHECKING:
 
     from txsink.coordinator import Coordinator
 
-__all__ = ["TwoPhaseCommitSink"]
+__all__ = ["Partitioning", "TwoPhaseCommitSink"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Partitioning:
+    """How a sink needs an epoch's rows spread over the partition tasks.
+
+    ``columns``: rows with equal values meet in one task (Spark's stable
+    Murmur3 hash of them). ``num_partitions``: a fixed task count (e.g. one
+    task per Kafka shard), else ``spark.sql.shuffle.partitions``.
+    """
+
+    columns: tuple[str, ...]
+    num_partitions: int | None = None
+
 
 T = TypeVar("T")
 H = TypeVar("H", bound=Handle)
@@ -89,15 +104,34 @@ class TwoPhaseCommitSink(abc.ABC, Generic[T, H]):
         otherwise fail at the first crash or the first bad row. Must not write.
         """
 
-    def required_partitioning(self) -> tuple[str, ...]:
-        """Columns whose equal values must meet in one partition task (default: none).
+    @property
+    def commits_from_data(self) -> bool:
+        """True for sinks whose commit re-reads the epoch's rows (Kafka replay mode).
+
+        The coordinator then calls :meth:`commit_from_data` instead of :meth:`commit`.
+        """
+        return False
+
+    def required_partitioning(self) -> Partitioning | None:
+        """How this sink needs the epoch's rows partitioned (default: any way).
 
         An upsert sink returns its key: two prepared transactions upserting the
         same key in different partitions would wait on each other's row locks
         until the decision, which never comes. The coordinator repartitions the
-        epoch's DataFrame by these columns (all sinks of a coordinator must agree).
+        epoch's DataFrame accordingly (all sinks of a coordinator must agree).
         """
-        return ()
+        return None
+
+    def commit_from_data(self, data: Any, epoch: int, handles: Sequence[H]) -> None:
+        """Commit an epoch by reading its rows again (``commits_from_data`` sinks only).
+
+        ``data`` is the epoch's DataFrame, partitioned as
+        :meth:`required_partitioning` asked. Called on the driver after the
+        decision, and by recovery only inside the replay of that same epoch.
+        Idempotent, and must refuse (not write) rows that differ from what
+        the handles recorded at pre-commit.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not commit from data")
 
     # -- executor side: one partition of one epoch ------------------------------
 

@@ -46,7 +46,6 @@ DATABASE = "txsink"
 MAX_PREPARED = 200
 
 
-
 def _pg_dir() -> Path:
     """Where the cluster lives.
 

@@ -409,17 +409,26 @@ def tpc_latency(bench: Bench, n: int = 30) -> dict[str, float]:
                     t0 = time.perf_counter()
                     conn.commit()
                     commit.append(time.perf_counter() - t0)
-                with psycopg.connect(bench.dsn) as conn:
+                # Not ``with conn``: its exit would commit(), which a prepared
+                # transaction refuses.
+                conn = psycopg.connect(bench.dsn)
+                try:
                     gid = f"bench-probe-{uuid.uuid4().hex}"
                     conn.tpc_begin(gid)
                     conn.execute(f"INSERT INTO {table} VALUES (%s)", (i,))
                     t0 = time.perf_counter()
                     conn.tpc_prepare()
                     prepare.append(time.perf_counter() - t0)
+                finally:
+                    conn.close()
                 t0 = time.perf_counter()
                 driver.execute(f"COMMIT PREPARED '{gid}'")
                 commit_prepared.append(time.perf_counter() - t0)
         finally:
+            for (gid,) in driver.execute(
+                "SELECT gid FROM pg_prepared_xacts WHERE gid LIKE 'bench-probe-%'"
+            ).fetchall():
+                driver.execute(f"ROLLBACK PREPARED '{gid}'")
             driver.execute(f"DROP TABLE IF EXISTS {table}")
     return {
         "commit_ms": _bench.median(commit) * 1000,

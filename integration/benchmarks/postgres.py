@@ -215,6 +215,7 @@ class Bench:
     jdbc_url: str
     jdbc_properties: dict[str, str]
     workdir: Path
+    cpu: _bench.CpuMeter
     void: list[str] = field(default_factory=list)
 
     def connect(self) -> Any:
@@ -337,18 +338,23 @@ def measure(
         "copy": lambda: write_copy(bench, df, table, names),
         "jdbc": lambda: write_jdbc(bench, df, table),
         "executemany": lambda: write_executemany(bench, df, table, names),
+        "feed": lambda: {"task_rows": run_feed(df)},
     }
     load_before = _bench.load1()
     try:
+        cpu_before = bench.cpu.snapshot()
         with _bench.stopwatch() as elapsed:
             extra = writers[writer]()
+        extra["cpu"] = bench.cpu.delta(cpu_before, bench.cpu.snapshot())
         load_after = _bench.load1()
-        found = pg_fingerprint(bench, table)
+        found = pg_fingerprint(bench, table) if writer != "feed" else expected
     finally:
         with bench.connect() as conn:
             conn.execute(f"DROP TABLE IF EXISTS {bench.qualified(table)}")
     m = _bench.Measurement(writer, partitions, rows, elapsed[0], load_before, load_after, extra)
     problems = []
+    if writer == "feed" and extra["task_rows"] != rows:
+        problems.append(f"the feed job saw {extra['task_rows']} rows")
     if found[:2] != (rows, rows):
         problems.append(f"table holds {found[0]} rows, {found[1]} distinct ids (want {rows})")
     elif found != expected:
@@ -362,14 +368,14 @@ def measure(
         _bench.log(message)
     _bench.log(
         f"{writer:<12} P={partitions} {tag}: {m.seconds:7.2f} s  {_bench.fmt_rate(m.rows_per_s)} "
-        f"rows/s  load {load_before:.2f}->{load_after:.2f}"
+        f"rows/s  load {load_before:.2f}->{load_after:.2f}  cpu {_round(extra['cpu'])}"
         + (f"  phases {_round(extra['phases'])}" if "phases" in extra else "")
     )
     return m
 
 
 def _round(d: dict[str, float]) -> dict[str, float]:
-    return {k: round(v, 3) for k, v in d.items()}
+    return {k: round(v, 2) for k, v in d.items()}
 
 
 # -- extras: where the time goes ----------------------------------------------------------
@@ -483,7 +489,6 @@ class Results:
     partitions: list[int]
     repeat: int
     runs: list[_bench.Measurement] = field(default_factory=list)
-    feed: dict[int, list[float]] = field(default_factory=dict)
     profiles: dict[int, dict[str, float]] = field(default_factory=dict)
     tpc: dict[str, float] = field(default_factory=dict)
     single: dict[str, float] = field(default_factory=dict)
@@ -524,33 +529,28 @@ def throughput_table(res: Results) -> str:
     rows: list[list[str]] = []
     for p in res.partitions:
         copy_rate = res.rate("copy", p)
-        for writer in WRITERS:
+        for writer in (*WRITERS, "feed"):
             secs = res.seconds(writer, p)
             if not secs:
                 continue
             runs = [m for m in res.runs if m.writer == writer and m.partitions == p]
             loads = " / ".join(f"{m.load_before:.1f}" for m in runs)
             void = any("void" in m.extra for m in runs)
+            cpu = {
+                k: _bench.median([m.extra["cpu"].get(k, float("nan")) for m in runs])
+                for k in ("spark", "postgres", "others")
+            }
             rows.append(
                 [
                     str(p),
                     LABELS[writer],
                     _bench.fmt_rate(res.rate(writer, p)) + (" VOID" if void else ""),
                     _secs(secs),
-                    f"{res.rate(writer, p) / copy_rate:.2f}x" if copy_rate == copy_rate else "",
+                    f"{res.rate(writer, p) / copy_rate:.2f}x"
+                    if copy_rate == copy_rate and writer != "feed"
+                    else "",
+                    f"{cpu['spark']:.1f} / {cpu['postgres']:.1f} / {cpu['others']:.1f}",
                     loads,
-                ]
-            )
-        if res.feed.get(p):
-            feed = _bench.median(res.feed[p])
-            rows.append(
-                [
-                    str(p),
-                    LABELS["feed"],
-                    _bench.fmt_rate(res.rows / feed),
-                    _secs(res.feed[p]),
-                    "",
-                    "",
                 ]
             )
     return _bench.markdown_table(
@@ -560,10 +560,11 @@ def throughput_table(res: Results) -> str:
             "rows/s (median)",
             "wall s per run",
             "vs plain COPY",
+            "CPU s: Spark / PG / other",
             "load1 at start",
         ],
         rows,
-        "rlrrrr",
+        "rlrrrrr",
     )
 
 
@@ -839,6 +840,22 @@ def _versions(bench: Bench) -> dict[str, str]:
     }
 
 
+def _postmaster(conn: Any) -> dict[str, int]:
+    """``{"postgres": pid}`` of the server's postmaster if it runs on this machine."""
+    row = conn.execute("SELECT pg_backend_pid(), host(inet_server_addr())").fetchone()
+    if row is None or row[1] not in (None, "127.0.0.1", "::1"):
+        return {}  # a remote server: its CPU is not ours to see
+    try:
+        backend = Path(f"/proc/{int(row[0])}")
+        if backend.joinpath("comm").read_text().strip() != "postgres":
+            return {}
+        stat = backend.joinpath("stat").read_text()
+        ppid = int(stat[stat.rfind(")") + 2 :].split()[1])
+    except (OSError, TypeError, ValueError, IndexError):
+        return {}
+    return {"postgres": ppid}
+
+
 def _jdbc(dsn: str) -> tuple[str, dict[str, str]]:
     from psycopg.conninfo import conninfo_to_dict
 
@@ -921,16 +938,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     url, props = _jdbc(args.dsn)
     schema = f"txsink_bench_{uuid.uuid4().hex[:8]}"
     workdir = Path(tempfile.mkdtemp(prefix="txsink-bench-"))
-    bench = Bench(spark, args.dsn, schema, url, props, workdir)
+    bench = Bench(spark, args.dsn, schema, url, props, workdir, _bench.CpuMeter({}))
     with bench.connect() as conn:
         conn.execute(f"CREATE SCHEMA {schema}")
+        bench.cpu.roots = {"spark": os.getpid(), **_postmaster(conn)}
     try:
         res.versions = _versions(bench)
+        warm = min(args.rows, 50_000)
+        _bench.log(f"warm-up (untimed): each writer once on {warm:,} rows")
+        df = make_frame(spark, warm, 2, COLUMNS)
+        expected = spark_fingerprint(df)
+        for writer in ("feed", *args.writers):
+            measure(
+                bench,
+                writer,
+                df,
+                rows=warm,
+                partitions=2,
+                columns=COLUMNS,
+                expected=expected,
+                tag="warmup",
+            )
+        df.unpersist(blocking=True)
         for p in args.partitions:
             _bench.log(f"generating {args.rows:,} rows in {p} partitions")
             df = make_frame(spark, args.rows, p, COLUMNS)
             expected = spark_fingerprint(df)
-            res.feed[p] = []
             common: dict[str, Any] = {
                 "rows": args.rows,
                 "partitions": p,
@@ -938,11 +971,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "expected": expected,
             }
             for rep in range(args.repeat):
-                with _bench.stopwatch() as feed:
-                    if run_feed(df) != args.rows:
-                        raise RuntimeError("feed job lost rows")
-                res.feed[p].append(feed[0])
-                _bench.log(f"feed         P={p} r{rep}: {feed[0]:7.2f} s")
+                res.runs.append(measure(bench, "feed", df, tag=f"p{p}_r{rep}", **common))
                 # Alternate txsink and plain COPY so neither always runs first.
                 order = list(args.writers)
                 if rep % 2 == 1 and "txsink" in order and "copy" in order:

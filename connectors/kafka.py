@@ -47,7 +47,7 @@ import shutil
 import time
 import zlib
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -530,7 +530,6 @@ class KafkaSink(TwoPhaseCommitSink[_OpenWal, Any]):
             self._commit_shard(shard, epoch, sorted(by_shard[shard], key=lambda h: h.txn))
 
     def _commit_shard(self, shard: int, epoch: int, handles: list[KafkaWalHandle]) -> None:
-        from confluent_kafka import KafkaException
 
         app = handles[0].txn.app
         producer = self._producer(shard)
@@ -549,40 +548,12 @@ class KafkaSink(TwoPhaseCommitSink[_OpenWal, Any]):
                 connector="kafka",
                 phase="commit",
             )
-        errors: list[str] = []
 
-        def on_delivery(err: Any, msg: Any) -> None:
-            if err is not None and not errors:
-                errors.append(f"{err.str()} (topic {msg.topic()} partition {msg.partition()})")
-
-        try:
-            producer.begin_transaction()
+        def body(on_delivery: Callable[[Any, Any], None]) -> None:
             for h in handles:
                 self._produce_wal(producer, h, on_delivery)
-            producer.produce(
-                self.marker_topic,
-                key=_marker_key(app, self.uid, shard).encode(),
-                value=json.dumps(
-                    {
-                        "app": app,
-                        "uid": self.uid,
-                        "shard": shard,
-                        "shards": self.shards,
-                        "epoch": epoch,
-                        "at": time.time(),
-                    }
-                ).encode(),
-                partition=0,
-                on_delivery=on_delivery,
-            )
-            producer.commit_transaction(self.timeout_s)
-        except KafkaException as err:
-            kerr = err.args[0]
-            self._driver.producers.pop(shard, None)
-            if kerr.txn_requires_abort():
-                with contextlib.suppress(KafkaException):
-                    producer.abort_transaction(self.timeout_s)
-            raise self._map(kerr, epoch, shard, errors) from err
+
+        self._transaction(producer, app, shard, epoch, body)
         self._driver.markers[shard] = epoch
         self._delete_wal(handles)
 
@@ -622,64 +593,89 @@ class KafkaSink(TwoPhaseCommitSink[_OpenWal, Any]):
         batches: Iterator[pa.RecordBatch],
     ) -> tuple[str, int]:
         """In a replay commit task: produce ``shard``'s rows and its marker, once."""
-        from confluent_kafka import KafkaException
 
         producer = self._producer(shard)
         marker = self._marker(shard, app)
         if marker is not None and marker >= epoch:
             return "already-committed", 0
-        errors: list[str] = []
+        count = [0, 0]  # rows, checksum
 
-        def on_delivery(err: Any, msg: Any) -> None:
-            if err is not None and not errors:
-                errors.append(f"{err.str()} (topic {msg.topic()} partition {msg.partition()})")
-
-        rows = checksum = 0
-        try:
-            producer.begin_transaction()
+        def body(on_delivery: Callable[[Any, Any], None]) -> None:
             for batch in batches:
-                records = self._records(batch, shard, rows)
-                checksum = (checksum + _checksum(records)) % _MOD
-                rows += records.num_rows
+                records = self._records(batch, shard, count[0])
+                count[1] = (count[1] + _checksum(records)) % _MOD
+                count[0] += records.num_rows
                 self._produce_batch(producer, records, on_delivery)
-            if (rows, checksum) != want:
-                producer.abort_transaction(self.timeout_s)
+            if tuple(count) != want:
                 raise NonDeterministicReplayError(
-                    f"the replay of epoch {epoch} gives shard {shard} {rows} records (checksum "
-                    f"{checksum}), but its pre-commit recorded {want[0]} (checksum {want[1]}): the "
-                    "source or a transformation is not deterministic. Nothing was written. Use "
-                    "mode='wal' for this query (the WAL keeps the decided records), or make the "
-                    "input deterministic",
+                    f"the replay of epoch {epoch} gives shard {shard} {count[0]} records "
+                    f"(checksum {count[1]}), but its pre-commit recorded {want[0]} (checksum "
+                    f"{want[1]}): the source or a transformation is not deterministic. Nothing "
+                    "was written. Use mode='wal' for this query (the WAL keeps the decided "
+                    "records), or make the input deterministic",
                     sink_uid=self.uid,
                     epoch=epoch,
                     partition=shard,
                     connector="kafka",
                     phase="commit",
                 )
+
+        self._transaction(producer, app, shard, epoch, body)
+        rows = count[0]
+        return "committed", rows
+
+    def _transaction(
+        self,
+        producer: Any,
+        app: str,
+        shard: int,
+        epoch: int,
+        body: Callable[[Callable[[Any, Any], None]], None],
+    ) -> None:
+        """One Kafka transaction: ``body`` produces the records, then the marker; commit.
+
+        Any failure aborts the transaction, so nothing of it is visible and no
+        transaction is left open to hold ``read_committed`` readers back.
+        """
+        from confluent_kafka import KafkaException
+
+        errors: list[str] = []
+
+        def on_delivery(err: Any, msg: Any) -> None:
+            if err is not None and not errors:
+                errors.append(f"{err.str()} (topic {msg.topic()} partition {msg.partition()})")
+
+        marker = {
+            "app": app,
+            "uid": self.uid,
+            "shard": shard,
+            "shards": self.shards,
+            "epoch": epoch,
+            "at": time.time(),
+        }
+        try:
+            producer.begin_transaction()
+            body(on_delivery)
             producer.produce(
                 self.marker_topic,
                 key=_marker_key(app, self.uid, shard).encode(),
-                value=json.dumps(
-                    {
-                        "app": app,
-                        "uid": self.uid,
-                        "shard": shard,
-                        "shards": self.shards,
-                        "epoch": epoch,
-                        "at": time.time(),
-                    }
-                ).encode(),
+                value=json.dumps(marker).encode(),
                 partition=0,
                 on_delivery=on_delivery,
             )
             producer.commit_transaction(self.timeout_s)
         except KafkaException as err:
             kerr = err.args[0]
+            self._driver.producers.pop(shard, None)
             if kerr.txn_requires_abort():
                 with contextlib.suppress(KafkaException):
                     producer.abort_transaction(self.timeout_s)
             raise self._map(kerr, epoch, shard, errors) from err
-        return "committed", rows
+        except BaseException:
+            with contextlib.suppress(KafkaException):
+                producer.abort_transaction(self.timeout_s)
+            raise
+        self._driver.markers[shard] = epoch
 
     def _produce_wal(self, producer: Any, handle: KafkaWalHandle, on_delivery: Any) -> None:
         with pa.memory_map(str(Path(self.wal, handle.path))) as source:

@@ -14,9 +14,10 @@ import pyarrow as pa
 import pytest
 from readback import end_offsets, read_topic
 
+from tests.streaming import CRASH_MATRIX, EVERY_POINT_ONCE, fault_spec, is_task_point
 from txsink.connectors.kafka import KafkaSink
 from txsink.errors import ConfigurationError, FencedError, WriteError
-from txsink.faults import DRIVER_POINTS, TASK_POINTS, FaultPlan
+from txsink.faults import FaultPlan
 from txsink.handles import dump_handle, load_handle
 from txsink.txid import TxnId
 from txsink.verify import Verdict, count_ids
@@ -207,17 +208,9 @@ def _kafka_coordinator(
     return make
 
 
-MATRIX = [(str(p), "raise", 1) for p in sorted(DRIVER_POINTS)] + [
-    (str(p), mode, times)
-    for p in sorted(TASK_POINTS)
-    for mode in ("raise", "kill-worker")
-    for times in (1, 2)
-]
-
-
 @pytest.mark.spark
 @pytest.mark.parametrize("kmode", ["wal", "replay"])
-@pytest.mark.parametrize(("point", "mode", "times"), MATRIX)
+@pytest.mark.parametrize(("point", "mode", "times"), CRASH_MATRIX)
 def test_streaming_crash_matrix(
     spark: Any, kafka: Any, tmp_path: Path, point: str, mode: str, times: int, kmode: str
 ) -> None:
@@ -225,10 +218,8 @@ def test_streaming_crash_matrix(
 
     topic = kafka.new_topic(3)
     prepare_input(tmp_path, 1000)
-    task_point = point in {str(p) for p in TASK_POINTS}
-    spec = f"{point}:{mode}@1#1*{times}" if task_point else f"{point}:{mode}@1"
-    if point == "during_recovery":
-        spec = f"during_commit:raise@1,{spec}"
+    task_point = is_task_point(point)
+    spec = fault_spec(point, mode, times)
     plan = FaultPlan.parse(spec, str(tmp_path / "faults"))
     restarts, _ = run_until_done(
         spark, tmp_path, _kafka_coordinator(kafka, tmp_path, topic, _uid(), kmode, faults=plan)
@@ -309,12 +300,7 @@ def test_kill_driver_at_every_point(kafka: Any, tmp_path: Path, kmode: str) -> N
 
     topic = kafka.new_topic(3)
     make_input(tmp_path / "input", 3000, 6)
-    plan = (
-        "before_precommit:kill-driver@0,after_precommit:kill-driver@1,"
-        "before_decision:kill-driver@2,after_decision:kill-driver@3,"
-        "during_commit:kill-driver@4,during_recovery:kill-driver@4,"
-        "after_commit_before_mark:kill-driver@5"
-    )
+    plan = EVERY_POINT_ONCE
     env = dict(
         os.environ,
         TXSINK_FAULT=plan,

@@ -18,9 +18,10 @@ import pyarrow as pa
 import pytest
 from psycopg import sql
 
+from tests.streaming import CRASH_MATRIX, EVERY_POINT_ONCE, fault_spec, is_task_point
 from txsink.connectors.postgres import PgHandle, PostgresSink, redact_dsn
 from txsink.errors import CommitError, ConfigurationError, EpochAbortedError, WriteError
-from txsink.faults import DRIVER_POINTS, TASK_POINTS, FaultPlan
+from txsink.faults import FaultPlan
 from txsink.handles import dump_handle, load_handle
 from txsink.sink import Partitioning
 from txsink.txid import TxnId
@@ -346,16 +347,8 @@ def _pg_coordinator(
     return make
 
 
-MATRIX = [(str(p), "raise", 1) for p in sorted(DRIVER_POINTS)] + [
-    (str(p), mode, times)
-    for p in sorted(TASK_POINTS)
-    for mode in ("raise", "kill-worker")
-    for times in (1, 2)
-]
-
-
 @pytest.mark.spark
-@pytest.mark.parametrize(("point", "mode", "times"), MATRIX)
+@pytest.mark.parametrize(("point", "mode", "times"), CRASH_MATRIX)
 def test_streaming_crash_matrix(
     spark: Any,
     postgres: Any,
@@ -369,10 +362,8 @@ def test_streaming_crash_matrix(
 
     name, uid = table
     prepare_input(tmp_path, 1000)
-    task_point = point in {str(p) for p in TASK_POINTS}
-    spec = f"{point}:{mode}@1#1*{times}" if task_point else f"{point}:{mode}@1"
-    if point == "during_recovery":
-        spec = f"during_commit:raise@1,{spec}"
+    task_point = is_task_point(point)
+    spec = fault_spec(point, mode, times)
     plan = FaultPlan.parse(spec, str(tmp_path / "faults"))
     restarts, _ = run_until_done(
         spark, tmp_path, _pg_coordinator(postgres, tmp_path, name, uid, faults=plan)
@@ -449,12 +440,7 @@ def test_kill_driver_at_every_point(postgres: Any, table: tuple[str, str], tmp_p
 
     name, uid = table
     make_input(tmp_path / "input", 3000, 6)
-    plan = (
-        "before_precommit:kill-driver@0,after_precommit:kill-driver@1,"
-        "before_decision:kill-driver@2,after_decision:kill-driver@3,"
-        "during_commit:kill-driver@4,during_recovery:kill-driver@4,"
-        "after_commit_before_mark:kill-driver@5"
-    )
+    plan = EVERY_POINT_ONCE
     env = dict(
         os.environ,
         TXSINK_FAULT=plan,

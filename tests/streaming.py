@@ -75,3 +75,48 @@ def files_coordinator(workdir: Path, **options: Any) -> Coordinator:
         log=str(workdir / "txlog"),
         **options,
     )
+
+
+# -- the crash matrix every connector is tested with ------------------------------------
+
+#: (point, mode, times): driver points raise; task points raise or kill the worker, once
+#: (Spark's task retry absorbs it) or twice (the query fails and restarts).
+CRASH_MATRIX = [
+    ("before_decision", "raise", 1),
+    ("after_decision", "raise", 1),
+    ("during_commit", "raise", 1),
+    ("after_commit_before_mark", "raise", 1),
+    ("during_recovery", "raise", 1),
+] + [
+    (point, mode, times)
+    for point in ("before_precommit", "after_precommit")
+    for mode in ("raise", "kill-worker")
+    for times in (1, 2)
+]
+
+#: kill-driver once at every crash point, one epoch after the other (a 6-epoch input).
+EVERY_POINT_ONCE = ",".join(
+    [
+        "before_precommit:kill-driver@0",
+        "after_precommit:kill-driver@1",
+        "before_decision:kill-driver@2",
+        "after_decision:kill-driver@3",
+        "during_commit:kill-driver@4",
+        "during_recovery:kill-driver@4",
+        "after_commit_before_mark:kill-driver@5",
+    ]
+)
+
+
+def is_task_point(point: str) -> bool:
+    return point in ("before_precommit", "after_precommit")
+
+
+def fault_spec(point: str, mode: str, times: int, epoch: int = 1) -> str:
+    """The plan for one matrix cell: task faults hit partition 1 (so "twice" is one task)."""
+    if is_task_point(point):
+        return f"{point}:{mode}@{epoch}#1*{times}"
+    spec = f"{point}:{mode}@{epoch}"
+    if point == "during_recovery":  # recovery needs something to recover
+        spec = f"during_commit:raise@{epoch},{spec}"
+    return spec

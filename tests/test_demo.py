@@ -14,22 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.streaming import EVERY_POINT_ONCE
 from txsink.demo import run_demo
 from txsink.faults import CrashPoint
 
 pytestmark = pytest.mark.chaos
 
-EVERY_POINT_ONCE = ",".join(
-    [
-        "before_precommit:kill-driver@0",
-        "after_precommit:kill-driver@1",
-        "before_decision:kill-driver@2",
-        "after_decision:kill-driver@3",
-        "during_commit:kill-driver@4",
-        "during_recovery:kill-driver@4",
-        "after_commit_before_mark:kill-driver@5",
-    ]
-)
 
 
 def test_plan_covers_every_crash_point() -> None:

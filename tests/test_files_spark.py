@@ -11,10 +11,18 @@ from typing import Any
 
 import pytest
 
-from tests.streaming import files_coordinator, prepare_input, run_until_done, start_query
+from tests.streaming import (
+    CRASH_MATRIX,
+    fault_spec,
+    files_coordinator,
+    is_task_point,
+    prepare_input,
+    run_until_done,
+    start_query,
+)
 from txsink.connectors.files import FilesSink, read_committed
 from txsink.errors import CheckpointMismatchError
-from txsink.faults import DRIVER_POINTS, TASK_POINTS, FaultPlan
+from txsink.faults import FaultPlan
 from txsink.log import open_log
 from txsink.verify import verify_files
 
@@ -44,22 +52,11 @@ def test_clean_streaming_run(spark: Any, tmp_path: Path) -> None:
     _assert_exactly_once(tmp_path)
 
 
-MATRIX = [(str(p), "raise", 1) for p in sorted(DRIVER_POINTS)] + [
-    (str(p), mode, times)
-    for p in sorted(TASK_POINTS)
-    for mode in ("raise", "kill-worker")
-    for times in (1, 2)  # 1: Spark's task retry absorbs it; 2: the query fails and restarts
-]
-
-
-@pytest.mark.parametrize(("point", "mode", "times"), MATRIX)
+@pytest.mark.parametrize(("point", "mode", "times"), CRASH_MATRIX)
 def test_crash_point_matrix(spark: Any, tmp_path: Path, point: str, mode: str, times: int) -> None:
     prepare_input(tmp_path, ROWS)
-    task_point = point in {str(p) for p in TASK_POINTS}
-    # Task faults hit partition 1 so that "twice" means the same task fails twice.
-    spec = f"{point}:{mode}@1#1*{times}" if task_point else f"{point}:{mode}@1"
-    if point == "during_recovery":
-        spec = f"during_commit:raise@1,{spec}"  # recovery needs something to recover
+    task_point = is_task_point(point)
+    spec = fault_spec(point, mode, times)
     plan = FaultPlan.parse(spec, str(tmp_path / "faults"))
     restarts, _errors = run_until_done(
         spark, tmp_path, lambda: files_coordinator(tmp_path, faults=plan)

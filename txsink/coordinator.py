@@ -320,6 +320,9 @@ class Coordinator:
                         phase="recover",
                     )
                 self._commit_from_data(sink, data, epoch, handles.get(sink.uid, []))
+                if first and handles.get(sink.uid):
+                    first = False
+                    self._fire(CrashPoint.DURING_RECOVERY, epoch)
                 continue
             for handle in handles.get(sink.uid, []):
                 self._commit_one(sink, handle, epoch)

@@ -40,6 +40,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 from typing_extensions import override
 
+from txsink._fs import fsync_dir
 from txsink._json import json_rows
 from txsink.errors import CommitError, ConfigurationError
 from txsink.handles import Handle, register_handle
@@ -233,8 +234,8 @@ class FilesSink(TwoPhaseCommitSink[_OpenFiles, FilesHandle]):
                     sha256=digest,
                 )
             )
-        _fsync_dir(txn.stage)
-        _fsync_dir(txn.stage.parent)
+        fsync_dir(txn.stage)
+        fsync_dir(txn.stage.parent)
         return FilesHandle(
             txn=txn.txn,
             rows=sum(e.rows for e in entries),
@@ -261,7 +262,7 @@ class FilesSink(TwoPhaseCommitSink[_OpenFiles, FilesHandle]):
                     os.link(staged, final)  # fails if the name exists: never overwrite
                 except FileExistsError:
                     self._verify(handle, entry, final)
-                _fsync_dir(final.parent)
+                fsync_dir(final.parent)
             else:
                 self._verify(handle, entry, final)
         shutil.rmtree(Path(self.path, STAGING, str(handle.txn)), ignore_errors=True)
@@ -403,14 +404,6 @@ def _fsync_and_hash(path: Path) -> tuple[int, str]:
     return _hash(path)
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _create_if_absent(path: Path, data: bytes) -> bool:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
@@ -424,7 +417,7 @@ def _create_if_absent(path: Path, data: bytes) -> bool:
         return False
     finally:
         tmp.unlink(missing_ok=True)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     return True
 
 

@@ -56,6 +56,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from typing_extensions import override
 
+from txsink._fs import fsync_dir
 from txsink._json import json_rows
 from txsink.errors import (
     CommitError,
@@ -495,8 +496,8 @@ class KafkaSink(TwoPhaseCommitSink[_OpenWal, Any]):
             while chunk := f.read(1 << 20):
                 crc = zlib.crc32(chunk, crc)
             os.fsync(f.fileno())
-        _fsync_dir(txn.folder)
-        _fsync_dir(txn.folder.parent)
+        fsync_dir(txn.folder)
+        fsync_dir(txn.folder.parent)
         return KafkaWalHandle(
             txn=txn.txn,
             rows=txn.rows,
@@ -935,11 +936,3 @@ def _headers(arr: pa.Array) -> pa.Array:
 
 def _first_null(arr: pa.Array) -> int:
     return int(pc.index(pc.is_null(arr), True).as_py())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from txsink._fs import fsync_dir
 from txsink.errors import CheckpointMismatchError, LogError
 
 __all__ = [
@@ -108,7 +109,7 @@ class FileStore:
             return False
         finally:
             tmp.unlink(missing_ok=True)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
         return True
 
     def read(self, key: str) -> bytes | None:
@@ -137,14 +138,6 @@ class FileStore:
         # Remove emptied epoch folders so listings stay short.
         with contextlib.suppress(OSError):
             path.parent.rmdir()
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def open_log(location: str | os.PathLike[str] | LogStore) -> TxLog:

@@ -369,13 +369,27 @@ class PostgresSink(TwoPhaseCommitSink[_OpenTxn, PgHandle]):
                     f"GRANT {privilege} ON {self.qualified_table} TO <role>",
                     **ctx,
                 )
-        conn.execute(
-            sql.SQL(
-                "CREATE TABLE IF NOT EXISTS {} (app_id text NOT NULL, uid text NOT NULL, "
-                "gid text PRIMARY KEY, epoch bigint NOT NULL, partition integer NOT NULL, "
-                "rows bigint NOT NULL, prepared_at timestamptz NOT NULL DEFAULT now())"
-            ).format(self._ident(self.progress))
-        )
+        # Look first: PostgreSQL checks the CREATE privilege even for IF NOT EXISTS,
+        # so a role without it must be able to use a table created beforehand.
+        found = conn.execute("SELECT to_regclass(%s)", (self._regclass(self.progress),)).fetchone()
+        if found is None or found[0] is None:
+            conn.execute(
+                sql.SQL(
+                    "CREATE TABLE IF NOT EXISTS {} (app_id text NOT NULL, uid text NOT NULL, "
+                    "gid text PRIMARY KEY, epoch bigint NOT NULL, partition integer NOT NULL, "
+                    "rows bigint NOT NULL, prepared_at timestamptz NOT NULL DEFAULT now())"
+                ).format(self._ident(self.progress))
+            )
+        for privilege in ("INSERT", "SELECT", "DELETE"):
+            ok = conn.execute(
+                "SELECT has_table_privilege(%s, %s)", (self._regclass(self.progress), privilege)
+            ).fetchone()[0]  # type: ignore[index]
+            if not ok:
+                raise ConfigurationError(
+                    f"the connecting role lacks {privilege} on the progress table "
+                    f"{self.schema}.{self.progress}: GRANT INSERT, SELECT, DELETE ON it",
+                    **ctx,
+                )
         self._warn_old_prepared(conn)
 
     def _regclass(self, name: str | None = None) -> str:
@@ -517,7 +531,7 @@ class PostgresSink(TwoPhaseCommitSink[_OpenTxn, PgHandle]):
                     txn.copy.write_row(row)
                 txn.nbytes += batch.nbytes
         except Exception as err:
-            raise self._map(err, txn.txn, phase="write", first_row=txn.rows) from err
+            raise self._map(err, txn.txn, phase="write") from err
         txn.rows += batch.num_rows
 
     @override
@@ -559,7 +573,20 @@ class PostgresSink(TwoPhaseCommitSink[_OpenTxn, PgHandle]):
                     )
                 )
                 conn.execute(sql.SQL("DROP TABLE {}").format(stage))
-            t = txn.txn
+            self._record_progress(conn, txn)
+            conn.tpc_prepare()
+        except Exception as err:
+            raise self._map(err, txn.txn, phase="prepare") from err
+        finally:
+            conn.close()
+        return PgHandle(txn=txn.txn, rows=txn.rows, nbytes=txn.nbytes)
+
+    def _record_progress(self, conn: psycopg.Connection[Any], txn: _OpenTxn) -> None:
+        import psycopg
+        from psycopg import sql
+
+        t = txn.txn
+        try:
             conn.execute(
                 sql.SQL(
                     "INSERT INTO {} (app_id, uid, gid, epoch, partition, rows) "
@@ -567,12 +594,20 @@ class PostgresSink(TwoPhaseCommitSink[_OpenTxn, PgHandle]):
                 ).format(self._ident(self.progress)),
                 (t.app, t.uid, str(t), t.epoch, t.partition, txn.rows),
             )
-            conn.tpc_prepare()
-        except Exception as err:
-            raise self._map(err, txn.txn, phase="prepare", first_row=0) from err
-        finally:
-            conn.close()
-        return PgHandle(txn=txn.txn, rows=txn.rows, nbytes=txn.nbytes)
+        except psycopg.errors.UniqueViolation as err:
+            # Not a bad row: the same transaction name committed before, so this
+            # target has history the txsink log does not know about.
+            raise ConfigurationError(
+                f"{self.schema}.{self.progress} already records a committed transaction named "
+                f"{t}: this table was written by an earlier pipeline with the same app id and "
+                "sink uid, whose txsink log is not this one (a new log with an old app_id?). "
+                "Keep the old txsink log, or use a new sink uid",
+                sink_uid=self.uid,
+                epoch=t.epoch,
+                partition=t.partition,
+                connector="postgres",
+                phase="prepare",
+            ) from err
 
     @override
     def discard(self, txn: _OpenTxn) -> None:
@@ -673,9 +708,7 @@ class PostgresSink(TwoPhaseCommitSink[_OpenTxn, PgHandle]):
 
     # -- errors --------------------------------------------------------------------
 
-    def _map(
-        self, err: BaseException, txn: TxnId, *, phase: str, first_row: int | None = None
-    ) -> TxsinkError:
+    def _map(self, err: BaseException, txn: TxnId, *, phase: str) -> TxsinkError:
         """Map a psycopg error by SQLSTATE class to a txsink error with context."""
         import psycopg
 

@@ -594,7 +594,35 @@ def test_missing_privileges_are_named_at_start(postgres: Any, table: tuple[str, 
             )
         with pytest.raises(ConfigurationError, match="CREATE on its schema for the progress table"):
             PostgresSink(ro, name, uid=uid).check(SCHEMA, "app")
+        # Created beforehand by someone who may, the table is enough without CREATE.
+        PostgresSink(postgres.dsn, name, uid=uid).check(SCHEMA, "app")
+        with postgres.connect(dsn=admin) as conn:
+            conn.execute(
+                sql.SQL("GRANT INSERT, SELECT, DELETE ON {} TO {}").format(
+                    sql.Identifier(uid, "txsink_progress"), sql.Identifier(role)
+                )
+            )
+        PostgresSink(ro, name, uid=uid).check(SCHEMA, "app")
     finally:
         with postgres.connect(dsn=admin) as conn:
             conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
             conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+def test_repeated_transaction_name_is_a_configuration_error(
+    postgres: Any, table: tuple[str, str]
+) -> None:
+    """A new txsink log with an old app id and uid would repeat transaction names."""
+    name, uid = table
+    sink = PostgresSink(postgres.dsn, name, uid=uid)
+    sink.check(SCHEMA, "app")
+    txn = TxnId("app", uid, 0, 0, 0, 0)
+    first = sink.begin(txn, SCHEMA)
+    sink.write(first, _batch(range(3)))
+    sink.commit(sink.prepare(first))
+    again = sink.begin(txn, SCHEMA)
+    sink.write(again, _batch(range(3)))
+    with pytest.raises(ConfigurationError, match="already records a committed transaction"):
+        sink.prepare(again)
+    assert _rows(postgres, f"SELECT count(*) FROM {name}") == [(3,)]
+    assert _prepared(postgres, uid) == []

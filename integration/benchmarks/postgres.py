@@ -24,6 +24,7 @@ CSV fast path against the ``write_row`` path (a ``binary`` column) at ``--binary
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import functools
 import io
@@ -111,6 +112,7 @@ LABELS = {
     "feed": "(Spark feed only, no DB)",
 }
 TARGETS = {"copy": 0.9, "jdbc": 3.0}
+SAVED = _bench.REPO / "integration" / ".work" / "benchmarks"
 
 
 # -- task functions: these run in Spark's Python workers; keep them self-contained -----------
@@ -398,6 +400,56 @@ def profile_tasks(bench: Bench, df: Any, **kw: Any) -> dict[str, float]:
     return out
 
 
+def epoch_overhead(
+    bench: Bench, df: Any, rows: int, partitions: int, epochs: int = 9
+) -> dict[str, float]:
+    """Small epochs as a streaming query runs them: one Coordinator writing epoch after epoch
+    into one table (start-up check and recovery only before the first), against plain COPY
+    of the same rows into another table. Medians over ``epochs`` (the first one excluded)."""
+    tx_table, cp_table = f"epochs_txsink_p{partitions}", f"epochs_copy_p{partitions}"
+    with bench.connect() as conn:
+        for table in (tx_table, cp_table):
+            conn.execute(f"CREATE TABLE {bench.qualified(table)} ({_ddl(COLUMNS)})")
+    tx: list[float] = []
+    cp: list[float] = []
+    phases: dict[str, list[float]] = {}
+    try:
+        sink = PostgresSink(bench.dsn, bench.qualified(tx_table), tx_table.replace("_", "-"))
+        with tempfile.TemporaryDirectory(dir=bench.workdir) as log:
+            coordinator = Coordinator([sink], log=log, app_id="bench")
+            for epoch in range(epochs + 1):
+                with _bench.stopwatch() as t:
+                    result = coordinator.write(df, epoch=epoch)
+                with _bench.stopwatch() as c:
+                    write_copy(bench, df, cp_table, _names(COLUMNS))
+                if epoch == 0:
+                    continue  # the first pays the start-up check and recovery
+                tx.append(t[0])
+                cp.append(c[0])
+                for phase, secs in result.seconds.items():
+                    phases.setdefault(phase, []).append(secs)
+        with bench.connect() as conn:
+            for table in (tx_table, cp_table):
+                row = conn.execute(
+                    f"SELECT count(*), count(DISTINCT id) FROM {bench.qualified(table)}"
+                ).fetchone()
+                if row is None or tuple(row) != ((epochs + 1) * rows, rows):
+                    bench.void.append(f"VOID epoch overhead: {table} holds {row}")
+    finally:
+        with bench.connect() as conn:
+            for table in (tx_table, cp_table):
+                conn.execute(f"DROP TABLE IF EXISTS {bench.qualified(table)}")
+    out = {"txsink": _bench.median(tx), "copy": _bench.median(cp), "epochs": float(len(tx))}
+    out.update({"txsink_min": min(tx), "txsink_max": max(tx), "copy_min": min(cp)})
+    out["copy_max"] = max(cp)
+    out.update({f"phase_{k}": _bench.median(v) for k, v in phases.items()})
+    _bench.log(
+        f"epochs of {rows:,} rows, P={partitions}: txsink {out['txsink'] * 1000:.0f} ms, "
+        f"plain COPY {out['copy'] * 1000:.0f} ms (medians of {epochs})"
+    )
+    return out
+
+
 def tpc_latency(bench: Bench, n: int = 30) -> dict[str, float]:
     """Median ms of COMMIT, PREPARE TRANSACTION and COMMIT PREPARED for a one-row insert."""
     import psycopg
@@ -490,6 +542,8 @@ class Results:
     repeat: int
     runs: list[_bench.Measurement] = field(default_factory=list)
     profiles: dict[int, dict[str, float]] = field(default_factory=dict)
+    epochs: dict[int, dict[str, float]] = field(default_factory=dict)
+    epoch_rows: int = 0
     tpc: dict[str, float] = field(default_factory=dict)
     single: dict[str, float] = field(default_factory=dict)
     binary_rows: int = 0
@@ -502,6 +556,7 @@ class Results:
     versions: dict[str, str] = field(default_factory=dict)
     machine: dict[str, str] = field(default_factory=dict)
     command: str = ""
+    void: list[str] = field(default_factory=list)
 
     def seconds(self, writer: str, partitions: int) -> list[float]:
         return [m.seconds for m in self.runs if m.writer == writer and m.partitions == partitions]
@@ -512,6 +567,19 @@ class Results:
 
     def ratio(self, writer: str, partitions: int) -> float:
         return self.rate("txsink", partitions) / self.rate(writer, partitions)
+
+    def paired(self, writer: str, partitions: int) -> list[float]:
+        """txsink's rate over ``writer``'s, run by run (each pair ran back to back)."""
+        tx = self.seconds("txsink", partitions)
+        return [w / t for w, t in zip(self.seconds(writer, partitions), tx, strict=False)]
+
+    def cpu(self, writer: str, partitions: int) -> dict[str, float]:
+        """Median CPU seconds per run: ``spark``, ``postgres``, ``others``."""
+        runs = [m for m in self.runs if m.writer == writer and m.partitions == partitions]
+        return {
+            k: _bench.median([m.extra.get("cpu", {}).get(k, float("nan")) for m in runs])
+            for k in ("spark", "postgres", "others")
+        }
 
     def phases(self, partitions: int) -> dict[str, float]:
         runs = [m for m in self.runs if m.writer == "txsink" and m.partitions == partitions]
@@ -536,10 +604,7 @@ def throughput_table(res: Results) -> str:
             runs = [m for m in res.runs if m.writer == writer and m.partitions == p]
             loads = " / ".join(f"{m.load_before:.1f}" for m in runs)
             void = any("void" in m.extra for m in runs)
-            cpu = {
-                k: _bench.median([m.extra["cpu"].get(k, float("nan")) for m in runs])
-                for k in ("spark", "postgres", "others")
-            }
+            cpu = res.cpu(writer, p)
             rows.append(
                 [
                     str(p),
@@ -577,7 +642,11 @@ def target_table(res: Results) -> str:
                 cells.append("not measured")
                 continue
             ratio = res.ratio(writer, p)
-            cells.append(f"{ratio:.2f}x ({'met' if ratio >= target else 'NOT met'})")
+            runs = res.paired(writer, p)
+            cells.append(
+                f"{ratio:.2f}x ({'met' if ratio >= target else 'NOT met'}; single runs "
+                f"{min(runs):.2f}-{max(runs):.2f}x)"
+            )
         rows.append(cells)
     return _bench.markdown_table(
         [
@@ -627,7 +696,7 @@ def profile_table(res: Results) -> str:
             "partitions",
             "tasks",
             "task s (sum)",
-            "Spark feed s",
+            "waiting for batches s",
             "CSV + COPY s",
             "begin s",
             "prepare s",
@@ -661,28 +730,80 @@ def binary_table(res: Results) -> str:
 def reading(res: Results) -> list[str]:
     """The numbers, read: generated from the results so a rerun cannot contradict them."""
     out: list[str] = []
+    first = res.partitions[0]
+
+    def cpu_total(writer: str, p: int) -> float:
+        c = res.cpu(writer, p)
+        return c["spark"] + c["postgres"]
+
     ps = [p for p in res.partitions if res.seconds("txsink", p) and res.seconds("copy", p)]
     if ps:
-        ratios = ", ".join(f"{res.ratio('copy', p):.2f}x at {p} partitions" for p in ps)
-        met = all(res.ratio("copy", p) >= TARGETS["copy"] for p in ps)
+        ratios = "; ".join(
+            f"{res.ratio('copy', p):.2f}x at {p} partitions (single runs "
+            f"{min(res.paired('copy', p)):.2f}-{max(res.paired('copy', p)):.2f}x)"
+            for p in ps
+        )
+        met = [res.ratio("copy", p) >= TARGETS["copy"] for p in ps]
+        verdict = (
+            "met"
+            if all(met)
+            else "NOT met"
+            if not any(met)
+            else "met at "
+            + ", ".join(str(p) for p, ok in zip(ps, met, strict=True) if ok)
+            + " partitions, NOT met at "
+            + ", ".join(str(p) for p, ok in zip(ps, met, strict=True) if not ok)
+        )
+        tx, cp = cpu_total("txsink", first), cpu_total("copy", first)
+        same = abs(tx - cp) <= 0.1 * cp
+        straddle = [
+            p for p in ps if min(res.paired("copy", p)) <= 1.0 <= max(res.paired("copy", p))
+        ]
         out.append(
-            f"**txsink vs plain COPY** ({ratios}): target >= 0.9x "
-            f"{'met' if met else 'NOT met'}. Both run the same Spark job shape (one "
-            "`mapInArrow` task per partition, pyarrow CSV into COPY), so the difference is the "
-            "protocol: the schema check and progress table at start, the progress-row INSERT "
-            "and PREPARE TRANSACTION in each task, the log records (claim, decision, committed "
-            "mark, each fsynced) and one serial COMMIT PREPARED per partition on the driver, "
-            "plus the recovery and leftover scans of `pg_prepared_xacts`."
+            f"**txsink vs plain COPY**: {ratios}. Target >= 0.9x: {verdict}. Both run the "
+            "same Spark job (one `mapInArrow` task per partition, pyarrow CSV into COPY); "
+            "what txsink adds is the protocol: the start-up check (catalog queries, progress "
+            "table), a progress-row INSERT and PREPARE TRANSACTION per task, three fsynced log "
+            "records, one COMMIT PREPARED per partition from the driver, and two scans of "
+            "`pg_prepared_xacts` (timed below). CPU per run at "
+            f"{first} partitions: {tx:.1f} s for txsink, {cp:.1f} s for plain COPY ("
+            + ("the same within 10%" if same else f"{tx / cp - 1:+.0%} for txsink")
+            + ")."
+            + (
+                " At "
+                + " and ".join(str(p) for p in straddle)
+                + " partitions txsink was faster than plain COPY in some runs and slower in "
+                "others: the gap between the medians is within the run-to-run noise, and the "
+                "protocol's own steps take well under 0.1 s per epoch (timed below)."
+                if straddle
+                else ""
+            )
         )
     ps = [p for p in res.partitions if res.seconds("txsink", p) and res.seconds("jdbc", p)]
     if ps:
         ratios = ", ".join(f"{res.ratio('jdbc', p):.2f}x at {p} partitions" for p in ps)
-        met = all(res.ratio("jdbc", p) >= TARGETS["jdbc"] for p in ps)
+        jdbc_met = all(res.ratio("jdbc", p) >= TARGETS["jdbc"] for p in ps)
+        txc, jd = res.cpu("txsink", first), res.cpu("jdbc", first)
+        cap = cpu_total("jdbc", first) / cpu_total("txsink", first)
+        feed = res.cpu("feed", first)["spark"] if res.seconds("feed", first) else float("nan")
+        python_side = txc["spark"] - feed
         out.append(
-            f"**txsink vs Spark's JDBC writer** ({ratios}): target >= 3x "
-            f"{'met' if met else 'NOT met'}. The JDBC writer sends batched multi-row INSERTs "
-            f"(`batchsize={JDBC_BATCHSIZE}`, `reWriteBatchedInserts=true`): every value is "
-            "bound, parsed and planned as an INSERT, where COPY streams rows into the table."
+            f"**txsink vs Spark's JDBC writer**: {ratios}. Target >= 3x: "
+            f"{'met' if jdbc_met else 'NOT met'}. The JDBC writer sends batched multi-row INSERTs "
+            f"(`batchsize={JDBC_BATCHSIZE}`, `reWriteBatchedInserts=true`), which the server "
+            "parses and plans where COPY streams rows, but it skips the Python side entirely. "
+            f"CPU per run at {first} partitions (Spark side / PostgreSQL): JDBC "
+            f"{jd['spark']:.1f} / {jd['postgres']:.1f} s, txsink {txc['spark']:.1f} / "
+            f"{txc['postgres']:.1f} s, of which {feed:.1f} s is Spark handing the rows to "
+            f"Python as Arrow (the feed row) and {python_side:.1f} s the Python side (CSV "
+            "encoding, psycopg). With Spark and PostgreSQL sharing 2 "
+            "cores, both writers are CPU-bound, so the wall-time ratio is capped near the "
+            f"ratio of total CPU, {cap:.1f}x here"
+            + (", below the 3x target" if cap < TARGETS["jdbc"] else "")
+            + ". PostgreSQL's own CPU per row is "
+            f"{jd['postgres'] / txc['postgres']:.1f}x lower for COPY than for the JDBC "
+            "writer's INSERTs, which bounds txsink's lead where the database has cores of its "
+            "own and is the bottleneck (a setup not measured here)."
         )
     for p in res.partitions:
         if not res.seconds("txsink", p):
@@ -694,26 +815,44 @@ def reading(res: Results) -> list[str]:
             f"**Where txsink's time goes at {p} partitions**: {total:.2f} s in all, "
             f"{ph['precommit']:.2f} s ({ph['precommit'] / total:.0%}) in the pre-commit job "
             f"(COPY + PREPARE in the tasks), {fixed:.2f} s outside it (check + schema "
-            f"{ph['other']:.2f} s, recover {ph['recover']:.3f} s, decide {ph['decide']:.3f} s, "
-            f"commit {ph['commit']:.3f} s for {p} COMMIT PREPARED + leftover scan)."
+            f"{ph['other']:.3f} s, recover {ph['recover']:.3f} s, decide {ph['decide']:.3f} s, "
+            f"commit {ph['commit']:.3f} s for {p} COMMIT PREPARED + the leftover scan)."
         )
         pr = res.profiles.get(p)
         if pr:
             out.append(
-                f"Inside the tasks at {p} partitions (profile run, summed over "
-                f"{pr['tasks']:.0f} tasks): {pr['feed'] / pr['span']:.0%} waiting for Spark to "
-                f"produce the Arrow batches, {pr['write'] / pr['span']:.0%} CSV encoding + COPY, "
-                f"{pr['prepare'] / pr['span']:.1%} finishing the COPY + progress row + PREPARE, "
-                f"{pr['begin'] / pr['span']:.1%} connecting."
+                f"Inside the tasks at {p} partitions (profile run, {pr['tasks']:.0f} tasks): "
+                f"{pr['write'] / pr['span']:.0%} of task time is CSV encoding + COPY, "
+                f"{pr['prepare'] / pr['span']:.1%} finishing the COPY + progress row + PREPARE "
+                f"(at most {pr['prepare_max'] * 1000:.0f} ms in one task), "
+                f"{pr['begin'] / pr['span']:.1%} connecting, {pr['feed'] / pr['span']:.0%} "
+                "waiting for the next batch (the JVM produces batches concurrently, on the "
+                "same 2 cores)."
             )
     if res.tpc:
         t = res.tpc
         out.append(
             f"**2PC's fixed cost** (one-row transaction, median of 30): COMMIT "
-            f"{t['commit_ms']:.1f} ms; PREPARE TRANSACTION {t['prepare_ms']:.1f} ms + COMMIT "
-            f"PREPARED {t['commit_prepared_ms']:.1f} ms. At "
-            f"{res.rows // max(res.partitions):,} rows per partition that is noise next to "
-            "the COPY; it matters for small micro-batches split into many partitions."
+            f"{t['commit_ms']:.1f} ms, against PREPARE TRANSACTION {t['prepare_ms']:.1f} ms "
+            f"in the task + COMMIT PREPARED {t['commit_prepared_ms']:.1f} ms on the driver "
+            f"(serial, one per partition). At {res.rows // max(res.partitions):,} rows per "
+            "partition that is noise next to the COPY; it matters for small micro-batches "
+            "split into many partitions."
+        )
+    for p, e in sorted(res.epochs.items()):
+        driver = e.get("phase_decide", 0) + e.get("phase_commit", 0)
+        overlap = e["txsink_min"] <= e["copy_max"] and e["copy_min"] <= e["txsink_max"]
+        out.append(
+            f"**Small epochs** ({res.epoch_rows:,} rows in {p} partitions; one Coordinator "
+            "writing epoch after epoch as a streaming query does; median of "
+            f"{e['epochs']:.0f}): txsink {e['txsink'] * 1000:.0f} ms per epoch (single epochs "
+            f"{e['txsink_min'] * 1000:.0f}-{e['txsink_max'] * 1000:.0f}), plain COPY "
+            f"{e['copy'] * 1000:.0f} ms ({e['copy_min'] * 1000:.0f}-"
+            f"{e['copy_max'] * 1000:.0f}). The protocol's driver steps after the Spark job "
+            f"(decision record, {p} COMMIT PREPARED, committed mark, leftover scan) take "
+            f"{driver * 1000:.0f} ms per epoch; the rest of the difference is the round claim "
+            "and PREPARE + progress row in the tasks"
+            + (", and within the epoch-to-epoch noise here." if overlap else ".")
         )
     if res.single:
         s = res.single
@@ -721,33 +860,47 @@ def reading(res: Results) -> list[str]:
             f"**Without Spark**, one connection COPYs pre-encoded CSV at "
             f"{_bench.fmt_rate(s['copy_rows_per_s'])} rows/s ({s['csv_mb']:.0f} MB of CSV), and "
             f"pyarrow encodes CSV at {_bench.fmt_rate(s['encode_rows_per_s'])} rows/s on one "
-            "core. On 2 cores the Spark JVM (reading the cache, converting to Arrow), the "
-            "Python workers (CSV) and the PostgreSQL backends (parsing COPY) share the CPU, "
-            "so partitions beyond 2 add tasks and connections, not parallelism."
+            "core: neither alone is the limit. On 2 cores the Spark JVM (reading the cache, "
+            "converting to Arrow), the Python workers (CSV) and the PostgreSQL backends "
+            "(parsing COPY) share the CPU."
         )
     if res.binary:
-        base = _bench.median([m.seconds for m in res.binary if m.extra.get("variant") == "csv"])
-        row = _bench.median(
-            [m.seconds for m in res.binary if m.extra.get("variant") == "write_row"]
-        )
-        hexs = _bench.median([m.seconds for m in res.binary if m.extra.get("variant") == "hex"])
-        out.append(
-            f"**The write_row path** (any binary or nested column; {res.binary_rows:,} rows, "
-            f"{res.binary_partitions} partitions) runs at {base / row:.2f}x the CSV fast path's "
-            f"rate; the same bytes as a hex text column on the CSV path run at "
-            f"{base / hexs:.2f}x. The cost is per-row Python: `to_pylist()` plus "
-            "psycopg's `write_row` for every row, where the CSV path encodes whole batches in "
-            "C++."
-        )
-    if any(p > 2 for p in res.partitions):
-        lo, hi = min(res.partitions), max(res.partitions)
-        if res.seconds("txsink", lo) and res.seconds("txsink", hi):
-            out.append(
-                f"**Partitions**: txsink at {hi} partitions runs at "
-                f"{res.rate('txsink', hi) / res.rate('txsink', lo):.2f}x its rate at {lo}; "
-                f"`local[2]` runs 2 tasks at a time, so {hi} partitions are {hi // 2} waves "
-                "of the same work with more connections, PREPAREs and COMMIT PREPAREDs."
+
+        def med(variant: str) -> float:
+            return _bench.median(
+                [m.seconds for m in res.binary if m.extra.get("variant") == variant]
             )
+
+        base, row, hexs = med("csv"), med("write_row"), med("hex")
+        out.append(
+            f"**The write_row path** (taken for the whole table when any column is binary or "
+            f"nested; {res.binary_rows:,} rows, {res.binary_partitions} partitions) runs at "
+            f"{base / row:.2f}x the CSV fast path's rate; the same bytes as a hex text column "
+            f"on the CSV path run at {base / hexs:.2f}x, so at equal width the write_row path "
+            f"runs at {hexs / row:.2f}x the CSV path's rate. The cost is per-row Python "
+            "(`to_pylist()` and psycopg's `write_row` for every row, all columns), where the "
+            "CSV path encodes whole batches in C++."
+        )
+    lo, hi = min(res.partitions), max(res.partitions)
+    if hi > lo and res.seconds("txsink", lo) and res.seconds("txsink", hi):
+        cpu_lo, cpu_hi = cpu_total("txsink", lo), cpu_total("txsink", hi)
+        others_lo, others_hi = res.cpu("txsink", lo)["others"], res.cpu("txsink", hi)["others"]
+        same = abs(cpu_hi - cpu_lo) <= 0.1 * cpu_lo
+        speed = res.rate("txsink", hi) / res.rate("txsink", lo)
+        if 0.9 <= speed <= 1.1:
+            tail = "; the rates here are the same within 10%."
+        elif same:
+            tail = "; with the same CPU per run, the difference in wall time is the other jobs'."
+        else:
+            tail = f"; here they cost {cpu_hi / cpu_lo - 1:+.0%} CPU."
+        out.append(
+            f"**Partitions**: txsink's rate at {hi} partitions was {speed:.2f}x its rate at "
+            f"{lo}, with {cpu_hi:.1f} vs {cpu_lo:.1f} CPU-s per run, while other jobs on the "
+            f"machine used {others_hi:.1f} vs {others_lo:.1f} CPU-s (the *other* column). "
+            "`local[2]` runs 2 tasks at a time whatever the partition count, so more "
+            "partitions add waves of the same work (and connections, PREPAREs, COMMIT "
+            "PREPAREDs), not parallelism" + tail
+        )
     return out
 
 
@@ -759,7 +912,9 @@ def render(res: Results) -> str:
         f"Measured {res.started} with `{res.command}` ({res.minutes:.1f} min in all).",
         "",
         f"- Machine: {mach['cpu']}, {mach['cores']} cores, {mach['memory']} RAM, {mach['os']}.",
-        f"- Load: before `{res.uptime_before}`; after `{res.uptime_after}`.",
+        f"- Load: before `{res.uptime_before}`; after `{res.uptime_after}`. The load average "
+        "counts the benchmark itself (it keeps both cores busy); the *other* CPU column below "
+        "is what other jobs took during each run.",
         f"- Versions: PySpark {v['pyspark']} (`local[2]`, {mach['java']}), Python "
         f"{mach['python']}, pyarrow {v['pyarrow']}, psycopg {v['psycopg']} (libpq "
         f"{v['libpq']}), PostgreSQL {v['postgres']} (local, {v['settings']}), PostgreSQL "
@@ -776,7 +931,11 @@ def render(res: Results) -> str:
         "strongest common setting); **psycopg executemany** `INSERT` per Arrow batch in one "
         "transaction per task (psycopg 3 pipelines `executemany`). The feed row is Spark "
         "alone: tasks that receive the batches and write nothing.",
-        f"- Times are wall-clock per run, {res.repeat} run(s) each; rows/s uses the median.",
+        f"- Times are wall-clock per run, {res.repeat} run(s) each, after an untimed warm-up "
+        "run of every writer; rows/s uses the median. txsink and plain COPY swap order every "
+        "other run. *CPU s* are CPU seconds used during the run (median) by this benchmark's "
+        "process tree (driver, Spark JVM, Python workers), by the PostgreSQL server's process "
+        "tree, and by everything else on the machine (other jobs).",
         "",
         "### Throughput",
         "",
@@ -798,9 +957,9 @@ def render(res: Results) -> str:
         parts += [
             "",
             "Inside the tasks (one extra, untimed run with a subclass of PostgresSink that "
-            "times its hooks; seconds summed over tasks, 2 run at a time; *Spark feed* is the "
-            "task's time outside the sink: Spark reading the cache and shipping Arrow "
-            "batches):",
+            "times its hooks; seconds summed over tasks, 2 run at a time; *waiting for "
+            "batches* is the task's time between its first batch and the end of PREPARE spent "
+            "outside the sink):",
             "",
             profile_table(res),
         ]
@@ -904,6 +1063,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--no-docs", action="store_true", help="do not touch the docs")
     parser.add_argument(
+        "--render",
+        type=Path,
+        metavar="JSON",
+        help="measure nothing: print (and write to the docs) the results saved in JSON by an "
+        "earlier run (every run saves them under integration/.work/benchmarks/)",
+    )
+    parser.add_argument(
         "--dsn", default=os.environ.get("TXSINK_PG_DSN"), help="default: $TXSINK_PG_DSN"
     )
     args = parser.parse_args(argv)
@@ -912,7 +1078,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     unknown = set(args.writers) - set(WRITERS)
     if unknown:
         parser.error(f"unknown writers {sorted(unknown)}; choose from {list(WRITERS)}")
-    if not args.dsn:
+    if not args.dsn and args.render is None:
         parser.error("no DSN: set TXSINK_PG_DSN (integration/benchmarks/run does) or --dsn")
     if args.rows < 1 or args.repeat < 1 or not args.partitions or min(args.partitions) < 1:
         parser.error("--rows, --repeat and --partitions must be positive")
@@ -923,9 +1089,37 @@ def _command(argv: Sequence[str]) -> str:
     return " ".join(["integration/benchmarks/run", "postgres", *argv])
 
 
+def save_results(res: Results, folder: Path = SAVED) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"postgres-{dt.datetime.now(dt.UTC).strftime('%Y%m%dT%H%M%SZ')}.json"
+    path.write_text(json.dumps(dataclasses.asdict(res), indent=1, default=str))
+    return path
+
+
+def load_results(path: Path) -> Results:
+    doc = json.loads(path.read_text())
+    runs = [_bench.Measurement(**m) for m in doc.pop("runs")]
+    binary = [_bench.Measurement(**m) for m in doc.pop("binary")]
+    profiles = {int(k): v for k, v in doc.pop("profiles").items()}
+    epochs = {int(k): v for k, v in doc.pop("epochs").items()}
+    return Results(**doc, runs=runs, binary=binary, profiles=profiles, epochs=epochs)
+
+
+def publish(res: Results, args: argparse.Namespace) -> None:
+    text = render(res)
+    print(text)
+    if not args.no_docs:
+        _bench.update_doc_section("postgres", text, args.docs)
+        _bench.log(f"wrote the Postgres section of {args.docs}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
+    if args.render is not None:
+        res = load_results(args.render)
+        publish(res, args)
+        return 1 if res.void else 0
     started = time.monotonic()
     res = Results(args.rows, args.partitions, args.repeat, command=_command(argv))
     res.started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -989,6 +1183,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.no_extras:
             _bench.log("PREPARE / COMMIT PREPARED latency")
             res.tpc = tpc_latency(bench)
+            res.epoch_rows = min(args.rows, 10_000)
+            for p in sorted({args.partitions[0], max(args.partitions)}):
+                df = make_frame(spark, res.epoch_rows, p, COLUMNS)
+                res.epochs[p] = epoch_overhead(bench, df, res.epoch_rows, p)
+                df.unpersist(blocking=True)
         if args.binary_rows > 0:
             res.binary_rows = args.binary_rows
             res.binary_partitions = p = args.partitions[0]
@@ -1024,11 +1223,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     res.uptime_after = _bench.uptime()
     res.minutes = (time.monotonic() - started) / 60
     _bench.log(f"end: {res.uptime_after}")
-    text = render(res)
-    print(text)
-    if not args.no_docs:
-        _bench.update_doc_section("postgres", text, args.docs)
-        _bench.log(f"wrote the Postgres section of {args.docs}")
+    res.void = list(bench.void)
+    _bench.log(f"results saved in {save_results(res)} (rerender with --render)")
+    publish(res, args)
     for message in bench.void:
         print(message, file=sys.stderr)
     return 1 if bench.void else 0

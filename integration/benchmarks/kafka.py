@@ -1,0 +1,1791 @@
+"""Kafka benchmark: txsink's KafkaSink (WAL and replay modes) next to a plain idempotent
+producer and Spark's built-in Kafka sink, writing the same cached records into fresh topics.
+
+    integration/benchmarks/run kafka [--rows N] [--partitions 2,8] [--repeat K]
+
+Records: a string key (``user-NNNNNNN``) and a ~207-byte JSON value (a web-shop event built
+in Spark with ``to_json(named_struct(...))``, its first field the unique ``id``).
+
+Writers (each into its own fresh topic of --topic-partitions partitions, deleted after its
+output is verified):
+
+wal       ``Coordinator([KafkaSink(mode="wal", key="key", value="value")]).write(df,
+          epoch=0)``: every task writes its records to an Arrow IPC WAL file and fsyncs it;
+          the driver records the decision, then produces every WAL record plus the shard's
+          marker in one Kafka transaction per shard (shards=1, the default). Full protocol.
+replay    ``KafkaSink(mode="replay", shards=<partitions>)``: the epoch is resharded by the
+          key's hash and persisted; pre-commit tasks count and checksum their shard; the
+          commit job re-reads the persisted rows, one task per shard, each producing its
+          records plus the marker in one transaction. Full protocol.
+producer  the ceiling: ``mapInArrow`` tasks, each with a plain (non-transactional)
+          idempotent confluent-kafka Producer (``acks=all``, txsink's ``linger.ms=20``,
+          ``compression.type=lz4``, ``murmur2_random``), the same produce loop with a
+          delivery callback, ``flush()`` at the end.
+spark     Spark's built-in Kafka sink (``df.write.format("kafka")``), Java KafkaProducer with
+          the same acks, idempotence, linger.ms and compression.
+feed      no Kafka: ``mapInArrow`` tasks only receive the batches (Spark's own cost).
+
+Verification: the topic is read back with ``isolation.level=read_committed`` up to its last
+stable offsets: exactly N records, N distinct ids (parsed from the value) in range, and the
+sums of key/value lengths and CRC32s equal to the source's; no transaction may be left open
+(last stable offset == high watermark) and no WAL file left behind.
+
+Plus, unless ``--no-extras``: txsink's phases (EpochResult.seconds), a per-step profile of
+one extra run of each mode (precommit tasks, commit), and single-process (no Spark) rates
+of the steps KafkaSink's commit is made of.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import functools
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from typing_extensions import override
+
+try:
+    from benchmarks import _bench
+except ImportError:  # run as a plain script: python integration/benchmarks/kafka.py
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks import _bench
+
+from txsink import Coordinator
+from txsink.connectors.kafka import KafkaReplayHandle, KafkaSink, KafkaWalHandle, _OpenWal
+from txsink.txid import TxnId
+
+# txsink's producer defaults (KafkaSink._producer); the ceiling and Spark's sink get the same.
+PRODUCER_SETTINGS: dict[str, Any] = {
+    "enable.idempotence": True,
+    "acks": "all",
+    "linger.ms": 20,
+    "compression.type": "lz4",
+    "partitioner": "murmur2_random",
+}
+SPARK_KAFKA_OPTIONS = {
+    "kafka.acks": "all",
+    "kafka.enable.idempotence": "true",
+    "kafka.linger.ms": "20",
+    "kafka.compression.type": "lz4",
+}
+TXN_PREFIX = "txsink-bench"
+CENTRAL = "https://repo.maven.apache.org/maven2"
+SPARK_KAFKA = ("org.apache.spark", "spark-sql-kafka-0-10_2.13")
+TOKEN_PROVIDER = ("org.apache.spark", "spark-token-provider-kafka-0-10_2.13")
+
+KEY_EXPR = "concat('user-', lpad(cast((id * 7919) % 250000 AS string), 7, '0'))"
+# A web-shop event; ``id`` first, so the verifier parses it from the value's prefix.
+VALUE_FIELDS: tuple[tuple[str, str], ...] = (
+    ("id", "id"),
+    (
+        "type",
+        "element_at(array('page_view', 'click', 'add_to_cart', 'search', 'purchase'), "
+        "cast(id % 5 + 1 AS int))",
+    ),
+    ("user", KEY_EXPR),
+    ("session", "substr(sha2(cast(id DIV 20 AS string), 256), 1, 16)"),
+    (
+        "ts",
+        "date_format(timestamp_micros(1704067200000000 + id * 31536000), "
+        "\"yyyy-MM-dd'T'HH:mm:ss.SSSSSS'Z'\")",
+    ),
+    ("page", "concat('/products/', lpad(cast((id * 31) % 50000 AS string), 6, '0'))"),
+    ("device", "element_at(array('ios', 'android', 'web'), cast(id % 3 + 1 AS int))"),
+    (
+        "country",
+        "element_at(array('DE', 'US', 'FR', 'GB', 'CH', 'NL'), cast(id % 6 + 1 AS int))",
+    ),
+    ("amount", "cast(((id * 7907) % 100000) / 100.0 AS decimal(10,2))"),
+    ("currency", "'EUR'"),
+)
+VALUE_EXPR = (
+    "to_json(named_struct(" + ", ".join(f"'{name}', {expr}" for name, expr in VALUE_FIELDS) + "))"
+)
+ID_PREFIX = b'{"id":'
+# What "the same records" means: count, key/value bytes and CRC32 sums equal the source's.
+FINGERPRINT_SPARK = (
+    "count(*)",
+    "sum(octet_length(key))",
+    "sum(octet_length(value))",
+    "sum(crc32(cast(key AS binary)))",
+    "sum(crc32(cast(value AS binary)))",
+)
+
+WRITERS = ("wal", "replay", "producer", "spark")
+LABELS = {
+    "wal": 'txsink KafkaSink mode="wal"',
+    "replay": 'txsink KafkaSink mode="replay"',
+    "producer": "plain idempotent producer",
+    "spark": "Spark Kafka sink",
+    "feed": "(Spark feed only, no Kafka)",
+}
+TARGETS = {"replay": 0.8, "wal": 0.5}  # vs the plain producer
+SAVED = _bench.REPO / "integration" / ".work" / "benchmarks"
+
+
+# -- task functions: these run in Spark's Python workers; keep them self-contained -----------
+
+
+def _produce_task(
+    bootstrap: str, topic: str, config: dict[str, Any], batches: Iterator[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
+    """The ceiling: one plain idempotent producer per task, the same records, flush at the end."""
+    from confluent_kafka import Producer
+
+    producer = Producer({**config, "bootstrap.servers": bootstrap})
+    errors: list[str] = []
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        if err is not None and not errors:
+            errors.append(f"{err.str()} (partition {msg.partition()})")
+
+    rows = 0
+    for batch in batches:
+        keys = batch.column(0).cast(pa.binary()).to_pylist()
+        values = batch.column(1).cast(pa.binary()).to_pylist()
+        for key, value in zip(keys, values, strict=True):
+            while True:
+                try:
+                    producer.produce(topic, value, key, on_delivery=on_delivery)
+                    break
+                except BufferError:
+                    producer.poll(0.05)  # local queue full: let deliveries drain
+        producer.poll(0)
+        rows += batch.num_rows
+    left = producer.flush(120)
+    if left or errors:
+        raise RuntimeError(f"plain producer: {left} records undelivered, errors {errors[:1]}")
+    yield pa.RecordBatch.from_pydict({"rows": [rows]}, schema=pa.schema([("rows", pa.int64())]))
+
+
+def _feed_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Only receive the batches: what Spark costs before any writer does anything."""
+    # Warm the worker up (imports) so the first writer measured does not pay for it.
+    import confluent_kafka  # noqa: F401
+
+    import txsink.connectors.kafka  # noqa: F401
+
+    rows = sum(batch.num_rows for batch in batches)
+    yield pa.RecordBatch.from_pydict({"rows": [rows]}, schema=pa.schema([("rows", pa.int64())]))
+
+
+class ProfiledKafkaSink(KafkaSink):
+    """KafkaSink that writes the seconds spent in its steps, per task and per commit.
+
+    Used only for the profile runs (their numbers are not in the throughput table): the
+    timers wrap whole hooks or whole batches, never single records. Each pre-commit task
+    writes ``precommit-<txn>.json`` at ``prepare``; each commit (the driver's
+    ``finish_epoch`` in WAL mode, each replay commit task) writes ``commit-*.json``.
+    """
+
+    def __init__(self, *args: Any, profile_dir: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.profile_dir = profile_dir
+        self._prof: dict[str, float] = {}
+
+    def _add(self, key: str, t0: float) -> None:
+        self._prof[key] = self._prof.get(key, 0.0) + time.perf_counter() - t0
+
+    def _dump(self, name: str, record: dict[str, Any]) -> None:
+        Path(self.profile_dir, f"{name}.json").write_text(json.dumps(record))
+
+    # the driver's start-up checks (init_transactions per shard, marker topic, ...)
+
+    @override
+    def check(self, schema: pa.Schema, app_id: str) -> None:
+        t0 = time.perf_counter()
+        super().check(schema, app_id)
+        self._dump("check-driver", {"kind": "check", "seconds": time.perf_counter() - t0})
+
+    # pre-commit tasks
+
+    @override
+    def begin(self, txn: TxnId, schema: pa.Schema) -> _OpenWal:
+        t0 = time.perf_counter()
+        opened = super().begin(txn, schema)
+        self._prof = {"start": t0}
+        self._add("begin", t0)
+        return opened
+
+    @override
+    def write(self, txn: _OpenWal, batch: pa.RecordBatch) -> None:
+        t0 = time.perf_counter()
+        super().write(txn, batch)
+        self._add("write", t0)
+
+    @override
+    def prepare(self, txn: _OpenWal) -> KafkaWalHandle | KafkaReplayHandle:
+        t0 = time.perf_counter()
+        handle = super().prepare(txn)
+        end = time.perf_counter()
+        p = self._prof
+        self._dump(
+            f"precommit-{txn.txn}",
+            {
+                "kind": "precommit",
+                "partition": txn.txn.partition,
+                "rows": handle.rows,
+                "begin": p.get("begin", 0.0),
+                "write": p.get("write", 0.0),
+                "prepare": end - t0,
+                "span": end - p.get("start", t0),
+            },
+        )
+        return handle
+
+    # commit: the driver (WAL) or one task per shard (replay)
+
+    @override
+    def finish_epoch(self, epoch: int, handles: Sequence[Any]) -> None:
+        if self.mode != "wal":
+            super().finish_epoch(epoch, handles)
+            return
+        self._prof = {}
+        t0 = time.perf_counter()
+        super().finish_epoch(epoch, handles)
+        self._add("total", t0)
+        self._dump(f"commit-driver-{epoch}", {"kind": "commit", "where": "driver", **self._prof})
+
+    @override
+    def _commit_shard_rows(
+        self,
+        shard: int,
+        app: str,
+        epoch: int,
+        want: tuple[int, int],
+        batches: Iterator[pa.RecordBatch],
+    ) -> tuple[str, int]:
+        self._prof = {}
+        t0 = time.perf_counter()
+        out = super()._commit_shard_rows(shard, app, epoch, want, batches)
+        self._add("total", t0)
+        self._dump(
+            f"commit-shard-{shard}-{epoch}", {"kind": "commit", "where": "task", **self._prof}
+        )
+        return out
+
+    @override
+    def _producer(self, shard: int) -> Any:
+        t0 = time.perf_counter()
+        producer = super()._producer(shard)
+        self._add("producer", t0)
+        return producer
+
+    @override
+    def _marker(self, shard: int, app: str) -> int | None:
+        t0 = time.perf_counter()
+        found = super()._marker(shard, app)
+        self._add("marker", t0)
+        return found
+
+    @override
+    def _transaction(
+        self,
+        producer: Any,
+        app: str,
+        shard: int,
+        epoch: int,
+        body: Callable[[Callable[[Any, Any], None]], None],
+    ) -> None:
+        def timed_body(on_delivery: Callable[[Any, Any], None]) -> None:
+            t1 = time.perf_counter()
+            body(on_delivery)
+            self._add("body", t1)
+
+        t0 = time.perf_counter()
+        super()._transaction(producer, app, shard, epoch, timed_body)
+        self._add("transaction", t0)
+
+    @override
+    def _records(self, batch: pa.RecordBatch, partition: int, first_row: int) -> pa.RecordBatch:
+        t0 = time.perf_counter()
+        records = super()._records(batch, partition, first_row)
+        self._add("records", t0)
+        return records
+
+    # KafkaSink calls it as self._produce_batch(...): an instance method here, to reach _prof.
+    def _produce_batch(  # type: ignore[override]
+        self, producer: Any, batch: pa.RecordBatch, on_delivery: Any
+    ) -> None:
+        t0 = time.perf_counter()
+        KafkaSink._produce_batch(producer, batch, on_delivery)
+        self._add("produce", t0)
+
+    @override
+    def _delete_wal(self, handles: Sequence[KafkaWalHandle]) -> None:
+        t0 = time.perf_counter()
+        super()._delete_wal(handles)
+        self._add("delete_wal", t0)
+
+
+# -- Kafka helpers --------------------------------------------------------------------------
+
+
+def _quiet() -> Any:
+    import logging
+
+    logger = logging.getLogger("txsink.bench.rdkafka")
+    if not logger.handlers:
+        logger.addHandler(logging.NullHandler())
+        logger.propagate = False
+    return logger
+
+
+def _admin(bootstrap: str) -> Any:
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient({"bootstrap.servers": bootstrap, "logger": _quiet()})
+
+
+def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
+
+    admin = _admin(bootstrap)  # keep it referenced: its futures die with it
+    futures = admin.create_topics(
+        [NewTopic(topic, num_partitions=partitions, replication_factor=1)]
+    )
+    futures[topic].result(timeout=60)
+    # Wait until the metadata shows every partition with a leader.
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        meta = admin.list_topics(topic, timeout=10).topics.get(topic)
+        if (
+            meta is not None
+            and meta.error is None
+            and len(meta.partitions) == partitions
+            and all(p.leader >= 0 for p in meta.partitions.values())
+        ):
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"topic {topic} did not get leaders for its {partitions} partitions")
+
+
+def delete_topics(bootstrap: str, topics: Sequence[str]) -> None:
+    if not topics:
+        return
+    admin = _admin(bootstrap)  # keep it referenced: its futures die with it
+    futures = admin.delete_topics(list(topics), operation_timeout=60)
+    for topic, future in futures.items():
+        try:
+            future.result(timeout=60)
+        except Exception as err:  # a missing topic is fine; anything else only logged
+            _bench.log(f"could not delete topic {topic}: {err}")
+
+
+def end_offsets(bootstrap: str, topic: str, isolation: str) -> dict[int, int]:
+    """Per partition: the last stable offset (read_committed) or high watermark."""
+    from readback import end_offsets as _end_offsets
+
+    return _end_offsets(bootstrap, topic, isolation=isolation, timeout_s=60.0)
+
+
+@dataclass
+class Readback:
+    """What a read_committed reader sees in a topic, summed (order-independent)."""
+
+    records: int = 0
+    key_bytes: int = 0
+    value_bytes: int = 0
+    key_crc: int = 0
+    value_crc: int = 0
+    distinct: int = 0
+    duplicates: int = 0
+    bad_ids: int = 0
+    open_partitions: int = 0  # last stable offset < high watermark: a transaction left open
+    offsets: int = 0  # sum of high watermarks (records + transaction markers + aborted)
+    seconds: float = 0.0
+
+    def fingerprint(self) -> tuple[int, ...]:
+        return (self.records, self.key_bytes, self.value_bytes, self.key_crc, self.value_crc)
+
+
+def read_back(bootstrap: str, topic: str, rows: int, timeout_s: float = 300.0) -> Readback:
+    """Read ``topic`` with read_committed to its last stable offsets; sum what it holds.
+
+    One consumer over all partitions, batched ``consume``; per record only the CRC32s,
+    lengths and the id (from the value's ``{"id":N,`` prefix) in a bitmap of ``rows``.
+    """
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    t0 = time.perf_counter()
+    out = Readback()
+    ends = end_offsets(bootstrap, topic, "read_committed")
+    hwm = end_offsets(bootstrap, topic, "read_uncommitted")
+    out.offsets = sum(hwm.values())
+    out.open_partitions = sum(1 for p, e in ends.items() if e < hwm.get(p, e))
+    pending = {p for p, end in ends.items() if end > 0}
+    seen = bytearray(rows)
+    if pending:
+        consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": f"txsink-bench-{uuid.uuid4().hex[:12]}",
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+                "auto.offset.reset": "earliest",
+                "fetch.max.bytes": 64 << 20,
+                "max.partition.fetch.bytes": 16 << 20,
+                "logger": _quiet(),
+            }
+        )
+        crc32 = zlib.crc32
+        eof = KafkaError._PARTITION_EOF
+        records = key_bytes = value_bytes = key_crc = value_crc = dups = bad = 0
+        try:
+            consumer.assign([TopicPartition(topic, p, 0) for p in sorted(pending)])
+            deadline = time.monotonic() + timeout_s
+            while pending:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"read_back({topic}): {sorted(pending)} not at their end")
+                for msg in consumer.consume(20_000, 0.5):
+                    err = msg.error()
+                    part = msg.partition()
+                    offset = msg.offset()
+                    if err is not None and err.code() != eof:
+                        raise RuntimeError(f"read_back({topic}): {err}")
+                    if part is None or offset is None:
+                        continue
+                    if err is not None:  # end of partition
+                        if offset >= ends[part]:
+                            pending.discard(part)
+                        continue
+                    if offset >= ends[part]:
+                        pending.discard(part)
+                        continue
+                    key = msg.key() or b""
+                    value = msg.value() or b""
+                    records += 1
+                    key_bytes += len(key)
+                    value_bytes += len(value)
+                    key_crc += crc32(key)
+                    value_crc += crc32(value)
+                    comma = value.find(b",", 6)
+                    try:
+                        ident = int(value[6:comma]) if value.startswith(ID_PREFIX) else -1
+                    except ValueError:
+                        ident = -1
+                    if 0 <= ident < rows:
+                        if seen[ident]:
+                            dups += 1
+                        else:
+                            seen[ident] = 1
+                    else:
+                        bad += 1
+                    if offset + 1 >= ends[part]:
+                        pending.discard(part)
+        finally:
+            consumer.close()
+        out.records, out.key_bytes, out.value_bytes = records, key_bytes, value_bytes
+        out.key_crc, out.value_crc, out.duplicates, out.bad_ids = key_crc, value_crc, dups, bad
+        out.distinct = records - dups - bad
+    out.seconds = time.perf_counter() - t0
+    return out
+
+
+# -- Spark's Kafka sink: jars from Maven Central ---------------------------------------------
+
+
+class SparkKafkaUnavailable(RuntimeError):
+    """Spark's Kafka sink cannot be set up here; the message says why."""
+
+
+def _release_key(version: str) -> tuple[int, ...] | None:
+    m = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)", version)
+    return tuple(int(x) for x in m.groups()) if m else None
+
+
+def _central_url(group: str, artifact: str, version: str | None = None) -> str:
+    base = f"{CENTRAL}/{group.replace('.', '/')}/{artifact}"
+    return (
+        f"{base}/maven-metadata.xml"
+        if version is None
+        else (f"{base}/{version}/{artifact}-{version}.jar")
+    )
+
+
+def _jar_on_central(group: str, artifact: str, version: str) -> bool:
+    request = urllib.request.Request(_central_url(group, artifact, version), method="HEAD")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return int(response.status) == 200
+    except (urllib.error.URLError, TimeoutError, OSError):
+        return False
+
+
+def _pick_version(group: str, artifact: str, wanted: str, notes: list[str]) -> str:
+    """``wanted`` if Maven Central has its jar, else the newest release of the same major
+    version below it that it has (a handful of HEAD requests at most)."""
+    if _jar_on_central(group, artifact, wanted):
+        return wanted
+    try:
+        with urllib.request.urlopen(_central_url(group, artifact), timeout=30) as response:
+            listed = re.findall(r"<version>([^<]+)</version>", response.read().decode())
+    except (urllib.error.URLError, TimeoutError, OSError) as err:
+        raise SparkKafkaUnavailable(
+            f"{group}:{artifact}:{wanted} is not on Maven Central and its version list cannot "
+            f"be read ({err})"
+        ) from err
+    want = _release_key(wanted)
+    candidates = sorted(
+        (v for v in listed if (k := _release_key(v)) and want and k[0] == want[0] and k < want),
+        key=lambda v: _release_key(v) or (),
+        reverse=True,
+    )
+    for version in candidates[:6]:
+        if _jar_on_central(group, artifact, version):
+            notes.append(
+                f"{artifact}:{wanted} is not on Maven Central (newest there with a jar: "
+                f"{version}); used {version}"
+            )
+            return str(version)
+    raise SparkKafkaUnavailable(
+        f"{group}:{artifact}:{wanted} is not on Maven Central, nor any {wanted.split('.', 1)[0]}.x "
+        f"release below it with a jar (listed: {', '.join(listed[-8:])})"
+    )
+
+
+_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>txsink.bench</groupId>
+  <artifactId>spark-kafka-deps</artifactId>
+  <version>1</version>
+  <dependencies>
+{deps}
+  </dependencies>
+</project>
+"""
+_DEP = """    <dependency>
+      <groupId>{group}</groupId>
+      <artifactId>{artifact}</artifactId>
+      <version>{version}</version>
+      <exclusions><exclusion><groupId>org.apache.spark</groupId><artifactId>*</artifactId>
+      </exclusion></exclusions>
+    </dependency>"""
+# Spark's parent POM names a GCS mirror of Central that may not resolve: Central only.
+_SETTINGS = """<settings><mirrors><mirror><id>central-only</id><mirrorOf>*</mirrorOf>
+<url>https://repo.maven.apache.org/maven2</url></mirror></mirrors></settings>
+"""
+
+
+def _artifact_of(jar: str) -> str:
+    m = re.fullmatch(r"(.+)-(\d+(?:\.\d+)+(?:[-.][\w.]+)?)\.jar", jar)
+    return m.group(1) if m else jar
+
+
+@dataclass
+class SparkKafkaJars:
+    jars: list[Path]
+    versions: dict[str, str]
+    notes: list[str]
+
+
+def spark_kafka_jars(spark_version: str, cache: Path = _bench.JAR_CACHE) -> SparkKafkaJars:
+    """spark-sql-kafka-0-10 for ``spark_version`` and its runtime deps that PySpark does not
+    ship (kafka-clients, commons-pool2, spark-token-provider-kafka-0-10), cached.
+
+    Fetched once with ``mvn dependency:copy-dependencies`` on a generated POM. If Central has
+    no jar of that exact version, the newest release below it that it has is used (and said).
+    """
+    import pyspark
+
+    folder = cache / f"spark-kafka-for-{spark_version}"
+    done = folder / "resolved.json"
+    if done.exists():
+        meta = json.loads(done.read_text())
+        jars = [folder / j for j in meta["jars"]]
+        if all(j.exists() for j in jars):
+            return SparkKafkaJars(jars, _jar_versions(jars), list(meta["notes"]))
+    if shutil.which("mvn") is None:
+        raise SparkKafkaUnavailable(
+            f"mvn is not installed: cannot fetch {SPARK_KAFKA[1]}:{spark_version} (put it and "
+            f"its deps into {folder} with a resolved.json, or install Maven)"
+        )
+    notes: list[str] = []
+    _bench.log(f"resolving {SPARK_KAFKA[1]} for Spark {spark_version} on Maven Central")
+    sql_kafka = _pick_version(*SPARK_KAFKA, spark_version, notes)
+    token = _pick_version(*TOKEN_PROVIDER, sql_kafka, notes)
+    deps = "\n".join(
+        _DEP.format(group=g, artifact=a, version=v)
+        for (g, a), v in ((SPARK_KAFKA, sql_kafka), (TOKEN_PROVIDER, token))
+    )
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    with tempfile.TemporaryDirectory(prefix="txsink-bench-mvn-") as work:
+        Path(work, "pom.xml").write_text(_POM.format(deps=deps))
+        Path(work, "settings.xml").write_text(_SETTINGS)
+        proc = subprocess.run(
+            [
+                "mvn",
+                "-q",
+                "-B",
+                "-s",
+                "settings.xml",
+                "dependency:copy-dependencies",
+                "-DincludeScope=runtime",
+                f"-DoutputDirectory={folder}",
+            ],
+            cwd=work,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=900,
+        )
+    if proc.returncode != 0:
+        tail = " ".join((proc.stdout + proc.stderr).split()[-60:])
+        raise SparkKafkaUnavailable(f"mvn could not fetch the Kafka connector: {tail}")
+    shipped = {
+        _artifact_of(j.name) for j in Path(pyspark.__file__).parent.joinpath("jars").iterdir()
+    }
+    for jar in list(folder.glob("*.jar")):
+        if _artifact_of(jar.name) in shipped:
+            jar.unlink()  # PySpark has its own (Scala, Hadoop client, compression codecs, ...)
+    jars = sorted(folder.glob("*.jar"))
+    done.write_text(json.dumps({"jars": [j.name for j in jars], "notes": notes}))
+    return SparkKafkaJars(jars, _jar_versions(jars), notes)
+
+
+def _jar_versions(jars: Sequence[Path]) -> dict[str, str]:
+    return {_artifact_of(j.name): j.name[len(_artifact_of(j.name)) + 1 : -4] for j in jars}
+
+
+# -- the benchmark ----------------------------------------------------------------------------
+
+
+@dataclass
+class Bench:
+    spark: Any
+    bootstrap: str
+    topic_partitions: int
+    workdir: Path
+    cpu: _bench.CpuMeter
+    run_id: str
+    marker_topic: str
+    topics: list[str] = field(default_factory=list)
+    void: list[str] = field(default_factory=list)
+
+
+def make_frame(spark: Any, rows: int, partitions: int) -> Any:
+    """The input: generated in Spark, ``partitions`` partitions, cached and materialised."""
+    df = (
+        spark.range(0, rows, 1, 2)
+        .selectExpr(f"{KEY_EXPR} AS key", f"{VALUE_EXPR} AS value")
+        .repartition(partitions)
+        .cache()
+    )
+    if df.count() != rows:
+        raise RuntimeError("generated frame has the wrong row count")
+    return df
+
+
+def spark_fingerprint(df: Any) -> tuple[int, ...]:
+    row = df.selectExpr(*FINGERPRINT_SPARK).collect()[0]
+    return tuple(int(x) for x in row)
+
+
+def _rows_from(job: Any) -> int:
+    return int(sum(r["rows"] for r in job.collect()))
+
+
+def _sink(
+    bench: Bench, mode: str, topic: str, uid: str, wal: Path, partitions: int, profile_dir: str
+) -> KafkaSink:
+    kwargs: dict[str, Any] = {
+        "key": "key",
+        "value": "value",
+        "marker_topic": bench.marker_topic,
+        "transactional_id_prefix": TXN_PREFIX,
+    }
+    if mode == "wal":
+        kwargs.update(mode="wal", wal=wal)
+    else:
+        kwargs.update(mode="replay", shards=partitions)
+    if profile_dir:
+        return ProfiledKafkaSink(bench.bootstrap, topic, uid, profile_dir=profile_dir, **kwargs)
+    return KafkaSink(bench.bootstrap, topic, uid, **kwargs)
+
+
+def write_txsink(
+    bench: Bench, mode: str, df: Any, topic: str, partitions: int, profile_dir: str = ""
+) -> dict[str, Any]:
+    uid = topic.removeprefix("txsink-bench-")  # unique per run: markers are per app/uid/shard
+    with tempfile.TemporaryDirectory(dir=bench.workdir, prefix=f"{mode}-") as tmp:
+        wal = Path(tmp, "wal")
+        sink = _sink(bench, mode, topic, uid, wal, partitions, profile_dir)
+        coordinator = Coordinator([sink], log=Path(tmp, "log"), app_id=f"bench-{bench.run_id}")
+        result = coordinator.write(df, epoch=0)
+        leftover = sum(1 for _ in wal.rglob("*.arrow")) if wal.exists() else 0
+    if result.status != "committed":
+        raise RuntimeError(f"txsink epoch not committed: {result}")
+    return {"phases": dict(result.seconds), "handles": result.handles, "wal_left": leftover}
+
+
+def write_producer(bench: Bench, df: Any, topic: str) -> dict[str, Any]:
+    job = df.select("key", "value").mapInArrow(
+        functools.partial(_produce_task, bench.bootstrap, topic, PRODUCER_SETTINGS), "rows long"
+    )
+    return {"task_rows": _rows_from(job)}
+
+
+def write_spark(bench: Bench, df: Any, topic: str) -> dict[str, Any]:
+    writer = (
+        df.selectExpr("key", "value")
+        .write.format("kafka")
+        .option("kafka.bootstrap.servers", bench.bootstrap)
+        .option("topic", topic)
+    )
+    for key, value in SPARK_KAFKA_OPTIONS.items():
+        writer = writer.option(key, value)
+    writer.save()
+    return {}
+
+
+def run_feed(df: Any) -> int:
+    return _rows_from(df.mapInArrow(_feed_task, "rows long"))
+
+
+def measure(
+    bench: Bench,
+    writer: str,
+    df: Any,
+    *,
+    rows: int,
+    partitions: int,
+    expected: tuple[int, ...],
+    tag: str,
+    profile_dir: str = "",
+) -> _bench.Measurement:
+    """Time one writer into a fresh topic, verify what read_committed sees, delete the topic."""
+    topic = f"txsink-bench-{writer}-{tag}-{bench.run_id}".replace("_", "-")
+    if writer != "feed":
+        create_topic(bench.bootstrap, topic, bench.topic_partitions)
+        bench.topics.append(topic)
+    writers: dict[str, Callable[[], dict[str, Any]]] = {
+        "wal": lambda: write_txsink(bench, "wal", df, topic, partitions, profile_dir),
+        "replay": lambda: write_txsink(bench, "replay", df, topic, partitions, profile_dir),
+        "producer": lambda: write_producer(bench, df, topic),
+        "spark": lambda: write_spark(bench, df, topic),
+        "feed": lambda: {"task_rows": run_feed(df)},
+    }
+    load_before = _bench.load1()
+    try:
+        cpu_before = bench.cpu.snapshot()
+        with _bench.stopwatch() as elapsed:
+            extra = writers[writer]()
+        extra["cpu"] = bench.cpu.delta(cpu_before, bench.cpu.snapshot())
+        load_after = _bench.load1()
+        found = read_back(bench.bootstrap, topic, rows) if writer != "feed" else None
+    finally:
+        if writer != "feed":
+            delete_topics(bench.bootstrap, [topic])
+            bench.topics.remove(topic)
+    m = _bench.Measurement(writer, partitions, rows, elapsed[0], load_before, load_after, extra)
+    problems = []
+    if found is None:
+        if extra["task_rows"] != rows:
+            problems.append(f"the feed job saw {extra['task_rows']} rows")
+    else:
+        extra["readback_s"] = found.seconds
+        extra["offsets"] = found.offsets
+        if (found.records, found.distinct) != (rows, rows):
+            problems.append(
+                f"read_committed sees {found.records} records, {found.distinct} distinct ids "
+                f"({found.duplicates} duplicates, {found.bad_ids} bad ids; want {rows})"
+            )
+        elif found.fingerprint() != expected:
+            problems.append(
+                f"key/value lengths or CRCs differ: {found.fingerprint()} != {expected}"
+            )
+        if found.open_partitions:
+            problems.append(f"{found.open_partitions} partitions hold an open transaction")
+    if extra.get("wal_left", 0):
+        problems.append(f"{extra['wal_left']} WAL files left behind")
+    if problems:
+        message = f"VOID {writer} partitions={partitions} {tag}: " + "; ".join(problems)
+        bench.void.append(message)
+        m.extra["void"] = message
+        _bench.log(message)
+    _bench.log(
+        f"{writer:<8} P={partitions} {tag}: {m.seconds:7.2f} s  {_bench.fmt_rate(m.rows_per_s)} "
+        f"rec/s  load {load_before:.2f}->{load_after:.2f}  cpu {_round(extra['cpu'])}"
+        + (f"  phases {_round(extra['phases'])}" if "phases" in extra else "")
+        + (f"  readback {found.seconds:.1f} s" if found is not None else "")
+    )
+    return m
+
+
+def _round(d: dict[str, float]) -> dict[str, float]:
+    return {k: round(v, 2) for k, v in d.items()}
+
+
+# -- extras: where the time goes ----------------------------------------------------------
+
+
+def profile_run(bench: Bench, mode: str, df: Any, **kw: Any) -> dict[str, Any]:
+    """One untimed txsink run with ProfiledKafkaSink: seconds by step, summed over tasks."""
+    profile_dir = tempfile.mkdtemp(dir=bench.workdir, prefix=f"profile-{mode}-")
+    m = measure(bench, mode, df, profile_dir=profile_dir, **kw)
+    records = [json.loads(p.read_text()) for p in Path(profile_dir).glob("*.json")]
+    pre = [r for r in records if r["kind"] == "precommit"]
+    com = [r for r in records if r["kind"] == "commit"]
+    check = [r for r in records if r["kind"] == "check"]
+
+    def total(rs: list[dict[str, Any]], key: str) -> float:
+        return sum(float(r.get(key, 0.0)) for r in rs)
+
+    out: dict[str, Any] = {
+        "wall": m.seconds,
+        "phases": dict(m.extra.get("phases", {})),
+        "void": "void" in m.extra,
+        "pre_tasks": len(pre),
+        "commit_units": len(com),
+        "commit_where": com[0]["where"] if com else "",
+        "check": total(check, "seconds"),
+    }
+    for key in ("begin", "write", "prepare", "span"):
+        out[f"pre_{key}"] = total(pre, key)
+    out["pre_feed"] = out["pre_span"] - out["pre_begin"] - out["pre_write"] - out["pre_prepare"]
+    out["pre_prepare_max"] = max((float(r["prepare"]) for r in pre), default=0.0)
+    for key in ("total", "producer", "marker", "transaction", "body", "records", "produce"):
+        out[f"c_{key}"] = total(com, key)
+    out["c_delete_wal"] = total(com, "delete_wal")
+    # body = reading (WAL file, or Spark's rows + _records + checksum) + the produce loop;
+    # transaction - body = begin_transaction + the marker + commit_transaction (the flush).
+    out["c_read"] = out["c_body"] - out["c_produce"]
+    out["c_commit_txn"] = out["c_transaction"] - out["c_body"]
+    out["c_other"] = (
+        out["c_total"]
+        - out["c_producer"]
+        - out["c_marker"]
+        - out["c_transaction"]
+        - out["c_delete_wal"]
+    )
+    shutil.rmtree(profile_dir, ignore_errors=True)
+    return out
+
+
+def _producer_conf(bench: Bench, **extra: Any) -> dict[str, Any]:
+    return {
+        **PRODUCER_SETTINGS,
+        "bootstrap.servers": bench.bootstrap,
+        "logger": _quiet(),
+        **extra,
+    }
+
+
+def single_process(bench: Bench, df: Any, rows: int, expected: tuple[int, ...]) -> dict[str, Any]:
+    """Without Spark, in this one Python process: the steps KafkaSink's commit is made of.
+
+    ``records`` KafkaSink._records (Arrow casts); ``checksum`` the replay checksum;
+    ``pylist`` to_pylist of the 5 record columns; then producing all records to a fresh
+    topic: ``txn_sink`` KafkaSink._produce_batch in one transaction (what the WAL commit
+    does per shard, minus reading the WAL); ``txn_lean`` the same transaction with
+    positional produce() and no per-record delivery callback (commit_transaction reports
+    delivery failures); ``plain`` a non-transactional idempotent producer, with callback.
+    """
+    from confluent_kafka import Producer
+
+    from txsink.connectors.kafka import _checksum
+
+    data = df.select("key", "value").toArrow()
+    batches = data.to_batches(max_chunksize=10_000)
+    sink = KafkaSink(
+        bench.bootstrap, "probe", "probe", mode="replay", key="key", value="value", shards=1
+    )
+    out: dict[str, Any] = {"rows": data.num_rows}
+    t0 = time.perf_counter()
+    records = [sink._records(b, 0, 0) for b in batches]
+    out["records_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for r in records:
+        _checksum(r)
+    out["checksum_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for r in records:
+        for c in range(r.num_columns):
+            r.column(c).to_pylist()
+    out["pylist_s"] = time.perf_counter() - t0
+
+    errors: list[str] = []
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        if err is not None:
+            errors.append(str(err))
+
+    def txn_sink(producer: Any, topic: str) -> None:
+        producer.begin_transaction()
+        for r in records:
+            KafkaSink._produce_batch(producer, _retopic(r, topic), on_delivery)
+        producer.commit_transaction(120)
+
+    def txn_lean(producer: Any, topic: str) -> None:
+        producer.begin_transaction()
+        for r in records:
+            keys = r.column(2).to_pylist()
+            values = r.column(3).to_pylist()
+            for key, value in zip(keys, values, strict=True):
+                while True:
+                    try:
+                        producer.produce(topic, value, key)
+                        break
+                    except BufferError:
+                        producer.poll(0.05)
+            producer.poll(0)
+        producer.commit_transaction(120)
+
+    def plain(producer: Any, topic: str) -> None:
+        for r in records:
+            keys = r.column(2).to_pylist()
+            values = r.column(3).to_pylist()
+            for key, value in zip(keys, values, strict=True):
+                while True:
+                    try:
+                        producer.produce(topic, value, key, on_delivery=on_delivery)
+                        break
+                    except BufferError:
+                        producer.poll(0.05)
+            producer.poll(0)
+        if producer.flush(120):
+            errors.append("flush left records undelivered")
+
+    variants: dict[str, tuple[Callable[[Any, str], None], bool]] = {
+        "txn_sink": (txn_sink, True),
+        "txn_lean": (txn_lean, True),
+        "plain": (plain, False),
+    }
+    # The plain producer's start-up (its producer id) is not timed: one record elsewhere first.
+    warm = f"txsink-bench-single-warm-{bench.run_id}"
+    create_topic(bench.bootstrap, warm, 1)
+    bench.topics.append(warm)
+    for name, (run, transactional) in variants.items():
+        topic = f"txsink-bench-single-{name}-{bench.run_id}".replace("_", "-")
+        create_topic(bench.bootstrap, topic, bench.topic_partitions)
+        bench.topics.append(topic)
+        try:
+            conf = _producer_conf(bench)
+            if transactional:
+                conf["transactional.id"] = f"{TXN_PREFIX}-single-{name}-{bench.run_id}"
+            producer = Producer(conf)
+            if transactional:
+                producer.init_transactions(30)
+            else:
+                producer.produce(warm, b"warm-up")
+                producer.flush(30)
+            errors.clear()
+            t0 = time.perf_counter()
+            run(producer, topic)
+            out[f"{name}_s"] = time.perf_counter() - t0
+            found = read_back(bench.bootstrap, topic, rows)
+            ok = found.fingerprint() == expected and found.distinct == rows and not errors
+            out[f"{name}_ok"] = ok
+            if not ok:
+                _bench.log(f"single-process {name}: output differs ({found}, errors {errors[:1]})")
+        finally:
+            delete_topics(bench.bootstrap, [topic])
+            bench.topics.remove(topic)
+        _bench.log(f"single-process {name}: {out[f'{name}_s']:.2f} s for {data.num_rows:,}")
+    delete_topics(bench.bootstrap, [warm])
+    bench.topics.remove(warm)
+    out.update(startup_costs(bench))
+    return out
+
+
+def startup_costs(bench: Bench, n: int = 3) -> dict[str, float]:
+    """Median ms of the fixed costs each replay commit task (and the WAL driver) pays:
+    a new idempotent producer's first delivery, a new transactional producer's
+    init_transactions, and KafkaSink._marker (AdminClient + consumer on the marker topic).
+    """
+    from confluent_kafka import Producer
+
+    topic = f"txsink-bench-startup-{bench.run_id}"
+    create_topic(bench.bootstrap, topic, bench.topic_partitions)
+    bench.topics.append(topic)
+    first: list[float] = []
+    init: list[float] = []
+    marker: list[float] = []
+    try:
+        for i in range(n):
+            t0 = time.perf_counter()
+            producer = Producer(_producer_conf(bench))
+            producer.produce(topic, b"v", b"k")
+            producer.flush(30)
+            first.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            txn = Producer(
+                _producer_conf(bench, **{"transactional.id": f"{TXN_PREFIX}-startup-{i}"})
+            )
+            txn.init_transactions(30)
+            init.append(time.perf_counter() - t0)
+            sink = KafkaSink(
+                bench.bootstrap,
+                topic,
+                f"startup-{bench.run_id}",
+                mode="replay",
+                key="key",
+                marker_topic=bench.marker_topic,
+            )
+            t0 = time.perf_counter()
+            sink._marker(0, f"bench-{bench.run_id}")
+            marker.append(time.perf_counter() - t0)
+    finally:
+        delete_topics(bench.bootstrap, [topic])
+        bench.topics.remove(topic)
+    return {
+        "first_delivery_ms": _bench.median(first) * 1000,
+        "init_transactions_ms": _bench.median(init) * 1000,
+        "marker_ms": _bench.median(marker) * 1000,
+    }
+
+
+def _retopic(records: pa.RecordBatch, topic: str) -> pa.RecordBatch:
+    """The same records, for another topic (column 0)."""
+    arrays = [pa.array([topic] * records.num_rows, pa.string()), *records.columns[1:]]
+    return pa.RecordBatch.from_arrays(arrays, schema=records.schema)
+
+
+# -- report ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Results:
+    rows: int
+    partitions: list[int]
+    repeat: int
+    topic_partitions: int
+    runs: list[_bench.Measurement] = field(default_factory=list)
+    profiles: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
+    single: dict[str, Any] = field(default_factory=dict)
+    data_bytes: int = 0
+    value_bytes: int = 0
+    spark_kafka: SparkKafkaJars | None = None
+    spark_kafka_error: str = ""
+    uptime_before: str = ""
+    uptime_after: str = ""
+    started: str = ""
+    minutes: float = 0.0
+    versions: dict[str, str] = field(default_factory=dict)
+    machine: dict[str, str] = field(default_factory=dict)
+    command: str = ""
+    void: list[str] = field(default_factory=list)
+
+    def seconds(self, writer: str, partitions: int) -> list[float]:
+        return [m.seconds for m in self.runs if m.writer == writer and m.partitions == partitions]
+
+    def rate(self, writer: str, partitions: int) -> float:
+        secs = _bench.median(self.seconds(writer, partitions))
+        return self.rows / secs if secs == secs and secs > 0 else float("nan")
+
+    def mb_rate(self, writer: str, partitions: int) -> float:
+        secs = _bench.median(self.seconds(writer, partitions))
+        return self.data_bytes / 1e6 / secs if secs == secs and secs > 0 else float("nan")
+
+    def ratio(self, writer: str, base: str, partitions: int) -> float:
+        return self.rate(writer, partitions) / self.rate(base, partitions)
+
+    def is_void(self, writer: str, partitions: int) -> bool:
+        return any(
+            "void" in m.extra
+            for m in self.runs
+            if m.writer == writer and m.partitions == partitions
+        )
+
+    def phases(self, writer: str, partitions: int) -> dict[str, float]:
+        runs = [m for m in self.runs if m.writer == writer and m.partitions == partitions]
+        keys = ("recover", "precommit", "decide", "commit")
+        out = {k: _bench.median([m.extra["phases"].get(k, 0.0) for m in runs]) for k in keys}
+        out["other"] = _bench.median([m.seconds - sum(m.extra["phases"].values()) for m in runs])
+        return out
+
+
+def _secs(values: Sequence[float]) -> str:
+    return " / ".join(f"{v:.2f}" for v in values)
+
+
+def _x(value: float) -> str:
+    return f"{value:.2f}x" if value == value else ""
+
+
+def throughput_table(res: Results) -> str:
+    rows: list[list[str]] = []
+    for p in res.partitions:
+        base = res.rate("producer", p)
+        for writer in (*WRITERS, "feed"):
+            secs = res.seconds(writer, p)
+            if not secs:
+                continue
+            runs = [m for m in res.runs if m.writer == writer and m.partitions == p]
+            cpu = {
+                k: _bench.median([m.extra["cpu"].get(k, float("nan")) for m in runs])
+                for k in ("spark", "kafka", "others")
+            }
+            feed = writer == "feed"
+            rows.append(
+                [
+                    str(p),
+                    LABELS[writer],
+                    _bench.fmt_rate(res.rate(writer, p))
+                    + (" VOID" if res.is_void(writer, p) else ""),
+                    "" if feed else f"{res.mb_rate(writer, p):.1f}",
+                    _secs(secs),
+                    "" if feed else _x(res.rate(writer, p) / base),
+                    f"{cpu['spark']:.1f} / {cpu['kafka']:.1f} / {cpu['others']:.1f}",
+                    " / ".join(f"{m.load_before:.1f}" for m in runs),
+                ]
+            )
+    return _bench.markdown_table(
+        [
+            "partitions",
+            "writer",
+            "records/s (median)",
+            "MB/s",
+            "wall s per run",
+            "vs plain producer",
+            "CPU s: Spark / Kafka / other",
+            "load1 at start",
+        ],
+        rows,
+        "rlrrrrrr",
+    )
+
+
+def target_table(res: Results) -> str:
+    rows = []
+    for p in res.partitions:
+        cells = [str(p)]
+        for writer, target in TARGETS.items():
+            if not res.seconds(writer, p) or not res.seconds("producer", p):
+                cells.append("not measured")
+                continue
+            ratio = res.ratio(writer, "producer", p)
+            cells.append(f"{ratio:.2f}x ({'met' if ratio >= target else 'NOT met'})")
+        for writer in TARGETS:
+            if not res.seconds(writer, p) or not res.seconds("spark", p):
+                cells.append("not measured")
+                continue
+            cells.append(_x(res.ratio(writer, "spark", p)))
+        rows.append(cells)
+    return _bench.markdown_table(
+        [
+            "partitions",
+            "replay / plain producer (target >= 0.8x)",
+            "WAL / plain producer (target >= 0.5x)",
+            "replay / Spark Kafka sink",
+            "WAL / Spark Kafka sink",
+        ],
+        rows,
+        "rrrrr",
+    )
+
+
+def phase_table(res: Results) -> str:
+    rows = []
+    for p in res.partitions:
+        for writer in ("wal", "replay"):
+            if not res.seconds(writer, p):
+                continue
+            ph = res.phases(writer, p)
+            rows.append(
+                [str(p), writer]
+                + [f"{ph[k]:.2f}" for k in ("other", "recover", "precommit", "decide", "commit")]
+                + [f"{_bench.median(res.seconds(writer, p)):.2f}"]
+            )
+    return _bench.markdown_table(
+        [
+            "partitions",
+            "mode",
+            "check + schema + unpersist",
+            "recover",
+            "precommit",
+            "decide",
+            "commit",
+            "total",
+        ],
+        rows,
+        "rlrrrrrr",
+    )
+
+
+def _pct(part: float, whole: float) -> str:
+    return f"{part:.2f} ({part / whole:.0%})" if whole > 0 else f"{part:.2f}"
+
+
+def _profiles(res: Results) -> list[tuple[tuple[str, int], dict[str, Any]]]:
+    """Profiles by partitions, WAL before replay."""
+    return sorted(res.profiles.items(), key=lambda kv: (kv[0][1], WRITERS.index(kv[0][0])))
+
+
+def precommit_profile_table(res: Results) -> str:
+    rows = []
+    for (mode, p), pr in _profiles(res):
+        span = pr["pre_span"]
+        rows.append(
+            [
+                str(p),
+                mode,
+                str(pr["pre_tasks"]),
+                f"{span:.2f}",
+                _pct(pr["pre_feed"], span),
+                _pct(pr["pre_write"], span),
+                f"{pr['pre_prepare']:.2f} (max {pr['pre_prepare_max'] * 1000:.0f} ms)",
+            ]
+        )
+    return _bench.markdown_table(
+        [
+            "partitions",
+            "mode",
+            "tasks",
+            "task s (sum)",
+            "Spark feed s",
+            "write s (records + WAL file / checksum)",
+            "prepare s (WAL: close + CRC + fsync)",
+        ],
+        rows,
+        "rlrrrrr",
+    )
+
+
+def commit_profile_table(res: Results) -> str:
+    rows = []
+    for (mode, p), pr in _profiles(res):
+        total = pr["c_total"]
+        where = "driver" if pr["commit_where"] == "driver" else f"{pr['commit_units']} tasks"
+        rows.append(
+            [
+                str(p),
+                mode,
+                where,
+                f"{pr['check']:.2f}",
+                f"{pr['phases'].get('commit', float('nan')):.2f}",
+                f"{total:.2f}",
+                _pct(pr["c_producer"], total),
+                _pct(pr["c_marker"], total),
+                _pct(pr["c_read"], total),
+                _pct(pr["c_produce"], total),
+                _pct(pr["c_commit_txn"], total),
+                _pct(pr["c_delete_wal"] + pr["c_other"], total),
+            ]
+        )
+    return _bench.markdown_table(
+        [
+            "partitions",
+            "mode",
+            "commit runs on",
+            "check s (driver, at start)",
+            "commit phase s",
+            "commit s (sum)",
+            "new producer + init_transactions",
+            "marker read",
+            "read (WAL / rows + checksum)",
+            "produce loop",
+            "commit_transaction",
+            "delete WAL + other",
+        ],
+        rows,
+        "rllrrrrrrrrr",
+    )
+
+
+def single_table(res: Results) -> str:
+    s = res.single
+    n = s["rows"]
+    labels = {
+        "records": "KafkaSink._records: key/value/topic/partition/headers Arrow columns",
+        "checksum": "replay checksum (_checksum, Python per record)",
+        "pylist": "to_pylist() of the 5 record columns",
+        "txn_sink": "produce, 1 transaction, as KafkaSink._produce_batch + commit",
+        "txn_lean": "produce, 1 transaction, positional, no per-record callback + commit",
+        "plain": "produce, plain idempotent producer, per-record callback + flush",
+    }
+    rows = []
+    for key, label in labels.items():
+        secs = float(s.get(f"{key}_s", float("nan")))
+        ok = s.get(f"{key}_ok", True)
+        rows.append([label, _bench.fmt_rate(n / secs) + ("" if ok else " VOID"), f"{secs:.2f}"])
+    return _bench.markdown_table(["step (one Python process)", "records/s", "s"], rows, "lrr")
+
+
+def reading(res: Results) -> list[str]:
+    """The numbers, read: generated from the results so a rerun cannot contradict them."""
+    out: list[str] = []
+    for writer, target in TARGETS.items():
+        ps = [p for p in res.partitions if res.seconds(writer, p) and res.seconds("producer", p)]
+        if not ps:
+            continue
+        ratios = ", ".join(f"{res.ratio(writer, 'producer', p):.2f}x at {p}" for p in ps)
+        met = all(res.ratio(writer, "producer", p) >= target for p in ps)
+        out.append(
+            f"**{LABELS[writer]} vs the plain producer** ({ratios} partitions): target >= "
+            f"{target}x {'met' if met else 'NOT met'}."
+        )
+    ps = [p for p in res.partitions if res.seconds("spark", p)]
+    if ps:
+        parts = []
+        for writer in TARGETS:
+            if all(res.seconds(writer, p) for p in ps):
+                ratios = ", ".join(f"{res.ratio(writer, 'spark', p):.2f}x at {p}" for p in ps)
+                parts.append(f"{writer} {ratios} partitions")
+        if parts:
+            out.append(
+                "**txsink vs Spark's Kafka sink** (at-least-once; a Java producer cached per "
+                f"executor JVM and shared by its tasks): {'; '.join(parts)}."
+            )
+    s = res.single
+    for p in res.partitions:
+        pr = res.profiles.get(("wal", p), {})
+        if res.seconds("wal", p):
+            ph = res.phases("wal", p)
+            total = _bench.median(res.seconds("wal", p))
+            line = (
+                f"**WAL mode at {p} partitions**: {total:.2f} s in all; the pre-commit job "
+                f"(tasks write their records to the WAL and fsync it) {ph['precommit']:.2f} s "
+                f"({ph['precommit'] / total:.0%}), then the commit {ph['commit']:.2f} s "
+                f"({ph['commit'] / total:.0%}): the driver produces all {res.rows:,} records "
+                "itself, in one Python process, after the Spark job (nothing overlaps, and more "
+                "partitions or executors do not help it)."
+            )
+            if pr and pr["c_total"] > 0:
+                c = pr["c_total"]
+                line += (
+                    f" In the profile run the commit spent {pr['c_produce'] / c:.0%} in "
+                    f"`KafkaSink._produce_batch` ({_bench.fmt_rate(res.rows / pr['c_produce'])} "
+                    "records/s: `to_pylist()` of the 5 record columns, a kwargs dict, a "
+                    "`produce()` call and a delivery callback per record), "
+                    f"{pr['c_marker'] / c:.0%} reading the shard's marker, "
+                    f"{pr['c_read'] / c:.0%} reading the WAL, {pr['c_commit_txn'] / c:.0%} "
+                    "in `commit_transaction`."
+                )
+            out.append(line)
+        pr = res.profiles.get(("replay", p), {})
+        if res.seconds("replay", p):
+            ph = res.phases("replay", p)
+            total = _bench.median(res.seconds("replay", p))
+            line = (
+                f"**Replay mode at {p} partitions**: {total:.2f} s in all; pre-commit "
+                f"{ph['precommit']:.2f} s ({ph['precommit'] / total:.0%}: a shuffle by the "
+                f"key's hash into {p} shards, persisted, then counted and checksummed), commit "
+                f"{ph['commit']:.2f} s ({ph['commit'] / total:.0%}: a second job re-reads the "
+                "persisted shards, checksums them again and produces), and "
+                f"{ph['other']:.2f} s ({ph['other'] / total:.0%}) outside both, mostly "
+                "`check()`."
+            )
+            if pr and pr["c_total"] > 0:
+                c = pr["c_total"]
+                fixed = pr["c_producer"] + pr["c_marker"]
+                units = max(1, pr["commit_units"])
+                line += (
+                    f" In the profile run: `check()` took {pr['check']:.2f} s on the driver, "
+                    f"calling `init_transactions` for the {p} shards one after another and "
+                    "then dropping those producers; the pre-commit tasks spent "
+                    f"{pr['pre_write']:.2f} s (summed) building records and the checksum, the "
+                    f"rest of the pre-commit phase is the shuffle's map stage; the {units} "
+                    f"commit tasks spent {c:.2f} s (summed), {fixed / c:.0%} of it on fixed "
+                    f"costs ({fixed / units:.2f} s per task: a new transactional producer "
+                    f"with `init_transactions` {pr['c_producer'] / units:.2f} s, the marker "
+                    f"read {pr['c_marker'] / units:.2f} s), {pr['c_produce'] / c:.0%} "
+                    f"producing, {pr['c_read'] / c:.0%} reading the persisted rows back with "
+                    f"records and checksum, {pr['c_commit_txn'] / c:.0%} in "
+                    "`commit_transaction`."
+                )
+            out.append(line)
+    if s:
+        n = s["rows"]
+        out.append(
+            f"**One Python process** (no Spark, {n:,} records): KafkaSink's produce loop in "
+            f"one transaction runs at {_bench.fmt_rate(n / s['txn_sink_s'])} records/s, the "
+            "same transaction with positional `produce(topic, value, key)` and no per-record "
+            f"delivery callback at {_bench.fmt_rate(n / s['txn_lean_s'])} records/s "
+            f"({s['txn_sink_s'] / s['txn_lean_s']:.2f}x; `commit_transaction` fails if any "
+            "record failed, so the callback adds nothing), a plain idempotent producer "
+            f"(no transaction, with callback) at {_bench.fmt_rate(n / s['plain_s'])} "
+            "records/s: the transaction itself costs little. The replay checksum costs "
+            f"{s['checksum_s']:.2f} s per {n:,} records in Python and is computed twice "
+            "(pre-commit and commit)."
+        )
+        if "first_delivery_ms" in s:
+            out.append(
+                "**Fixed costs per producer** (median of 3): a new idempotent producer "
+                f"delivers its first record after {s['first_delivery_ms']:.0f} ms (librdkafka "
+                "acquires the producer id first), `init_transactions` on a new transactional "
+                f"producer takes {s['init_transactions_ms']:.0f} ms, `KafkaSink._marker` "
+                f"(AdminClient + consumer, polling in 0.2 s steps) {s['marker_ms']:.0f} ms. "
+                "The plain producer and replay mode pay the first two in every task; Spark's "
+                "sink reuses one cached producer across tasks, which is why it gains the most "
+                "from more partitions."
+            )
+    if res.spark_kafka is not None and res.spark_kafka.notes:
+        out.append(
+            "**Spark's Kafka connector version**: "
+            + "; ".join(res.spark_kafka.notes)
+            + f". It ran on PySpark {res.versions.get('pyspark', '?')} without errors, and its "
+            "output was verified like every writer's."
+        )
+    if res.spark_kafka_error:
+        out.append(f"**Spark's Kafka sink was not measured**: {res.spark_kafka_error}.")
+    return out
+
+
+def render(res: Results) -> str:
+    v, mach = res.versions, res.machine
+    avg_value = res.value_bytes / res.rows if res.rows else 0
+    sk = res.spark_kafka
+    connector = (
+        ", ".join(f"{a} {ver}" for a, ver in sorted(sk.versions.items())) if sk else "not measured"
+    )
+    parts = [
+        "## Kafka",
+        "",
+        f"Measured {res.started} with `{res.command}` ({res.minutes:.1f} min in all).",
+        "",
+        f"- Machine: {mach['cpu']}, {mach['cores']} cores, {mach['memory']} RAM, {mach['os']}.",
+        f"- Load: before `{res.uptime_before}`; after `{res.uptime_after}`.",
+        f"- Versions: PySpark {v['pyspark']} (`local[2]`, {mach['java']}), Python "
+        f"{mach['python']}, pyarrow {v['pyarrow']}, confluent-kafka {v['confluent_kafka']} "
+        f"(librdkafka {v['librdkafka']}), Kafka {v['broker']} (one local KRaft broker, "
+        f"{v['broker_settings']}); Spark's Kafka sink: {connector}.",
+        f"- Data: {res.rows:,} records, a string key (`user-NNNNNNN`, 12 bytes) and a JSON "
+        f"value of {avg_value:.0f} bytes on average (a web-shop event, "
+        "`to_json(named_struct('id', id, 'type', ..., 'ts', ..., 'amount', ...))`), "
+        f"{res.data_bytes / 1e6:.0f} MB of key + value, generated in Spark from `spark.range`, "
+        "repartitioned and cached before any timing. Each writer writes into its own fresh "
+        f"topic ({res.topic_partitions} partitions, replication 1), deleted after its output is "
+        "verified: read back with `isolation.level=read_committed` to the last stable offsets, "
+        "exactly N records with N distinct ids, the key/value byte counts and CRC32 sums equal "
+        "to the source's, no transaction left open, no WAL file left.",
+        '- Writers: **txsink WAL** `Coordinator([KafkaSink(mode="wal", key="key", '
+        'value="value")]).write(df, epoch=0)`, the full protocol (WAL file + fsync in each task, '
+        "decision in the log, the driver produces every record and the marker in one "
+        'transaction per shard; `shards=1`, the default); **txsink replay** `mode="replay", '
+        "shards=<partitions>` (reshard by the key's hash, persist, count + checksum in the "
+        "tasks, decision, a commit job with one transactional producer per shard); **plain "
+        "idempotent producer** `mapInArrow` tasks, each with a non-transactional confluent-kafka "
+        "Producer, the same produce loop (delivery callback), `flush()` at the end; **Spark "
+        'Kafka sink** `df.selectExpr("key", "value").write.format("kafka")...save()`. All four '
+        "with `acks=all`, idempotence, `linger.ms=20` and `compression.type=lz4` (txsink's "
+        "defaults). The feed row is Spark alone: tasks that receive the batches and write "
+        "nothing.",
+        f"- Times are wall-clock per run, {res.repeat} run(s) each; rates use the median; MB/s "
+        "counts key + value bytes.",
+        "",
+        "### Throughput",
+        "",
+        throughput_table(res),
+        "",
+        target_table(res),
+    ]
+    if any(res.seconds(w, p) for w in ("wal", "replay") for p in res.partitions):
+        parts += [
+            "",
+            "### Where txsink's time goes",
+            "",
+            "Driver phases (`EpochResult.seconds`, median; *check + schema + unpersist* is the "
+            "rest of the wall time: the sink's start-up checks with `init_transactions` per "
+            "shard, the Arrow schema, and in replay mode the `unpersist` of the epoch):",
+            "",
+            phase_table(res),
+        ]
+    if res.profiles:
+        parts += [
+            "",
+            "Pre-commit tasks (one extra, untimed run of each mode with a subclass of KafkaSink "
+            "that times its hooks per batch; seconds summed over tasks, 2 run at a time; *Spark "
+            "feed* is the task's time outside the sink):",
+            "",
+            precommit_profile_table(res),
+            "",
+            "Commit (same runs; *read* is reading the WAL file, or in replay mode Spark "
+            "re-reading the persisted rows plus building the records and the checksum; "
+            "*produce loop* is `KafkaSink._produce_batch`; *commit_transaction* includes "
+            "`begin_transaction` and the marker record):",
+            "",
+            commit_profile_table(res),
+        ]
+    if res.single:
+        parts += [
+            "",
+            "### One Python process, no Spark",
+            "",
+            f"The steps of the commit on all {res.single['rows']:,} records in this process "
+            "(each produce variant into a fresh topic, verified like the writers):",
+            "",
+            single_table(res),
+        ]
+    parts += ["", "### Reading", ""] + [f"- {line}" for line in reading(res)]
+    return "\n".join(parts) + "\n"
+
+
+# -- main -------------------------------------------------------------------------------------
+
+
+def _broker_pid(bootstrap: str) -> dict[str, int]:
+    """``{"kafka": pid}`` of the broker if it is integration/services' local one."""
+    if not bootstrap.startswith(("127.0.0.1:", "localhost:")):
+        return {}
+    try:
+        pid = int(_bench.REPO.joinpath("integration/.work/pids/kafka.pid").read_text().split()[0])
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError, IndexError):
+        return {}
+    return {"kafka": pid} if b"kafka" in cmdline else {}
+
+
+def _versions(bench: Bench) -> dict[str, str]:
+    import confluent_kafka
+    import pyspark
+    from confluent_kafka.admin import (  # type: ignore[attr-defined]
+        ConfigResource,
+        ResourceType,
+    )
+
+    broker = "?"
+    if _broker_pid(bench.bootstrap):
+        try:
+            from _services.kafka import KAFKA_VERSION
+
+            broker = KAFKA_VERSION
+        except ImportError:
+            pass
+    admin = _admin(bench.bootstrap)
+    meta = admin.list_topics(timeout=30)
+    res = ConfigResource(ResourceType.BROKER, str(next(iter(meta.brokers))))
+    configs = admin.describe_configs([res])[res].result(timeout=30)
+
+    def conf(name: str) -> str:
+        entry = configs.get(name)
+        return str(entry.value) if entry is not None else "?"
+
+    flush = conf("log.flush.interval.messages")
+    settings = (
+        "no fsync per write (page cache)" if flush == str(2**63 - 1) else f"flush every {flush}"
+    ) + f", num.io.threads {conf('num.io.threads')}, data on the same disk"
+    return {
+        "pyspark": pyspark.__version__,
+        "pyarrow": pa.__version__,
+        "confluent_kafka": str(confluent_kafka.__version__),
+        "librdkafka": confluent_kafka.libversion()[0],
+        "broker": broker,
+        "broker_settings": settings,
+    }
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="integration/benchmarks/run kafka",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--rows", type=int, default=1_000_000, help="records (default 1000000)")
+    parser.add_argument(
+        "--partitions", default="2,8", help="comma-separated Spark partition counts (default 2,8)"
+    )
+    parser.add_argument("--repeat", type=int, default=1, help="runs per writer (default 1)")
+    parser.add_argument(
+        "--writers", default=",".join(WRITERS), help=f"subset of {','.join(WRITERS)}"
+    )
+    parser.add_argument(
+        "--topic-partitions", type=int, default=8, help="partitions of each topic (default 8)"
+    )
+    parser.add_argument(
+        "--no-extras",
+        action="store_true",
+        help="skip the profile runs and the single-process measurements",
+    )
+    parser.add_argument(
+        "--docs",
+        type=Path,
+        default=_bench.DOCS,
+        help="markdown file whose Kafka section is rewritten (default docs/benchmarks.md)",
+    )
+    parser.add_argument("--no-docs", action="store_true", help="do not touch the docs")
+    parser.add_argument(
+        "--render",
+        type=Path,
+        metavar="JSON",
+        help="measure nothing: print (and write to the docs) the results saved in JSON by an "
+        "earlier run (every run saves them under integration/.work/benchmarks/)",
+    )
+    parser.add_argument(
+        "--bootstrap",
+        default=os.environ.get("TXSINK_KAFKA_BOOTSTRAP"),
+        help="default: $TXSINK_KAFKA_BOOTSTRAP",
+    )
+    args = parser.parse_args(argv)
+    args.partitions = [int(p) for p in str(args.partitions).split(",") if p.strip()]
+    args.writers = [w.strip() for w in str(args.writers).split(",") if w.strip()]
+    unknown = set(args.writers) - set(WRITERS)
+    if unknown:
+        parser.error(f"unknown writers {sorted(unknown)}; choose from {list(WRITERS)}")
+    if not args.bootstrap and args.render is None:
+        parser.error(
+            "no broker: set TXSINK_KAFKA_BOOTSTRAP (integration/benchmarks/run does) or --bootstrap"
+        )
+    if (
+        args.rows < 1
+        or args.repeat < 1
+        or args.topic_partitions < 1
+        or not args.partitions
+        or min(args.partitions) < 1
+    ):
+        parser.error("--rows, --repeat, --topic-partitions and --partitions must be positive")
+    return args
+
+
+def _command(argv: Sequence[str]) -> str:
+    return " ".join(["integration/benchmarks/run", "kafka", *argv])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import pyspark
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    if args.render is not None:
+        res = load_results(args.render)
+        publish(res, args)
+        return 1 if res.void else 0
+    started = time.monotonic()
+    res = Results(
+        args.rows, args.partitions, args.repeat, args.topic_partitions, command=_command(argv)
+    )
+    res.started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    res.uptime_before = _bench.uptime()
+    res.machine = _bench.machine()
+    _bench.log(f"start: {res.uptime_before}")
+
+    writers = list(args.writers)
+    jars: list[Path] = []
+    if "spark" in writers:
+        try:
+            res.spark_kafka = spark_kafka_jars(pyspark.__version__)
+            jars = res.spark_kafka.jars
+            for note in res.spark_kafka.notes:
+                _bench.log(note)
+        except (SparkKafkaUnavailable, subprocess.SubprocessError, OSError) as err:
+            res.spark_kafka_error = str(err)
+            _bench.log(f"Spark's Kafka sink skipped: {err}")
+            writers.remove("spark")
+    spark = _bench.spark_session("txsink-bench-kafka", jars=jars)
+    run_id = uuid.uuid4().hex[:8]
+    workdir = Path(tempfile.mkdtemp(prefix="txsink-bench-kafka-"))
+    bench = Bench(
+        spark,
+        args.bootstrap,
+        args.topic_partitions,
+        workdir,
+        _bench.CpuMeter({"spark": os.getpid(), **_broker_pid(args.bootstrap)}),
+        run_id,
+        marker_topic=f"txsink-bench-markers-{run_id}",
+    )
+    try:
+        res.versions = _versions(bench)
+        warm = min(args.rows, 50_000)
+        _bench.log(f"warm-up (untimed): each writer once on {warm:,} records")
+        df = make_frame(spark, warm, 2)
+        expected = spark_fingerprint(df)
+        for writer in ("feed", *writers):
+            measure(bench, writer, df, rows=warm, partitions=2, expected=expected, tag="warmup")
+        df.unpersist(blocking=True)
+        for p in args.partitions:
+            _bench.log(f"generating {args.rows:,} records in {p} partitions")
+            df = make_frame(spark, args.rows, p)
+            expected = spark_fingerprint(df)
+            res.data_bytes = expected[1] + expected[2]
+            res.value_bytes = expected[2]
+            common: dict[str, Any] = {"rows": args.rows, "partitions": p, "expected": expected}
+            for rep in range(args.repeat):
+                res.runs.append(measure(bench, "feed", df, tag=f"p{p}-r{rep}", **common))
+                # Rotate the order so no writer always runs first.
+                shift = rep % len(writers) if writers else 0
+                for writer in writers[shift:] + writers[:shift]:
+                    res.runs.append(measure(bench, writer, df, tag=f"p{p}-r{rep}", **common))
+            if not args.no_extras:
+                for mode in ("wal", "replay"):
+                    if mode in writers:
+                        _bench.log(f"profile run {mode} P={p}")
+                        res.profiles[(mode, p)] = profile_run(
+                            bench, mode, df, tag=f"p{p}-profile", **common
+                        )
+                if p == args.partitions[0]:
+                    _bench.log("single-process steps (no Spark)")
+                    res.single = single_process(bench, df, args.rows, expected)
+            df.unpersist(blocking=True)
+    finally:
+        delete_topics(bench.bootstrap, [*bench.topics, bench.marker_topic])
+        spark.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    res.uptime_after = _bench.uptime()
+    res.minutes = (time.monotonic() - started) / 60
+    _bench.log(f"end: {res.uptime_after}")
+    res.void = list(bench.void)
+    _bench.log(f"results saved in {save_results(res)} (rerender with --render)")
+    publish(res, args)
+    for message in bench.void:
+        print(message, file=sys.stderr)
+    return 1 if bench.void else 0
+
+
+def save_results(res: Results, folder: Path = SAVED) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"kafka-{dt.datetime.now(dt.UTC).strftime('%Y%m%dT%H%M%SZ')}.json"
+    doc = dataclasses.asdict(res)
+    doc["profiles"] = {f"{mode}:{p}": v for (mode, p), v in res.profiles.items()}
+    path.write_text(json.dumps(doc, indent=1, default=str))
+    return path
+
+
+def load_results(path: Path) -> Results:
+    doc = json.loads(path.read_text())
+    runs = [_bench.Measurement(**m) for m in doc.pop("runs")]
+    profiles: dict[tuple[str, int], dict[str, Any]] = {}
+    for key, value in doc.pop("profiles").items():
+        mode, p = key.split(":")
+        profiles[(mode, int(p))] = value
+    jars = doc.pop("spark_kafka")
+    spark_kafka = (
+        SparkKafkaJars([Path(j) for j in jars["jars"]], jars["versions"], jars["notes"])
+        if jars
+        else None
+    )
+    return Results(**doc, runs=runs, profiles=profiles, spark_kafka=spark_kafka)
+
+
+def publish(res: Results, args: argparse.Namespace) -> None:
+    text = render(res)
+    print(text)
+    if not args.no_docs:
+        update_docs(text, args.docs)
+        _bench.log(f"wrote the Kafka section of {args.docs}")
+
+
+def update_docs(text: str, path: Path) -> None:
+    """Rewrite the Kafka section; a new one goes right after the PostgreSQL section."""
+    start, end = "<!-- bench:kafka:start -->", "<!-- bench:kafka:end -->"
+    current = path.read_text() if path.exists() else ""
+    pg_end = "<!-- bench:postgres:end -->"
+    if start not in current and pg_end in current:
+        block = f"{start}\n{end}\n"
+        current = current.replace(pg_end + "\n", f"{pg_end}\n\n{block}", 1)
+        if block not in current:  # the marker was the file's last line, without a newline
+            current = current.replace(pg_end, f"{pg_end}\n\n{block}", 1)
+        path.write_text(current)
+    _bench.update_doc_section("kafka", text, path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

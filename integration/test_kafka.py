@@ -276,7 +276,7 @@ def test_replay_mode_refuses_a_non_deterministic_replay(
     with pytest.raises(Exception, match="InjectedFault"):
         query.awaitTermination()
     before = sorted(_ids(kafka, topic))
-    assert before == list(range(250))  # epoch 0 only; epoch 1 decided, not produced
+    assert before == list(range(250))  # epoch 0 only (file 0); epoch 1 decided, not produced
     query = start_query(
         spark,
         tmp_path,

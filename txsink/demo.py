@@ -53,7 +53,11 @@ def local_spark(
 
 
 def make_input(folder: Path, rows: int, files: int) -> None:
-    """Deterministic input: ``files`` Parquet files holding ids ``0..rows-1``."""
+    """Deterministic input: ``files`` Parquet files holding ids ``0..rows-1``.
+
+    File ``i`` gets an older modification time than file ``i+1``, so a file
+    stream with ``maxFilesPerTrigger=1`` reads file ``i`` as epoch ``i``.
+    """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -74,7 +78,12 @@ def make_input(folder: Path, rows: int, files: int) -> None:
                 "payload": pa.array([f"event-{n:09d}" for n in range(lo, hi)]),
             }
         )
-        pq.write_table(table, folder / f"input-{i:04d}.parquet")
+        path = folder / f"input-{i:04d}.parquet"
+        pq.write_table(table, path)
+        # Spark's file source takes files in modification-time order; files written
+        # within the same second would make "file i = epoch i" a coin toss.
+        stamp = time.time() - (files - i) * 10
+        os.utime(path, (stamp, stamp))
 
 
 def run_query(workdir: Path, partitions: int, fmt: str) -> None:

@@ -362,19 +362,23 @@ def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
         [NewTopic(topic, num_partitions=partitions, replication_factor=1)]
     )
     futures[topic].result(timeout=60)
-    # Wait until the metadata shows every partition with a leader.
-    deadline = time.monotonic() + 30
+    # Wait until every partition's leader serves it: ListOffsets answers only then. (Metadata
+    # names a leader a moment before its log exists; an idempotent producer that starts in
+    # that moment can get its batches out of sequence: OutOfOrderSequenceException.)
+    from readback import end_offsets as _end_offsets
+
+    deadline = time.monotonic() + 60
+    last = ""
     while time.monotonic() < deadline:
-        meta = admin.list_topics(topic, timeout=10).topics.get(topic)
-        if (
-            meta is not None
-            and meta.error is None
-            and len(meta.partitions) == partitions
-            and all(p.leader >= 0 for p in meta.partitions.values())
-        ):
-            return
+        try:
+            offsets = _end_offsets(bootstrap, topic, isolation="read_uncommitted", timeout_s=10)
+            if len(offsets) == partitions:
+                return
+            last = f"{len(offsets)} of {partitions} partitions"
+        except Exception as err:
+            last = str(err)
         time.sleep(0.1)
-    raise RuntimeError(f"topic {topic} did not get leaders for its {partitions} partitions")
+    raise RuntimeError(f"topic {topic} is not served after 60 s: {last}")
 
 
 def delete_topics(bootstrap: str, topics: Sequence[str]) -> None:
@@ -785,10 +789,14 @@ def measure(
         "feed": lambda: {"task_rows": run_feed(df)},
     }
     load_before = _bench.load1()
+    error = ""
     try:
         cpu_before = bench.cpu.snapshot()
         with _bench.stopwatch() as elapsed:
-            extra = writers[writer]()
+            try:
+                extra = writers[writer]()
+            except Exception as err:  # a writer that fails is void; the others still run
+                extra, error = {}, _first_line(err)
         extra["cpu"] = bench.cpu.delta(cpu_before, bench.cpu.snapshot())
         load_after = _bench.load1()
         found = read_back(bench.bootstrap, topic, rows) if writer != "feed" else None
@@ -797,9 +805,9 @@ def measure(
             delete_topics(bench.bootstrap, [topic])
             bench.topics.remove(topic)
     m = _bench.Measurement(writer, partitions, rows, elapsed[0], load_before, load_after, extra)
-    problems = []
+    problems = [f"failed: {error}"] if error else []
     if found is None:
-        if extra["task_rows"] != rows:
+        if extra.get("task_rows") != rows:
             problems.append(f"the feed job saw {extra['task_rows']} rows")
     else:
         extra["readback_s"] = found.seconds
@@ -829,6 +837,14 @@ def measure(
         + (f"  readback {found.seconds:.1f} s" if found is not None else "")
     )
     return m
+
+
+def _first_line(err: BaseException) -> str:
+    """The exception's first line (and its Java cause's, for Spark's errors), for a log line."""
+    text = str(err).strip()
+    lines = text.splitlines() or [type(err).__name__]
+    causes = [line for line in lines if line.startswith("Caused by:")]
+    return f"{type(err).__name__}: {lines[0][:300]}" + (f" ({causes[-1][:300]})" if causes else "")
 
 
 def _round(d: dict[str, float]) -> dict[str, float]:
@@ -1130,7 +1146,11 @@ class Results:
         )
 
     def phases(self, writer: str, partitions: int) -> dict[str, float]:
-        runs = [m for m in self.runs if m.writer == writer and m.partitions == partitions]
+        runs = [
+            m
+            for m in self.runs
+            if m.writer == writer and m.partitions == partitions and "phases" in m.extra
+        ]
         keys = ("recover", "precommit", "decide", "commit")
         out = {k: _bench.median([m.extra["phases"].get(k, 0.0) for m in runs]) for k in keys}
         out["other"] = _bench.median([m.seconds - sum(m.extra["phases"].values()) for m in runs])
@@ -1760,7 +1780,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         )
                 if p == args.partitions[0]:
                     _bench.log("single-process steps (no Spark)")
-                    res.single = single_process(bench, df, args.rows, expected)
+                    try:
+                        res.single = single_process(bench, df, args.rows, expected)
+                    except Exception as err:  # extras only: the tables above still stand
+                        _bench.log(f"single-process steps failed: {_first_line(err)}")
             df.unpersist(blocking=True)
     finally:
         delete_topics(bench.bootstrap, [*bench.topics, bench.marker_topic])

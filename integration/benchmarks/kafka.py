@@ -1477,9 +1477,14 @@ def reading(res: Results) -> list[str]:
                 "`KafkaSink._marker` "
                 f"{s['marker_ms']:.0f} ms (median of {s.get('marker_n', 3):.0f}; a new "
                 "AdminClient for `list_offsets`, then a consumer polled in 0.2 s steps until "
-                "its position passes the transaction's commit marker; "
-                f"{s.get('marker_slow', 0):.0f} of the calls took over 1 s, the slowest "
-                f"{s.get('marker_max_ms', float('nan')):.0f} ms). "
+                "its position passes the transaction's commit marker"
+                + (
+                    f"; {s['marker_slow']:.0f} of the calls took over 1 s, the slowest "
+                    f"{s['marker_max_ms']:.0f} ms"
+                    if "marker_slow" in s
+                    else ""
+                )
+                + "). "
                 "The plain producer and replay mode pay the first two in every task; Spark's "
                 "sink reuses one cached producer across tasks, which is why it gains the most "
                 "from more partitions."

@@ -40,12 +40,18 @@ def build_sink(spec: dict[str, Any]) -> Any:
             wal=spec["wal"],
             key=spec.get("key", "key"),
             shards=spec.get("shards", 2),
+            mode=spec.get("mode", "wal"),
         )
     raise ValueError(f"unknown sink kind {kind!r}")
 
 
-def run_stream(workdir: str, sinks: list[dict[str, Any]], partitions: int = 2) -> None:
-    """Stream ``workdir/input`` (one file per epoch) into the sinks until the input is done."""
+def run_stream(
+    workdir: str, sinks: list[dict[str, Any]], partitions: int = 2, log: str | None = None
+) -> None:
+    """Stream ``workdir/input`` (one file per epoch) into the sinks until the input is done.
+
+    ``log``: the txsink log's location (default ``workdir/txlog``), e.g. an ``s3://`` URL.
+    """
     from txsink import Coordinator
     from txsink.demo import local_spark
 
@@ -54,7 +60,9 @@ def run_stream(workdir: str, sinks: list[dict[str, Any]], partitions: int = 2) -
     )
     logging.getLogger("txsink").setLevel(logging.INFO)
     spark = local_spark(f"local[{partitions}]", "txsink-pipeline")
-    coordinator = Coordinator([build_sink(s) for s in sinks], log=str(Path(workdir, "txlog")))
+    coordinator = Coordinator(
+        [build_sink(s) for s in sinks], log=log or str(Path(workdir, "txlog"))
+    )
     query = (
         spark.readStream.schema(SCHEMA)
         .option("maxFilesPerTrigger", 1)

@@ -40,6 +40,7 @@ Guarantee: exactly-once for consumers with ``isolation.level=read_committed``
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -47,7 +48,7 @@ import shutil
 import time
 import zlib
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -58,6 +59,7 @@ from typing_extensions import override
 
 from txsink._fs import fsync_dir
 from txsink._json import json_rows
+from txsink.connectors._kafka_avro import AvroEncoder
 from txsink.errors import (
     CommitError,
     ConfigurationError,
@@ -85,6 +87,7 @@ RECORD_SCHEMA = pa.schema(
     ]
 )
 _ENFORCED = {"enable.idempotence": True, "acks": "all"}
+_CHECKSUM_VERSION = 2
 _MIN_TXN_TIMEOUT_MS = 10_000
 
 
@@ -106,10 +109,19 @@ class KafkaReplayHandle(Handle):
     """A shard's count and checksum at pre-commit (replay mode: no data stored)."""
 
     serializer: ClassVar[str] = "kafka.replay"
-    version: ClassVar[int] = 1
+    version: ClassVar[int] = 2
 
     shards: int = 1
     checksum: int = 0
+    #: 1: topic, key, value (txsink <= 0.1); 2: also partition, headers and nulls.
+    checksum_version: int = _CHECKSUM_VERSION
+
+    @classmethod
+    @override
+    def decode(cls, version: int, data: dict[str, Any]) -> KafkaReplayHandle:
+        if version == 1:  # decided by an older txsink: verify its replay the old way
+            return super().decode(cls.version, {**data, "checksum_version": 1})
+        return super().decode(version, data)
 
 
 @dataclass
@@ -133,7 +145,9 @@ class _DriverState:
     """Driver-only state: producers per shard (initialised once) and known markers."""
 
     producers: dict[int, Any] = field(default_factory=dict)
-    markers: dict[int, int] = field(default_factory=dict)
+    markers: dict[int, int] = field(default_factory=dict)  # -1: read, none yet
+    admin: Any = None
+    delivery_errors: dict[int, list[str]] = field(default_factory=dict)
     checked: bool = False
 
 
@@ -151,6 +165,16 @@ class KafkaSink(TwoPhaseCommitSink[_OpenWal, Any]):
         key, value: the key and value columns. Binary is taken as is, strings
             UTF-8 encoded, anything else as JSON. Without ``value`` the value is a
             JSON object of every column that is not key, headers, topic or partition.
+        key_format, value_format: ``"auto"`` (as above) or ``"avro"``: Confluent
+            Avro with ``AvroSerializer`` (needs ``schema_registry``); the value
+            record is the ``value`` column (a struct, or any type) or, without
+            ``value``, a record of the payload columns.
+        schema_registry: ``SchemaRegistryClient`` settings (``{"url": ...}``, auth,
+            TLS), passed through untouched, never logged.
+        key_schema, value_schema: Avro schemas (JSON strings); default: derived
+            from the columns' types (:func:`~txsink.connectors._kafka_avro.avro_schema`).
+        avro_config: ``AvroSerializer`` settings (``auto.register.schemas``,
+            ``subject.name.strategy``, ...).
         headers: a ``map<string, string|binary>`` column of record headers.
         topic_column, partition_column: per-row topic / Kafka partition (fan-out).
         transactional_id_prefix: transactional ids are ``<prefix>-<uid>-<shard>``.
@@ -181,6 +205,12 @@ class KafkaSink(TwoPhaseCommitSink[_OpenWal, Any]):
         headers: str | None = None,
         topic_column: str | None = None,
         partition_column: str | None = None,
+        key_format: Literal["auto", "avro"] = "auto",
+        value_format: Literal["auto", "avro"] = "auto",
+        schema_registry: Mapping[str, Any] | None = None,
+        key_schema: str | None = None,
+        value_schema: str | None = None,
+        avro_config: Mapping[str, Any] | None = None,
         transactional_id_prefix: str = "txsink",
         marker_topic: str = "txsink-markers",
         producer_config: dict[str, Any] | None = None,
@@ -227,6 +257,21 @@ class KafkaSink(TwoPhaseCommitSink[_OpenWal, Any]):
             self.producer_config.get("message.max.bytes", 1_000_000)
         )
         self.timeout_s = timeout_s
+        self._avro: dict[str, AvroEncoder] = {}
+        for field_, fmt, schema_, column in (
+            ("key", key_format, key_schema, key),
+            ("value", value_format, value_schema, "value"),
+        ):
+            if fmt not in ("auto", "avro"):
+                raise ValueError(f"KafkaSink {field_}_format must be 'auto' or 'avro', not {fmt!r}")
+            if fmt == "avro":
+                if schema_registry is None:
+                    raise ValueError(
+                        f"KafkaSink({field_}_format='avro') needs schema_registry={{'url': ...}}"
+                    )
+                if column is None:
+                    raise ValueError("KafkaSink(key_format='avro') needs key=<column>")
+                self._avro[field_] = AvroEncoder(field_, schema_registry, schema_, avro_config)
         self._driver = _DriverState()
 
     @override
@@ -305,6 +350,7 @@ class KafkaSink(TwoPhaseCommitSink[_OpenWal, Any]):
             )
         self._check_transaction_timeout(admin, meta, ctx)
         self._ensure_marker_topic(admin, meta, ctx)
+        self._check_avro(schema, ctx)
         # Initialise every shard's producer now: it fences zombies and aborts any
         # transaction they left open, so read_committed readers are not held back.
         for shard in range(self.shards):
@@ -312,6 +358,37 @@ class KafkaSink(TwoPhaseCommitSink[_OpenWal, Any]):
         if self.mode == "replay":  # tasks produce; the driver's producers only fenced
             self._close_producers()
         self._driver.checked = True
+
+    def _check_avro(self, schema: pa.Schema, ctx: dict[str, Any]) -> None:
+        """Fix and register the Avro schemas now: a bad one fails at start, not in a task."""
+        for field_, encoder in self._avro.items():
+            column = self.key if field_ == "key" else self.value
+            arrow_type = (
+                schema.field(column).type
+                if column is not None
+                else pa.struct([schema.field(n) for n in self._payload_columns(schema.names)])
+            )
+            try:
+                encoder.resolve_schema(arrow_type, self.topic)
+            except ValueError as err:
+                raise ConfigurationError(
+                    f"cannot derive an Avro {field_} schema from column "
+                    f"{column or '(payload columns)'!r}: {err}. Pass {field_}_schema='<Avro JSON>' "
+                    "or cast the column",
+                    column=column,
+                    **ctx,
+                ) from err
+            if self.topic is not None:  # with topic_column, tasks register per topic
+                encoder.register(self.topic, ctx)
+
+    def _payload_columns(self, names: Sequence[str]) -> list[str]:
+        """The columns a value without ``value=`` is made of."""
+        special = {
+            c
+            for c in (self.key, self.headers, self.topic_column, self.partition_column)
+            if c is not None
+        }
+        return [c for c in names if c not in special]
 
     def _close_producers(self) -> None:
         for producer in self._driver.producers.values():
@@ -402,7 +479,7 @@ class KafkaSink(TwoPhaseCommitSink[_OpenWal, Any]):
     def write(self, txn: _OpenWal, batch: pa.RecordBatch) -> None:
         records = self._records(batch, txn.txn.partition, txn.rows)
         if txn.folder is None:  # replay: remember what the commit must find again
-            txn.checksum = (txn.checksum + _checksum(records)) % _MOD
+            txn.checksum = (txn.checksum + _checksum(records, _CHECKSUM_VERSION)) % _MOD
         else:
             if txn.writer is None:
                 txn.writer = pa.ipc.new_file(str(txn.folder / "records.arrow"), RECORD_SCHEMA)
@@ -417,25 +494,44 @@ class KafkaSink(TwoPhaseCommitSink[_OpenWal, Any]):
             "partition": partition,
             "connector": "kafka",
         }
-        special = {
-            c
-            for c in (self.key, self.headers, self.topic_column, self.partition_column)
-            if c is not None
-        }
-        if self.value is not None:
-            value = _to_binary(batch, self.value, first_row, ctx)
-        else:
-            payload = [c for c in batch.schema.names if c not in special]
-            value = pa.array(
-                [r.encode() for r in json_rows(batch, payload, first_row=first_row, context=ctx)],
-                pa.binary(),
-            )
-        key = _to_binary(batch, self.key, first_row, ctx) if self.key else pa.nulls(n, pa.binary())
         topic = (
             batch.column(self.topic_column).cast(pa.string())
             if self.topic_column
             else pa.array([self.topic] * n, pa.string())
         )
+        if self.topic_column and topic.null_count:
+            raise WriteError(
+                f"topic_column {self.topic_column!r} is null",
+                row=first_row + _first_null(topic),
+                column=self.topic_column,
+                **ctx,
+            )
+        payload = self._payload_columns(batch.schema.names)
+        avro = self._avro.get("value")
+        if avro is not None:
+            column = (
+                batch.column(self.value)
+                if self.value is not None
+                else pa.StructArray.from_arrays([batch.column(c) for c in payload], payload)
+            )
+            value = avro.encode(
+                column, topic.to_pylist(), first_row, ctx, self.value or "(payload columns)"
+            )
+        elif self.value is not None:
+            value = _to_binary(batch, self.value, first_row, ctx)
+        else:
+            value = pa.array(
+                [r.encode() for r in json_rows(batch, payload, first_row=first_row, context=ctx)],
+                pa.binary(),
+            )
+        if self.key is None:
+            key = pa.nulls(n, pa.binary())
+        elif "key" in self._avro:
+            key = self._avro["key"].encode(
+                batch.column(self.key), topic.to_pylist(), first_row, ctx, self.key
+            )
+        else:
+            key = _to_binary(batch, self.key, first_row, ctx)
         partition = (
             batch.column(self.partition_column).cast(pa.int32())
             if self.partition_column
@@ -447,13 +543,6 @@ class KafkaSink(TwoPhaseCommitSink[_OpenWal, Any]):
             else pa.nulls(n, RECORD_SCHEMA.field("headers").type)
         )
         self._check_sizes(key, value, first_row, ctx)
-        if self.topic_column and topic.null_count:
-            raise WriteError(
-                f"topic_column {self.topic_column!r} is null",
-                row=first_row + _first_null(topic),
-                column=self.topic_column,
-                **ctx,
-            )
         return pa.RecordBatch.from_arrays(
             [topic, partition, key, value, headers], schema=RECORD_SCHEMA
         )
@@ -527,6 +616,11 @@ class KafkaSink(TwoPhaseCommitSink[_OpenWal, Any]):
         by_shard: dict[int, list[KafkaWalHandle]] = defaultdict(list)
         for h in handles:
             by_shard[h.txn.partition % self.shards].append(h)
+        for shard in by_shard:
+            self._producer(shard)  # init_transactions before reading markers: fences zombies
+        unread = [shard for shard in sorted(by_shard) if shard not in self._driver.markers]
+        if unread:
+            self._driver.markers.update(self._read_markers(handles[0].txn.app, unread))
         for shard in sorted(by_shard):
             self._commit_shard(shard, epoch, sorted(by_shard[shard], key=lambda h: h.txn))
 
@@ -539,6 +633,8 @@ class KafkaSink(TwoPhaseCommitSink[_OpenWal, Any]):
             self._delete_wal(handles)  # committed before a crash: verified by the marker
             return
         missing = [h.path for h in handles if not Path(self.wal, h.path).exists()]
+        if not missing:
+            self._verify_wal(epoch, handles)
         if missing:
             raise CommitError(
                 f"cannot commit epoch {epoch} shard {shard}: WAL files {missing} are gone and the "
@@ -550,9 +646,9 @@ class KafkaSink(TwoPhaseCommitSink[_OpenWal, Any]):
                 phase="commit",
             )
 
-        def body(on_delivery: Callable[[Any, Any], None]) -> None:
+        def body() -> None:
             for h in handles:
-                self._produce_wal(producer, h, on_delivery)
+                self._produce_wal(producer, h)
 
         self._transaction(producer, app, shard, epoch, body)
         self._driver.markers[shard] = epoch
@@ -561,10 +657,9 @@ class KafkaSink(TwoPhaseCommitSink[_OpenWal, Any]):
     @override
     def commit_from_data(self, data: Any, epoch: int, handles: Sequence[Any]) -> None:
         """Replay mode: one task per shard re-reads its rows, checks them, produces, commits."""
-        import functools
         import pickle
 
-        decided: dict[int, tuple[int, int]] = {}
+        decided: dict[int, tuple[int, int, int]] = {}
         for h in handles:
             if h.shards != self.shards:
                 raise ConfigurationError(
@@ -574,7 +669,7 @@ class KafkaSink(TwoPhaseCommitSink[_OpenWal, Any]):
                     epoch=epoch,
                     connector="kafka",
                 )
-            decided[h.txn.partition] = (h.rows, h.checksum)
+            decided[h.txn.partition] = (h.rows, h.checksum, h.checksum_version)
         app = handles[0].txn.app
         job = data.mapInArrow(
             functools.partial(_replay_commit_task, self, app, epoch, decided),
@@ -590,7 +685,7 @@ class KafkaSink(TwoPhaseCommitSink[_OpenWal, Any]):
         shard: int,
         app: str,
         epoch: int,
-        want: tuple[int, int],
+        want: tuple[int, int, int],
         batches: Iterator[pa.RecordBatch],
     ) -> tuple[str, int]:
         """In a replay commit task: produce ``shard``'s rows and its marker, once."""
@@ -601,13 +696,13 @@ class KafkaSink(TwoPhaseCommitSink[_OpenWal, Any]):
             return "already-committed", 0
         count = [0, 0]  # rows, checksum
 
-        def body(on_delivery: Callable[[Any, Any], None]) -> None:
+        def body() -> None:
             for batch in batches:
                 records = self._records(batch, shard, count[0])
-                count[1] = (count[1] + _checksum(records)) % _MOD
+                count[1] = (count[1] + _checksum(records, want[2])) % _MOD
                 count[0] += records.num_rows
-                self._produce_batch(producer, records, on_delivery)
-            if tuple(count) != want:
+                self._produce_batch(producer, records)
+            if tuple(count) != want[:2]:
                 raise NonDeterministicReplayError(
                     f"the replay of epoch {epoch} gives shard {shard} {count[0]} records "
                     f"(checksum {count[1]}), but its pre-commit recorded {want[0]} (checksum "
@@ -631,7 +726,7 @@ class KafkaSink(TwoPhaseCommitSink[_OpenWal, Any]):
         app: str,
         shard: int,
         epoch: int,
-        body: Callable[[Callable[[Any, Any], None]], None],
+        body: Callable[[], None],
     ) -> None:
         """One Kafka transaction: ``body`` produces the records, then the marker; commit.
 
@@ -640,11 +735,8 @@ class KafkaSink(TwoPhaseCommitSink[_OpenWal, Any]):
         """
         from confluent_kafka import KafkaException
 
-        errors: list[str] = []
-
-        def on_delivery(err: Any, msg: Any) -> None:
-            if err is not None and not errors:
-                errors.append(f"{err.str()} (topic {msg.topic()} partition {msg.partition()})")
+        errors = self._driver.delivery_errors.setdefault(shard, [])
+        errors.clear()
 
         marker = {
             "app": app,
@@ -654,48 +746,124 @@ class KafkaSink(TwoPhaseCommitSink[_OpenWal, Any]):
             "epoch": epoch,
             "at": time.time(),
         }
+        started = time.monotonic()
         try:
             producer.begin_transaction()
-            body(on_delivery)
+            body()
             producer.produce(
                 self.marker_topic,
                 key=_marker_key(app, self.uid, shard).encode(),
                 value=json.dumps(marker).encode(),
                 partition=0,
-                on_delivery=on_delivery,
             )
-            producer.commit_transaction(self.timeout_s)
+            self._commit_transaction(producer)
         except KafkaException as err:
+            # Drop the producer and the cached marker: the next attempt re-initialises
+            # (which completes or aborts whatever this one left at the broker) and reads
+            # the marker again; the marker, not this outcome, says whether it committed.
             kerr = err.args[0]
             self._driver.producers.pop(shard, None)
-            if kerr.txn_requires_abort():
+            self._driver.markers.pop(shard, None)
+            if not kerr.fatal():
                 with contextlib.suppress(KafkaException):
                     producer.abort_transaction(self.timeout_s)
-            raise self._map(kerr, epoch, shard, errors) from err
+            elapsed = time.monotonic() - started
+            raise self._map(kerr, epoch, shard, errors, elapsed) from err
         except BaseException:
-            with contextlib.suppress(KafkaException):
+            try:
                 producer.abort_transaction(self.timeout_s)
+            except KafkaException:
+                self._driver.producers.pop(shard, None)
+                self._driver.markers.pop(shard, None)
             raise
         self._driver.markers[shard] = epoch
+        self._warn_if_slow(shard, epoch, time.monotonic() - started)
 
-    def _produce_wal(self, producer: Any, handle: KafkaWalHandle, on_delivery: Any) -> None:
+    def _commit_transaction(self, producer: Any) -> None:
+        """``commit_transaction``, retried on retriable errors as librdkafka asks."""
+        from confluent_kafka import KafkaException
+
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                producer.commit_transaction(max(1.0, deadline - time.monotonic()))
+                return
+            except KafkaException as err:
+                if not err.args[0].retriable() or time.monotonic() >= deadline:
+                    raise
+
+    def _txn_timeout_s(self) -> float:
+        return int(self.producer_config.get("transaction.timeout.ms", 60_000)) / 1000
+
+    def _warn_if_slow(self, shard: int, epoch: int, elapsed: float) -> None:
+        limit = self._txn_timeout_s()
+        if elapsed > limit / 2:
+            _log.warning(
+                "[uid=%s epoch=%s] Kafka shard %s: the commit transaction took %.1fs, over half "
+                "of transaction.timeout.ms (%.0fs); the broker aborts longer ones and the commit "
+                "would then fail on every retry. Raise transaction.timeout.ms (up to the "
+                "broker's transaction.max.timeout.ms) or use more shards",
+                self.uid,
+                epoch,
+                shard,
+                elapsed,
+                limit,
+                extra={"txsink_uid": self.uid, "txsink_epoch": epoch},
+            )
+
+    def _verify_wal(self, epoch: int, handles: Sequence[KafkaWalHandle]) -> None:
+        """Refuse to commit WAL files that differ from what the pre-commit wrote.
+
+        A torn or corrupted file could otherwise commit fewer or other records than
+        were decided; the CRC was taken after the fsync, before the decision.
+        """
+        for h in handles:
+            if not h.crc32:
+                continue  # a listed (not decided) handle: never committed
+            crc = 0
+            with open(Path(self.wal, h.path), "rb") as f:
+                while chunk := f.read(1 << 20):
+                    crc = zlib.crc32(chunk, crc)
+            if crc != h.crc32:
+                raise CommitError(
+                    f"WAL file {Path(self.wal, h.path)} is corrupted (crc32 {crc:#010x}, the "
+                    f"pre-commit recorded {h.crc32:#010x}): its records cannot be committed as "
+                    "decided. Restore the file from a backup of the WAL folder if you have one; "
+                    "otherwise the epoch's records of this task are lost",
+                    sink_uid=self.uid,
+                    epoch=epoch,
+                    partition=h.txn.partition,
+                    connector="kafka",
+                    phase="commit",
+                )
+
+    def _produce_wal(self, producer: Any, handle: KafkaWalHandle) -> None:
         with pa.memory_map(str(Path(self.wal, handle.path))) as source:
             reader = pa.ipc.open_file(source)
             for i in range(reader.num_record_batches):
-                self._produce_batch(producer, reader.get_batch(i), on_delivery)
+                self._produce_batch(producer, reader.get_batch(i))
 
     @staticmethod
-    def _produce_batch(producer: Any, batch: pa.RecordBatch, on_delivery: Any) -> None:
-        cols = [batch.column(c).to_pylist() for c in range(batch.num_columns)]
-        for topic, part, key, value, headers in zip(*cols, strict=True):
-            kwargs: dict[str, Any] = {"key": key, "value": value, "on_delivery": on_delivery}
-            if part is not None:
-                kwargs["partition"] = part
-            if headers:
-                kwargs["headers"] = [(h["key"], h["value"]) for h in headers]
+    def _produce_batch(producer: Any, batch: pa.RecordBatch) -> None:
+        """Hand one batch of records to the producer (the hot loop of every commit).
+
+        Positional arguments and no per-record callback: the producers report
+        failed deliveries only (``delivery.report.only.error``), and any failure
+        also fails ``commit_transaction``.
+        """
+        produce = producer.produce
+        topics, parts, keys, values, headers = (c.to_pylist() for c in batch.columns)
+        n = len(batch)
+        simple = batch.column(1).null_count == n and batch.column(4).null_count == n
+        for i, (topic, key, value) in enumerate(zip(topics, keys, values, strict=True)):
             while True:
                 try:
-                    producer.produce(topic, **kwargs)
+                    if simple:
+                        produce(topic, value, key)
+                    else:
+                        hs = [(h["key"], h["value"]) for h in headers[i] or ()] or None
+                        part = parts[i]
+                        produce(topic, value, key, -1 if part is None else part, headers=hs)
                     break
                 except BufferError:
                     producer.poll(0.05)  # local queue full: let deliveries drain
@@ -716,61 +884,99 @@ class KafkaSink(TwoPhaseCommitSink[_OpenWal, Any]):
             "bootstrap.servers": self.bootstrap_servers,
             "transactional.id": self.transactional_id(shard),
             "logger": _quiet_logger(),
+            "delivery.report.only.error": True,
+            "on_delivery": functools.partial(
+                _on_failed_delivery, self._driver.delivery_errors.setdefault(shard, [])
+            ),
         }
         producer = Producer(conf)
         try:
             producer.init_transactions(self.timeout_s)
         except KafkaException as err:
-            raise self._map(err.args[0], None, shard, []) from err
+            raise self._map(err.args[0], None, shard, [], init=True) from err
         self._driver.producers[shard] = producer
         self._driver.markers.pop(shard, None)  # read it again under the new producer epoch
         return producer
 
     def _marker(self, shard: int, app: str) -> int | None:
-        """The last committed epoch of ``shard`` for ``app`` (read after init_transactions)."""
-        if shard in self._driver.markers:
-            return self._driver.markers[shard]
-        from confluent_kafka import Consumer, IsolationLevel, TopicPartition
-        from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
+        """The last committed epoch of ``shard`` for ``app`` (call after init_transactions)."""
+        if shard not in self._driver.markers:
+            self._driver.markers.update(self._read_markers(app, [shard]))
+        found = self._driver.markers[shard]
+        return None if found < 0 else found
 
+    def _read_markers(self, app: str, shards: Sequence[int]) -> dict[int, int]:
+        """Read the markers of ``shards`` (-1: none) from the marker topic, read_committed.
+
+        Complete up to the marker topic's end as of this call: first wait until the
+        partition's last stable offset reaches its high watermark. Another producer's
+        transaction left open on the shared marker topic (another query mid-commit, a
+        dead one until its transaction times out) holds the last stable offset below
+        markers committed after it; a read that stopped there would miss our newest
+        marker and commit that epoch again.
+        """
+        from confluent_kafka import Consumer, IsolationLevel, KafkaError, TopicPartition
+
+        ctx: dict[str, Any] = {"sink_uid": self.uid, "connector": "kafka", "phase": "commit"}
         tp = TopicPartition(self.marker_topic, 0)
-        admin = AdminClient(self._client_config())
-        latest: Any = OffsetSpec.latest()  # type: ignore[no-untyped-call]
-        futures = admin.list_offsets({tp: latest}, isolation_level=IsolationLevel.READ_COMMITTED)
-        end = next(iter(futures.values())).result(timeout=self.timeout_s).offset
-        want = _marker_key(app, self.uid, shard).encode()
-        found: int | None = None
+        deadline = time.monotonic() + self.timeout_s
+        end = self._end_offset(tp, IsolationLevel.READ_UNCOMMITTED)
+        while (stable := self._end_offset(tp, IsolationLevel.READ_COMMITTED)) < end:
+            if time.monotonic() > deadline:
+                raise RetryableError(
+                    f"marker topic {self.marker_topic!r}: a transaction of another producer has "
+                    f"been open for over {self.timeout_s:.0f}s (last stable offset {stable}, end "
+                    f"{end}), so the markers cannot be read completely. It ends when that "
+                    "producer commits or its transaction.timeout.ms passes; retry then",
+                    **ctx,
+                )
+            time.sleep(0.05)
+        wanted = {_marker_key(app, self.uid, s).encode(): s for s in shards}
+        found = dict.fromkeys(shards, -1)
+        if end == 0:
+            return found
         consumer = Consumer(
             {
                 **self._client_config(),
                 "group.id": f"txsink-marker-{self.uid}",
                 "enable.auto.commit": False,
+                "enable.partition.eof": True,
                 "isolation.level": "read_committed",
-                "auto.offset.reset": "earliest",
+                "fetch.wait.max.ms": 10,
             }
         )
         try:
             consumer.assign([TopicPartition(self.marker_topic, 0, 0)])
-            deadline = time.monotonic() + self.timeout_s
-            # The position (not the last record's offset) is compared with the end: a
-            # transaction's commit is a control record the consumer never hands out.
-            while end > 0 and (consumer.position([tp])[0].offset or 0) < end:
-                if time.monotonic() > deadline:
+            while True:
+                msg = consumer.poll(max(0.0, deadline - time.monotonic()))
+                if msg is None:
                     raise RetryableError(
-                        f"timed out reading marker topic {self.marker_topic!r}",
-                        sink_uid=self.uid,
-                        connector="kafka",
+                        f"timed out reading marker topic {self.marker_topic!r}", **ctx
                     )
-                msg = consumer.poll(0.2)
-                if msg is None or msg.error():
+                err = msg.error()
+                if err is not None:
+                    if err.code() != KafkaError._PARTITION_EOF:
+                        raise RetryableError(
+                            f"cannot read marker topic {self.marker_topic!r}: {err.str()}", **ctx
+                        )
+                    if (msg.offset() or 0) >= end:  # EOF sits at the last stable offset
+                        break
                     continue
-                if msg.key() == want and msg.value() is not None:
-                    found = int(json.loads(msg.value() or b"{}")["epoch"])
+                shard = wanted.get(msg.key() or b"")
+                if shard is not None and msg.value() is not None:
+                    found[shard] = int(json.loads(msg.value() or b"{}")["epoch"])
         finally:
             consumer.close()
-        if found is not None:
-            self._driver.markers[shard] = found
         return found
+
+    def _end_offset(self, tp: Any, isolation: Any) -> int:
+        from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
+
+        if self._driver.admin is None:
+            self._driver.admin = AdminClient(self._client_config())
+        latest: Any = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+        futures = self._driver.admin.list_offsets({tp: latest}, isolation_level=isolation)
+        return int(next(iter(futures.values())).result(timeout=self.timeout_s).offset)
 
     # -- driver: abort, recover ------------------------------------------------------
 
@@ -798,7 +1004,16 @@ class KafkaSink(TwoPhaseCommitSink[_OpenWal, Any]):
 
     # -- errors ----------------------------------------------------------------------
 
-    def _map(self, err: Any, epoch: int | None, shard: int, delivery: list[str]) -> TxsinkError:
+    def _map(
+        self,
+        err: Any,
+        epoch: int | None,
+        shard: int,
+        delivery: list[str],
+        elapsed: float = 0.0,
+        *,
+        init: bool = False,
+    ) -> TxsinkError:
         """Map a KafkaError by code (never by message text)."""
         ctx: dict[str, Any] = {
             "sink_uid": self.uid,
@@ -808,6 +1023,12 @@ class KafkaSink(TwoPhaseCommitSink[_OpenWal, Any]):
         }
         code = err.code()
         detail = f"{err.str()}" + (f"; first delivery error: {delivery[0]}" if delivery else "")
+        if elapsed >= 0.9 * self._txn_timeout_s():
+            detail += (
+                f"; the transaction ran {elapsed:.0f}s, about transaction.timeout.ms "
+                f"({self._txn_timeout_s():.0f}s), so the broker aborted it: raise "
+                "transaction.timeout.ms or use more shards"
+            )
         if code in (
             _error_code("_FENCED"),
             _error_code("PRODUCER_FENCED"),
@@ -825,6 +1046,18 @@ class KafkaSink(TwoPhaseCommitSink[_OpenWal, Any]):
                 f"not authorised to use transactional id {self.transactional_id(shard)!r}: "
                 f"grant WRITE on TransactionalId {self.prefix}-* ({detail})",
                 **ctx,
+            )
+        if init and code in (
+            _error_code("_TIMED_OUT"),
+            _error_code("COORDINATOR_NOT_AVAILABLE"),
+            _error_code("_UNSUPPORTED_FEATURE"),
+            _error_code("UNSUPPORTED_VERSION"),
+        ):
+            detail += (
+                f"; init_transactions for {self.transactional_id(shard)!r} did not complete: "
+                "the brokers must support transactions (Kafka >= 2.5) and run the transaction "
+                "coordinator, i.e. transaction.state.log.replication.factor and "
+                "transaction.state.log.min.isr no larger than the number of live brokers"
             )
         if err.retriable() or code == _error_code("_TIMED_OUT"):
             return RetryableError(f"Kafka shard {shard}: {detail}", **ctx)
@@ -844,14 +1077,27 @@ class KafkaSink(TwoPhaseCommitSink[_OpenWal, Any]):
 _MOD = 1 << 64
 
 
-def _checksum(records: pa.RecordBatch) -> int:
-    """Order-independent checksum of records (Spark does not keep row order in a replay)."""
+def _checksum(records: pa.RecordBatch, version: int) -> int:
+    """Order-independent checksum of records (Spark does not keep row order in a replay).
+
+    A sum of per-record CRCs: rows may come back in any order and any batching.
+    Version 2 covers every field that reaches Kafka (topic, partition, key,
+    value, headers) and tells a null key or value from an empty one.
+    """
     total = 0
-    topics = records.column(0).to_pylist()
-    keys = records.column(2).to_pylist()
-    values = records.column(3).to_pylist()
-    for topic, key, value in zip(topics, keys, values, strict=True):
-        h = zlib.crc32(value or b"", zlib.crc32(key or b"", zlib.crc32(topic.encode())))
+    cols = [records.column(i).to_pylist() for i in range(records.num_columns)]
+    for topic, partition, key, value, headers in zip(*cols, strict=True):
+        if version == 1:
+            h = zlib.crc32(value or b"", zlib.crc32(key or b"", zlib.crc32(topic.encode())))
+        else:
+            h = zlib.crc32(topic.encode())
+            h = zlib.crc32(
+                b"\xff" if partition is None else partition.to_bytes(4, "big", signed=True), h
+            )
+            h = zlib.crc32(b"\x00" if key is None else b"\x01" + key, h)
+            h = zlib.crc32(b"\x00" if value is None else b"\x01" + value, h)
+            for header in headers or ():
+                h = zlib.crc32(header["value"] or b"", zlib.crc32(header["key"].encode(), h))
         total += h * 2654435761 + len(value or b"")
     return total % _MOD
 
@@ -860,7 +1106,7 @@ def _replay_commit_task(
     sink: KafkaSink,
     app: str,
     epoch: int,
-    decided: dict[int, tuple[int, int]],
+    decided: dict[int, tuple[int, int, int]],
     batches: Iterator[pa.RecordBatch],
 ) -> Iterator[pa.RecordBatch]:
     import pickle
@@ -873,7 +1119,7 @@ def _replay_commit_task(
     status, rows = "failed", 0
     try:
         status, rows = sink._commit_shard_rows(
-            shard, app, epoch, decided.get(shard, (0, 0)), batches
+            shard, app, epoch, decided.get(shard, (0, 0, _CHECKSUM_VERSION)), batches
         )
     except (NonDeterministicReplayError, ConfigurationError, FencedError) as err:
         error = pickle.dumps(err)
@@ -888,6 +1134,12 @@ def _replay_commit_task(
             ]
         ),
     )
+
+
+def _on_failed_delivery(errors: list[str], err: Any, msg: Any) -> None:
+    """Producer-wide delivery callback (failures only): keep the first, with its context."""
+    if err is not None and not errors:
+        errors.append(f"{err.str()} (topic {msg.topic()} partition {msg.partition()})")
 
 
 def _error_code(name: str) -> int:

@@ -1,12 +1,13 @@
-"""Real-server fixtures for integration tests: ``postgres``, ``kafka``, ``s3``.
+"""Real-server fixtures for integration tests: ``postgres``, ``kafka``, ``s3``, ``schema_registry``.
 
-A test marked ``@pytest.mark.postgres`` / ``kafka`` / ``s3`` gets its server started (once
-per session) even if it does not name the fixture; a test that names the fixture gets the
-marker, so ``-m "not kafka"`` deselects it. Servers come from the ``TXSINK_*`` environment
-variables, else testcontainers (Docker), else local processes; see docs/testing.md.
+A test marked ``@pytest.mark.postgres`` / ``kafka`` / ``s3`` / ``registry`` gets its server
+started (once per session) even if it does not name the fixture; a test that names the
+fixture gets the marker, so ``-m "not kafka"`` deselects it. Servers come from the
+``TXSINK_*`` environment variables, else testcontainers (Docker; not for the registry), else
+local processes; see docs/testing.md.
 
-What each test creates through ``new_schema()`` / ``new_topic()`` / ``new_bucket()`` (and
-the ``with_proxy()`` proxies) is removed right after that test.
+What each test creates through ``new_schema()`` / ``new_topic()`` / ``new_bucket()`` /
+``new_subject()`` (and the ``with_proxy()`` proxies) is removed right after that test.
 """
 
 from __future__ import annotations
@@ -21,14 +22,22 @@ from _services.fixtures import (
     Finalizer,
     KafkaService,
     PostgresService,
+    RegistryService,
     S3Service,
     resolve_kafka,
     resolve_postgres,
+    resolve_registry,
     resolve_s3,
     session_finalizers,
 )
 
-SERVICE_MARKERS = ("postgres", "kafka", "s3")
+# marker -> the session fixture that provides its server
+SERVICE_MARKERS = {
+    "postgres": "postgres",
+    "kafka": "kafka",
+    "s3": "s3",
+    "registry": "schema_registry",
+}
 
 
 class _Cleanable(Protocol):
@@ -36,11 +45,17 @@ class _Cleanable(Protocol):
 
 
 _active: dict[str, _Cleanable] = {}
-T = TypeVar("T", PostgresService, KafkaService, S3Service)
+T = TypeVar("T", PostgresService, KafkaService, S3Service, RegistryService)
 
 
 def pytest_report_header() -> list[str]:
-    keys = ("TXSINK_PG_DSN", "TXSINK_KAFKA_BOOTSTRAP", "TXSINK_S3_ENDPOINT", "TXSINK_S3_SERVER")
+    keys = (
+        "TXSINK_PG_DSN",
+        "TXSINK_KAFKA_BOOTSTRAP",
+        "TXSINK_S3_ENDPOINT",
+        "TXSINK_S3_SERVER",
+        "TXSINK_SCHEMA_REGISTRY_URL",
+    )
     shown = [f"{k}={redact(os.environ[k])}" for k in keys if os.environ.get(k)]
     return [f"txsink services: {' '.join(shown) if shown else 'from Docker or local processes'}"]
 
@@ -48,8 +63,8 @@ def pytest_report_header() -> list[str]:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         names = getattr(item, "fixturenames", ())
-        for marker in SERVICE_MARKERS:
-            if marker in names and item.get_closest_marker(marker) is None:
+        for marker, fixture in SERVICE_MARKERS.items():
+            if fixture in names and item.get_closest_marker(marker) is None:
                 item.add_marker(getattr(pytest.mark, marker))
 
 
@@ -89,12 +104,18 @@ def s3(_service_finalizers: list[Finalizer]) -> S3Service:
     return _obtain("s3", resolve_s3, _service_finalizers)
 
 
+@pytest.fixture(scope="session")
+def schema_registry(_service_finalizers: list[Finalizer]) -> RegistryService:
+    """Confluent-compatible Schema Registry: ``.url``, ``.client()``, ``.new_subject()``."""
+    return _obtain("registry", resolve_registry, _service_finalizers)
+
+
 @pytest.fixture(autouse=True)
 def _txsink_services(request: pytest.FixtureRequest) -> Iterator[None]:
     """Start the servers a test's markers ask for; afterwards drop what the test created."""
-    for marker in SERVICE_MARKERS:
+    for marker, fixture in SERVICE_MARKERS.items():
         if request.node.get_closest_marker(marker) is not None:
-            request.getfixturevalue(marker)
+            request.getfixturevalue(fixture)
     yield
     for service in list(_active.values()):
         service.cleanup()

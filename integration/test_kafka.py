@@ -16,7 +16,7 @@ from readback import end_offsets, read_topic
 
 from tests.streaming import CRASH_MATRIX, EVERY_POINT_ONCE, fault_spec, is_task_point
 from txsink.connectors.kafka import KafkaSink
-from txsink.errors import ConfigurationError, FencedError, WriteError
+from txsink.errors import CommitError, ConfigurationError, FencedError, WriteError
 from txsink.faults import FaultPlan
 from txsink.handles import dump_handle, load_handle
 from txsink.txid import TxnId
@@ -134,6 +134,62 @@ def test_zombie_producer_is_fenced_and_its_transaction_aborted(kafka: Any, tmp_p
     )  # no transaction left open
 
 
+def test_marker_read_waits_for_open_transactions_on_the_marker_topic(
+    kafka: Any, tmp_path: Path
+) -> None:
+    """Another producer's open transaction on the shared marker topic holds its last stable
+    offset below our newest marker: reading only up to it would miss the marker and commit
+    the epoch again. The read must wait until the records before it are decided."""
+    import threading
+
+    from confluent_kafka import Producer
+
+    topic = kafka.new_topic(1)
+    markers = kafka.new_topic(1, prefix="m", config={"cleanup.policy": "compact"})
+    uid = _uid()
+
+    def sink() -> KafkaSink:
+        return KafkaSink(
+            kafka.bootstrap, topic, uid=uid, wal=tmp_path / "wal", marker_topic=markers
+        )
+
+    first = sink()
+    first.check(SCHEMA, "app")
+    first.finish_epoch(0, [_prepared_one(first, "app", 0, 0, range(0, 10))])
+    foreign = Producer(kafka.config(**{"transactional.id": "foreign-" + uid}))
+    foreign.init_transactions(30)
+    foreign.begin_transaction()
+    foreign.produce(markers, key=b"someone/else/0", value=b"{}", partition=0)
+    foreign.flush(10)  # open, below our next marker
+    first.finish_epoch(1, [_prepared_one(first, "app", 1, 0, range(10, 20))])  # cached marker
+    timer = threading.Timer(3.0, lambda: foreign.commit_transaction(30))
+    timer.start()
+    try:
+        second = sink()  # a new driver after a crash: reads the markers
+        second.check(SCHEMA, "app")
+        second.finish_epoch(1, [_prepared_one(second, "app", 1, 0, range(10, 20))])
+    finally:
+        timer.join()
+    assert sorted(_ids(kafka, topic)) == list(range(20))
+
+
+def test_corrupted_wal_is_refused_not_committed(kafka: Any, tmp_path: Path) -> None:
+    topic = kafka.new_topic(1)
+    sink = KafkaSink(kafka.bootstrap, topic, uid=_uid(), wal=tmp_path / "wal")
+    sink.check(SCHEMA, "app")
+    handle = _prepared_one(sink, "app", 0, 0, range(50))
+    path = tmp_path / "wal" / handle.path
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(CommitError, match="is corrupted"):
+        sink.finish_epoch(0, [handle])
+    assert _ids(kafka, topic) == []
+    assert end_offsets(kafka.bootstrap, topic) == end_offsets(
+        kafka.bootstrap, topic, isolation="read_uncommitted"
+    )
+
+
 def test_two_live_writers_sharing_an_id_get_a_clear_error(kafka: Any, tmp_path: Path) -> None:
     topic = kafka.new_topic(1)
     uid = _uid()
@@ -184,7 +240,13 @@ def test_start_checks(kafka: Any, tmp_path: Path) -> None:
 
 
 def _verdict(kafka: Any, topic: str, wal: Path, rows: int) -> Verdict:
+    """Ids read back with read_committed; lingering: WAL files left, plus 1 if a transaction
+    is still open on the topic (its last stable offset behind the high watermark)."""
     lingering = len(os.listdir(wal)) if wal.exists() else 0
+    if end_offsets(kafka.bootstrap, topic) != end_offsets(
+        kafka.bootstrap, topic, isolation="read_uncommitted"
+    ):
+        lingering += 1
     return count_ids(range(rows), _ids(kafka, topic), lingering=lingering)
 
 
@@ -328,3 +390,137 @@ def test_kill_driver_at_every_point(kafka: Any, tmp_path: Path, kmode: str) -> N
     assert report.finished and report.restarts == 7, report
     verdict = _verdict(kafka, topic, tmp_path / "wal", 3000)
     assert verdict.ok, verdict
+
+
+# -- Avro with a Schema Registry ------------------------------------------------------
+
+
+def _avro_values(registry: Any, kafka: Any, topic: str) -> list[dict[str, Any]]:
+    from confluent_kafka.schema_registry.avro import AvroDeserializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    decode = AvroDeserializer(registry.client())
+    ctx = SerializationContext(topic, MessageField.VALUE)
+    return [decode(r.value, ctx) for r in read_topic(kafka.bootstrap, topic)]
+
+
+@pytest.mark.registry
+def test_avro_values_round_trip_through_the_registry(
+    kafka: Any, schema_registry: Any, tmp_path: Path
+) -> None:
+    topic = kafka.new_topic(2)
+    subject = schema_registry.topic_subject(topic)
+    sink = KafkaSink(
+        kafka.bootstrap,
+        topic,
+        uid=_uid(),
+        wal=tmp_path / "wal",
+        key="key",
+        value_format="avro",
+        schema_registry=schema_registry.config(),
+    )
+    sink.check(SCHEMA, "app")  # registers the derived schema at start
+    registered = schema_registry.client().get_latest_version(subject)
+    fields = json.loads(registered.schema.schema_str)["fields"]
+    assert [f["name"] for f in fields] == ["id", "amount", "payload"]
+    handles = [_prepared_one(sink, "app", 0, p, range(p * 50, p * 50 + 50)) for p in range(2)]
+    sink.finish_epoch(0, handles)
+    values = sorted(_avro_values(schema_registry, kafka, topic), key=lambda v: v["id"])
+    assert values == [{"id": i, "amount": 0.5, "payload": f"p{i}"} for i in range(100)]
+    assert {r.key for r in read_topic(kafka.bootstrap, topic)} == {
+        f"k{i}".encode() for i in range(7)
+    }
+
+
+@pytest.mark.registry
+def test_avro_incompatible_schema_fails_at_start(
+    kafka: Any, schema_registry: Any, tmp_path: Path
+) -> None:
+    from confluent_kafka.schema_registry import Schema
+
+    topic = kafka.new_topic(1)
+    subject = schema_registry.topic_subject(topic)
+    schema_registry.client().register_schema(subject, Schema('"string"', "AVRO"))
+    sink = KafkaSink(
+        kafka.bootstrap,
+        topic,
+        uid=_uid(),
+        wal=tmp_path / "wal",
+        value_format="avro",
+        schema_registry=schema_registry.config(),
+    )
+    with pytest.raises(ConfigurationError, match="refused the value schema") as info:
+        sink.check(SCHEMA, "app")
+    assert info.value.sink_uid == sink.uid
+
+
+@pytest.mark.registry
+def test_avro_bad_row_is_refused_in_precommit_naming_row_and_column(
+    kafka: Any, schema_registry: Any, tmp_path: Path
+) -> None:
+    topic = kafka.new_topic(1)
+    schema_registry.topic_subject(topic)
+    strict = {
+        "type": "record",
+        "name": "Event",
+        "fields": [
+            {"name": "id", "type": "long"},
+            {"name": "amount", "type": "double"},
+            {"name": "payload", "type": {"type": "enum", "name": "P", "symbols": ["p0", "p1"]}},
+        ],
+    }
+    sink = KafkaSink(
+        kafka.bootstrap,
+        topic,
+        uid=_uid(),
+        wal=tmp_path / "wal",
+        key="key",
+        value_format="avro",
+        value_schema=json.dumps(strict),
+        schema_registry=schema_registry.config(),
+    )
+    sink.check(SCHEMA, "app")
+    open_ = sink.begin(TxnId("app", sink.uid, 0, 0, 1, 0), SCHEMA)
+    with pytest.raises(WriteError, match="cannot encode the value as Avro") as info:
+        sink.write(open_, _batch(range(5)))
+    assert (info.value.row, info.value.partition, info.value.sink_uid) == (2, 1, sink.uid)
+    sink.discard(open_)
+    assert _ids_raw_count(kafka, topic) == 0
+
+
+def _ids_raw_count(kafka: Any, topic: str) -> int:
+    return len(read_topic(kafka.bootstrap, topic))
+
+
+@pytest.mark.spark
+@pytest.mark.registry
+def test_avro_replay_mode_streaming_after_a_crash(
+    spark: Any, kafka: Any, schema_registry: Any, tmp_path: Path
+) -> None:
+    """Avro bytes are deterministic for a replay: the checksum of the re-encoded epoch matches."""
+    from tests.streaming import prepare_input, run_until_done
+    from txsink import Coordinator
+
+    topic = kafka.new_topic(2)
+    schema_registry.topic_subject(topic)
+    prepare_input(tmp_path, 1000)
+    plan = FaultPlan.parse("after_decision:raise@1", str(tmp_path / "faults"))
+    uid = _uid()
+
+    def make() -> Any:
+        sink = KafkaSink(
+            kafka.bootstrap,
+            topic,
+            uid=uid,
+            key="key",
+            shards=2,
+            mode="replay",
+            value_format="avro",
+            schema_registry=schema_registry.config(),
+        )
+        return Coordinator([sink], log=str(tmp_path / "txlog"), faults=plan)
+
+    restarts, _ = run_until_done(spark, tmp_path, make)
+    assert restarts == 1 and plan.fired()
+    ids = [v["id"] for v in _avro_values(schema_registry, kafka, topic)]
+    assert count_ids(range(1000), ids).ok

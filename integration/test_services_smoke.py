@@ -3,7 +3,8 @@
 If one of these fails, connector tests against that server mean nothing: Kafka must hide
 aborted transactions from read_committed readers, Postgres must keep a prepared
 transaction across connections, S3 must keep multipart uploads invisible until completed
-and honour ``If-None-Match: *``. The proxy tests check the fault-injection tool itself.
+and honour ``If-None-Match: *``, the schema registry must serve confluent-kafka's Avro
+serializers. The proxy tests check the fault-injection tool itself.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
-from _services.fixtures import KafkaService, PostgresService, S3Service
+from _services.fixtures import KafkaService, PostgresService, RegistryService, S3Service
 from botocore.exceptions import ClientError
 from netproxy import NetProxy
 from psycopg import errors
@@ -77,6 +78,64 @@ def test_kafka_open_transaction_does_not_block_readback(kafka: KafkaService) -> 
         assert [r.value for r in read_topic(kafka.bootstrap, topic, timeout_s=20)] == [b"done"]
     finally:
         producer.abort_transaction(30)
+
+
+# -- Schema Registry --------------------------------------------------------------------
+
+ROW_SCHEMA = {
+    "type": "record",
+    "name": "Row",
+    "namespace": "txsink.smoke",
+    "fields": [
+        {"name": "id", "type": "long"},
+        {"name": "name", "type": "string"},
+        {"name": "score", "type": ["null", "double"], "default": None},
+        {"name": "tags", "type": {"type": "array", "items": "string"}},
+    ],
+}
+
+
+@pytest.mark.registry
+@pytest.mark.kafka
+def test_registry_avro_roundtrip_through_kafka(
+    schema_registry: RegistryService, kafka: KafkaService
+) -> None:
+    """Register a schema, serialize with it, produce, consume, deserialize with a new client."""
+    import json
+
+    from confluent_kafka import Producer
+    from confluent_kafka.schema_registry import Schema
+    from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    topic = kafka.new_topic()
+    subject = schema_registry.topic_subject(topic)
+    client = schema_registry.client()
+    schema_str = json.dumps(ROW_SCHEMA)
+    schema_id = client.register_schema(subject, Schema(schema_str, "AVRO"))
+    assert subject in (client.get_subjects() or [])
+    assert client.get_latest_version(subject).schema_id == schema_id
+
+    # auto.register off: the serializer must find the registered schema by lookup.
+    serializer = AvroSerializer(client, schema_str, conf={"auto.register.schemas": False})
+    ctx = SerializationContext(topic, MessageField.VALUE)
+    rows = [
+        {"id": 1, "name": "a", "score": 1.5, "tags": ["x"]},
+        {"id": 2, "name": "b", "score": None, "tags": []},
+    ]
+    producer = Producer(kafka.config())
+    for row in rows:
+        producer.produce(topic, value=serializer(row, ctx))
+    assert producer.flush(30) == 0
+
+    values = [r.value for r in read_topic(kafka.bootstrap, topic)]
+    assert len(values) == 2
+    for value in values:  # Confluent wire format: magic byte 0, then the schema id
+        assert value is not None and value[0] == 0
+        assert int.from_bytes(value[1:5], "big") == schema_id
+    # A fresh client has no cached schemas: the id must resolve on the server.
+    deserializer = AvroDeserializer(schema_registry.client())
+    assert [deserializer(v, ctx) for v in values] == rows
 
 
 # -- Postgres ---------------------------------------------------------------------------

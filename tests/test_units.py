@@ -6,6 +6,7 @@ import json
 import os
 import pickle
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -168,3 +169,30 @@ def test_runner_ends_a_silent_hang() -> None:
         [sys.executable, "-c", "import time; time.sleep(60)"], max_runs=1, timeout=1.0
     )
     assert not report.finished and time.monotonic() - t0 < 30
+
+
+def test_kafka_replay_checksum_covers_every_field_and_reads_v1_handles() -> None:
+    import pyarrow as pa
+
+    from txsink.connectors.kafka import RECORD_SCHEMA, KafkaReplayHandle, _checksum
+
+    def records(partition: int | None, headers: Any, key: bytes | None) -> pa.RecordBatch:
+        return pa.RecordBatch.from_pylist(
+            [{"topic": "t", "partition": partition, "key": key, "value": b"v", "headers": headers}],
+            schema=RECORD_SCHEMA,
+        )
+
+    base = _checksum(records(None, None, b"k"), 2)
+    assert _checksum(records(1, None, b"k"), 2) != base
+    assert _checksum(records(None, [{"key": "h", "value": b"x"}], b"k"), 2) != base
+    assert _checksum(records(None, None, None), 2) != _checksum(records(None, None, b""), 2)
+    assert _checksum(records(1, None, b"k"), 1) == _checksum(records(None, None, b"k"), 1)
+    old = load_handle(
+        {
+            "serializer": "kafka.replay",
+            "version": 1,
+            "data": {"txn": "txsink.a.u.e1.r0.p0.a0", "rows": 1, "shards": 2, "checksum": 7},
+        }
+    )
+    assert isinstance(old, KafkaReplayHandle) and old.checksum_version == 1
+    assert KafkaReplayHandle.version == 2

@@ -14,7 +14,10 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `services up | head` must not traceback
     parser = argparse.ArgumentParser(
         prog="integration/services",
-        description="Local PostgreSQL, Kafka (KRaft) and S3 servers for txsink integration tests.",
+        description=(
+            "Local PostgreSQL, Kafka (KRaft), S3 and Schema Registry servers for txsink"
+            " integration tests."
+        ),
     )
     sub = parser.add_subparsers(dest="cmd", required=True)
     p_up = sub.add_parser("up", help="start services (idempotent) and write the env file")

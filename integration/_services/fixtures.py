@@ -1,9 +1,9 @@
-"""The objects the ``postgres`` / ``kafka`` / ``s3`` pytest fixtures hand to tests.
+"""The objects the ``postgres`` / ``kafka`` / ``s3`` / ``schema_registry`` fixtures hand to tests.
 
 Servers are shared by the whole test session (starting them is the slow part); isolation
 between tests comes from fresh names instead: every ``new_*`` helper creates a uniquely
-named schema / topic / bucket and remembers it, and ``cleanup()`` (called by the conftest
-after each test) drops what the test created.
+named schema / topic / bucket / subject and remembers it, and ``cleanup()`` (called by the
+conftest after each test) drops what the test created.
 
 Where the servers come from, in this order (see ``resolve_*``):
 1. the ``TXSINK_*`` environment variables (your own servers, or what ``integration/services
@@ -28,6 +28,7 @@ from .common import redact
 
 if TYPE_CHECKING:
     import psycopg
+    from confluent_kafka.schema_registry import SchemaRegistryClient
     from mypy_boto3_s3 import S3Client
     from mypy_boto3_s3.type_defs import ObjectIdentifierTypeDef
     from netproxy import NetProxy
@@ -340,6 +341,75 @@ def empty_bucket(client: S3Client, bucket: str) -> None:
             client.delete_objects(Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
 
 
+# -- Schema Registry --------------------------------------------------------------------
+
+
+@dataclass(repr=False)
+class RegistryService:
+    """A Confluent-API-compatible Schema Registry; ``url`` is its base URL."""
+
+    url: str
+    origin: str
+    _subjects: list[str] = field(default_factory=list)
+    _proxies: list[NetProxy] = field(default_factory=list)
+
+    def __repr__(self) -> str:
+        return f"RegistryService(url={self.url!r}, origin={self.origin!r})"
+
+    def config(self, **overrides: Any) -> dict[str, Any]:
+        """``SchemaRegistryClient`` config: the URL plus ``overrides`` (dotted names)."""
+        conf: dict[str, Any] = {"url": self.url}
+        conf.update(overrides)
+        return conf
+
+    def client(self, url: str | None = None, **overrides: Any) -> SchemaRegistryClient:
+        """A new client (its own schema caches); ``url`` overrides, e.g. via a proxy."""
+        from confluent_kafka.schema_registry import SchemaRegistryClient
+
+        return SchemaRegistryClient(self.config(**({"url": url} if url else {}), **overrides))
+
+    def new_subject(self, prefix: str = "t") -> str:
+        """A unique subject name; the subject is deleted (soft, then hard) after the test."""
+        name = unique(prefix, "-")
+        self._subjects.append(name)
+        return name
+
+    def topic_subject(self, topic: str, kind: str = "value") -> str:
+        """``<topic>-value`` / ``-key`` (the serializers' default TopicNameStrategy).
+
+        Deleted after the test; use it for the subjects a serializer registers on its own
+        (``auto.register.schemas``) as well as for ones the test registers.
+        """
+        name = f"{topic}-{kind}"
+        self._subjects.append(name)
+        return name
+
+    def with_proxy(self) -> tuple[NetProxy, str]:
+        """A NetProxy in front of the registry and the URL through it."""
+        parts = urlsplit(self.url)
+        proxy = _proxy_for(parts.hostname or "127.0.0.1", parts.port or 80)
+        self._proxies.append(proxy)
+        return proxy, urlunsplit((parts.scheme, f"127.0.0.1:{proxy.port}", parts.path, "", ""))
+
+    def cleanup(self) -> None:
+        for proxy in self._proxies:
+            proxy.stop()
+        self._proxies.clear()
+        if not self._subjects:
+            return
+        from confluent_kafka.schema_registry import SchemaRegistryClient
+
+        client = SchemaRegistryClient(self.config(**{"max.retries": 1, "timeout": 10}))
+        for subject in self._subjects:
+            # Confluent's API refuses a hard delete before a soft one; a subject the test never
+            # registered answers 404, which is fine.
+            with contextlib.suppress(Exception):
+                client.delete_subject(subject)
+            with contextlib.suppress(Exception):
+                client.delete_subject(subject, permanent=True)
+        self._subjects.clear()
+
+
 # -- resolution: env vars, then Docker, then local processes ------------------------------
 
 
@@ -426,6 +496,14 @@ def resolve_s3(finalizers: list[Finalizer]) -> S3Service:
         server=env.get("TXSINK_S3_SERVER", "unknown"),
         origin="local",
     )
+
+
+def resolve_registry(finalizers: list[Finalizer]) -> RegistryService:
+    """``TXSINK_SCHEMA_REGISTRY_URL``, else the local process (there is no Docker variant)."""
+    url = os.environ.get("TXSINK_SCHEMA_REGISTRY_URL")
+    if url:
+        return RegistryService(url=url.rstrip("/"), origin="env")
+    return RegistryService(url=_local("registry")["TXSINK_SCHEMA_REGISTRY_URL"], origin="local")
 
 
 @contextlib.contextmanager

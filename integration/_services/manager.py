@@ -25,9 +25,10 @@ from .common import (
 )
 from .kafka import Kafka
 from .postgres import Postgres
+from .registry import Registry
 from .s3 import S3
 
-SERVICES: dict[str, LocalService] = {s.name: s for s in (Postgres(), Kafka(), S3())}
+SERVICES: dict[str, LocalService] = {s.name: s for s in (Postgres(), Kafka(), S3(), Registry())}
 SECRET_KEYS = {"TXSINK_S3_SECRET_KEY"}
 
 

@@ -44,6 +44,7 @@ from txsink._fs import fsync_dir
 from txsink._json import json_rows
 from txsink.errors import CommitError, ConfigurationError
 from txsink.handles import Handle, register_handle
+from txsink.log import LogStore
 from txsink.sink import TwoPhaseCommitSink
 from txsink.txid import TxnId
 
@@ -128,7 +129,7 @@ class FilesSink(TwoPhaseCommitSink[_OpenFiles, FilesHandle]):
         format: Format = "parquet",
         compression: str | None = None,
         target_file_bytes: int = 128 * 1024 * 1024,
-        log: str | None = None,
+        log: str | LogStore | None = None,
         **coordinator_options: Any,
     ) -> None:
         super().__init__(uid, log=log, **coordinator_options)

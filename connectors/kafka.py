@@ -70,6 +70,7 @@ from txsink.errors import (
     WriteError,
 )
 from txsink.handles import Handle, register_handle
+from txsink.log import LogStore
 from txsink.sink import Partitioning, TwoPhaseCommitSink
 from txsink.txid import TxnId
 
@@ -216,7 +217,7 @@ class KafkaSink(TwoPhaseCommitSink[_OpenWal, Any]):
         producer_config: dict[str, Any] | None = None,
         max_record_bytes: int | None = None,
         timeout_s: float = 30.0,
-        log: str | None = None,
+        log: str | LogStore | None = None,
         **coordinator_options: Any,
     ) -> None:
         super().__init__(uid, log=log, **coordinator_options)

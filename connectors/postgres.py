@@ -39,6 +39,7 @@ from txsink.errors import (
     WriteError,
 )
 from txsink.handles import Handle, register_handle
+from txsink.log import LogStore
 from txsink.sink import Partitioning, TwoPhaseCommitSink
 from txsink.txid import TxnId
 
@@ -210,7 +211,7 @@ class PostgresSink(TwoPhaseCommitSink[_OpenTxn, PgHandle]):
         lock_timeout_ms: int | None = 30_000,
         prepared_age_warning_s: float = 600.0,
         connect_kwargs: dict[str, Any] | None = None,
-        log: str | None = None,
+        log: str | LogStore | None = None,
         **coordinator_options: Any,
     ) -> None:
         super().__init__(uid, log=log, **coordinator_options)

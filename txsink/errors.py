@@ -6,7 +6,8 @@ The hierarchy::
     ├── ConfigurationError           detected at start, before anything is written
     │   ├── UnsupportedQueryError    a query setting that breaks the guarantee
     │   ├── NonRestoredStateError    the log holds pending state for a sink uid not configured
-    │   └── CheckpointMismatchError  Spark's checkpoint and the txsink log disagree
+    │   ├── CheckpointMismatchError  Spark's checkpoint and the txsink log disagree
+    │   └── ConditionalWritesUnsupportedError  the log's store ignores If-None-Match
     ├── WriteError                   bad input: a row or column a sink cannot write (fatal)
     ├── RetryableError               transient (connection lost, timeout): Spark may retry the task
     ├── EpochAbortedError            the pre-commit failed; every handle of the epoch was aborted
@@ -30,6 +31,7 @@ from typing import Any
 __all__ = [
     "CheckpointMismatchError",
     "CommitError",
+    "ConditionalWritesUnsupportedError",
     "ConfigurationError",
     "EpochAbortedError",
     "FencedError",
@@ -173,6 +175,14 @@ class NonDeterministicReplayError(CommitError):
 
 class LogError(TxsinkError):
     """The txsink log cannot be read or written, or is of an unknown format version."""
+
+
+class ConditionalWritesUnsupportedError(ConfigurationError, LogError):
+    """The log's object store does not honour ``If-None-Match: *``: it cannot hold a txsink log.
+
+    Found at start, before anything is written (a :class:`ConfigurationError`),
+    and about the log (a :class:`LogError`).
+    """
 
 
 class HandleFormatError(TxsinkError):

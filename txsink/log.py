@@ -29,6 +29,7 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -140,18 +141,34 @@ class FileStore:
             path.parent.rmdir()
 
 
-def open_log(location: str | os.PathLike[str] | LogStore) -> TxLog:
-    """Open the txsink log at a filesystem path, a ``file://`` URL or a given store."""
+def open_log(
+    location: str | os.PathLike[str] | LogStore,
+    *,
+    client_options: Mapping[str, Any] | None = None,
+) -> TxLog:
+    """Open the txsink log at a filesystem path, a ``file://`` URL, an ``s3://`` URL or a store.
+
+    ``client_options`` go to ``boto3.client("s3", ...)`` for an ``s3://`` location
+    (see :mod:`txsink.s3log`); without them boto3's usual chain decides.
+    """
     if not isinstance(location, (str, os.PathLike)):
+        if client_options is not None:
+            raise ValueError("open_log: client_options apply to an s3:// location, not a store")
         return TxLog(location)
     loc = os.fspath(location)
+    if loc.startswith(("s3://", "s3a://")):
+        from txsink.s3log import S3Store
+
+        return TxLog(S3Store(loc, client_options=client_options))
+    if client_options is not None:
+        raise ValueError(f"open_log: client_options apply to an s3:// location, not {loc!r}")
     if loc.startswith("file://"):
         loc = loc[len("file://") :]
     if "://" in loc:
         scheme = loc.split("://", 1)[0]
         raise LogError(
             f"txsink log location {loc!r}: scheme {scheme!r} is not supported here; "
-            "use a local or mounted filesystem path"
+            "use s3://bucket/prefix or a local or mounted filesystem path"
         )
     return TxLog(FileStore(loc))
 

@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
     from txsink.coordinator import Coordinator
+    from txsink.log import LogStore
 
 __all__ = ["Partitioning", "TwoPhaseCommitSink"]
 
@@ -88,7 +89,9 @@ class TwoPhaseCommitSink(abc.ABC, Generic[T, H]):
     #: The handle type written by this sink (for loading decided handles).
     handle_type: ClassVar[type[Handle]] = Handle
 
-    def __init__(self, uid: str, *, log: str | None = None, **coordinator_options: Any) -> None:
+    def __init__(
+        self, uid: str, *, log: str | LogStore | None = None, **coordinator_options: Any
+    ) -> None:
         self.uid = check_name("sink uid", uid)
         self._log_location = log
         self._coordinator_options = coordinator_options
@@ -218,9 +221,11 @@ class TwoPhaseCommitSink(abc.ABC, Generic[T, H]):
         self._coordinator(df, batch_id)
 
     def __getstate__(self) -> dict[str, Any]:
-        # Sinks travel to executors inside the task closure; the coordinator must not.
+        # Sinks travel to executors inside the task closure; the coordinator and the log
+        # (a store may hold credentials and refuse pickling) stay on the driver.
         state = self.__dict__.copy()
         state["_coordinator"] = None
+        state["_log_location"] = None
         return state
 
     def __repr__(self) -> str:

@@ -49,6 +49,7 @@ import time
 import zlib
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -354,8 +355,9 @@ class KafkaSink(TwoPhaseCommitSink[_OpenWal, Any]):
         self._check_avro(schema, ctx)
         # Initialise every shard's producer now: it fences zombies and aborts any
         # transaction they left open, so read_committed readers are not held back.
-        for shard in range(self.shards):
-            self._producer(shard)
+        # In parallel: each init_transactions waits on the broker (GIL released).
+        with ThreadPoolExecutor(max_workers=min(8, self.shards)) as pool:
+            list(pool.map(self._producer, range(self.shards)))
         if self.mode == "replay":  # tasks produce; the driver's producers only fenced
             self._close_producers()
         self._driver.checked = True

@@ -42,6 +42,17 @@ def build_sink(spec: dict[str, Any]) -> Any:
             shards=spec.get("shards", 2),
             mode=spec.get("mode", "wal"),
         )
+    if kind == "s3":
+        from txsink.connectors.s3 import S3Sink
+
+        # No secrets in the spec: credentials and endpoint come from boto3's chain, i.e.
+        # the child's AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_ENDPOINT_URL_S3.
+        return S3Sink(
+            spec["url"],
+            uid=spec.get("uid", "s3"),
+            format=spec.get("format", "parquet"),
+            partition_by=spec.get("partition_by", ()),
+        )
     raise ValueError(f"unknown sink kind {kind!r}")
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -14,7 +13,12 @@ import pyarrow as pa
 import pytest
 from readback import end_offsets, read_topic
 
-from tests.streaming import CRASH_MATRIX, EVERY_POINT_ONCE, fault_spec, is_task_point
+from tests.streaming import (
+    CRASH_MATRIX,
+    fault_spec,
+    is_task_point,
+    kill_driver_at_every_point,
+)
 from txsink.connectors.kafka import KafkaSink
 from txsink.errors import CommitError, ConfigurationError, FencedError, WriteError
 from txsink.faults import FaultPlan
@@ -357,37 +361,11 @@ def test_replay_mode_refuses_a_non_deterministic_replay(
 @pytest.mark.chaos
 @pytest.mark.parametrize("kmode", ["wal", "replay"])
 def test_kill_driver_at_every_point(kafka: Any, tmp_path: Path, kmode: str) -> None:
-    from txsink.demo import make_input
-    from txsink.runner import run_until_done as run_child
-
     topic = kafka.new_topic(3)
-    make_input(tmp_path / "input", 3000, 6)
-    plan = EVERY_POINT_ONCE
-    env = dict(
-        os.environ,
-        TXSINK_FAULT=plan,
-        TXSINK_FAULT_STATE=str(tmp_path / "faults"),
-        TXSINK_TEST_KAFKA=kafka.bootstrap,
+    sink = {"kind": "kafka", "topic": topic, "uid": _uid(), "wal": str(tmp_path / "wal")}
+    kill_driver_at_every_point(
+        tmp_path, [{**sink, "mode": kmode}], {"TXSINK_TEST_KAFKA": kafka.bootstrap}
     )
-    args = json.dumps(
-        {
-            "workdir": str(tmp_path),
-            "sinks": [
-                {
-                    "kind": "kafka",
-                    "topic": topic,
-                    "uid": _uid(),
-                    "wal": str(tmp_path / "wal"),
-                    "mode": kmode,
-                }
-            ],
-        }
-    )
-    pipeline = str(Path(__file__).with_name("pipelines.py")) + ":run_stream"
-    report = run_child(
-        [sys.executable, "-m", "txsink.runner", pipeline, args], env=env, max_runs=12
-    )
-    assert report.finished and report.restarts == 7, report
     verdict = _verdict(kafka, topic, tmp_path / "wal", 3000)
     assert verdict.ok, verdict
 

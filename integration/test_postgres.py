@@ -9,7 +9,6 @@ import json
 import logging
 import os
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,12 @@ import pyarrow as pa
 import pytest
 from psycopg import sql
 
-from tests.streaming import CRASH_MATRIX, EVERY_POINT_ONCE, fault_spec, is_task_point
+from tests.streaming import (
+    CRASH_MATRIX,
+    fault_spec,
+    is_task_point,
+    kill_driver_at_every_point,
+)
 from txsink.connectors.postgres import PgHandle, PostgresSink, redact_dsn
 from txsink.errors import CommitError, ConfigurationError, EpochAbortedError, WriteError
 from txsink.faults import FaultPlan
@@ -435,27 +439,12 @@ def test_streaming_bad_row_aborts_epoch(spark: Any, postgres: Any, tmp_path: Pat
 
 @pytest.mark.chaos
 def test_kill_driver_at_every_point(postgres: Any, table: tuple[str, str], tmp_path: Path) -> None:
-    from txsink.demo import make_input
-    from txsink.runner import run_until_done as run_child
-
     name, uid = table
-    make_input(tmp_path / "input", 3000, 6)
-    plan = EVERY_POINT_ONCE
-    env = dict(
-        os.environ,
-        TXSINK_FAULT=plan,
-        TXSINK_FAULT_STATE=str(tmp_path / "faults"),
-        TXSINK_TEST_PG_DSN=postgres.dsn,
+    kill_driver_at_every_point(
+        tmp_path,
+        [{"kind": "postgres", "table": name, "uid": uid}],
+        {"TXSINK_TEST_PG_DSN": postgres.dsn},
     )
-    args = json.dumps(
-        {"workdir": str(tmp_path), "sinks": [{"kind": "postgres", "table": name, "uid": uid}]}
-    )
-    pipeline = str(Path(__file__).with_name("pipelines.py")) + ":run_stream"
-    report = run_child(
-        [sys.executable, "-m", "txsink.runner", pipeline, args], env=env, max_runs=12
-    )
-    assert report.finished and report.restarts == 7, report
-    assert len(os.listdir(tmp_path / "faults")) == 7
     verdict = _verdict(postgres, name, uid, 3000)
     assert verdict.ok, verdict
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -120,3 +123,43 @@ def fault_spec(point: str, mode: str, times: int, epoch: int = 1) -> str:
     if point == "during_recovery":  # recovery needs something to recover
         spec = f"during_commit:raise@{epoch},{spec}"
     return spec
+
+
+PIPELINES = Path(__file__).resolve().parent.parent / "integration" / "pipelines.py"
+
+
+def kill_driver_at_every_point(
+    workdir: Path,
+    sinks: list[dict[str, Any]],
+    env: dict[str, str] | None = None,
+    *,
+    rows: int = 3000,
+    log: str | None = None,
+    on_line: Callable[[str], None] | None = None,
+) -> Any:
+    """Run ``integration/pipelines.py:run_stream`` in child processes under EVERY_POINT_ONCE.
+
+    The restarting runner restarts the child after each SIGKILL until the input
+    (``rows`` in 6 files, one per epoch) is done; returns its report. ``env``
+    adds to the environment (server addresses for the pipelines' sinks); ``log``
+    is the txsink log's location (default ``workdir/txlog``); ``on_line`` sees
+    every line the children print.
+    """
+    from txsink.demo import make_input
+    from txsink.runner import run_until_done as run_child
+
+    make_input(workdir / "input", rows, 6)
+    child_env = dict(
+        os.environ,
+        TXSINK_FAULT=EVERY_POINT_ONCE,
+        TXSINK_FAULT_STATE=str(workdir / "faults"),
+        **(env or {}),
+    )
+    args: dict[str, Any] = {"workdir": str(workdir), "sinks": sinks}
+    if log is not None:
+        args["log"] = log
+    command = [sys.executable, "-m", "txsink.runner", f"{PIPELINES}:run_stream", json.dumps(args)]
+    report = run_child(command, env=child_env, max_runs=12, on_line=on_line)
+    assert report.finished and report.restarts == 7, report
+    assert len(os.listdir(workdir / "faults")) == 7, "a fault never fired"
+    return report

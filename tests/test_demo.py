@@ -21,7 +21,6 @@ from txsink.faults import CrashPoint
 pytestmark = pytest.mark.chaos
 
 
-
 def test_plan_covers_every_crash_point() -> None:
     named = {spec.split(":")[0] for spec in EVERY_POINT_ONCE.split(",")}
     assert named == {str(p) for p in CrashPoint}

@@ -29,6 +29,9 @@ class S3Location(tuple[str, str]):
         prefix = prefix.strip("/")
         return super().__new__(cls, (bucket, f"{prefix}/" if prefix else ""))
 
+    def __getnewargs__(self) -> tuple[str, str]:  # pickle: rebuild through __new__
+        return (self[0], self[1])
+
     @property
     def bucket(self) -> str:
         return self[0]

@@ -1,0 +1,155 @@
+"""hadoop-aws (Spark's ``s3a://`` filesystem) for the pip PySpark, fetched from Maven Central.
+
+PySpark from PyPI ships Hadoop's client jars (``hadoop-client-api-<v>.jar``) but not
+``hadoop-aws`` nor the AWS SDK it needs. :func:`hadoop_aws_jars` fetches
+``org.apache.hadoop:hadoop-aws:<v>`` for exactly that Hadoop version, with its runtime
+dependencies (the AWS SDK v2 ``bundle`` jar among them, several hundred MB), once, with
+``mvn dependency:copy-dependencies`` on a generated POM, into
+``<jar cache>/hadoop-aws-<v>/``; jars PySpark already has are dropped. Later calls read the
+cached folder. Needs ``mvn`` (and network) only the first time.
+
+:func:`s3a_settings` gives the Hadoop settings for an S3-compatible endpoint (set them on
+the session's ``hadoopConfiguration()``, or prefix them with ``spark.hadoop.``): path-style
+access, the endpoint and its region. Credentials are *not* in them: s3a's default provider
+chain reads ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` from the environment the JVM
+inherits, so no secret sits in Spark's or Hadoop's configuration (which may be logged or
+shown).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from benchmarks import _bench
+
+HADOOP_AWS = ("org.apache.hadoop", "hadoop-aws")
+
+_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>txsink.bench</groupId>
+  <artifactId>hadoop-aws-deps</artifactId>
+  <version>1</version>
+  <dependencies>
+    <dependency>
+      <groupId>{group}</groupId>
+      <artifactId>{artifact}</artifactId>
+      <version>{version}</version>
+    </dependency>
+  </dependencies>
+</project>
+"""
+# Only Maven Central: a mirror named in some parent POM may not resolve from here.
+_SETTINGS = """<settings><mirrors><mirror><id>central-only</id><mirrorOf>*</mirrorOf>
+<url>https://repo.maven.apache.org/maven2</url></mirror></mirrors></settings>
+"""
+_JAR_NAME = re.compile(r"(.+?)-(\d+(?:\.\d+)+(?:[-.][\w.]+)?)\.jar")
+
+
+class HadoopAwsUnavailable(RuntimeError):
+    """s3a cannot be set up here; the message says why."""
+
+
+@dataclass
+class HadoopAwsJars:
+    hadoop: str
+    jars: list[Path]
+
+    def versions(self) -> dict[str, str]:
+        out = {}
+        for jar in self.jars:
+            m = _JAR_NAME.fullmatch(jar.name)
+            if m:
+                out[m.group(1)] = m.group(2)
+        return out
+
+
+def pyspark_hadoop_version() -> str:
+    """The Hadoop version of the pip PySpark's ``hadoop-client-api-<v>.jar``."""
+    import pyspark
+
+    jars = Path(pyspark.__file__).parent / "jars"
+    for jar in sorted(jars.glob("hadoop-client-api-*.jar")):
+        m = _JAR_NAME.fullmatch(jar.name)
+        if m:
+            return m.group(2)
+    raise HadoopAwsUnavailable(f"no hadoop-client-api-*.jar in {jars}: cannot tell the version")
+
+
+def hadoop_aws_jars(cache: Path = _bench.JAR_CACHE) -> HadoopAwsJars:
+    """hadoop-aws for PySpark's Hadoop version and its runtime deps, cached (see module doc)."""
+    import pyspark
+
+    version = pyspark_hadoop_version()
+    folder = cache / f"hadoop-aws-{version}"
+    done = folder / "resolved.json"
+    if done.exists():
+        names = json.loads(done.read_text())["jars"]
+        jars = [folder / n for n in names]
+        if all(j.exists() for j in jars):
+            return HadoopAwsJars(version, jars)
+    if shutil.which("mvn") is None:
+        raise HadoopAwsUnavailable(
+            f"mvn is not installed: cannot fetch {':'.join(HADOOP_AWS)}:{version} and the AWS "
+            f"SDK bundle (install Maven, or put the jars into {folder} with a resolved.json)"
+        )
+    _bench.log(f"fetching {':'.join(HADOOP_AWS)}:{version} and its AWS SDK from Maven Central")
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    with tempfile.TemporaryDirectory(prefix="txsink-bench-mvn-") as work:
+        Path(work, "pom.xml").write_text(
+            _POM.format(group=HADOOP_AWS[0], artifact=HADOOP_AWS[1], version=version)
+        )
+        Path(work, "settings.xml").write_text(_SETTINGS)
+        proc = subprocess.run(
+            [
+                "mvn",
+                "-q",
+                "-B",
+                "-s",
+                "settings.xml",
+                "dependency:copy-dependencies",
+                "-DincludeScope=runtime",
+                f"-DoutputDirectory={folder}",
+            ],
+            cwd=work,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=1800,
+        )
+    if proc.returncode != 0:
+        tail = " ".join((proc.stdout + proc.stderr).split()[-60:])
+        raise HadoopAwsUnavailable(f"mvn could not fetch hadoop-aws {version}: {tail}")
+    shipped = set()
+    for jar in (Path(pyspark.__file__).parent / "jars").iterdir():
+        m = _JAR_NAME.fullmatch(jar.name)
+        shipped.add(m.group(1) if m else jar.name)
+    for jar in list(folder.glob("*.jar")):
+        m = _JAR_NAME.fullmatch(jar.name)
+        if (m.group(1) if m else jar.name) in shipped:
+            jar.unlink()  # PySpark has its own (Hadoop client, Jackson, SLF4J, ...)
+    jars = sorted(folder.glob("*.jar"))
+    if not any(j.name.startswith("hadoop-aws-") for j in jars):
+        raise HadoopAwsUnavailable(f"mvn ran but {folder} holds no hadoop-aws jar")
+    done.write_text(json.dumps({"jars": [j.name for j in jars]}))
+    return HadoopAwsJars(version, jars)
+
+
+def s3a_settings(endpoint: str, region: str) -> dict[str, str]:
+    """Hadoop settings (``fs.s3a.*``) for an S3-compatible ``endpoint``."""
+    parts = urlsplit(endpoint)
+    return {
+        "fs.s3a.endpoint": endpoint,
+        "fs.s3a.endpoint.region": region,
+        "fs.s3a.path.style.access": "true",
+        "fs.s3a.connection.ssl.enabled": str(parts.scheme == "https").lower(),
+        # No bucket-existence probe at filesystem start (the benchmark made the bucket).
+        "fs.s3a.bucket.probe": "0",
+    }

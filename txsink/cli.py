@@ -1,4 +1,4 @@
-"""The ``txsink`` command line: ``demo`` and ``status``."""
+"""The ``txsink`` command line: ``demo``, ``status`` and ``chaos``."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 from txsink import demo
 from txsink.errors import TxsinkError
 from txsink.log import EpochState, open_log
+from txsink.testing import _cli as chaos_cli
 
 __all__ = ["main"]
 
@@ -96,10 +97,16 @@ def main(argv: list[str] | None = None) -> int:
     p_status = sub.add_parser("status", help="show the epochs of a txsink log")
     p_status.add_argument("--log", required=True, help="txsink log location")
     p_status.add_argument("--json", action="store_true", help="machine-readable output")
+    p_chaos = sub.add_parser(
+        "chaos", help="run pipelines under fault plans and verify them (run, soak)"
+    )
+    chaos_cli.add_arguments(p_chaos)
     args = parser.parse_args(argv)
     try:
         if args.command == "demo":
             return demo.demo_command(args)
+        if args.command == "chaos":
+            return chaos_cli.chaos_command(args)
         return status_command(args)
     except TxsinkError as err:
         print(f"txsink {args.command}: {err}", file=sys.stderr)

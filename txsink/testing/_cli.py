@@ -1,0 +1,239 @@
+"""``txsink chaos run`` and ``txsink chaos soak``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from txsink.faults import CrashPoint, FaultMode
+
+_MARKER = ".txsink-chaos"
+
+
+def _csv(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="chaos_command", required=True)
+    run = sub.add_parser(
+        "run",
+        help="run a pipeline under a fault plan until done, and verify its sinks",
+        description="Run a pipeline (FILE.py:FUNC or MODULE:FUNC, one query to the end of its "
+        "input) in a child process under a fault plan, restarting it after every crash; then "
+        "read every sink back. Without --pipeline, runs the built-in pipeline (a file stream "
+        "into a files sink) on a generated input.",
+    )
+    run.add_argument("--pipeline", help="FILE.py:FUNC or MODULE:FUNC (default: built-in)")
+    run.add_argument("--args", default="{}", help="the pipeline's keyword arguments, as JSON")
+    which = run.add_mutually_exclusive_group()
+    which.add_argument("--plan", help="a fault spec: POINT[:MODE][@EPOCH][#PARTITION][*TIMES],...")
+    which.add_argument("--seed", type=int, help="draw a random plan with this seed")
+    _plan_options(run)
+    run.add_argument(
+        "--files-sink",
+        action="append",
+        default=[],
+        metavar="PATH[:UID]",
+        help="verify a files sink folder (repeatable)",
+    )
+    run.add_argument(
+        "--expect-ids", type=int, metavar="N", help="the input holds ids 0..N-1 (for --files-sink)"
+    )
+    run.add_argument(
+        "--verifiers",
+        metavar="FILE.py:FUNC",
+        help="a function called with the pipeline's args dict, returning {name: verifier}",
+    )
+    run.add_argument("--rows", type=int, default=600, help="built-in pipeline: input rows")
+    run.add_argument(
+        "--workdir", type=Path, default=Path(".txsink-chaos"), help="fault state, built-in data"
+    )
+    run.add_argument("--max-runs", type=int, default=10, help="give up after this many runs")
+    run.add_argument("--json", action="store_true", help="print the report as one JSON line")
+    run.add_argument("--quiet", action="store_true", help="no progress lines")
+
+    soak = sub.add_parser(
+        "soak",
+        help="run N random fault plans across connectors; a tally per plan and a final table",
+        description="Run N random fault plans, each on a fresh input, into every selected "
+        "connector at once. files needs nothing; postgres, kafka and s3 are added when "
+        "TXSINK_PG_DSN, TXSINK_KAFKA_BOOTSTRAP, TXSINK_S3_ENDPOINT are set.",
+    )
+    soak.add_argument("--plans", type=int, default=5, help="how many plans (default 5)")
+    soak.add_argument("--seed", type=int, default=0, help="the soak's seed (default 0)")
+    soak.add_argument(
+        "--connectors", type=_csv, help="comma-separated (default: files + servers found)"
+    )
+    _plan_options(soak)
+    soak.add_argument("--rows", type=int, default=600, help="input rows per plan (default 600)")
+    soak.add_argument(
+        "--workdir", type=Path, default=Path(".txsink-soak"), help="one folder per plan under it"
+    )
+    soak.add_argument("--max-runs", type=int, default=10, help="per plan")
+    soak.add_argument("--json", action="store_true", help="print every report as JSON at the end")
+    soak.add_argument("--verbose", action="store_true", help="show the children's txsink lines")
+
+
+def _plan_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--epochs", type=int, default=3, help="epochs of the input (default 3)")
+    parser.add_argument("--partitions", type=int, default=2, help="Spark partitions (default 2)")
+    parser.add_argument("--faults", type=int, default=1, help="random faults per plan (default 1)")
+    parser.add_argument(
+        "--points",
+        type=_csv,
+        default=[str(p) for p in CrashPoint],
+        help="crash points to draw from (default: all)",
+    )
+    parser.add_argument(
+        "--modes",
+        type=_csv,
+        default=[str(FaultMode.RAISE), str(FaultMode.KILL_DRIVER)],
+        help="modes to draw from (default: raise,kill-driver)",
+    )
+    parser.add_argument(
+        "--probability", type=float, default=1.0, help="keep each drawn fault with this chance"
+    )
+
+
+def _say(enabled: bool) -> Any:
+    def say(line: str) -> None:
+        if enabled:
+            print(line, file=sys.stderr, flush=True)
+
+    return say
+
+
+def _fresh(folder: Path) -> None:
+    """Use ``folder`` for generated data: new, empty, or one of ours (then emptied)."""
+    import shutil
+
+    if folder.exists() and any(folder.iterdir()):
+        if not (folder / _MARKER).exists():
+            raise ValueError(f"--workdir {folder} is not empty and not a txsink chaos folder")
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / _MARKER).write_text("created by txsink chaos; deleted by its next run\n")
+
+
+def run_command(args: argparse.Namespace) -> int:
+    from txsink.testing import ChaosPlan, FilesVerifier, SinkVerifier, run_chaos
+
+    workdir = args.workdir.resolve()
+    if args.seed is not None:
+        plan = ChaosPlan.random(
+            args.seed,
+            args.epochs,
+            args.partitions,
+            points=args.points,
+            modes=args.modes,
+            n=args.faults,
+            probability=args.probability,
+        )
+    else:
+        plan = ChaosPlan.parse(args.plan or "")
+    verifiers: dict[str, SinkVerifier] = {}
+    if args.pipeline is None:
+        from txsink.demo import make_input
+
+        _fresh(workdir)
+        make_input(workdir / "input", args.rows, args.epochs)
+        pipeline = "txsink.testing.pipelines:run_stream"
+        out = str(workdir / "output")
+        kwargs: dict[str, Any] = {
+            "workdir": str(workdir),
+            "sinks": [{"kind": "files", "path": out, "uid": "out"}],
+            "partitions": args.partitions,
+        }
+        verifiers["files"] = FilesVerifier(out, range(args.rows), uid="out")
+    else:
+        pipeline = args.pipeline
+        kwargs = json.loads(args.args)
+        if not isinstance(kwargs, dict):
+            raise ValueError("--args must be a JSON object")
+        workdir.mkdir(parents=True, exist_ok=True)
+    for item in args.files_sink:
+        if args.expect_ids is None:
+            raise ValueError("--files-sink needs --expect-ids N")
+        path, _, uid = item.partition(":")
+        verifiers[f"files:{path}"] = FilesVerifier(path, range(args.expect_ids), uid=uid or None)
+    if args.verifiers:
+        from txsink.runner import load_callable
+
+        made = load_callable(args.verifiers)(kwargs)
+        if not isinstance(made, dict):
+            raise TypeError(f"{args.verifiers} must return a dict of name -> verifier")
+        verifiers.update(made)
+    if not verifiers:
+        raise ValueError("nothing to verify: give --files-sink PATH --expect-ids N or --verifiers")
+    report = run_chaos(
+        pipeline,
+        plan,
+        workdir=workdir,
+        sinks_verifiers=verifiers,
+        args=kwargs,
+        max_runs=args.max_runs,
+        on_progress=_say(not args.quiet),
+    )
+    print(json.dumps(report.as_dict()) if args.json else report.table(), flush=True)
+    return 0 if report.ok else 1
+
+
+def soak_command(args: argparse.Namespace) -> int:
+    from txsink.testing.chaos import ChaosReport
+    from txsink.testing.soak import SoakResult, available_connectors, soak
+
+    connectors = args.connectors or available_connectors()
+    folder = args.workdir.resolve() / f"seed-{args.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+    folder.mkdir(parents=True)
+    print(
+        f"txsink chaos soak: {args.plans} plan(s), seed {args.seed}, connectors "
+        f"{','.join(connectors)}, {args.epochs} epochs x {args.rows} rows, in {folder}",
+        flush=True,
+    )
+
+    def on_plan(index: int, report: ChaosReport, result: SoakResult) -> None:
+        rec = "-" if report.recovery_max is None else f"{report.recovery_max:.1f}s"
+        bad = "" if report.ok else "  <-- FAIL\n" + report.table()
+        print(
+            f"[{index + 1}/{args.plans}] seed {report.seed} {report.plan or '(no faults)'}: "
+            f"{'ok' if report.ok else 'FAIL'}, {report.restarts} restart(s), fired "
+            f"{len(report.faults_fired)}/{report.faults_planned}, recovery {rec} "
+            f"| {result.tally()}{bad}",
+            flush=True,
+        )
+
+    result = soak(
+        args.plans,
+        args.seed,
+        workdir=folder,
+        connectors=connectors,
+        epochs=args.epochs,
+        rows=args.rows,
+        partitions=args.partitions,
+        faults_per_plan=args.faults,
+        points=args.points,
+        modes=args.modes,
+        probability=args.probability,
+        max_runs=args.max_runs,
+        on_progress=_say(args.verbose),
+        on_plan=on_plan,
+    )
+    print(result.table(), flush=True)
+    if args.json:
+        print(json.dumps([r.as_dict() for r in result.reports]), flush=True)
+    return 0 if result.ok else 1
+
+
+def chaos_command(args: argparse.Namespace) -> int:
+    try:
+        if args.chaos_command == "run":
+            return run_command(args)
+        return soak_command(args)
+    except (ValueError, TypeError) as err:
+        print(f"txsink chaos {args.chaos_command}: {err}", file=sys.stderr)
+        return 2

@@ -1,0 +1,308 @@
+"""Run a pipeline under a chaos plan until it is done, and judge every sink.
+
+The pipeline runs in a child process (``python -m txsink.runner SPEC JSON``) that
+:func:`txsink.runner.run_until_done` restarts after every crash, the way a supervisor
+would. Afterwards:
+
+- restarts come from the runner;
+- crash times from the fault markers (each firing writes ``at=<time>`` into the plan's
+  state folder before it crashes anything);
+- recovery time, per crash: from the crash to the first epoch the txsink log marks
+  committed after it (``committed.json``'s ``committed_at``), i.e. until the pipeline made
+  progress again. Both clocks are the wall clock of this machine;
+- one :class:`~txsink.verify.Verdict` per sink from its verifier.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from txsink.testing.plan import ChaosPlan
+from txsink.testing.verifiers import SinkVerifier, verify
+from txsink.verify import Verdict
+
+__all__ = ["ChaosReport", "run_chaos"]
+
+
+@dataclass
+class ChaosReport:
+    """What one chaos run did, and the verdict for each sink."""
+
+    plan: str
+    finished: bool
+    runs: int
+    exit_codes: list[int]
+    seconds: float
+    faults_planned: int
+    faults_fired: list[str]
+    crash_times: list[float]
+    recovery_seconds: list[float | None]
+    epochs_committed: int | None
+    verdicts: dict[str, Verdict]
+    errors: dict[str, str] = field(default_factory=dict)
+    seed: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def restarts(self) -> int:
+        return max(0, self.runs - 1)
+
+    @property
+    def violations(self) -> int:
+        """Sinks that fail the exactly-once check or could not be read, +1 if unfinished."""
+        bad = sum(1 for v in self.verdicts.values() if not v.ok) + len(self.errors)
+        return bad + (0 if self.finished else 1)
+
+    @property
+    def ok(self) -> bool:
+        return self.violations == 0
+
+    @property
+    def recovery_median(self) -> float | None:
+        known = [s for s in self.recovery_seconds if s is not None]
+        return statistics.median(known) if known else None
+
+    @property
+    def recovery_max(self) -> float | None:
+        known = [s for s in self.recovery_seconds if s is not None]
+        return max(known) if known else None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "plan": self.plan,
+            "seed": self.seed,
+            "ok": self.ok,
+            "finished": self.finished,
+            "runs": self.runs,
+            "restarts": self.restarts,
+            "exit_codes": self.exit_codes,
+            "seconds": round(self.seconds, 1),
+            "faults_planned": self.faults_planned,
+            "faults_fired": len(self.faults_fired),
+            "recovery_seconds": [None if s is None else round(s, 2) for s in self.recovery_seconds],
+            "epochs_committed": self.epochs_committed,
+            "violations": self.violations,
+            "sinks": {name: v.as_dict() for name, v in self.verdicts.items()},
+            "errors": self.errors,
+            "notes": self.notes,
+        }
+
+    def table(self) -> str:
+        """A summary: one line for the run, one row per sink."""
+        rec = _fmt_s(self.recovery_max)
+        head = (
+            f"plan {self.plan or '(no faults)'}: {'finished' if self.finished else 'NOT FINISHED'}"
+            f" in {self.runs} run(s), {self.restarts} restart(s), faults fired "
+            f"{len(self.faults_fired)}/{self.faults_planned}, recovery max {rec}, "
+            f"{self.seconds:.1f}s"
+        )
+        cols = (
+            "sink",
+            "expected",
+            "written",
+            "dup",
+            "missing",
+            "unexpected",
+            "lingering",
+            "epochs",
+            "verdict",
+        )
+        rows: list[tuple[object, ...]] = [
+            (
+                name,
+                v.rows_expected,
+                v.rows_written,
+                v.duplicates,
+                v.missing,
+                v.unexpected,
+                v.lingering,
+                v.epochs,
+                "ok" if v.ok else "FAIL",
+            )
+            for name, v in self.verdicts.items()
+        ]
+        rows += [
+            (name, "-", "-", "-", "-", "-", "-", "-", f"ERROR {err[:60]}")
+            for name, err in self.errors.items()
+        ]
+        return head + "\n" + format_table(cols, rows)
+
+    def assert_ok(self) -> None:
+        """Raise ``AssertionError`` with the summary table unless every sink is exactly-once."""
+        if not self.ok:
+            raise AssertionError("chaos run failed the exactly-once check\n" + self.table())
+
+
+def format_table(cols: tuple[str, ...], rows: list[tuple[Any, ...]]) -> str:
+    """A plain-text table, columns padded to their widest cell."""
+    cells = [list(map(str, cols))] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(cols))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _fmt_s(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}s"
+
+
+def run_chaos(
+    pipeline: str,
+    plan: ChaosPlan | str,
+    *,
+    workdir: str | os.PathLike[str],
+    sinks_verifiers: Mapping[str, SinkVerifier],
+    args: Mapping[str, Any] | None = None,
+    log: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    max_runs: int = 10,
+    timeout: float = 900.0,
+    on_progress: Callable[[str], None] | None = None,
+) -> ChaosReport:
+    """Run ``pipeline`` under ``plan`` until it finishes (or ``max_runs``), then verify.
+
+    Args:
+        pipeline: ``path/to/file.py:function`` or ``package.module:function``; it runs one
+            streaming query to the end of its input (e.g. ``trigger(availableNow=True)``)
+            and raises or exits non-zero when the query fails.
+        plan: a :class:`ChaosPlan` or a ``txsink.faults`` spec.
+        workdir: a folder of the caller's; the fault state goes to ``workdir/faults``
+            (emptied first, so the plan fires afresh).
+        sinks_verifiers: sink name -> verifier, read once the run is over.
+        args: the pipeline's keyword arguments (JSON-serialisable).
+        log: the pipeline's txsink log, for recovery times (default ``workdir/txlog``).
+        env: added to the child's environment.
+        max_runs: give up after this many runs of the child.
+        timeout: seconds one run of the child may take before it is killed.
+        on_progress: receives one human-readable line per event.
+    """
+    chaos = plan if isinstance(plan, ChaosPlan) else ChaosPlan.parse(plan)
+    root = Path(workdir)
+    root.mkdir(parents=True, exist_ok=True)
+    state = root / "faults"
+    shutil.rmtree(state, ignore_errors=True)
+    say = on_progress or (lambda _line: None)
+
+    from txsink.runner import describe_exit, run_until_done
+
+    child_env = dict(os.environ)
+    child_env.update(env or {})
+    child_env.pop("TXSINK_FAULT", None)
+    child_env.pop("TXSINK_FAULT_STATE", None)
+    if chaos.faults:
+        child_env["TXSINK_FAULT"] = chaos.spec
+        child_env["TXSINK_FAULT_STATE"] = str(state)
+    command = [sys.executable, "-m", "txsink.runner", pipeline, json.dumps(dict(args or {}))]
+
+    log_location = os.fspath(log) if log is not None else str(root / "txlog")
+    seen: set[int] = set()
+
+    def on_line(line: str) -> None:
+        if line.startswith("txsink:"):
+            say("  " + line)
+        _report_commits(log_location, seen, say)
+
+    def on_restart(run: int, code: int) -> None:
+        _report_commits(log_location, seen, say)
+        say(f"run {run} ended ({describe_exit(code)}); restarting")
+
+    say(f"chaos: {pipeline} under {chaos}")
+    runner = run_until_done(
+        command,
+        env=child_env,
+        max_runs=max_runs,
+        on_line=on_line,
+        on_restart=on_restart,
+        timeout=timeout,
+    )
+    _report_commits(log_location, seen, say)
+    fired = _fired(state)
+    crash_times = sorted(t for _, t in fired)
+    commits, log_error = _commit_times(log_location)
+    recovery = [_recovery(t, commits) for t in crash_times]
+    verdicts: dict[str, Verdict] = {}
+    errors: dict[str, str] = {}
+    for name, verifier in sinks_verifiers.items():
+        try:
+            verdicts[name] = verify(verifier)
+        except Exception as err:  # a verifier that cannot read is a failed verdict
+            errors[name] = f"{type(err).__name__}: {err}"
+    report = ChaosReport(
+        plan=chaos.spec,
+        finished=runner.finished,
+        runs=runner.runs,
+        exit_codes=list(runner.exit_codes),
+        seconds=runner.seconds,
+        faults_planned=chaos.crashes_expected,
+        faults_fired=[text for text, _ in fired],
+        crash_times=crash_times,
+        recovery_seconds=recovery,
+        epochs_committed=None if commits is None else len(commits),
+        verdicts=verdicts,
+        errors=errors,
+        seed=chaos.seed,
+        notes=[log_error] if log_error else [],
+    )
+    say(
+        f"chaos: {'ok' if report.ok else 'FAILED'}: {report.restarts} restart(s), "
+        f"{len(report.faults_fired)}/{report.faults_planned} fault(s) fired, "
+        f"{report.violations} violation(s), recovery max {_fmt_s(report.recovery_max)}"
+    )
+    return report
+
+
+def _fired(state: Path) -> list[tuple[str, float]]:
+    """(marker text, firing time) of every fault that fired, from the plan's state folder."""
+    out = []
+    for name in sorted(os.listdir(state)) if state.is_dir() else []:
+        text = (state / name).read_text().strip()
+        stamp = next((w[3:] for w in text.split() if w.startswith("at=")), "")
+        try:
+            out.append((text, float(stamp)))
+        except ValueError:
+            continue
+    return out
+
+
+def _commit_times(location: str) -> tuple[list[tuple[int, float]] | None, str | None]:
+    """(epoch, committed_at) of every committed epoch of the log, or an error text."""
+    from txsink.log import open_log
+
+    try:
+        log = open_log(location)
+        return (
+            sorted(
+                (s.epoch, s.committed.committed_at) for s in log.states() if s.committed is not None
+            ),
+            None,
+        )
+    except Exception as err:
+        return None, f"cannot read the txsink log at {location}: {type(err).__name__}: {err}"
+
+
+def _recovery(crash: float, commits: list[tuple[int, float]] | None) -> float | None:
+    later = [at for _, at in commits or [] if at >= crash]
+    return min(later) - crash if later else None
+
+
+def _report_commits(location: str, seen: set[int], say: Callable[[str], None]) -> None:
+    """Say "epoch N committed" for epochs newly committed in a local log (cheap listing)."""
+    if "://" in location and not location.startswith("file://"):
+        return
+    folder = Path(location.removeprefix("file://"), "epochs")
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for name in sorted(names):
+        if name.isdigit() and int(name) not in seen and (folder / name / "committed.json").exists():
+            seen.add(int(name))
+            say(f"  epoch {int(name)} committed")

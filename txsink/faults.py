@@ -14,7 +14,9 @@ Crash points, in protocol order::
     after_commit_before_mark  driver: every handle committed, the committed mark not written
 
 Modes: ``raise`` (an :class:`~txsink.errors.InjectedFault`), ``kill-worker``
-(SIGKILL of the Python worker running the task; task points only) and
+(SIGKILL of the Python worker running the task; task points only),
+``kill-executor`` (SIGKILL of the executor JVM running the task; task points
+on a cluster only: local mode has no executor JVM and refuses it) and
 ``kill-driver`` (SIGKILL of the driver process, from the driver or the task).
 
 Choose faults by API (``Coordinator(..., faults=FaultPlan.parse("..."))``) or
@@ -42,9 +44,18 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from txsink.errors import InjectedFault
+from txsink.errors import ConfigurationError, InjectedFault
 
-__all__ = ["DRIVER_POINTS", "TASK_POINTS", "CrashPoint", "Fault", "FaultMode", "FaultPlan"]
+__all__ = [
+    "DRIVER_POINTS",
+    "EXECUTOR_MAIN_CLASSES",
+    "TASK_POINTS",
+    "CrashPoint",
+    "Fault",
+    "FaultMode",
+    "FaultPlan",
+    "find_executor_jvm",
+]
 
 
 class CrashPoint(enum.StrEnum):
@@ -60,11 +71,23 @@ class CrashPoint(enum.StrEnum):
 class FaultMode(enum.StrEnum):
     RAISE = "raise"
     KILL_WORKER = "kill-worker"
+    KILL_EXECUTOR = "kill-executor"
     KILL_DRIVER = "kill-driver"
 
 
 TASK_POINTS = frozenset({CrashPoint.BEFORE_PRECOMMIT, CrashPoint.AFTER_PRECOMMIT})
 DRIVER_POINTS = frozenset(CrashPoint) - TASK_POINTS
+_TASK_ONLY_MODES = {
+    FaultMode.KILL_WORKER: "there is no Python worker",
+    FaultMode.KILL_EXECUTOR: "there is no executor",
+}
+
+#: Main classes of Spark's executor JVMs: standalone and local-cluster, YARN, Kubernetes.
+EXECUTOR_MAIN_CLASSES = (
+    "org.apache.spark.executor.CoarseGrainedExecutorBackend",
+    "org.apache.spark.executor.YarnCoarseGrainedExecutorBackend",
+    "org.apache.spark.scheduler.cluster.k8s.KubernetesExecutorBackend",
+)
 
 
 @dataclass(frozen=True)
@@ -78,11 +101,11 @@ class Fault:
     times: int = 1
 
     def __post_init__(self) -> None:
-        if self.mode is FaultMode.KILL_WORKER and self.point not in TASK_POINTS:
+        if self.mode in _TASK_ONLY_MODES and self.point not in TASK_POINTS:
             raise ValueError(
-                f"fault {self.point}:kill-worker: there is no Python worker at a driver-side "
-                f"point; use kill-worker with {sorted(p.value for p in TASK_POINTS)}, or "
-                "kill-driver"
+                f"fault {self.point}:{self.mode}: {_TASK_ONLY_MODES[self.mode]} at a "
+                f"driver-side point; use {self.mode} with "
+                f"{sorted(p.value for p in TASK_POINTS)}, or kill-driver"
             )
         if self.partition is not None and self.point not in TASK_POINTS:
             raise ValueError(f"fault {self.point}: #PARTITION applies to task points only")
@@ -183,6 +206,8 @@ class FaultPlan:
                 continue
             if fault.partition is not None and fault.partition != partition:
                 continue
+            # Found before the marker is claimed: a refused kill-executor has not fired.
+            executor = _executor_pid(fault, epoch, partition, point)
             if not self._claim(index, fault):
                 continue
             where = f"epoch={epoch}" + (f" partition={partition}" if partition is not None else "")
@@ -208,9 +233,15 @@ class FaultPlan:
                 raise InjectedFault(
                     f"injected fault {fault}", epoch=epoch, partition=partition, phase=str(point)
                 )
-            pid = (
-                os.getpid() if fault.mode is FaultMode.KILL_WORKER else (driver_pid or os.getpid())
-            )
+            if executor is not None:
+                # The executor's death takes its task down; this worker goes with it rather
+                # than linger as an orphan.
+                os.kill(executor, signal.SIGKILL)
+                pid = os.getpid()
+            elif fault.mode is FaultMode.KILL_WORKER:
+                pid = os.getpid()
+            else:
+                pid = driver_pid or os.getpid()
             os.kill(pid, signal.SIGKILL)
             time.sleep(120)  # a task that killed its driver waits to be torn down with it
             raise InjectedFault(f"injected fault {fault}: process {pid} did not die")
@@ -235,3 +266,70 @@ class FaultPlan:
             os.close(fd)
             return True
         return False
+
+
+def _executor_pid(fault: Fault, epoch: int, partition: int | None, point: CrashPoint) -> int | None:
+    """The executor JVM to kill for a ``kill-executor`` fault; ``None`` for other modes.
+
+    Raises :class:`~txsink.errors.ConfigurationError` when the task has no executor JVM of
+    its own (local mode: the tasks run inside the driver's JVM, which is never killed).
+    """
+    if fault.mode is not FaultMode.KILL_EXECUTOR:
+        return None
+    pid = find_executor_jvm()
+    if pid is None:
+        raise ConfigurationError(
+            f"fault {fault}: this task runs in no executor JVM of its own (local mode runs "
+            "tasks inside the driver's JVM, which kill-executor never kills). Run on a "
+            "cluster (standalone, local-cluster[N,C,M], YARN, Kubernetes), or use kill-worker",
+            epoch=epoch,
+            partition=partition,
+            phase=str(point),
+        )
+    return pid
+
+
+def find_executor_jvm(pid: int | None = None) -> int | None:
+    """The nearest ancestor of ``pid`` (default: this process) that is a Spark executor JVM.
+
+    A task's Python worker is a child of ``pyspark.daemon`` (or of the JVM itself without
+    the daemon), which is a child of the executor JVM. Walks the parent pids in ``/proc``
+    and matches the main class on each ancestor's command line (see
+    :data:`EXECUTOR_MAIN_CLASSES`); stops at a driver JVM (``SparkSubmit``), so the driver's
+    JVM is never returned. ``None`` without ``/proc`` or without an executor ancestor.
+    """
+    current = os.getpid() if pid is None else pid
+    for _ in range(64):  # a loop guard: real chains are 2-4 processes long
+        parent = _parent_pid(current)
+        if parent is None or parent <= 1:
+            return None
+        argv = _cmdline(parent)
+        if "org.apache.spark.deploy.SparkSubmit" in argv:
+            return None
+        if any(cls in argv for cls in EXECUTOR_MAIN_CLASSES):
+            return parent
+        current = parent
+    return None
+
+
+def _parent_pid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return _ppid_from_stat(f.read().decode(errors="replace"))
+    except OSError:
+        return None
+
+
+def _ppid_from_stat(stat: str) -> int | None:
+    # "pid (comm) state ppid ...": comm may hold spaces and parentheses; split after the last ")".
+    close = stat.rfind(")")
+    fields = stat[close + 1 :].split() if close >= 0 else []
+    return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().decode(errors="replace").split("\0")
+    except OSError:
+        return []

@@ -64,6 +64,7 @@ import threading
 import time
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from urllib.parse import urlsplit, urlunsplit
@@ -288,7 +289,9 @@ class _OpenObject:
     writer: Any  # ParquetWriter / CSVWriter, or None for JSON lines
     parts: list[S3Part] = field(default_factory=list)
     rows: int = 0
-    uploaded: int = 0
+    uploaded: int = 0  # bytes handed to part uploads (sent or in flight)
+    next_part: int = 1
+    in_flight: list[Future[S3Part]] = field(default_factory=list)
 
     @property
     def size(self) -> int:
@@ -308,6 +311,7 @@ class _OpenUploads:
     done: list[S3Object] = field(default_factory=list)
     seq: int = 0
     rows: int = 0
+    uploader: ThreadPoolExecutor | None = None  # part uploads overlap the encoding
 
 
 # -- clients: one per process and options, never pickled -------------------------------------
@@ -342,8 +346,10 @@ class S3Sink(TwoPhaseCommitSink[_OpenUploads, S3Handle]):
         compression: Parquet codec (default ``snappy``), or ``gzip`` for jsonl/csv.
         target_object_bytes: roll to a new object once an object holds about this many
             encoded bytes (default 128 MiB; checked after each batch).
-        part_bytes: multipart part size, 5 MiB to 5 GiB (default 16 MiB); also the most a
-            task buffers per open object.
+        part_bytes: multipart part size, 5 MiB to 5 GiB (default 8 MiB, boto3's own); a
+            task buffers up to one part per open object plus the parts in flight.
+        upload_threads: parts a task uploads at once while it goes on encoding
+            (default 4).
         partition_by: columns written as Hive folders ``col=value/`` (string, integer,
             boolean or date columns); dropped from the objects.
         max_open_objects: objects a task keeps open at once with ``partition_by`` (default
@@ -365,9 +371,10 @@ class S3Sink(TwoPhaseCommitSink[_OpenUploads, S3Handle]):
         format: Format = "parquet",
         compression: str | None = None,
         target_object_bytes: int = 128 * MiB,
-        part_bytes: int = 16 * MiB,
+        part_bytes: int = 8 * MiB,
         partition_by: Sequence[str] = (),
         max_open_objects: int = 8,
+        upload_threads: int = 4,
         client_options: Mapping[str, Any] | None = None,
         log: str | LogStore | None = None,
         **coordinator_options: Any,
@@ -402,6 +409,8 @@ class S3Sink(TwoPhaseCommitSink[_OpenUploads, S3Handle]):
             )
         if max_open_objects < 1:
             raise ValueError("S3Sink max_open_objects must be >= 1")
+        if upload_threads < 1:
+            raise ValueError("S3Sink upload_threads must be >= 1")
         if isinstance(partition_by, str):
             partition_by = (partition_by,)
         if len(set(partition_by)) != len(partition_by):
@@ -412,6 +421,7 @@ class S3Sink(TwoPhaseCommitSink[_OpenUploads, S3Handle]):
         self.part_bytes = part_bytes
         self.partition_by = tuple(partition_by)
         self.max_open_objects = max_open_objects
+        self.upload_threads = upload_threads
         self.client_options = dict(client_options) if client_options is not None else None
         self._app_id: str | None = None
         self._partition_schema: tuple[tuple[str, str], ...] = ()
@@ -570,6 +580,8 @@ class S3Sink(TwoPhaseCommitSink[_OpenUploads, S3Handle]):
         while txn.open:
             group = next(iter(txn.open))
             self._finish_object(txn, txn.open.pop(group))
+        if txn.uploader is not None:
+            txn.uploader.shutdown(wait=True)
         objects = tuple(txn.done)
         return S3Handle(
             txn=txn.txn,
@@ -586,6 +598,8 @@ class S3Sink(TwoPhaseCommitSink[_OpenUploads, S3Handle]):
     @override
     def discard(self, txn: _OpenUploads) -> None:
         # Best effort: recovery aborts whatever this leaves (the marker names it).
+        if txn.uploader is not None:  # let part uploads end before their uploads are aborted
+            txn.uploader.shutdown(wait=True, cancel_futures=True)
         try:
             client = self._client
         except TxsinkError:
@@ -984,10 +998,12 @@ class S3Sink(TwoPhaseCommitSink[_OpenUploads, S3Handle]):
         if obj.stream is not obj.buffer:
             obj.stream.close()  # the gzip trailer
         self._send_full_parts(txn, obj)
-        if obj.buffer.data or not obj.parts:
+        if obj.buffer.data or obj.next_part == 1:
             # The last part may be smaller than 5 MiB; so may the only part.
             self._upload_part(txn, obj, bytes(obj.buffer.data))
             obj.buffer.data.clear()
+        self._wait_parts(obj, keep=0)
+        obj.parts.sort(key=lambda p: p.number)
         txn.done.append(
             S3Object(
                 key=obj.key,
@@ -1002,30 +1018,59 @@ class S3Sink(TwoPhaseCommitSink[_OpenUploads, S3Handle]):
         )
 
     def _upload_part(self, txn: _OpenUploads, obj: _OpenObject, data: bytes) -> None:
-        number = len(obj.parts) + 1
+        """Hand one part to the task's upload threads; at most ``upload_threads`` wait.
+
+        The encoder goes on while parts travel (memory: up to ``upload_threads``
+        parts in flight per task). Numbers are assigned here, in order; a failed upload surfaces
+        at the next wait, typed like a synchronous one.
+        """
+        number = obj.next_part
         if number > MAX_PARTS:
             raise ConfigurationError(
                 f"object {obj.key} needs more than {MAX_PARTS} parts of part_bytes="
                 f"{self.part_bytes}: raise part_bytes or lower target_object_bytes",
                 **self._ctx(phase="write", epoch=txn.txn.epoch, partition=txn.txn.partition),
             )
+        obj.next_part += 1
+        obj.uploaded += len(data)
+        if txn.uploader is None:
+            txn.uploader = ThreadPoolExecutor(
+                max_workers=self.upload_threads, thread_name_prefix="txsink-s3-part"
+            )
+        client = self._client
+        obj.in_flight.append(
+            txn.uploader.submit(
+                self._send_part,
+                client,
+                txn.txn,
+                key=obj.key,
+                upload_id=obj.upload_id,
+                number=number,
+                data=data,
+            )
+        )
+        self._wait_parts(obj, keep=self.upload_threads)
+
+    def _wait_parts(self, obj: _OpenObject, keep: int) -> None:
+        """Collect finished part uploads until at most ``keep`` are in flight."""
+        while len(obj.in_flight) > keep:
+            obj.parts.append(obj.in_flight.pop(0).result())
+
+    def _send_part(
+        self, client: S3Client, txn: TxnId, *, key: str, upload_id: str, number: int, data: bytes
+    ) -> S3Part:
         try:
-            answer = self._client.upload_part(
+            answer = client.upload_part(
                 Bucket=self.location.bucket,
-                Key=obj.key,
-                UploadId=obj.upload_id,
+                Key=key,
+                UploadId=upload_id,
                 PartNumber=number,
                 Body=data,
                 ChecksumAlgorithm="CRC32",
             )
         except Exception as err:
-            raise self._error(
-                err, f"upload part {number}", obj.key, phase="write", txn=txn.txn
-            ) from err
-        obj.parts.append(
-            S3Part(number, answer["ETag"].strip('"'), answer.get("ChecksumCRC32", "") or "")
-        )
-        obj.uploaded += len(data)
+            raise self._error(err, f"upload part {number}", key, phase="write", txn=txn) from err
+        return S3Part(number, answer["ETag"].strip('"'), answer.get("ChecksumCRC32", "") or "")
 
     # -- helpers: errors and logs -------------------------------------------------------------
 

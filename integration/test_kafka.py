@@ -358,8 +358,10 @@ def test_replay_mode_refuses_a_non_deterministic_replay(
     )
 
 
+# WAL mode is slow here: the default suite covers it in the cross-system coordinator
+# (integration/test_cross_system.py); replay mode is only here.
 @pytest.mark.chaos
-@pytest.mark.parametrize("kmode", ["wal", "replay"])
+@pytest.mark.parametrize("kmode", [pytest.param("wal", marks=pytest.mark.slow), "replay"])
 def test_kill_driver_at_every_point(kafka: Any, tmp_path: Path, kmode: str) -> None:
     topic = kafka.new_topic(3)
     sink = {"kind": "kafka", "topic": topic, "uid": _uid(), "wal": str(tmp_path / "wal")}

@@ -437,7 +437,10 @@ def test_streaming_bad_row_aborts_epoch(spark: Any, postgres: Any, tmp_path: Pat
     assert _verdict(postgres, f"{schema}.t", schema, 1000).ok
 
 
+# Slow: the default suite kills the driver at every point with this sink inside the
+# cross-system coordinator (integration/test_cross_system.py), one child run for all targets.
 @pytest.mark.chaos
+@pytest.mark.slow
 def test_kill_driver_at_every_point(postgres: Any, table: tuple[str, str], tmp_path: Path) -> None:
     name, uid = table
     kill_driver_at_every_point(

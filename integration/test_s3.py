@@ -612,7 +612,10 @@ def test_streaming_bad_row_aborts_the_epoch_and_leaves_nothing(
     assert EpochAbortedError.__name__ in text
 
 
+# Slow: the default suite kills the driver at every point with this sink inside the
+# cross-system coordinator (integration/test_cross_system.py), one child run for all targets.
 @pytest.mark.chaos
+@pytest.mark.slow
 def test_kill_driver_at_every_point(s3: Any, tmp_path: Path) -> None:
     """SIGKILL of the driver at every crash point, one after the other, in a child process
     restarted by the runner; the sink and the txsink log (on S3 too) take their credentials

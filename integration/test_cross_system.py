@@ -1,0 +1,456 @@
+"""The cross-system atomic move: one coordinator, Kafka (WAL) + Postgres + S3, under chaos.
+
+Every test runs one streaming query into the three targets while an
+:class:`~txsink.testing.observer.Observer` samples them (Kafka ``read_committed``, committed
+Postgres rows, S3 manifests; an S3 listing and a Kafka ``read_uncommitted`` consumer as
+boundary views), then checks:
+
+- exactly-once in each target: zero duplicates, zero missing, zero lingering (no open Kafka
+  transaction: LSO == HW and no WAL file left; no prepared Postgres transaction of ours;
+  no multipart upload or upload marker left);
+- zero observer violations: no epoch shown by one target and never by another, nothing
+  taken back;
+- and records the visibility skew per epoch (printed at the end of the session).
+
+Faults: the crash matrix (task and driver points, ``raise`` / ``kill-worker``) in the
+shared Spark session; SIGKILL of the driver at every point in a child process; and network
+faults (cut or stall the connection to one target through a proxy during pre-commit,
+commit or recovery, restored before the restart).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from psycopg import sql
+
+from tests.streaming import CRASH_MATRIX, fault_spec, is_task_point, kill_driver_at_every_point
+from txsink.faults import FaultPlan
+from txsink.testing.hooks import PointHooks
+from txsink.testing.observer import (
+    KafkaTarget,
+    Observer,
+    ObserverReport,
+    PostgresTarget,
+    S3ListingTarget,
+    S3ManifestTarget,
+    input_epochs,
+)
+from txsink.testing.verifiers import KafkaVerifier, PostgresVerifier, S3Verifier, verify
+from txsink.verify import Verdict
+
+pytestmark = [pytest.mark.chaos, pytest.mark.kafka, pytest.mark.postgres, pytest.mark.s3]
+
+ROWS, FILES = 600, 4
+#: The order the coordinator commits the sinks in. Postgres first: ``during_commit`` (after
+#: the first handle) then leaves one Postgres partition of the epoch visible and nothing
+#: elsewhere, the hardest case for "eventually everywhere"; Kafka (whose WAL-mode handles
+#: commit in ``finish_epoch``) last.
+ORDER = ("postgres", "s3", "kafka")
+DDL = "CREATE TABLE {} (id bigint, key text, amount double precision, payload text)"
+
+
+# -- the three targets -------------------------------------------------------------------
+
+
+@dataclass
+class Cross:
+    """Kafka topic + Postgres table + S3 prefix for one test, and how to reach each.
+
+    ``via`` replaces one target's address (a proxy): the sinks use it, the observer and
+    the verifiers never do.
+    """
+
+    kafka: Any
+    postgres: Any
+    s3: Any
+    tmp: Path
+    topic: str = ""
+    table: str = ""
+    bucket: str = ""
+    uids: dict[str, str] = field(default_factory=dict)
+    via: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def create(cls, kafka: Any, postgres: Any, s3: Any, tmp: Path) -> Cross:
+        cross = cls(kafka, postgres, s3, tmp)
+        cross.topic = kafka.new_topic(3)
+        schema = postgres.new_schema("xs")
+        with postgres.connect() as conn:
+            conn.execute(sql.SQL(DDL).format(sql.Identifier(schema, "events")))
+        cross.table = f"{schema}.events"
+        cross.bucket = s3.new_bucket()
+        tag = uuid.uuid4().hex[:8]
+        cross.uids = {"kafka": f"k{tag}", "postgres": schema, "s3": f"s{tag}"}
+        return cross
+
+    @property
+    def wal(self) -> Path:
+        return self.tmp / "wal"
+
+    @property
+    def log(self) -> str:
+        return str(self.tmp / "txlog")
+
+    @property
+    def url(self) -> str:
+        return f"s3://{self.bucket}/out"
+
+    def s3_options(self, endpoint: str | None = None, **config: Any) -> dict[str, Any]:
+        from botocore.config import Config
+
+        options: dict[str, Any] = {
+            "s3": {"addressing_style": "path"},
+            "retries": {"max_attempts": 2, "mode": "standard"},
+            "connect_timeout": 2,
+            "read_timeout": 3,
+        }
+        options.update(config)
+        return {
+            "endpoint_url": endpoint or self.s3.endpoint,
+            "aws_access_key_id": self.s3.access_key,
+            "aws_secret_access_key": self.s3.secret_key,
+            "region_name": self.s3.region,
+            "config": Config(**options),
+        }
+
+    def sinks(self) -> list[Any]:
+        from txsink.connectors.kafka import KafkaSink
+        from txsink.connectors.postgres import PostgresSink
+        from txsink.connectors.s3 import S3Sink
+
+        built = {
+            "kafka": KafkaSink(
+                self.via.get("kafka", self.kafka.bootstrap),
+                self.topic,
+                uid=self.uids["kafka"],
+                wal=self.wal,
+                key="key",
+                shards=2,
+                mode="wal",
+                timeout_s=10.0,
+            ),
+            "postgres": PostgresSink(
+                self.via.get("postgres", self.postgres.dsn),
+                self.table,
+                uid=self.uids["postgres"],
+                connect_kwargs={"connect_timeout": 5},
+            ),
+            "s3": S3Sink(
+                self.url,
+                self.uids["s3"],
+                client_options=self.s3_options(self.via.get("s3")),
+            ),
+        }
+        return [built[name] for name in ORDER]
+
+    def coordinator(self, faults: FaultPlan | None = None) -> Any:
+        from txsink import Coordinator
+
+        return Coordinator(self.sinks(), log=self.log, faults=faults)
+
+    def specs(self) -> list[dict[str, Any]]:
+        """The same sinks for ``txsink.testing.pipelines`` in a child process."""
+        specs = {
+            "kafka": {
+                "kind": "kafka",
+                "topic": self.topic,
+                "uid": self.uids["kafka"],
+                "wal": str(self.wal),
+            },
+            "postgres": {"kind": "postgres", "table": self.table, "uid": self.uids["postgres"]},
+            "s3": {"kind": "s3", "url": self.url, "uid": self.uids["s3"]},
+        }
+        return [specs[name] for name in ORDER]
+
+    def child_env(self) -> dict[str, str]:
+        return {
+            "TXSINK_TEST_KAFKA": self.kafka.bootstrap,
+            "TXSINK_TEST_PG_DSN": self.postgres.dsn,
+            "AWS_ACCESS_KEY_ID": self.s3.access_key,
+            "AWS_SECRET_ACCESS_KEY": self.s3.secret_key,
+            "AWS_ENDPOINT_URL_S3": self.s3.endpoint,
+            "AWS_DEFAULT_REGION": self.s3.region,
+        }
+
+    def observer(self, expected: dict[int, list[int]]) -> Observer:
+        direct = self.s3_options()
+        return Observer(
+            [
+                KafkaTarget(self.kafka.bootstrap, self.topic),
+                PostgresTarget(self.postgres.dsn, self.table),
+                S3ManifestTarget(self.url, uid=self.uids["s3"], client_options=direct),
+                S3ListingTarget(self.url, client_options=direct),
+                KafkaTarget(self.kafka.bootstrap, self.topic, isolation="read_uncommitted"),
+            ],
+            expected,
+            interval=0.075,
+        )
+
+    def verdicts(self, rows: int) -> dict[str, Verdict]:
+        expected = range(rows)
+        return {
+            "kafka": verify(
+                KafkaVerifier(self.kafka.bootstrap, self.topic, expected, wal=str(self.wal))
+            ),
+            "postgres": verify(
+                PostgresVerifier(
+                    self.postgres.dsn, self.table, expected, self.uids["postgres"], log=self.log
+                )
+            ),
+            "s3": verify(
+                S3Verifier(self.url, expected, self.uids["s3"], client_options=self.s3_options())
+            ),
+        }
+
+    def assert_exactly_once(self, rows: int, report: ObserverReport) -> None:
+        verdicts = self.verdicts(rows)
+        bad = {name: v for name, v in verdicts.items() if not v.ok}
+        assert not bad, f"not exactly-once: {bad}\n{report.table()}"
+        report.assert_ok()
+
+
+# -- skew bookkeeping --------------------------------------------------------------------
+
+
+@dataclass
+class SkewLog:
+    """Every observed epoch's skew in this session, summarised at its end."""
+
+    runs: list[tuple[str, ObserverReport]] = field(default_factory=list)
+
+    def add(self, name: str, report: ObserverReport) -> None:
+        self.runs.append((name, report))
+        print(f"\n[{name}] {report.table()}")
+
+    def summary(self) -> list[str]:
+        skews = [s for _, r in self.runs for s in r.skews]
+        complete = [s for _, r in self.runs for s in r.complete_skews]
+        if not skews:
+            return []
+        leads = [
+            lead
+            for _, r in self.runs
+            for e in r.epochs.values()
+            if (lead := e.lead("s3-listing")) is not None
+        ]
+        partial: dict[str, float] = {}
+        for _, r in self.runs:
+            for t in r.guaranteed:
+                p = r.partial_max(t)
+                if p is not None:
+                    partial[t] = max(partial.get(t, 0.0), p)
+        stats = {
+            "runs": len(self.runs),
+            "epochs": len(skews),
+            "skew_median_s": round(statistics.median(skews), 3),
+            "skew_max_s": round(max(skews), 3),
+            "complete_skew_median_s": round(statistics.median(complete), 3) if complete else None,
+            "complete_skew_max_s": round(max(complete), 3) if complete else None,
+            "s3_listing_lead_max_s": round(max(leads), 3) if leads else None,
+            "partial_max_s": {t: round(p, 3) for t, p in partial.items()},
+            "at": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        }
+        return ["cross-system visibility skew: " + json.dumps(stats)]
+
+
+@pytest.fixture(scope="session")
+def skew_log(request: pytest.FixtureRequest) -> Iterator[SkewLog]:
+    log = SkewLog()
+    yield log
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    for line in log.summary():
+        if reporter is not None:
+            reporter.write_line(line)
+        else:  # pragma: no cover - pytest always has one unless disabled
+            print(line)
+
+
+@pytest.fixture
+def cross(kafka: Any, postgres: Any, s3: Any, tmp_path: Path) -> Cross:
+    return Cross.create(kafka, postgres, s3, tmp_path)
+
+
+def _observed(
+    cross: Cross, run: Callable[[], None], *, expected: dict[int, list[int]]
+) -> ObserverReport:
+    observer = cross.observer(expected).start()
+    try:
+        run()
+    finally:
+        report = observer.stop()
+    return report
+
+
+# -- the crash matrix --------------------------------------------------------------------
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize(("point", "mode", "times"), CRASH_MATRIX)
+def test_cross_system_crash_matrix(
+    spark: Any, cross: Cross, skew_log: SkewLog, point: str, mode: str, times: int
+) -> None:
+    from tests.streaming import prepare_input, run_until_done
+
+    prepare_input(cross.tmp, ROWS, FILES)
+    plan = FaultPlan.parse(fault_spec(point, mode, times), str(cross.tmp / "faults"))
+    restarts: list[int] = []
+
+    def run() -> None:
+        restarts.append(run_until_done(spark, cross.tmp, lambda: cross.coordinator(plan))[0])
+
+    report = _observed(cross, run, expected=input_epochs(cross.tmp / "input"))
+    skew_log.add(f"{point}:{mode}*{times}", report)
+    assert len(plan.fired()) == len(plan.faults) * times, "the fault never fired"
+    if not (is_task_point(point) and times == 1):
+        assert restarts[0] >= 1
+    cross.assert_exactly_once(ROWS, report)
+
+
+@pytest.mark.spark
+def test_crash_mid_commit_shows_part_of_an_epoch_until_the_restart(
+    spark: Any, cross: Cross, skew_log: SkewLog
+) -> None:
+    """A crash in the middle of the commit, and a pause before the restart: the boundary.
+
+    After ``during_commit:raise`` epoch 1 is decided and one Postgres partition of it is
+    committed (Postgres commits first, one prepared transaction per partition): Postgres
+    shows part of epoch 1, S3 and Kafka nothing, for as long as the query is down. The
+    restart's recovery then makes epoch 1 whole in all three; nothing is taken back."""
+    from tests.streaming import prepare_input, start_query
+
+    prepare_input(cross.tmp, ROWS, FILES)
+    plan = FaultPlan.parse("during_commit:raise@1", str(cross.tmp / "faults"))
+
+    def run() -> None:
+        query = start_query(spark, cross.tmp, cross.coordinator(plan))
+        with pytest.raises(Exception, match="InjectedFault"):
+            query.awaitTermination()
+        time.sleep(1.0)  # let the observer see the in-between state
+        start_query(spark, cross.tmp, cross.coordinator()).awaitTermination()
+
+    report = _observed(cross, run, expected=input_epochs(cross.tmp / "input"))
+    skew_log.add("during_commit+pause", report)
+    cross.assert_exactly_once(ROWS, report)
+    epoch1 = report.epochs[1]
+    # Every guaranteed target shows epoch 1 in the end; Postgres showed part of it during
+    # the pause, so the skew and Postgres's partial window span the pause.
+    skew, partial = epoch1.skew, epoch1.partial_seconds("postgres")
+    assert skew is not None and skew >= 0.5, report.table()
+    assert partial is not None and partial >= 0.5, report.table()
+    assert min(epoch1.first_seen, key=epoch1.first_seen.__getitem__) == "postgres"
+
+
+def test_kill_driver_at_every_point(cross: Cross, skew_log: SkewLog) -> None:
+    """SIGKILL of the driver at every crash point (a child process restarted each time)."""
+    from txsink.demo import make_input
+
+    rows = 600
+    make_input(cross.tmp / "input", rows, 6)  # the same files the helper writes
+    expected = input_epochs(cross.tmp / "input")
+
+    def run() -> None:
+        kill_driver_at_every_point(cross.tmp, cross.specs(), cross.child_env(), rows=rows)
+
+    report = _observed(cross, run, expected=expected)
+    skew_log.add("kill-driver at every point", report)
+    cross.assert_exactly_once(rows, report)
+
+
+# -- network faults ----------------------------------------------------------------------
+
+#: (phase, the crash point the fault is injected at, extra faults that make it reachable)
+PHASES = {
+    "precommit": ("before_precommit", ""),
+    "commit": ("during_commit", ""),
+    "recovery": ("during_recovery", "during_commit:raise@1"),
+}
+STALL_S = 12.0
+DEFAULT_NET = {
+    ("kafka", "commit", "cut"),
+    ("postgres", "precommit", "cut"),
+    ("postgres", "commit", "stall"),
+    ("s3", "commit", "cut"),
+    ("s3", "recovery", "stall"),
+    ("kafka", "recovery", "cut"),
+}  # the other 12 (target, phase, kind) cells run with --run-slow
+
+
+def _net_params() -> list[Any]:
+    return [
+        pytest.param(
+            target,
+            phase,
+            kind,
+            marks=() if (target, phase, kind) in DEFAULT_NET else (pytest.mark.slow,),
+        )
+        for target in ("kafka", "postgres", "s3")
+        for phase in PHASES
+        for kind in ("cut", "stall")
+    ]
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize(("target", "phase", "kind"), _net_params())
+def test_network_fault_to_one_target(
+    spark: Any, cross: Cross, skew_log: SkewLog, target: str, phase: str, kind: str
+) -> None:
+    """Cut (connections reset, new ones refused) or stall (no bytes for STALL_S seconds,
+    longer than the S3 and Kafka client timeouts; psycopg has none, so Postgres waits) the
+    connection from the sinks to ONE target while the protocol is at ``phase`` of epoch 1.
+    The connection is restored before every restart; each target must read back exactly
+    once, and the observer must see no epoch that one target shows and another never does."""
+    from tests.streaming import prepare_input, run_until_done
+
+    proxy, address = getattr(cross, target).with_proxy()
+    cross.via[target] = address
+    prepare_input(cross.tmp, ROWS, FILES)
+    point, extra = PHASES[phase]
+    hooks = PointHooks(cross.tmp / "hooks")
+    timers: list[threading.Timer] = []
+
+    def fault() -> None:
+        if kind == "cut":
+            proxy.cut()
+            return
+        proxy.stall()
+        timer = threading.Timer(STALL_S, proxy.heal)
+        timer.start()
+        timers.append(timer)
+
+    hooks.at(point, fault, epoch=1, partition=1 if point == "before_precommit" else None)
+    plan = hooks.plan(FaultPlan.parse(extra, str(cross.tmp / "faults")))
+    made: list[int] = []
+
+    def make() -> Any:
+        if made:
+            proxy.heal()  # the network is back before the restart
+        made.append(1)
+        return cross.coordinator(plan)
+
+    restarts: list[int] = []
+
+    def run() -> None:
+        with hooks:
+            restarts.append(run_until_done(spark, cross.tmp, make, max_runs=6)[0])
+
+    try:
+        report = _observed(cross, run, expected=input_epochs(cross.tmp / "input"))
+    finally:
+        for timer in timers:
+            timer.cancel()
+        proxy.heal()
+    skew_log.add(f"network {kind} {target} during {phase}", report)
+    assert hooks.fired, "the network fault was never injected"
+    assert not hooks.errors, hooks.errors
+    assert proxy.stats.accepted > 0, "the sink did not go through the proxy"
+    cross.assert_exactly_once(ROWS, report)

@@ -316,6 +316,8 @@ class _OpenUploads:
 
 # -- clients: one per process and options, never pickled -------------------------------------
 
+#: Read timeout of CompleteMultipartUpload requests (see S3Sink._completing_client).
+COMPLETE_TIMEOUT_S = 600.0
 _CLIENTS: dict[tuple[int, str], S3Client] = {}
 _CLIENTS_LOCK = threading.Lock()
 
@@ -449,6 +451,27 @@ class S3Sink(TwoPhaseCommitSink[_OpenUploads, S3Handle]):
                 f"{safe_options(self.client_options)}: {type(err).__name__}: {err}",
                 **self._ctx(),
             ) from err
+
+    @property
+    def _completing_client(self) -> S3Client:
+        """The client for ``CompleteMultipartUpload``: a read timeout of at least 10 minutes.
+
+        A complete can take minutes on S3, and a client that gives up mid-request makes
+        the server cancel it: MinIO was seen to drop the upload's parts on such a
+        cancelled complete without creating the object, so the decided rows were lost.
+        Waiting long is the only safe answer; retries of the request stay as configured.
+        """
+        from botocore.config import Config
+
+        options = dict(self.client_options or {})
+        given = options.get("config")
+        timeout = max(float(getattr(given, "read_timeout", None) or 60), COMPLETE_TIMEOUT_S)
+        longer = Config(read_timeout=timeout)
+        options["config"] = given.merge(longer) if given is not None else longer
+        try:
+            return _client_for(options)
+        except Exception:
+            return self._client
 
     def _ctx(self, **extra: Any) -> dict[str, Any]:
         return {"sink_uid": self.uid, "connector": "s3", **extra}
@@ -621,8 +644,9 @@ class S3Sink(TwoPhaseCommitSink[_OpenUploads, S3Handle]):
     @override
     def commit(self, handle: S3Handle) -> None:
         client = self._client
+        completing = self._completing_client
         for obj in handle.objects:
-            self._complete(client, handle, obj)
+            self._complete(completing, client, handle, obj)
         try:
             client.delete_object(Bucket=handle.bucket, Key=handle.marker)
         except Exception as err:
@@ -631,7 +655,9 @@ class S3Sink(TwoPhaseCommitSink[_OpenUploads, S3Handle]):
                 "committed %s but could not delete its marker: %s", handle.txn, _describe(err)
             )
 
-    def _complete(self, client: S3Client, handle: S3Handle, obj: S3Object) -> None:
+    def _complete(
+        self, completing: S3Client, client: S3Client, handle: S3Handle, obj: S3Object
+    ) -> None:
         parts: list[CompletedPartTypeDef] = []
         for p in obj.parts:
             part: CompletedPartTypeDef = {"PartNumber": p.number, "ETag": f'"{p.etag}"'}
@@ -639,7 +665,7 @@ class S3Sink(TwoPhaseCommitSink[_OpenUploads, S3Handle]):
                 part["ChecksumCRC32"] = p.crc32
             parts.append(part)
         try:
-            client.complete_multipart_upload(
+            completing.complete_multipart_upload(
                 Bucket=handle.bucket,
                 Key=obj.key,
                 UploadId=obj.upload_id,

@@ -9,6 +9,7 @@ workers do not have ``integration/`` on their path): keep task functions self-co
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import os
 import platform
@@ -17,6 +18,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -309,3 +311,69 @@ def spark_session(app_name: str, *, jars: Sequence[Path] = (), driver_memory: st
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+_MAVEN_SETTINGS = """<settings><mirrors><mirror><id>central-only</id><mirrorOf>*</mirrorOf>
+<url>https://repo.maven.apache.org/maven2</url></mirror></mirrors></settings>
+"""
+_JAR_NAME = re.compile(r"(.+?)-(\d+(?:\.\d+)+(?:[-.][\w.]+)?)\.jar")
+
+
+def jar_artifact(jar: str) -> str:
+    """``hadoop-aws-3.5.0.jar`` -> ``hadoop-aws`` (the name without its version)."""
+    m = _JAR_NAME.fullmatch(jar)
+    return m.group(1) if m else jar
+
+
+def maven_copy_dependencies(pom: str, folder: Path, timeout: float) -> str | None:
+    """Resolve ``pom``'s runtime dependencies from Maven Central into a fresh ``folder``,
+    then drop the jars PySpark ships itself. None on success, else mvn's last words."""
+    import pyspark
+
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    with tempfile.TemporaryDirectory(prefix="txsink-bench-mvn-") as work:
+        Path(work, "pom.xml").write_text(pom)
+        Path(work, "settings.xml").write_text(_MAVEN_SETTINGS)
+        proc = subprocess.run(
+            [
+                "mvn",
+                "-q",
+                "-B",
+                "-s",
+                "settings.xml",
+                "dependency:copy-dependencies",
+                "-DincludeScope=runtime",
+                f"-DoutputDirectory={folder}",
+            ],
+            cwd=work,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=timeout,
+        )
+    if proc.returncode != 0:
+        return " ".join((proc.stdout + proc.stderr).split()[-60:])
+    shipped = {jar_artifact(j.name) for j in (Path(pyspark.__file__).parent / "jars").iterdir()}
+    for jar in list(folder.glob("*.jar")):
+        if jar_artifact(jar.name) in shipped:
+            jar.unlink()  # PySpark has its own (Scala, Hadoop client, codecs, ...)
+    return None
+
+
+def add_doc_options(parser: argparse.ArgumentParser, section: str) -> None:
+    """The ``--docs``, ``--no-docs`` and ``--render`` options every benchmark has."""
+    parser.add_argument(
+        "--docs",
+        type=Path,
+        default=DOCS,
+        help=f"markdown file whose {section} section is rewritten (default docs/benchmarks.md)",
+    )
+    parser.add_argument("--no-docs", action="store_true", help="do not touch the docs")
+    parser.add_argument(
+        "--render",
+        type=Path,
+        metavar="JSON",
+        help="measure nothing: print (and write to the docs) the results saved in JSON by an "
+        "earlier run (every run saves them under integration/.work/benchmarks/)",
+    )

@@ -21,8 +21,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -46,9 +44,6 @@ _POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
 </project>
 """
 # Only Maven Central: a mirror named in some parent POM may not resolve from here.
-_SETTINGS = """<settings><mirrors><mirror><id>central-only</id><mirrorOf>*</mirrorOf>
-<url>https://repo.maven.apache.org/maven2</url></mirror></mirrors></settings>
-"""
 _JAR_NAME = re.compile(r"(.+?)-(\d+(?:\.\d+)+(?:[-.][\w.]+)?)\.jar")
 
 
@@ -84,7 +79,6 @@ def pyspark_hadoop_version() -> str:
 
 def hadoop_aws_jars(cache: Path = _bench.JAR_CACHE) -> HadoopAwsJars:
     """hadoop-aws for PySpark's Hadoop version and its runtime deps, cached (see module doc)."""
-    import pyspark
 
     version = pyspark_hadoop_version()
     folder = cache / f"hadoop-aws-{version}"
@@ -100,41 +94,10 @@ def hadoop_aws_jars(cache: Path = _bench.JAR_CACHE) -> HadoopAwsJars:
             f"SDK bundle (install Maven, or put the jars into {folder} with a resolved.json)"
         )
     _bench.log(f"fetching {':'.join(HADOOP_AWS)}:{version} and its AWS SDK from Maven Central")
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    with tempfile.TemporaryDirectory(prefix="txsink-bench-mvn-") as work:
-        Path(work, "pom.xml").write_text(
-            _POM.format(group=HADOOP_AWS[0], artifact=HADOOP_AWS[1], version=version)
-        )
-        Path(work, "settings.xml").write_text(_SETTINGS)
-        proc = subprocess.run(
-            [
-                "mvn",
-                "-q",
-                "-B",
-                "-s",
-                "settings.xml",
-                "dependency:copy-dependencies",
-                "-DincludeScope=runtime",
-                f"-DoutputDirectory={folder}",
-            ],
-            cwd=work,
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=1800,
-        )
-    if proc.returncode != 0:
-        tail = " ".join((proc.stdout + proc.stderr).split()[-60:])
-        raise HadoopAwsUnavailable(f"mvn could not fetch hadoop-aws {version}: {tail}")
-    shipped = set()
-    for jar in (Path(pyspark.__file__).parent / "jars").iterdir():
-        m = _JAR_NAME.fullmatch(jar.name)
-        shipped.add(m.group(1) if m else jar.name)
-    for jar in list(folder.glob("*.jar")):
-        m = _JAR_NAME.fullmatch(jar.name)
-        if (m.group(1) if m else jar.name) in shipped:
-            jar.unlink()  # PySpark has its own (Hadoop client, Jackson, SLF4J, ...)
+    pom = _POM.format(group=HADOOP_AWS[0], artifact=HADOOP_AWS[1], version=version)
+    failure = _bench.maven_copy_dependencies(pom, folder, timeout=1800)
+    if failure is not None:
+        raise HadoopAwsUnavailable(f"mvn could not fetch hadoop-aws {version}: {failure}")
     jars = sorted(folder.glob("*.jar"))
     if not any(j.name.startswith("hadoop-aws-") for j in jars):
         raise HadoopAwsUnavailable(f"mvn ran but {folder} holds no hadoop-aws jar")

@@ -585,14 +585,6 @@ _DEP = """    <dependency>
       </exclusion></exclusions>
     </dependency>"""
 # Spark's parent POM names a GCS mirror of Central that may not resolve: Central only.
-_SETTINGS = """<settings><mirrors><mirror><id>central-only</id><mirrorOf>*</mirrorOf>
-<url>https://repo.maven.apache.org/maven2</url></mirror></mirrors></settings>
-"""
-
-
-def _artifact_of(jar: str) -> str:
-    m = re.fullmatch(r"(.+)-(\d+(?:\.\d+)+(?:[-.][\w.]+)?)\.jar", jar)
-    return m.group(1) if m else jar
 
 
 @dataclass
@@ -609,7 +601,6 @@ def spark_kafka_jars(spark_version: str, cache: Path = _bench.JAR_CACHE) -> Spar
     Fetched once with ``mvn dependency:copy-dependencies`` on a generated POM. If Central has
     no jar of that exact version, the newest release below it that it has is used (and said).
     """
-    import pyspark
 
     folder = cache / f"spark-kafka-for-{spark_version}"
     done = folder / "resolved.json"
@@ -631,44 +622,18 @@ def spark_kafka_jars(spark_version: str, cache: Path = _bench.JAR_CACHE) -> Spar
         _DEP.format(group=g, artifact=a, version=v)
         for (g, a), v in ((SPARK_KAFKA, sql_kafka), (TOKEN_PROVIDER, token))
     )
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    with tempfile.TemporaryDirectory(prefix="txsink-bench-mvn-") as work:
-        Path(work, "pom.xml").write_text(_POM.format(deps=deps))
-        Path(work, "settings.xml").write_text(_SETTINGS)
-        proc = subprocess.run(
-            [
-                "mvn",
-                "-q",
-                "-B",
-                "-s",
-                "settings.xml",
-                "dependency:copy-dependencies",
-                "-DincludeScope=runtime",
-                f"-DoutputDirectory={folder}",
-            ],
-            cwd=work,
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=900,
-        )
-    if proc.returncode != 0:
-        tail = " ".join((proc.stdout + proc.stderr).split()[-60:])
-        raise SparkKafkaUnavailable(f"mvn could not fetch the Kafka connector: {tail}")
-    shipped = {
-        _artifact_of(j.name) for j in Path(pyspark.__file__).parent.joinpath("jars").iterdir()
-    }
-    for jar in list(folder.glob("*.jar")):
-        if _artifact_of(jar.name) in shipped:
-            jar.unlink()  # PySpark has its own (Scala, Hadoop client, compression codecs, ...)
+    failure = _bench.maven_copy_dependencies(_POM.format(deps=deps), folder, timeout=900)
+    if failure is not None:
+        raise SparkKafkaUnavailable(f"mvn could not fetch the Kafka connector: {failure}")
     jars = sorted(folder.glob("*.jar"))
     done.write_text(json.dumps({"jars": [j.name for j in jars], "notes": notes}))
     return SparkKafkaJars(jars, _jar_versions(jars), notes)
 
 
 def _jar_versions(jars: Sequence[Path]) -> dict[str, str]:
-    return {_artifact_of(j.name): j.name[len(_artifact_of(j.name)) + 1 : -4] for j in jars}
+    return {
+        _bench.jar_artifact(j.name): j.name[len(_bench.jar_artifact(j.name)) + 1 : -4] for j in jars
+    }
 
 
 # -- the benchmark ----------------------------------------------------------------------------
@@ -1667,20 +1632,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="skip the profile runs and the single-process measurements",
     )
-    parser.add_argument(
-        "--docs",
-        type=Path,
-        default=_bench.DOCS,
-        help="markdown file whose Kafka section is rewritten (default docs/benchmarks.md)",
-    )
-    parser.add_argument("--no-docs", action="store_true", help="do not touch the docs")
-    parser.add_argument(
-        "--render",
-        type=Path,
-        metavar="JSON",
-        help="measure nothing: print (and write to the docs) the results saved in JSON by an "
-        "earlier run (every run saves them under integration/.work/benchmarks/)",
-    )
+    _bench.add_doc_options(parser, "Kafka")
     parser.add_argument(
         "--bootstrap",
         default=os.environ.get("TXSINK_KAFKA_BOOTSTRAP"),

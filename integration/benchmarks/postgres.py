@@ -1055,20 +1055,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="skip the profile run, the 2PC latency probe and the single-connection COPY",
     )
-    parser.add_argument(
-        "--docs",
-        type=Path,
-        default=_bench.DOCS,
-        help="markdown file whose Postgres section is rewritten (default docs/benchmarks.md)",
-    )
-    parser.add_argument("--no-docs", action="store_true", help="do not touch the docs")
-    parser.add_argument(
-        "--render",
-        type=Path,
-        metavar="JSON",
-        help="measure nothing: print (and write to the docs) the results saved in JSON by an "
-        "earlier run (every run saves them under integration/.work/benchmarks/)",
-    )
+    _bench.add_doc_options(parser, "Postgres")
     parser.add_argument(
         "--dsn", default=os.environ.get("TXSINK_PG_DSN"), help="default: $TXSINK_PG_DSN"
     )

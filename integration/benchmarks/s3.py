@@ -729,20 +729,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--writers", default=",".join(WRITERS), help=f"subset of {','.join(WRITERS)}"
     )
-    parser.add_argument(
-        "--docs",
-        type=Path,
-        default=_bench.DOCS,
-        help="markdown file whose S3 section is rewritten (default docs/benchmarks.md)",
-    )
-    parser.add_argument("--no-docs", action="store_true", help="do not touch the docs")
-    parser.add_argument(
-        "--render",
-        type=Path,
-        metavar="JSON",
-        help="measure nothing: print (and write to the docs) the results saved in JSON by an "
-        "earlier run (every run saves them under integration/.work/benchmarks/)",
-    )
+    _bench.add_doc_options(parser, "S3")
     parser.add_argument(
         "--endpoint",
         default=os.environ.get("TXSINK_S3_ENDPOINT"),

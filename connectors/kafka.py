@@ -636,6 +636,24 @@ class KafkaSink(TwoPhaseCommitSink[_OpenWal, Any]):
             self._delete_wal(handles)  # committed before a crash: verified by the marker
             return
         missing = [h.path for h in handles if not Path(self.wal, h.path).exists()]
+        if missing:
+            # The cached marker may be stale: another driver (this one's successor, if
+            # this driver was frozen and is a zombie now) may have committed the epoch
+            # and deleted its WAL files since. Read the marker again before calling
+            # them lost.
+            fresh = self._read_markers(app, [shard])[shard]
+            self._driver.markers[shard] = fresh
+            if fresh >= epoch:
+                _log.info(
+                    "[uid=%s epoch=%s] Kafka shard %s: epoch already committed by another "
+                    "driver (marker: epoch %s); nothing to do",
+                    self.uid,
+                    epoch,
+                    shard,
+                    fresh,
+                )
+                return
+            marker = None if fresh < 0 else fresh
         if not missing:
             self._verify_wal(epoch, handles)
         if missing:

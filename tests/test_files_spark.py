@@ -69,6 +69,27 @@ def test_crash_point_matrix(spark: Any, tmp_path: Path, point: str, mode: str, t
     _assert_exactly_once(tmp_path)
 
 
+@pytest.mark.chaos
+@pytest.mark.parametrize("point", ["after_precommit", "before_decision", "after_decision"])
+def test_restart_with_another_partition_count(spark: Any, tmp_path: Path, point: str) -> None:
+    """Crash at ``point`` of epoch 1 with 2 partitions, restart with 3: recovery commits
+    exactly the decided handles (or aborts the prepared ones), whatever the new layout."""
+    from pyspark.errors import StreamingQueryException
+
+    from tests.streaming import start_query
+
+    prepare_input(tmp_path, ROWS)
+    spec = f"{point}:raise@1" + ("#1*2" if is_task_point(point) else "")
+    plan = FaultPlan.parse(spec, str(tmp_path / "faults"))
+    query = start_query(spark, tmp_path, files_coordinator(tmp_path, faults=plan))
+    with pytest.raises(StreamingQueryException, match="InjectedFault"):
+        query.awaitTermination()
+    run_until_done(
+        spark, tmp_path, lambda: files_coordinator(tmp_path), transform=lambda df: df.repartition(3)
+    )
+    _assert_exactly_once(tmp_path)
+
+
 def test_replayed_batch_writes_nothing(spark: Any, tmp_path: Path) -> None:
     coordinator = files_coordinator(tmp_path, app_id="static-app")
     df = spark.range(0, 500).repartition(2)

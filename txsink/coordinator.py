@@ -202,7 +202,7 @@ class Coordinator:
             timings["precommit"] = time.monotonic() - t0
             # Step 4
             t0 = time.monotonic()
-            self._decide(epoch, round_, handles, rows)
+            self._decide(epoch, round_, handles, rows, {"precommit": timings["precommit"]})
             timings["decide"] = time.monotonic() - t0
             # Step 5
             t0 = time.monotonic()
@@ -450,7 +450,12 @@ class Coordinator:
     # -- step 4: decide ----------------------------------------------------------------
 
     def _decide(
-        self, epoch: int, round_: int, handles: dict[str, list[Handle]], rows: dict[str, int]
+        self,
+        epoch: int,
+        round_: int,
+        handles: dict[str, list[Handle]],
+        rows: dict[str, int],
+        seconds: dict[str, float] | None = None,
     ) -> None:
         from txsink.handles import dump_handle
 
@@ -458,7 +463,10 @@ class Coordinator:
             if self.log.void(epoch, earlier, f"superseded by round {round_}") is not None:
                 self._lost(epoch, round_, handles, f"round {earlier} was decided by another driver")
         docs = {uid: [dump_handle(h) for h in hs] for uid, hs in handles.items()}
-        if not self.log.decide(epoch, round_, docs, {"rows": rows}):
+        stats: dict[str, Any] = {"rows": rows}
+        if seconds:
+            stats["seconds"] = {k: round(v, 6) for k, v in seconds.items()}
+        if not self.log.decide(epoch, round_, docs, stats):
             self._lost(epoch, round_, handles, f"round {round_} was voided by another driver")
         self._fire(CrashPoint.AFTER_DECISION, epoch)
 

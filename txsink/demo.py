@@ -29,7 +29,9 @@ def local_spark(
     """A local SparkSession set up for txsink (workers run this interpreter).
 
     ``fast_start`` trades peak JIT throughput for a ~30% faster JVM start
-    (C1 only, serial GC): right for the demo and tests, not for long jobs.
+    (C1 only, serial GC), and maps Spark's classes from a class-data-sharing archive
+    when one was built (:mod:`txsink._jvmcds`, about half the start again): right for
+    the demo, tests and chaos runs, not for long jobs.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -44,8 +46,11 @@ def local_spark(
         .config("spark.driver.memory", "1g")
     )
     if fast_start:
+        from txsink._jvmcds import java_options
+
         builder = builder.config(
-            "spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+            "spark.driver.extraJavaOptions",
+            f"-XX:TieredStopAtLevel=1 -XX:+UseSerialGC {java_options()}".strip(),
         )
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")

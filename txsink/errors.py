@@ -41,6 +41,8 @@ __all__ = [
     "NonDeterministicReplayError",
     "NonRestoredStateError",
     "RetryableError",
+    "SavepointError",
+    "StateError",
     "TxsinkError",
     "UnsupportedQueryError",
     "WriteError",
@@ -128,6 +130,16 @@ class NonRestoredStateError(ConfigurationError):
 
 class CheckpointMismatchError(ConfigurationError):
     """Spark's checkpoint and the txsink log describe different histories."""
+
+
+class SavepointError(ConfigurationError):
+    """A savepoint cannot be taken or restored (an epoch is decided but not committed,
+    the target log is not empty, the savepoint is incomplete or of another format)."""
+
+
+class StateError(ConfigurationError):
+    """An operation on the txsink log's state (rename a uid, recover or abort by hand)
+    cannot be done safely as asked; the message says what to do first."""
 
 
 class WriteError(TxsinkError):

@@ -11,8 +11,8 @@ Sink specs (JSON objects) name no secret; servers come from environment variable
 - ``{"kind": "postgres", "table": ..., "uid": "pg", "mode": "append", "key": [...],
   "create_table": false, "dsn_env": "TXSINK_TEST_PG_DSN"}`` (falls back to ``TXSINK_PG_DSN``)
 - ``{"kind": "kafka", "topic": ..., "wal": ..., "uid": "kafka", "key": "key", "shards": 2,
-  "mode": "wal", "bootstrap_env": "TXSINK_TEST_KAFKA"}`` (falls back to
-  ``TXSINK_KAFKA_BOOTSTRAP``)
+  "mode": "wal", "bootstrap_env": "TXSINK_TEST_KAFKA", "transactional_id_prefix": "txsink"}``
+  (falls back to ``TXSINK_KAFKA_BOOTSTRAP``)
 - ``{"kind": "s3", "url": "s3://bucket/prefix", "uid": "s3", "format": "parquet",
   "partition_by": []}`` (credentials and endpoint from boto3's chain: ``AWS_*``)
 """
@@ -70,6 +70,7 @@ def build_sink(spec: dict[str, Any]) -> Any:
             key=spec.get("key", "key"),
             shards=spec.get("shards", 2),
             mode=spec.get("mode", "wal"),
+            transactional_id_prefix=spec.get("transactional_id_prefix", "txsink"),
         )
     if kind == "s3":
         from txsink.connectors.s3 import S3Sink

@@ -17,8 +17,10 @@ from __future__ import annotations
 import os
 import random
 import statistics
+import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -114,6 +116,7 @@ def soak(
     modes: Iterable[FaultMode | str] = DEFAULT_MODES,
     probability: float = 1.0,
     max_runs: int = 10,
+    jobs: int = 1,
     on_progress: Callable[[str], None] | None = None,
     on_plan: Callable[[int, ChaosReport, SoakResult], None] | None = None,
 ) -> SoakResult:
@@ -121,7 +124,12 @@ def soak(
 
     ``connectors`` defaults to :func:`available_connectors`. Each plan's folder
     ``workdir/plan-<i>`` is kept (input, outputs, txsink log, checkpoint, fault markers).
+    ``jobs`` plans run at once (each its own queries, tables, topics and buckets; they
+    share the servers and Kafka's marker topic, as pipelines in production do). The plans
+    and the final order of ``reports`` depend only on ``seed``, never on ``jobs``.
     """
+    if jobs < 1:
+        raise ValueError(f"soak: jobs must be at least 1, not {jobs}")
     chosen = list(connectors) if connectors is not None else available_connectors()
     unknown = sorted(set(chosen) - set(CONNECTORS))
     if unknown:
@@ -137,10 +145,13 @@ def soak(
 
     result = SoakResult(seed, chosen)
     seeds = random.Random(seed)  # noqa: S311 - a reproducible soak, not a secret
-    for index in range(plans):
-        plan_seed = seeds.randrange(2**31)
+    plan_seeds = [seeds.randrange(2**31) for _ in range(plans)]
+    lock = threading.Lock()
+    done: dict[int, ChaosReport] = {}
+
+    def run_one(index: int) -> None:
         plan = ChaosPlan.random(
-            plan_seed,
+            plan_seeds[index],
             epochs,
             partitions,
             points=point_list,
@@ -162,9 +173,19 @@ def soak(
             max_runs=max_runs,
             on_progress=on_progress,
         )
-        result.reports.append(report)
-        if on_plan is not None:
-            on_plan(index, report, result)
+        with lock:
+            done[index] = report
+            result.reports = [done[i] for i in sorted(done)]
+            if on_plan is not None:
+                on_plan(index, report, result)
+
+    if jobs == 1:
+        for index in range(plans):
+            run_one(index)
+    else:
+        with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="soak") as pool:
+            for future in [pool.submit(run_one, i) for i in range(plans)]:
+                future.result()
     return result
 
 
@@ -211,6 +232,9 @@ def _sinks(
                     "uid": "kafka",
                     "wal": wal,
                     "bootstrap_env": "TXSINK_KAFKA_BOOTSTRAP",
+                    # Plans are separate pipelines: each its own transactional ids, or
+                    # concurrent plans (--jobs) would fence each other.
+                    "transactional_id_prefix": f"txsink-{unique}",
                 }
             )
             from txsink.testing._kafka import create_topic

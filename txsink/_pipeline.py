@@ -1,0 +1,79 @@
+"""Load a user's sinks for the operator commands (``--pipeline FILE.py:FUNC``).
+
+Operator commands that reach the targets (list lingering transactions, commit or abort
+them) need the sinks configured exactly as the pipeline configures them: the same uids,
+connection settings and credentials. Rather than a second configuration format that could
+drift from the code, they import the pipeline's own factory function.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+from txsink.coordinator import Coordinator
+from txsink.errors import ConfigurationError
+from txsink.sink import TwoPhaseCommitSink
+
+__all__ = ["load_coordinator", "load_sinks"]
+
+
+def _function(spec: str) -> Any:
+    target, sep, name = spec.rpartition(":")
+    if not sep or not target or not name:
+        raise ConfigurationError(
+            f"--pipeline {spec!r}: expected FILE.py:FUNCTION or package.module:FUNCTION"
+        )
+    if target.endswith(".py"):
+        path = Path(target)
+        if not path.is_file():
+            raise ConfigurationError(f"--pipeline {spec!r}: no file {path}")
+        module_name = f"_txsink_pipeline_{abs(hash(str(path.resolve())))}"
+        loaded = importlib.util.spec_from_file_location(module_name, path)
+        if loaded is None or loaded.loader is None:
+            raise ConfigurationError(f"--pipeline {spec!r}: cannot import {path}")
+        module = importlib.util.module_from_spec(loaded)
+        sys.modules[module_name] = module
+        loaded.loader.exec_module(module)
+    else:
+        module = importlib.import_module(target)
+    func = getattr(module, name, None)
+    if not callable(func):
+        raise ConfigurationError(f"--pipeline {spec!r}: {target} has no function {name!r}")
+    return func
+
+
+def load_sinks(spec: str) -> list[TwoPhaseCommitSink[Any, Any]]:
+    """Call ``FUNC()``; it returns a :class:`~txsink.Coordinator`, one sink, or a list."""
+    return _sinks_of(_function(spec)(), spec)
+
+
+def _sinks_of(made: Any, spec: str) -> list[TwoPhaseCommitSink[Any, Any]]:
+    if isinstance(made, Coordinator):
+        return list(made.sinks)
+    if isinstance(made, TwoPhaseCommitSink):
+        return [made]
+    if isinstance(made, (list, tuple)) and all(isinstance(s, TwoPhaseCommitSink) for s in made):
+        return list(made)
+    raise ConfigurationError(
+        f"--pipeline {spec!r} returned {type(made).__name__}: return a Coordinator, a sink "
+        "or a list of sinks (configured as in the pipeline: same uids and settings)"
+    )
+
+
+def load_coordinator(spec: str, log: str) -> Coordinator:
+    """The pipeline's sinks in a coordinator over ``log`` (a returned coordinator's own
+    options, e.g. ``allow_non_restored_state``, are kept)."""
+    made = _function(spec)()
+    if isinstance(made, Coordinator):
+        return Coordinator(
+            made.sinks,
+            log=log,
+            app_id=made.app_id,
+            allow_non_restored_state=made.allow_non_restored_state,
+            retain_epochs=made.retain_epochs,
+        )
+    return Coordinator(_sinks_of(made, spec), log=log)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Protocol, TypeVar
 
 import pytest
@@ -30,6 +31,7 @@ from _services.fixtures import (
     resolve_s3,
     session_finalizers,
 )
+from cross import Cross
 
 # marker -> the session fixture that provides its server
 SERVICE_MARKERS = {
@@ -108,6 +110,12 @@ def s3(_service_finalizers: list[Finalizer]) -> S3Service:
 def schema_registry(_service_finalizers: list[Finalizer]) -> RegistryService:
     """Confluent-compatible Schema Registry: ``.url``, ``.client()``, ``.new_subject()``."""
     return _obtain("registry", resolve_registry, _service_finalizers)
+
+
+@pytest.fixture
+def cross(kafka: KafkaService, postgres: PostgresService, s3: S3Service, tmp_path: Path) -> Cross:
+    """A Kafka topic, a Postgres table and an S3 prefix for one test (``cross.py``)."""
+    return Cross.create(kafka, postgres, s3, tmp_path)
 
 
 @pytest.fixture(autouse=True)

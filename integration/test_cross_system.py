@@ -24,200 +24,22 @@ import json
 import statistics
 import threading
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
-from psycopg import sql
+from cross import FILES, ROWS, Cross, observed
 
 from tests.streaming import CRASH_MATRIX, fault_spec, is_task_point, kill_driver_at_every_point
 from txsink.faults import FaultPlan
 from txsink.testing.hooks import PointHooks
 from txsink.testing.observer import (
-    KafkaTarget,
-    Observer,
     ObserverReport,
-    PostgresTarget,
-    S3ListingTarget,
-    S3ManifestTarget,
     input_epochs,
 )
-from txsink.testing.verifiers import KafkaVerifier, PostgresVerifier, S3Verifier, verify
-from txsink.verify import Verdict
 
 pytestmark = [pytest.mark.chaos, pytest.mark.kafka, pytest.mark.postgres, pytest.mark.s3]
-
-ROWS, FILES = 600, 4
-#: The order the coordinator commits the sinks in. Postgres first: ``during_commit`` (after
-#: the first handle) then leaves one Postgres partition of the epoch visible and nothing
-#: elsewhere, the hardest case for "eventually everywhere"; Kafka (whose WAL-mode handles
-#: commit in ``finish_epoch``) last.
-ORDER = ("postgres", "s3", "kafka")
-DDL = "CREATE TABLE {} (id bigint, key text, amount double precision, payload text)"
-
-
-# -- the three targets -------------------------------------------------------------------
-
-
-@dataclass
-class Cross:
-    """Kafka topic + Postgres table + S3 prefix for one test, and how to reach each.
-
-    ``via`` replaces one target's address (a proxy): the sinks use it, the observer and
-    the verifiers never do.
-    """
-
-    kafka: Any
-    postgres: Any
-    s3: Any
-    tmp: Path
-    topic: str = ""
-    table: str = ""
-    bucket: str = ""
-    uids: dict[str, str] = field(default_factory=dict)
-    via: dict[str, str] = field(default_factory=dict)
-
-    @classmethod
-    def create(cls, kafka: Any, postgres: Any, s3: Any, tmp: Path) -> Cross:
-        cross = cls(kafka, postgres, s3, tmp)
-        cross.topic = kafka.new_topic(3)
-        schema = postgres.new_schema("xs")
-        with postgres.connect() as conn:
-            conn.execute(sql.SQL(DDL).format(sql.Identifier(schema, "events")))
-        cross.table = f"{schema}.events"
-        cross.bucket = s3.new_bucket()
-        tag = uuid.uuid4().hex[:8]
-        cross.uids = {"kafka": f"k{tag}", "postgres": schema, "s3": f"s{tag}"}
-        return cross
-
-    @property
-    def wal(self) -> Path:
-        return self.tmp / "wal"
-
-    @property
-    def log(self) -> str:
-        return str(self.tmp / "txlog")
-
-    @property
-    def url(self) -> str:
-        return f"s3://{self.bucket}/out"
-
-    def s3_options(self, endpoint: str | None = None, **config: Any) -> dict[str, Any]:
-        from botocore.config import Config
-
-        options: dict[str, Any] = {
-            "s3": {"addressing_style": "path"},
-            "retries": {"max_attempts": 2, "mode": "standard"},
-            "connect_timeout": 2,
-            "read_timeout": 3,
-        }
-        options.update(config)
-        return {
-            "endpoint_url": endpoint or self.s3.endpoint,
-            "aws_access_key_id": self.s3.access_key,
-            "aws_secret_access_key": self.s3.secret_key,
-            "region_name": self.s3.region,
-            "config": Config(**options),
-        }
-
-    def sinks(self) -> list[Any]:
-        from txsink.connectors.kafka import KafkaSink
-        from txsink.connectors.postgres import PostgresSink
-        from txsink.connectors.s3 import S3Sink
-
-        built = {
-            "kafka": KafkaSink(
-                self.via.get("kafka", self.kafka.bootstrap),
-                self.topic,
-                uid=self.uids["kafka"],
-                wal=self.wal,
-                key="key",
-                shards=2,
-                mode="wal",
-                timeout_s=10.0,
-            ),
-            "postgres": PostgresSink(
-                self.via.get("postgres", self.postgres.dsn),
-                self.table,
-                uid=self.uids["postgres"],
-                connect_kwargs={"connect_timeout": 5},
-            ),
-            "s3": S3Sink(
-                self.url,
-                self.uids["s3"],
-                client_options=self.s3_options(self.via.get("s3")),
-            ),
-        }
-        return [built[name] for name in ORDER]
-
-    def coordinator(self, faults: FaultPlan | None = None) -> Any:
-        from txsink import Coordinator
-
-        return Coordinator(self.sinks(), log=self.log, faults=faults)
-
-    def specs(self) -> list[dict[str, Any]]:
-        """The same sinks for ``txsink.testing.pipelines`` in a child process."""
-        specs = {
-            "kafka": {
-                "kind": "kafka",
-                "topic": self.topic,
-                "uid": self.uids["kafka"],
-                "wal": str(self.wal),
-            },
-            "postgres": {"kind": "postgres", "table": self.table, "uid": self.uids["postgres"]},
-            "s3": {"kind": "s3", "url": self.url, "uid": self.uids["s3"]},
-        }
-        return [specs[name] for name in ORDER]
-
-    def child_env(self) -> dict[str, str]:
-        return {
-            "TXSINK_TEST_KAFKA": self.kafka.bootstrap,
-            "TXSINK_TEST_PG_DSN": self.postgres.dsn,
-            "AWS_ACCESS_KEY_ID": self.s3.access_key,
-            "AWS_SECRET_ACCESS_KEY": self.s3.secret_key,
-            "AWS_ENDPOINT_URL_S3": self.s3.endpoint,
-            "AWS_DEFAULT_REGION": self.s3.region,
-        }
-
-    def observer(self, expected: dict[int, list[int]]) -> Observer:
-        direct = self.s3_options()
-        return Observer(
-            [
-                KafkaTarget(self.kafka.bootstrap, self.topic),
-                PostgresTarget(self.postgres.dsn, self.table),
-                S3ManifestTarget(self.url, uid=self.uids["s3"], client_options=direct),
-                S3ListingTarget(self.url, client_options=direct),
-                KafkaTarget(self.kafka.bootstrap, self.topic, isolation="read_uncommitted"),
-            ],
-            expected,
-            interval=0.075,
-        )
-
-    def verdicts(self, rows: int) -> dict[str, Verdict]:
-        expected = range(rows)
-        return {
-            "kafka": verify(
-                KafkaVerifier(self.kafka.bootstrap, self.topic, expected, wal=str(self.wal))
-            ),
-            "postgres": verify(
-                PostgresVerifier(
-                    self.postgres.dsn, self.table, expected, self.uids["postgres"], log=self.log
-                )
-            ),
-            "s3": verify(
-                S3Verifier(self.url, expected, self.uids["s3"], client_options=self.s3_options())
-            ),
-        }
-
-    def assert_exactly_once(self, rows: int, report: ObserverReport) -> None:
-        verdicts = self.verdicts(rows)
-        bad = {name: v for name, v in verdicts.items() if not v.ok}
-        assert not bad, f"not exactly-once: {bad}\n{report.table()}"
-        report.assert_ok()
-
 
 # -- skew bookkeeping --------------------------------------------------------------------
 
@@ -275,22 +97,6 @@ def skew_log(request: pytest.FixtureRequest) -> Iterator[SkewLog]:
             print(line)
 
 
-@pytest.fixture
-def cross(kafka: Any, postgres: Any, s3: Any, tmp_path: Path) -> Cross:
-    return Cross.create(kafka, postgres, s3, tmp_path)
-
-
-def _observed(
-    cross: Cross, run: Callable[[], None], *, expected: dict[int, list[int]]
-) -> ObserverReport:
-    observer = cross.observer(expected).start()
-    try:
-        run()
-    finally:
-        report = observer.stop()
-    return report
-
-
 # -- the crash matrix --------------------------------------------------------------------
 
 
@@ -308,7 +114,7 @@ def test_cross_system_crash_matrix(
     def run() -> None:
         restarts.append(run_until_done(spark, cross.tmp, lambda: cross.coordinator(plan))[0])
 
-    report = _observed(cross, run, expected=input_epochs(cross.tmp / "input"))
+    report = observed(cross, run, expected=input_epochs(cross.tmp / "input"))
     skew_log.add(f"{point}:{mode}*{times}", report)
     assert len(plan.fired()) == len(plan.faults) * times, "the fault never fired"
     if not (is_task_point(point) and times == 1):
@@ -338,7 +144,7 @@ def test_crash_mid_commit_shows_part_of_an_epoch_until_the_restart(
         time.sleep(1.0)  # let the observer see the in-between state
         start_query(spark, cross.tmp, cross.coordinator()).awaitTermination()
 
-    report = _observed(cross, run, expected=input_epochs(cross.tmp / "input"))
+    report = observed(cross, run, expected=input_epochs(cross.tmp / "input"))
     skew_log.add("during_commit+pause", report)
     cross.assert_exactly_once(ROWS, report)
     epoch1 = report.epochs[1]
@@ -361,7 +167,7 @@ def test_kill_driver_at_every_point(cross: Cross, skew_log: SkewLog) -> None:
     def run() -> None:
         kill_driver_at_every_point(cross.tmp, cross.specs(), cross.child_env(), rows=rows)
 
-    report = _observed(cross, run, expected=expected)
+    report = observed(cross, run, expected=expected)
     skew_log.add("kill-driver at every point", report)
     cross.assert_exactly_once(rows, report)
 
@@ -444,7 +250,7 @@ def test_network_fault_to_one_target(
             restarts.append(run_until_done(spark, cross.tmp, make, max_runs=6)[0])
 
     try:
-        report = _observed(cross, run, expected=input_epochs(cross.tmp / "input"))
+        report = observed(cross, run, expected=input_epochs(cross.tmp / "input"))
     finally:
         for timer in timers:
             timer.cancel()

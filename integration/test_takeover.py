@@ -23,11 +23,10 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
-from test_cross_system import FILES, ROWS, Cross, _observed
+from cross import FILES, ROWS, Cross, observed
 
 from tests.streaming import prepare_input, run_until_done, start_query
 from txsink.faults import FaultPlan
@@ -49,11 +48,6 @@ ZOMBIE_POINTS: dict[str, str] = {
     # A committed one handle; B commits the rest: the same as above.
     "during_commit": "CONCURRENT_STREAM_LOG_UPDATE",
 }
-
-
-@pytest.fixture
-def cross(kafka: Any, postgres: Any, s3: Any, tmp_path: Path) -> Cross:
-    return Cross.create(kafka, postgres, s3, tmp_path)
 
 
 def _run_driver_b(cross: Cross, partitions: int = 2) -> subprocess.CompletedProcess[str]:
@@ -90,7 +84,7 @@ def test_stale_driver_resumed_after_a_takeover_changes_nothing(
             except StreamingQueryException as err:
                 failure.append(err)
 
-    report = _observed(cross, run, expected=input_epochs(cross.tmp / "input"))
+    report = observed(cross, run, expected=input_epochs(cross.tmp / "input"))
     print(f"\n[zombie at {point}] {report.table()}")
     assert not hooks.errors, hooks.errors
     assert takeover, "driver A never reached the point; driver B never ran"
@@ -123,7 +117,7 @@ def test_restart_with_another_partition_count(spark: Any, cross: Cross, point: s
             )[0]
         )
 
-    report = _observed(cross, run, expected=input_epochs(cross.tmp / "input"))
+    report = observed(cross, run, expected=input_epochs(cross.tmp / "input"))
     print(f"\n[rescale 2->3 at {point}] {report.table()}")
     assert plan.fired(), "the fault never fired"
     cross.assert_exactly_once(ROWS, report)

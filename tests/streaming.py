@@ -5,9 +5,13 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from txsink import Coordinator
 from txsink.demo import make_input
@@ -18,6 +22,25 @@ SCHEMA = "id long, key string, amount double, payload string"
 def prepare_input(workdir: Path, rows: int = 1000, files: int = 4) -> Path:
     make_input(workdir / "input", rows, files)
     return workdir / "input"
+
+
+def append_input(folder: Path, first_id: int, rows: int, first_file: int, files: int = 1) -> None:
+    """More files after the existing ones (newer modification times, new ids)."""
+    per = -(-rows // files)
+    for i in range(files):
+        ids = range(first_id + i * per, first_id + min(rows, (i + 1) * per))
+        table = pa.table(
+            {
+                "id": pa.array(ids, pa.int64()),
+                "key": pa.array([f"k{n % 97}" for n in ids]),
+                "amount": pa.array([n / 100 for n in ids], pa.float64()),
+                "payload": pa.array([f"event-{n:09d}" for n in ids]),
+            }
+        )
+        path = folder / f"input-{first_file + i:04d}.parquet"
+        pq.write_table(table, path)
+        stamp = time.time() + i
+        os.utime(path, (stamp, stamp))
 
 
 def start_query(

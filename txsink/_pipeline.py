@@ -66,7 +66,7 @@ def _sinks_of(made: Any, spec: str) -> list[TwoPhaseCommitSink[Any, Any]]:
 
 def load_coordinator(spec: str, log: str) -> Coordinator:
     """The pipeline's sinks in a coordinator over ``log`` (a returned coordinator's own
-    options, e.g. ``allow_non_restored_state``, are kept)."""
+    options, e.g. ``allow_non_restored_state`` and ``retired``, are kept)."""
     made = _function(spec)()
     if isinstance(made, Coordinator):
         return Coordinator(
@@ -74,6 +74,7 @@ def load_coordinator(spec: str, log: str) -> Coordinator:
             log=log,
             app_id=made.app_id,
             allow_non_restored_state=made.allow_non_restored_state,
+            retired=made.retired,
             retain_epochs=made.retain_epochs,
         )
     return Coordinator(_sinks_of(made, spec), log=log)

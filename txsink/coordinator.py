@@ -39,11 +39,13 @@ from txsink.errors import (
     EpochAbortedError,
     FencedError,
     NonRestoredStateError,
+    StateError,
     TxsinkError,
 )
 from txsink.faults import CrashPoint, FaultPlan
 from txsink.handles import Handle, load_handle
 from txsink.log import EpochDecision, LogStore, TxLog, open_log
+from txsink.recovery import ActionKind, RecoveryAction
 from txsink.sink import TwoPhaseCommitSink
 from txsink.txid import check_name
 
@@ -55,6 +57,9 @@ __all__ = ["Coordinator", "EpochResult"]
 
 AnySink = TwoPhaseCommitSink[Any, Any]
 Precommit = Callable[[TaskPlan], list[Ack]]
+_COMMITS = (ActionKind.COMMIT, ActionKind.COMMIT_FROM_DATA)
+_ABORTS = (ActionKind.ABORT, ActionKind.ABORT_PRUNED, ActionKind.ABORT_NOT_RESTORED)
+_TARGET_ACTIONS = (ActionKind.COMMIT, *_ABORTS)
 
 
 @dataclass(frozen=True)
@@ -81,8 +86,28 @@ class Coordinator:
         allow_non_restored_state: start even if the log holds pending handles
             for a sink uid that is not configured any more (they are skipped
             and reported in the epoch's committed record).
+        retired: sinks removed from the pipeline, kept only so recovery can clean
+            up after them. They are never written: no pre-commit, no commit of a
+            new epoch. Recovery aborts their lingering prepared transactions (which
+            would otherwise hold Postgres locks, S3 multipart uploads or WAL files
+            forever: a sink simply left out is never listed again). Their decided
+            but uncommitted handles are aborted only with
+            ``allow_non_restored_state=True``, recorded in the epoch's
+            ``committed.json`` as ``not_restored`` and logged as a WARNING.
+            The trade-off: that epoch's rows then exist in the other targets and
+            never in the retired one — the one place where atomicity across
+            targets is given up, on purpose and on record. Without the flag the
+            coordinator raises :class:`~txsink.errors.NonRestoredStateError`, and
+            keeping the sink configured one more run (recovery commits the
+            decision) is the lossless way out.
         retain_epochs: how many epochs of records the log keeps.
         faults: a fault plan, its text form, or ``None`` to read ``TXSINK_FAULT``.
+        from_savepoint: a savepoint (``txsink savepoint create``) to start from: on
+            first use, an empty ``log`` is filled from it (a restore cut short is
+            completed; a log that has moved on since is left alone). Spark reads its
+            checkpoint before ``foreachBatch`` runs, so the checkpoint copy must be
+            restored before the query starts (``txsink savepoint restore
+            --checkpoint``); see docs/upgrades.md.
     """
 
     def __init__(
@@ -92,17 +117,22 @@ class Coordinator:
         log: str | os.PathLike[str] | LogStore | TxLog,
         app_id: str | None = None,
         allow_non_restored_state: bool = False,
+        retired: Sequence[AnySink] = (),
         retain_epochs: int = 100,
         faults: FaultPlan | str | None = None,
+        from_savepoint: str | os.PathLike[str] | LogStore | TxLog | None = None,
     ) -> None:
         self.sinks: tuple[AnySink, ...] = (
             (sinks,) if isinstance(sinks, TwoPhaseCommitSink) else tuple(sinks)
         )
         if not self.sinks:
             raise ValueError("Coordinator needs at least one sink")
-        uids = [s.uid for s in self.sinks]
+        self.retired: tuple[AnySink, ...] = tuple(retired)
+        uids = [s.uid for s in (*self.sinks, *self.retired)]
         if len(set(uids)) != len(uids):
-            raise ValueError(f"sink uids must be unique within a coordinator, got {uids}")
+            raise ValueError(
+                f"sink uids must be unique within a coordinator (sinks and retired), got {uids}"
+            )
         if retain_epochs < 1:
             raise ValueError("retain_epochs must be >= 1")
         self.log = log if isinstance(log, TxLog) else open_log(log)
@@ -112,6 +142,8 @@ class Coordinator:
         self.faults = FaultPlan.parse(faults) if isinstance(faults, str) else faults
         if self.faults is None:
             self.faults = FaultPlan.from_env()
+        self.from_savepoint = from_savepoint
+        self._restored = from_savepoint is None
         self._bound_app: str | None = None
         self._checked_queries: set[str] = set()
         self._checked_schema: pa.Schema | None = None
@@ -155,6 +187,75 @@ class Coordinator:
             last = self.log.last_committed()
             epoch = 0 if last is None else last + 1
         return self._run_spark_epoch(epoch, df, app_id)
+
+    @final
+    def recovery_plan(self, app_id: str | None = None) -> list[RecoveryAction]:
+        """What :meth:`recover` would do now, in order; changes nothing (a dry run).
+
+        ``app_id`` defaults to the coordinator's, else the log's. Raises
+        :class:`~txsink.errors.NonRestoredStateError` as recovery would.
+        """
+        return self._plan(self._operator_app(app_id))
+
+    @final
+    def recover(self, app_id: str | None = None, *, dry_run: bool = False) -> list[RecoveryAction]:
+        """Run recovery now, outside a query (an operator's ``txsink recover``).
+
+        The same plan and execution a query runs before its first epoch: commit
+        every decided-but-uncommitted epoch and mark it committed; void, then
+        abort, every prepared transaction no decision names. Returns the actions
+        done (with ``dry_run``, the plan). A sink that commits by re-reading the
+        epoch's rows (Kafka replay mode) cannot be finished here: that raises
+        :class:`~txsink.errors.CommitError` saying to restart the query. Run it
+        while the query is stopped: a running query's in-flight round is voided.
+        """
+        app = self._operator_app(app_id)
+        plan = self._plan(app)
+        if dry_run:
+            return plan
+        done = self._execute(plan)
+        self._needs_recovery = True  # the next epoch looks again
+        return done
+
+    @final
+    def abort(
+        self, app_id: str | None = None, *, epoch: int | None = None, dry_run: bool = False
+    ) -> list[RecoveryAction]:
+        """Abort lingering, undecided prepared transactions by hand (``txsink abort``).
+
+        Each one's round is voided first, so no zombie driver can decide it
+        afterwards. ``epoch`` limits the abort to one epoch. A decided epoch is
+        never aborted — its decision stands and :meth:`recover` commits it — so
+        naming one raises :class:`~txsink.errors.StateError`, unless only
+        removed or retired sinks hold its handles: then their share is given up
+        as with ``allow_non_restored_state`` (retired sinks' handles aborted, the
+        epoch marked committed with them as ``not_restored``). Without ``epoch``
+        decided epochs are left alone. Returns the actions done (or the plan).
+        """
+        app = self._operator_app(app_id)
+        plan = self._plan(app, abort=True, epoch=epoch)
+        if dry_run:
+            return plan
+        done = self._execute(plan)
+        self._needs_recovery = True
+        return done
+
+    def _operator_app(self, app_id: str | None) -> str:
+        """The app id for an operator's call, checked against the log (which must exist)."""
+        meta = self.log.meta()
+        if meta is None:
+            raise StateError(
+                f"there is no txsink log at {self.log.location} (no meta.json): nothing to "
+                "recover or abort. Check the --log location"
+            )
+        owner = str(meta["app_id"])
+        app = app_id or self.app_id or owner
+        if app != owner:
+            raise CheckpointMismatchError(
+                f"the txsink log at {self.log.location} belongs to app {owner!r}, not {app!r}: "
+                "pass the log of that app, or its app id"
+            )
+        return app
 
     def _run_spark_epoch(self, epoch: int, df: DataFrame, app_id: str) -> EpochResult:
         data = self._partitioned(df)
@@ -235,106 +336,318 @@ class Coordinator:
         self._needs_recovery = False
 
     def _recover(self, app_id: str, data: Any = None, current: int | None = None) -> None:
-        acted = False
-        for pending in self.log.pending():
-            acted |= self._finish_decided(pending, data if pending.epoch == current else None)
-        epochs = self.log.epochs()
-        floor = epochs[0] if epochs else None
-        decisions: dict[int, EpochDecision | None] = {}
-        for sink in self.sinks:
-            for handle in list(sink.list_prepared(app_id)):
-                txn = handle.txn
-                log = self._log.bind(uid=sink.uid, epoch=txn.epoch)
-                if floor is not None and txn.epoch < floor:
-                    # Its epoch's records were pruned long after it committed: garbage.
-                    log.info("recovery aborts lingering transaction %s (pruned epoch)", txn)
-                    sink.abort(handle)
-                    continue
-                if txn.epoch not in decisions:
-                    decisions[txn.epoch] = self.log.decision(txn.epoch)
-                decision: EpochDecision | None = decisions[txn.epoch]
-                if decision is None:
-                    # Fence the round first: once void, no zombie can decide it.
-                    decision = self.log.void(txn.epoch, txn.round, "aborted by recovery")
-                    decisions[txn.epoch] = decision
-                    if decision is not None and self.log.committed(txn.epoch) is None:
-                        # A zombie decided between our scan and the void: finish its epoch.
-                        self._finish_decided(decision, data if txn.epoch == current else None)
-                if decision is not None and str(txn) in decision.txn_names():
-                    # Commit what the decision recorded, never the listed stand-in:
-                    # a listed handle may not carry everything commit needs.
-                    decided = self._decided_handle(decision, sink.uid, str(txn))
-                    log.warning("recovery commits decided transaction %s", txn)
-                    self._commit_one(sink, decided, txn.epoch)
-                else:
-                    log.info("recovery aborts lingering transaction %s", txn)
-                    sink.abort(handle)
-                if not acted:
-                    acted = True
-                    self._fire(CrashPoint.DURING_RECOVERY, txn.epoch)
+        """Step 1: the same plan and execution an operator's :meth:`recover` runs."""
+        self._execute(self._plan(app_id), data, current)
 
-    @staticmethod
-    def _decided_handle(decision: EpochDecision, uid: str, name: str) -> Handle:
-        for doc in decision.handles.get(uid, []):
-            if doc["data"]["txn"] == name:
-                return load_handle(doc, sink_uid=uid)
-        raise CommitError(
-            f"decision of epoch {decision.epoch} names {name} without its handle",
-            sink_uid=uid,
-            epoch=decision.epoch,
-        )
+    # -- recovery: plan ------------------------------------------------------------------
 
-    def _finish_decided(self, decision: EpochDecision, data: Any = None) -> bool:
-        """Commit every handle of a decided epoch, then mark it committed.
+    def _plan(
+        self, app_id: str, *, abort: bool = False, epoch: int | None = None
+    ) -> list[RecoveryAction]:
+        """What recovery (or, with ``abort``, the operator's abort) would do now.
 
-        ``data`` is that epoch's rows when this call is its replay (needed by
-        sinks that commit from data).
+        Reads the log and lists the sinks' prepared transactions; changes nothing.
+        ``abort``: decided epochs are left alone (their decision stands), except
+        ``epoch`` when only removed or retired sinks hold its handles; ``epoch``
+        limits an abort to one epoch.
         """
-        epoch = decision.epoch
+        actions: list[RecoveryAction] = []
+        covered: set[str] = set()  # transactions a pending decision's finish handles
+        for decision in self.log.pending():
+            covered |= decision.txn_names()
+            if not abort:
+                actions += self._plan_finish(decision, self.allow_non_restored_state)
+            elif decision.epoch == epoch:
+                actions += self._plan_give_up(decision)
+        lingering = self._plan_lingering(app_id, covered)
+        if abort:
+            lingering = [
+                a
+                for a in lingering
+                if a.kind is not ActionKind.COMMIT and (epoch is None or a.epoch == epoch)
+            ]
+        return actions + lingering
+
+    def _plan_finish(self, decision: EpochDecision, allow: bool) -> list[RecoveryAction]:
+        """Commit every handle of a decided epoch, then mark it committed."""
+        epoch, round_ = decision.epoch, decision.round
         configured = {s.uid for s in self.sinks}
+        retired = {s.uid for s in self.retired}
         missing = tuple(
             sorted(u for u, docs in decision.handles.items() if docs and u not in configured)
         )
-        if missing and not self.allow_non_restored_state:
+        if missing and not allow:
             raise NonRestoredStateError(
                 f"the txsink log holds decided, uncommitted handles of epoch {epoch} for sink "
                 f"uid(s) {list(missing)} that this coordinator does not configure "
-                f"(configured: {sorted(configured)}). Add the sink back with the same uid so "
-                "recovery can commit them, or pass allow_non_restored_state=True to skip them "
-                "(their rows of that epoch will not be written)",
+                f"(configured: {sorted(configured)}, retired: {sorted(retired)}). Add the sink "
+                "back with the same uid so recovery can commit them, or pass "
+                "allow_non_restored_state=True to skip them (or, for a retired sink, abort "
+                "them): their rows of that epoch will not be written",
                 epoch=epoch,
             )
-        log = self._log.bind(epoch=epoch)
-        log.warning("recovery finishes decided epoch %d (round %d)", epoch, decision.round)
-        handles = self._load(decision)
-        first = True
+        why = f"decided epoch {epoch} round {round_}"
+        actions: list[RecoveryAction] = []
+        handles = {s.uid: self._decided(decision, s.uid) for s in (*self.sinks, *self.retired)}
         for sink in self.sinks:
-            if sink.commits_from_data:
-                if handles.get(sink.uid) and data is None:
-                    raise CommitError(
-                        f"epoch {epoch} is decided, and sink {sink.uid} commits it by reading its "
-                        "rows again, which only the replay of that epoch provides: restart the "
-                        "query from its checkpoint (Spark replays the epoch) to finish it",
-                        sink_uid=sink.uid,
-                        epoch=epoch,
-                        phase="recover",
+            mine = handles[sink.uid]
+            if sink.commits_from_data and mine:
+                actions.append(
+                    RecoveryAction(
+                        ActionKind.COMMIT_FROM_DATA, epoch, round_, sink.uid, None, why, mine
                     )
-                self._commit_from_data(sink, data, epoch, handles.get(sink.uid, []))
-                if first and handles.get(sink.uid):
-                    first = False
-                    self._fire(CrashPoint.DURING_RECOVERY, epoch)
+                )
+            elif not sink.commits_from_data:
+                actions += [
+                    RecoveryAction(
+                        ActionKind.COMMIT, epoch, round_, sink.uid, str(h.txn), why, (h,)
+                    )
+                    for h in mine
+                ]
+        for uid in missing:
+            if uid in retired:
+                actions += [
+                    RecoveryAction(
+                        ActionKind.ABORT_NOT_RESTORED,
+                        epoch,
+                        round_,
+                        uid,
+                        str(h.txn),
+                        f"{why}, sink retired",
+                        (h,),
+                    )
+                    for h in handles[uid]
+                ]
+            else:
+                n = len(decision.handles[uid])
+                actions.append(
+                    RecoveryAction(
+                        ActionKind.SKIP_NOT_RESTORED,
+                        epoch,
+                        round_,
+                        uid,
+                        reason=f"{why}: {n} handle(s) of a sink not configured stay prepared",
+                    )
+                )
+        actions += [
+            RecoveryAction(ActionKind.FINISH_EPOCH, epoch, round_, s.uid, handles=handles[s.uid])
+            for s in self.sinks
+        ]
+        actions.append(
+            RecoveryAction(ActionKind.MARK_COMMITTED, epoch, round_, not_restored=missing)
+        )
+        return actions
+
+    def _plan_give_up(self, decision: EpochDecision) -> list[RecoveryAction]:
+        """An operator's abort of a decided epoch: only removed and retired sinks' share."""
+        configured = {s.uid for s in self.sinks}
+        live = sorted(u for u, docs in decision.handles.items() if docs and u in configured)
+        if live:
+            raise StateError(
+                f"epoch {decision.epoch} is decided (round {decision.round}): its decision "
+                f"stands, and sink(s) {live} hold handles of it. A decided epoch cannot be "
+                "aborted: `txsink recover` commits it. To drop the share of a sink removed "
+                "from the pipeline, configure that sink as retired=[...] (or leave it out) "
+                "and run recover with allow_non_restored_state=True",
+                epoch=decision.epoch,
+                phase="abort",
+            )
+        return self._plan_finish(decision, allow=True)
+
+    def _plan_lingering(self, app_id: str, covered: set[str]) -> list[RecoveryAction]:
+        """Every prepared transaction no pending decision covers: commit, or void + abort."""
+        epochs = self.log.epochs()
+        floor = epochs[0] if epochs else None
+        decisions: dict[int, EpochDecision | None] = {}
+        voided: set[tuple[int, int]] = set()
+        actions: list[RecoveryAction] = []
+        for sink in (*self.sinks, *self.retired):
+            retired = sink in self.retired
+            for handle in list(sink.list_prepared(app_id)):
+                txn = handle.txn
+                name = str(txn)
+                if name in covered:
+                    continue
+                if floor is not None and txn.epoch < floor:
+                    why = "its epoch's records were pruned after it committed"
+                    actions.append(self._abort_action(ActionKind.ABORT_PRUNED, sink, handle, why))
+                    continue
+                if txn.epoch not in decisions:
+                    decisions[txn.epoch] = self.log.decision(txn.epoch)
+                decision = decisions[txn.epoch]
+                if decision is None:
+                    if (txn.epoch, txn.round) not in voided:
+                        voided.add((txn.epoch, txn.round))
+                        actions.append(
+                            RecoveryAction(
+                                ActionKind.VOID,
+                                txn.epoch,
+                                txn.round,
+                                reason="undecided: no driver can decide it afterwards",
+                            )
+                        )
+                    why = f"epoch {txn.epoch} round {txn.round} is undecided"
+                    actions.append(self._abort_action(ActionKind.ABORT, sink, handle, why))
+                elif name not in decision.txn_names():
+                    why = f"an attempt decided epoch {txn.epoch} round {decision.round} did not use"
+                    actions.append(self._abort_action(ActionKind.ABORT, sink, handle, why))
+                elif retired and self._given_up(txn.epoch, sink.uid):
+                    why = f"decided epoch {txn.epoch} committed without it (not restored)"
+                    actions.append(
+                        self._abort_action(ActionKind.ABORT_NOT_RESTORED, sink, handle, why)
+                    )
+                else:
+                    # Commit what the decision recorded, never the listed stand-in:
+                    # a listed handle may not carry everything commit needs.
+                    (decided,) = [
+                        h for h in self._decided(decision, sink.uid) if str(h.txn) == name
+                    ]
+                    actions.append(
+                        RecoveryAction(
+                            ActionKind.COMMIT,
+                            txn.epoch,
+                            txn.round,
+                            sink.uid,
+                            name,
+                            f"decided epoch {txn.epoch}, still prepared",
+                            (decided,),
+                        )
+                    )
+        return actions
+
+    def _given_up(self, epoch: int, uid: str) -> bool:
+        record = self.log.committed(epoch)
+        return record is not None and uid in record.not_restored
+
+    @staticmethod
+    def _abort_action(kind: ActionKind, sink: AnySink, handle: Handle, why: str) -> RecoveryAction:
+        txn = handle.txn
+        return RecoveryAction(kind, txn.epoch, txn.round, sink.uid, str(txn), why, (handle,))
+
+    @staticmethod
+    def _decided(decision: EpochDecision, uid: str) -> tuple[Handle, ...]:
+        return tuple(load_handle(doc, sink_uid=uid) for doc in decision.handles.get(uid, []))
+
+    # -- recovery: execute -------------------------------------------------------------
+
+    def _execute(
+        self, actions: list[RecoveryAction], data: Any = None, current: int | None = None
+    ) -> list[RecoveryAction]:
+        """Run a plan in order; returns what was done (a lost void changes the plan).
+
+        ``data`` is the rows of epoch ``current`` when this runs inside its replay
+        (sinks that commit from data need them). ``during_recovery`` fires after the
+        first commit of each epoch finished, or after the first other commit or
+        abort when no epoch needed finishing.
+        """
+        finishing = {a.epoch for a in actions if a.kind is ActionKind.MARK_COMMITTED}
+        fired: set[int] = set()
+        acted = bool(finishing)
+        lost: dict[tuple[int, int], EpochDecision] = {}
+        done: list[RecoveryAction] = []
+        announced: set[int] = set()
+        for planned in actions:
+            if planned.epoch in finishing and planned.epoch not in announced:
+                announced.add(planned.epoch)
+                self._log.bind(epoch=planned.epoch).warning(
+                    "recovery finishes decided epoch %d (round %s)", planned.epoch, planned.round
+                )
+            if planned.kind is ActionKind.VOID:
+                done += self._void(planned, lost, data, current)
                 continue
-            for handle in handles.get(sink.uid, []):
-                self._commit_one(sink, handle, epoch)
-                if first:
-                    first = False
-                    self._fire(CrashPoint.DURING_RECOVERY, epoch)
-        for sink in self.sinks:
-            sink.finish_epoch(epoch, handles.get(sink.uid, []))
-        if missing:
-            log.warning("skipped handles of unconfigured sink uid(s) %s", list(missing))
-        self.log.mark_committed(epoch, decision.round, not_restored=missing)
-        return True
+            action = self._run_action(
+                planned, lost.get((planned.epoch, planned.round or 0)), data, current
+            )
+            done.append(action)
+            if action.kind in _COMMITS and action.epoch in finishing:
+                if action.epoch not in fired:
+                    fired.add(action.epoch)
+                    self._fire(CrashPoint.DURING_RECOVERY, action.epoch)
+            elif action.kind in _TARGET_ACTIONS and not acted:
+                acted = True
+                self._fire(CrashPoint.DURING_RECOVERY, action.epoch)
+        return done
+
+    def _void(
+        self,
+        action: RecoveryAction,
+        lost: dict[tuple[int, int], EpochDecision],
+        data: Any,
+        current: int | None,
+    ) -> list[RecoveryAction]:
+        """Void an undecided round; if a zombie decided it meanwhile, finish its epoch."""
+        epoch, round_ = action.epoch, action.round or 0
+        decision = self.log.void(epoch, round_, "aborted by recovery")
+        if decision is None:
+            return [action]
+        lost[(epoch, round_)] = decision
+        self._log.bind(epoch=epoch).warning("round %d was decided meanwhile: finishing it", round_)
+        if self.log.committed(epoch) is not None:
+            return []
+        plan = self._plan_finish(decision, self.allow_non_restored_state)
+        return self._execute(plan, data if epoch == current else None, current)
+
+    def _run_action(
+        self, action: RecoveryAction, lost: EpochDecision | None, data: Any, current: int | None
+    ) -> RecoveryAction:
+        """Do one planned step (never a void); returns what was done."""
+        kind, epoch = action.kind, action.epoch
+        log = self._log.bind(uid=action.sink_uid, epoch=epoch)
+        if kind is ActionKind.MARK_COMMITTED:
+            if action.not_restored:
+                log.warning(
+                    "epoch %d committed WITHOUT sink uid(s) %s: their decided rows of this "
+                    "epoch are not written (allow_non_restored_state)",
+                    epoch,
+                    list(action.not_restored),
+                )
+            self.log.mark_committed(epoch, action.round or 0, not_restored=action.not_restored)
+            log.info("recovery finished decided epoch %d", epoch)
+            return action
+        if kind is ActionKind.SKIP_NOT_RESTORED:
+            log.warning("recovery skips decided handles of unconfigured sink %s", action.sink_uid)
+            return action
+        sink = self._sink(action.sink_uid)
+        if kind in _ABORTS and lost is not None and action.txn in lost.txn_names():
+            # Its round was decided between our scan and the void: commit, never abort.
+            (decided,) = [h for h in self._decided(lost, sink.uid) if str(h.txn) == action.txn]
+            action = RecoveryAction(
+                ActionKind.COMMIT,
+                epoch,
+                action.round,
+                sink.uid,
+                action.txn,
+                "decided by another driver meanwhile",
+                (decided,),
+            )
+            kind = action.kind
+        if kind in _ABORTS:
+            level = log.warning if kind is ActionKind.ABORT_NOT_RESTORED else log.info
+            level("recovery aborts %s (%s)", action.txn, action.reason)
+            sink.abort(action.handles[0])
+        elif kind is ActionKind.COMMIT:
+            log.warning("recovery commits decided transaction %s", action.txn)
+            self._commit_one(sink, action.handles[0], epoch)
+        elif kind is ActionKind.COMMIT_FROM_DATA:
+            if epoch != current or data is None:
+                raise CommitError(
+                    f"epoch {epoch} is decided, and sink {sink.uid} commits it by reading its "
+                    "rows again, which only the replay of that epoch provides: restart the "
+                    "query from its checkpoint (Spark replays the epoch) to finish it",
+                    sink_uid=sink.uid,
+                    epoch=epoch,
+                    phase="recover",
+                )
+            self._commit_from_data(sink, data, epoch, list(action.handles))
+        elif kind is ActionKind.FINISH_EPOCH:
+            sink.finish_epoch(epoch, list(action.handles))
+        return action
+
+    def _sink(self, uid: str | None) -> AnySink:
+        for sink in (*self.sinks, *self.retired):
+            if sink.uid == uid:
+                return sink
+        raise ValueError(f"no sink {uid!r} in this coordinator")  # plans name only ours
 
     # -- step 2: skip ----------------------------------------------------------------
 
@@ -556,14 +869,26 @@ class Coordinator:
 
     # -- helpers ---------------------------------------------------------------------
 
+    def _restore_once(self) -> None:
+        """Fill an empty log from ``from_savepoint`` (once per coordinator)."""
+        if self._restored or self.from_savepoint is None:
+            return
+        from txsink.savepoint import restore_if_empty
+
+        if restore_if_empty(self.from_savepoint, self.log):
+            self._log.info("restored the txsink log from savepoint %s", self.from_savepoint)
+        self._restored = True
+
     def _bind(self, app_id: str) -> None:
         if self._bound_app != app_id:
+            self._restore_once()
             self.log.bind_app(app_id)
             self._bound_app = app_id
             self._last_committed = None
             self._needs_recovery = True
 
     def _app_from_log(self) -> str:
+        self._restore_once()
         meta = self.log.meta()
         if meta is None:
             raise ConfigurationError(
@@ -600,15 +925,6 @@ class Coordinator:
                 err.with_context(sink_uid=sink.uid, phase="check", connector=sink.connector)
                 raise
         self._checked_schema = schema
-
-    def _load(self, decision: EpochDecision) -> dict[str, list[Handle]]:
-        """The decided handles of the configured sinks (others may not be importable)."""
-        configured = {s.uid for s in self.sinks}
-        return {
-            uid: [load_handle(doc, sink_uid=uid) for doc in docs]
-            for uid, docs in decision.handles.items()
-            if uid in configured
-        }
 
     def _fire(self, point: CrashPoint, epoch: int) -> None:
         if self.faults is not None:

@@ -19,6 +19,13 @@ aborting a lingering transaction safe.
 
 Every record is created with an atomic create-if-absent on the
 :class:`LogStore`; a store that cannot do that cannot hold a txsink log.
+
+Versions: ``meta.json`` carries the log format version
+(:data:`LOG_FORMAT_VERSION`), every other record its own ``"version"``
+(:data:`RECORD_VERSION`). Reading is strict: a record of a newer version than
+this txsink reads raises :class:`~txsink.errors.LogError` naming the record,
+both versions and the fix (upgrade txsink), never a guess; a newer txsink
+reads every older version. ``tests/golden/`` pins the released formats.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from txsink.errors import CheckpointMismatchError, LogError
 
 __all__ = [
     "LOG_FORMAT_VERSION",
+    "RECORD_VERSION",
     "CommitRecord",
     "EpochDecision",
     "EpochState",
@@ -49,7 +57,11 @@ __all__ = [
 ]
 
 LOG_FORMAT_VERSION = 1
+#: The version of the claim, decision, void and committed records this txsink writes;
+#: it reads every version from 1 up to this one.
+RECORD_VERSION = 1
 _EPOCHS = "epochs/"
+_KINDS = ("decision", "void")
 
 
 class LogStore(Protocol):
@@ -240,13 +252,16 @@ class TxLog:
         raw = self.store.read("meta.json")
         if raw is None:
             return None
-        doc = self._parse("meta.json", raw)
+        doc = self.parse_record("meta.json", raw)
         version = doc.get("version")
-        if doc.get("format") != "txsink-log" or version != LOG_FORMAT_VERSION:
+        if doc.get("format") != "txsink-log":
             raise LogError(
-                f"txsink log at {self.location} has format {doc.get('format')!r} version "
-                f"{version!r}; this txsink reads 'txsink-log' version {LOG_FORMAT_VERSION}"
+                f"{self.location}/meta.json has format {doc.get('format')!r}: this is not a "
+                "txsink log (expected format 'txsink-log'); point --log / log= at the "
+                "pipeline's txsink log folder or URL"
             )
+        if type(version) is not int or not 1 <= version <= LOG_FORMAT_VERSION:
+            raise LogError(self._version_message("meta.json", "log format", version))
         return doc
 
     def bind_app(self, app_id: str) -> None:
@@ -277,7 +292,8 @@ class TxLog:
         info = {"epoch": epoch, "host": socket.gethostname(), "pid": os.getpid(), "at": time.time()}
         while True:
             key = f"{_epoch_prefix(epoch)}claim-{nxt:06d}.json"
-            if self.store.create(key, _dumps({"version": 1, "round": nxt, **info})):
+            doc = {"version": RECORD_VERSION, "round": nxt, **info}
+            if self.store.create(key, _dumps(doc)):
                 return nxt
             nxt += 1
 
@@ -290,7 +306,7 @@ class TxLog:
     ) -> bool:
         """Create round ``round_``'s decision; False if that round was voided first."""
         doc = {
-            "version": 1,
+            "version": RECORD_VERSION,
             "kind": "decision",
             "epoch": epoch,
             "round": round_,
@@ -306,7 +322,7 @@ class TxLog:
         Returns that round's decision if it was decided first (the void lost).
         """
         doc = {
-            "version": 1,
+            "version": RECORD_VERSION,
             "kind": "void",
             "epoch": epoch,
             "round": round_,
@@ -328,10 +344,11 @@ class TxLog:
         return None
 
     def committed(self, epoch: int) -> CommitRecord | None:
-        raw = self.store.read(f"{_epoch_prefix(epoch)}committed.json")
+        key = f"{_epoch_prefix(epoch)}committed.json"
+        raw = self.store.read(key)
         if raw is None:
             return None
-        doc = self._parse("committed", raw)
+        doc = self._record(key, raw)
         return CommitRecord(
             epoch=int(doc["epoch"]),
             round=int(doc["round"]),
@@ -341,7 +358,7 @@ class TxLog:
 
     def mark_committed(self, epoch: int, round_: int, not_restored: tuple[str, ...] = ()) -> None:
         doc = {
-            "version": 1,
+            "version": RECORD_VERSION,
             "epoch": epoch,
             "round": round_,
             "committed_at": time.time(),
@@ -361,10 +378,15 @@ class TxLog:
         for key in self.store.list(_epoch_prefix(epoch)):
             name = key.rsplit("/", 1)[1]
             if name.startswith("claim-"):
+                raw = self.store.read(key)
+                if raw is not None:
+                    self._record(key, raw)  # nothing in a claim is used: only its version
                 rounds.append(int(name[6:12]))
             elif name.startswith("decision-"):
                 raw = self.store.read(key)
-                doc = self._parse(key, raw or b"{}")
+                if raw is None:  # deleted meanwhile (prune)
+                    continue
+                doc = self._record(key, raw)
                 if doc.get("kind") == "void":
                     voided.append(int(doc["round"]))
                 else:
@@ -437,7 +459,7 @@ class TxLog:
         raw = self.store.read(key)
         if raw is None:
             return None
-        doc = self._parse(key, raw)
+        doc = self._record(key, raw)
         return None if doc.get("kind") == "void" else self._decision_from(doc)
 
     @staticmethod
@@ -450,7 +472,40 @@ class TxLog:
             stats=dict(doc.get("stats", {})),
         )
 
-    def _parse(self, key: str, raw: bytes) -> dict[str, Any]:
+    def _record(self, key: str, raw: bytes) -> dict[str, Any]:
+        """Parse an epoch record and check its version (and a decision file's kind)."""
+        doc = self.parse_record(key, raw)
+        version = doc.get("version")
+        if type(version) is not int or not 1 <= version <= RECORD_VERSION:
+            raise LogError(self._version_message(key, "record", version))
+        if key.rsplit("/", 1)[-1].startswith("decision-") and doc.get("kind") not in _KINDS:
+            raise LogError(
+                f"txsink log record {key} at {self.location} is of kind {doc.get('kind')!r} "
+                f"(version {version}); this txsink reads kinds {list(_KINDS)}: the log was "
+                "written by a newer txsink or edited by hand. Upgrade txsink to the release "
+                "that wrote it"
+            )
+        return doc
+
+    def _version_message(self, key: str, what: str, version: object) -> str:
+        reads = LOG_FORMAT_VERSION if what == "log format" else RECORD_VERSION
+        head = (
+            f"txsink log record {key} at {self.location} has {what} version {version!r}; "
+            f"this txsink reads {what} version(s) 1 to {reads}"
+        )
+        if type(version) is int and version > reads:
+            return (
+                f"{head}. It was written by a newer txsink: upgrade txsink to that release "
+                "(or newer) to run, recover or inspect this pipeline, or restore the pipeline "
+                "with the txsink release that wrote the log. Do not edit or delete the record"
+            )
+        return (
+            f"{head}. The version is missing or unknown: the log is damaged or was edited "
+            "by hand; restore it from a backup or a savepoint"
+        )
+
+    def parse_record(self, key: str, raw: bytes) -> dict[str, Any]:
+        """One record's JSON object (``LogError`` naming the record if it is not one)."""
         try:
             doc = json.loads(raw)
         except ValueError as err:

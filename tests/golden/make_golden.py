@@ -1,0 +1,214 @@
+"""Write the golden txsink logs of this release's format (``log-v1/``) and ``incompatible/``.
+
+    ./.venv/bin/python tests/golden/make_golden.py            # refuses if log-v1/ exists
+    ./.venv/bin/python tests/golden/make_golden.py --out DIR  # a fresh copy elsewhere
+
+A RELEASED FORMAT'S GOLDEN FILES ARE NEVER REGENERATED: they are what that release
+wrote, and every later txsink must read them (tests/test_golden_log.py). When the log
+format or a handle serializer gets a new version, add a new folder (``log-v2/``, or a
+new connector folder) from that release's generator and keep the old ones untouched.
+
+Each ``log-v1/<connector>/`` is a txsink log written through :class:`txsink.log.TxLog`
+of this release, with handles dumped by the connectors' own handle classes
+(``dump_handle``), telling one story per connector (app ``golden-app``):
+
+- epoch 0, round 0: decided and committed;
+- epoch 1, round 0: voided by recovery (its driver crashed before the decision);
+  round 1: decided, not committed (the driver crashed after the decision);
+- epoch 2, round 0: claimed, then voided (aborted).
+
+``kafka-replay`` decided epoch 0 with a version-1 handle (written as txsink <= 0.1
+wrote it: no ``checksum_version``) and epoch 1 with a version-2 handle.
+
+Machine-specific values that do not matter are replaced by stable ones (times, host,
+pid); handles hold fake but well-formed paths, buckets, keys and upload ids. No secret.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from txsink.connectors.files import FileEntry, FilesHandle
+from txsink.connectors.kafka import KafkaReplayHandle, KafkaWalHandle
+from txsink.connectors.postgres import PgHandle
+from txsink.connectors.s3 import S3Handle, S3Object, S3Part
+from txsink.handles import Handle, dump_handle
+from txsink.log import FileStore, TxLog
+from txsink.txid import TxnId
+
+APP = "golden-app"
+HERE = Path(__file__).resolve().parent
+#: Stable stand-ins for the values a real run gets from the clock and the machine.
+STABLE = {
+    "created_at": 1700000000.0,
+    "at": 1700000001.0,
+    "decided_at": 1700000002.0,
+    "committed_at": 1700000003.0,
+    "host": "golden-host",
+    "pid": 4242,
+}
+
+
+def _txn(uid: str, epoch: int, round_: int, partition: int) -> TxnId:
+    return TxnId(APP, uid, epoch, round_, partition, attempt=10 * epoch + round_ + partition)
+
+
+def files_handle(epoch: int, round_: int, partition: int) -> FilesHandle:
+    txn = _txn("out", epoch, round_, partition)
+    entry = FileEntry(
+        staged=f"_txsink/staging/{txn}/part-0000.parquet",
+        final=f"epoch={epoch}/out-p{partition:05d}-0000.parquet",
+        rows=3,
+        nbytes=1024 + partition,
+        sha256=f"{epoch:02x}{partition:02x}" + "ab" * 30,
+    )
+    return FilesHandle(txn=txn, rows=3, nbytes=entry.nbytes, files=(entry,))
+
+
+def pg_handle(epoch: int, round_: int, partition: int) -> PgHandle:
+    return PgHandle(txn=_txn("pg", epoch, round_, partition), rows=3, nbytes=96)
+
+
+def wal_handle(epoch: int, round_: int, partition: int) -> KafkaWalHandle:
+    txn = _txn("kafka", epoch, round_, partition)
+    return KafkaWalHandle(
+        txn=txn, rows=3, nbytes=210, path=f"{txn}/records.arrow", crc32=305419896 + partition
+    )
+
+
+def replay_handle(epoch: int, round_: int, partition: int) -> KafkaReplayHandle:
+    txn = _txn("kafka", epoch, round_, partition)
+    return KafkaReplayHandle(txn=txn, rows=3, nbytes=210, shards=2, checksum=2882400000 + partition)
+
+
+def s3_handle(epoch: int, round_: int, partition: int) -> S3Handle:
+    txn = _txn("s3", epoch, round_, partition)
+    obj = S3Object(
+        key=f"out/epoch={epoch}/s3-p{partition:05d}-0000.parquet",
+        upload_id=f"golden-upload-{epoch}-{round_}-{partition}",
+        parts=(S3Part(1, "9b2cf535f27731c974343645a3985328", "AAAAAA=="),),
+        rows=3,
+        nbytes=2048,
+        etag="0d2ab3e9a2f4c1b7d5e8f9a0b1c2d3e4-1",
+        checksum="AAAAAA==-1",
+    )
+    return S3Handle(
+        txn=txn,
+        rows=3,
+        nbytes=2048,
+        bucket="golden-bucket",
+        marker=f"out/_txsink/uploads/s3/{txn}.json",
+        objects=(obj,),
+        format="parquet",
+    )
+
+
+def replay_v1_doc(handle: KafkaReplayHandle) -> dict[str, Any]:
+    """A replay handle as txsink <= 0.1 wrote it: version 1, no checksum_version."""
+    doc = dump_handle(handle)
+    data = dict(doc["data"])
+    data.pop("checksum_version")
+    return {"serializer": "kafka.replay", "version": 1, "data": data}
+
+
+CONNECTORS: dict[str, tuple[str, Any]] = {
+    "files": ("out", files_handle),
+    "postgres": ("pg", pg_handle),
+    "kafka-wal": ("kafka", wal_handle),
+    "kafka-replay": ("kafka", replay_handle),
+    "s3": ("s3", s3_handle),
+}
+
+
+def write_log(folder: Path, uid: str, make: Any, *, replay_v1: bool = False) -> None:
+    """The story of the module docstring, for one sink ``uid``."""
+    log = TxLog(FileStore(folder))
+    log.bind_app(APP)
+
+    def docs(epoch: int, round_: int) -> list[dict[str, Any]]:
+        handles: list[Handle] = [make(epoch, round_, p) for p in (0, 1)]
+        if replay_v1 and epoch == 0:
+            return [replay_v1_doc(h) for h in handles if isinstance(h, KafkaReplayHandle)]
+        return [dump_handle(h) for h in handles]
+
+    stats = {"rows": {uid: 6}, "seconds": {"precommit": 0.5}}
+    # epoch 0: decided and committed
+    r = log.claim_round(0)
+    log.decide(0, r, {uid: docs(0, r)}, stats)
+    log.mark_committed(0, r)
+    # epoch 1: round 0 voided by recovery, round 1 decided, not committed
+    r0 = log.claim_round(1)
+    log.void(1, r0, "aborted by recovery")
+    r1 = log.claim_round(1)
+    log.decide(1, r1, {uid: docs(1, r1)}, stats)
+    # epoch 2: claimed, voided (aborted)
+    r = log.claim_round(2)
+    log.void(2, r, "pre-commit failed")
+    _stabilise(folder)
+
+
+def write_incompatible(folder: Path) -> None:
+    """Logs a release-1 txsink must refuse, with the clear errors the tests check."""
+    # A handle of version 99 of a known serializer (written by a "newer" txsink).
+    handle_v99 = folder / "handle-v99"
+    log = TxLog(FileStore(handle_v99))
+    log.bind_app(APP)
+    r = log.claim_round(0)
+    doc = dump_handle(pg_handle(0, r, 0))
+    log.decide(0, r, {"pg": [{**doc, "version": 99}]}, {"rows": {"pg": 3}})
+    _stabilise(handle_v99)
+    # A log of format version 2.
+    meta_v2 = folder / "meta-v2"
+    TxLog(FileStore(meta_v2)).bind_app(APP)
+    _rewrite(meta_v2 / "meta.json", lambda d: {**d, "version": 2})
+    _stabilise(meta_v2)
+    # A committed record of version 2 in a v1 log.
+    record_v2 = folder / "record-v2"
+    log = TxLog(FileStore(record_v2))
+    log.bind_app(APP)
+    r = log.claim_round(0)
+    log.decide(0, r, {"pg": [dump_handle(pg_handle(0, r, 0))]}, {"rows": {"pg": 3}})
+    log.mark_committed(0, r)
+    _rewrite(record_v2 / "epochs" / f"{0:020d}" / "committed.json", lambda d: {**d, "version": 2})
+    _stabilise(record_v2)
+
+
+def _rewrite(path: Path, change: Any) -> None:
+    doc = json.loads(path.read_text())
+    path.write_text(json.dumps(change(doc), indent=1, sort_keys=True) + "\n")
+
+
+def _stabilise(folder: Path) -> None:
+    """Replace times, host and pid by :data:`STABLE` (same JSON layout as the log's own)."""
+    for path in sorted(folder.rglob("*.json")):
+        _rewrite(path, lambda d: {k: STABLE.get(k, v) for k, v in d.items()})
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--out", type=Path, default=HERE, help="folder for log-v1/ and incompatible/"
+    )
+    args = parser.parse_args(argv)
+    out: Path = args.out
+    for name in ("log-v1", "incompatible"):
+        if (out / name).exists():
+            print(
+                f"{out / name} exists: released golden files are never regenerated "
+                "(add a new folder for a new version instead)",
+                file=sys.stderr,
+            )
+            return 1
+    for name, (uid, make) in CONNECTORS.items():
+        write_log(out / "log-v1" / name, uid, make, replay_v1=name == "kafka-replay")
+    write_incompatible(out / "incompatible")
+    print(f"golden logs written under {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -135,7 +135,7 @@ class Coordinator:
             )
         if retain_epochs < 1:
             raise ValueError("retain_epochs must be >= 1")
-        self.log = log if isinstance(log, TxLog) else open_log(log)
+        self.log = open_log(log)
         self.app_id = check_name("app id", app_id) if app_id is not None else None
         self.allow_non_restored_state = allow_non_restored_state
         self.retain_epochs = retain_epochs

@@ -188,7 +188,7 @@ def read_log(log: LogLike) -> LogSnapshot:
     """
     if isinstance(log, LogSnapshot):
         return log
-    txlog = log if isinstance(log, TxLog) else open_log(log)
+    txlog = open_log(log)
     meta = txlog.meta()
     if meta is None:
         raise LogError(

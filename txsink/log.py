@@ -154,19 +154,20 @@ class FileStore:
 
 
 def open_log(
-    location: str | os.PathLike[str] | LogStore,
+    location: str | os.PathLike[str] | LogStore | TxLog,
     *,
     client_options: Mapping[str, Any] | None = None,
 ) -> TxLog:
     """Open the txsink log at a filesystem path, a ``file://`` URL, an ``s3://`` URL or a store.
 
     ``client_options`` go to ``boto3.client("s3", ...)`` for an ``s3://`` location
-    (see :mod:`txsink.s3log`); without them boto3's usual chain decides.
+    (see :mod:`txsink.s3log`); without them boto3's usual chain decides. An open
+    :class:`TxLog` is returned as it is, so every API can take any of these.
     """
     if not isinstance(location, (str, os.PathLike)):
         if client_options is not None:
             raise ValueError("open_log: client_options apply to an s3:// location, not a store")
-        return TxLog(location)
+        return location if isinstance(location, TxLog) else TxLog(location)
     loc = os.fspath(location)
     if loc.startswith(("s3://", "s3a://")):
         from txsink.s3log import S3Store

@@ -633,7 +633,7 @@ def restore_if_empty(savepoint: LogLike, log: LogLike) -> bool:
 
 
 def _as_log(where: LogLike) -> TxLog:
-    return where if isinstance(where, TxLog) else open_log(where)
+    return open_log(where)
 
 
 def _meta(log: TxLog) -> dict[str, Any]:

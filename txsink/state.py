@@ -109,7 +109,7 @@ def rename_uid(
     check_name("sink uid", new)
     if old == new:
         raise StateError(f"rename-uid: the old and the new uid are both {old!r}")
-    txlog = log if isinstance(log, TxLog) else open_log(log)
+    txlog = open_log(log)
     meta = txlog.meta()
     if meta is None:
         raise StateError(f"rename-uid: no txsink log at {txlog.location}: check --log")

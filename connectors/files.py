@@ -42,9 +42,10 @@ from typing_extensions import override
 
 from txsink._fs import fsync_dir
 from txsink._json import json_rows
+from txsink._target import manifests
 from txsink.errors import CommitError, ConfigurationError
 from txsink.handles import Handle, register_handle
-from txsink.log import LogStore
+from txsink.log import FileStore, LogStore
 from txsink.sink import TwoPhaseCommitSink
 from txsink.txid import TxnId
 
@@ -333,6 +334,31 @@ class FilesSink(TwoPhaseCommitSink[_OpenFiles, FilesHandle]):
             txn = TxnId.try_parse(name)
             if txn is not None and txn.belongs_to(app_id, self.uid):
                 yield FilesHandle(txn=txn)
+
+    @override
+    def migrate_uid(self, old: str, *, app_id: str, dry_run: bool = False) -> list[str]:
+        """Manifests ``<old>-<e>.json`` -> ``<new>-<e>.json`` (create first, then delete)."""
+        folder = Path(self.path, MANIFESTS)
+        store = FileStore(folder)
+        moved = 0
+        for name in sorted(os.listdir(folder)) if folder.is_dir() else []:
+            if not (name.startswith(f"{old}-") and name.endswith(".json")):
+                continue
+            raw = (folder / name).read_bytes()
+            if json.loads(raw).get("uid") != old:
+                continue
+            target = f"{self.uid}-{name[len(old) + 1 :]}"
+            moved += 1
+            if dry_run:
+                continue
+            body = manifests.renamed(raw, old, self.uid)
+            if not store.create(target, body):
+                manifests.check_renamed(
+                    (folder / target).read_bytes(), body, str(folder / target), self.uid
+                )
+            (folder / name).unlink()
+        verb = "would move" if dry_run else "moved"
+        return [f"{self!r}: {verb} {moved} epoch manifest(s) from uid {old!r} to {self.uid!r}"]
 
     # -- helpers -----------------------------------------------------------------------
 

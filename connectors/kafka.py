@@ -72,7 +72,7 @@ from txsink.errors import (
 )
 from txsink.handles import Handle, register_handle
 from txsink.log import LogStore
-from txsink.sink import Partitioning, TwoPhaseCommitSink
+from txsink.sink import EpochCommit, Partitioning, TaskInfo, TwoPhaseCommitSink
 from txsink.txid import TxnId
 
 __all__ = ["RECORD_SCHEMA", "KafkaReplayHandle", "KafkaSink", "KafkaWalHandle"]
@@ -609,13 +609,14 @@ class KafkaSink(TwoPhaseCommitSink[_OpenWal, Any]):
     # -- driver: commit --------------------------------------------------------------
 
     @override
-    def commit(self, handle: Any) -> None:
-        """Nothing to do per handle: Kafka commits per shard, in :meth:`finish_epoch`."""
-
-    @override
-    def finish_epoch(self, epoch: int, handles: Sequence[Any]) -> None:
+    def commit_epoch(self, request: EpochCommit[Any]) -> None:
+        """One Kafka transaction per shard (records and marker); a shard is the unit."""
         if self.mode == "replay":
-            return  # committed by commit_from_data
+            self._commit_replay(request)
+            return
+        handles = request.handles
+        if not handles:
+            return
         by_shard: dict[int, list[KafkaWalHandle]] = defaultdict(list)
         for h in handles:
             by_shard[h.txn.partition % self.shards].append(h)
@@ -625,7 +626,9 @@ class KafkaSink(TwoPhaseCommitSink[_OpenWal, Any]):
         if unread:
             self._driver.markers.update(self._read_markers(handles[0].txn.app, unread))
         for shard in sorted(by_shard):
-            self._commit_shard(shard, epoch, sorted(by_shard[shard], key=lambda h: h.txn))
+            mine = sorted(by_shard[shard], key=lambda h: h.txn)
+            self._commit_shard(shard, request.epoch, mine)
+            request.committed(mine)
 
     def _commit_shard(self, shard: int, epoch: int, handles: list[KafkaWalHandle]) -> None:
 
@@ -675,11 +678,13 @@ class KafkaSink(TwoPhaseCommitSink[_OpenWal, Any]):
         self._driver.markers[shard] = epoch
         self._delete_wal(handles)
 
-    @override
-    def commit_from_data(self, data: Any, epoch: int, handles: Sequence[Any]) -> None:
+    def _commit_replay(self, request: EpochCommit[Any]) -> None:
         """Replay mode: one task per shard re-reads its rows, checks them, produces, commits."""
-        import pickle
-
+        epoch, handles, data = request.epoch, request.handles, request.data
+        if not handles:
+            return
+        if data is None:  # pragma: no cover - the coordinator refuses before calling
+            raise CommitError("replay mode commits from the epoch's rows", epoch=epoch)
         decided: dict[int, tuple[int, int, int]] = {}
         for h in handles:
             if h.shards != self.shards:
@@ -692,14 +697,12 @@ class KafkaSink(TwoPhaseCommitSink[_OpenWal, Any]):
                 )
             decided[h.txn.partition] = (h.rows, h.checksum, h.checksum_version)
         app = handles[0].txn.app
-        job = data.mapInArrow(
-            functools.partial(_replay_commit_task, self, app, epoch, decided),
-            "shard int, status string, rows long, error binary",
+        data.map_partitions(
+            functools.partial(
+                _replay_commit_task, sink=self, app=app, epoch=epoch, decided=decided
+            )
         )
-        failures = [r for r in job.collect() if r["error"] is not None]
-        if failures:
-            # Our own task pickled it in this application: trusted input.
-            raise pickle.loads(failures[0]["error"])  # noqa: S301
+        request.committed(handles)
 
     def _commit_shard_rows(
         self,
@@ -1019,6 +1022,31 @@ class KafkaSink(TwoPhaseCommitSink[_OpenWal, Any]):
             if txn is not None and txn.belongs_to(app_id, self.uid):
                 yield KafkaWalHandle(txn=txn, path=f"{name}/records.arrow")
 
+    @override
+    def migrate_uid(self, old: str, *, app_id: str, dry_run: bool = False) -> list[str]:
+        """Fence the old transactional ids: init_transactions aborts an open transaction a
+        dead producer left (it would hold ``read_committed`` readers back) and fences a
+        zombie. The old markers stay as history."""
+        ids = [f"{self.prefix}-{old}-{shard}" for shard in range(self.shards)]
+        if not dry_run:
+            from confluent_kafka import Producer
+
+            for tid in ids:
+                conf = {
+                    **self.producer_config,
+                    "bootstrap.servers": self.bootstrap_servers,
+                    "transactional.id": tid,
+                    "enable.idempotence": True,
+                    "acks": "all",
+                }
+                Producer(conf).init_transactions(self.timeout_s)
+        verb = "would fence" if dry_run else "fenced"
+        return [
+            f"{self!r}: {verb} transactional ids {ids}; markers {app_id}/{old}/<shard> stay in "
+            f"{self.marker_topic!r} as history (the first epoch under {self.uid!r} writes its "
+            "own)"
+        ]
+
     def _delete_wal(self, handles: Sequence[KafkaWalHandle]) -> None:
         for h in handles:
             shutil.rmtree(Path(self.wal, str(h.txn)), ignore_errors=True)
@@ -1124,36 +1152,18 @@ def _checksum(records: pa.RecordBatch, version: int) -> int:
 
 
 def _replay_commit_task(
+    task: TaskInfo,
+    batches: Iterator[pa.RecordBatch],
+    *,
     sink: KafkaSink,
     app: str,
     epoch: int,
     decided: dict[int, tuple[int, int, int]],
-    batches: Iterator[pa.RecordBatch],
-) -> Iterator[pa.RecordBatch]:
-    import pickle
-
-    from pyspark import TaskContext
-
-    ctx = TaskContext.get()
-    shard = ctx.partitionId() if ctx is not None else 0
-    error: bytes | None = None
-    status, rows = "failed", 0
-    try:
-        status, rows = sink._commit_shard_rows(
-            shard, app, epoch, decided.get(shard, (0, 0, _CHECKSUM_VERSION)), batches
-        )
-    except (NonDeterministicReplayError, ConfigurationError, FencedError) as err:
-        error = pickle.dumps(err)
-    yield pa.RecordBatch.from_pydict(
-        {"shard": [shard], "status": [status], "rows": [rows], "error": [error]},
-        schema=pa.schema(
-            [
-                ("shard", pa.int32()),
-                ("status", pa.string()),
-                ("rows", pa.int64()),
-                ("error", pa.binary()),
-            ]
-        ),
+) -> tuple[str, int]:
+    """One replay commit task: the shard is the task's partition (the epoch was resharded)."""
+    shard = task.partition
+    return sink._commit_shard_rows(
+        shard, app, epoch, decided.get(shard, (0, 0, _CHECKSUM_VERSION)), batches
     )
 
 

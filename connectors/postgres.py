@@ -709,6 +709,34 @@ class PostgresSink(TwoPhaseCommitSink[_OpenTxn, PgHandle]):
 
     # -- errors --------------------------------------------------------------------
 
+    @override
+    def migrate_uid(self, old: str, *, app_id: str, dry_run: bool = False) -> list[str]:
+        """Re-label the progress rows, so the sink's own clean-up (by uid) reaches them."""
+        from psycopg import sql
+
+        table = self._ident(self.progress)
+        with self._connect(autocommit=True) as conn:
+            name = table.as_string(conn)
+            found = conn.execute("SELECT to_regclass(%s)", (name,)).fetchone()
+            if found is None or found[0] is None:
+                return [f"{self!r}: no progress table {name}: nothing to re-label"]
+            if dry_run:
+                row = conn.execute(
+                    sql.SQL("SELECT count(*) FROM {} WHERE app_id = %s AND uid = %s").format(
+                        table
+                    ),
+                    (app_id, old),
+                ).fetchone()
+                count = int(row[0]) if row else 0
+            else:
+                cur = conn.execute(
+                    sql.SQL("UPDATE {} SET uid = %s WHERE app_id = %s AND uid = %s").format(table),
+                    (self.uid, app_id, old),
+                )
+                count = cur.rowcount
+        verb = "would re-label" if dry_run else "re-labelled"
+        return [f"{self!r}: {verb} {count} progress row(s) of {name} from uid {old!r}"]
+
     def _map(self, err: BaseException, txn: TxnId, *, phase: str) -> TxsinkError:
         """Map a psycopg error by SQLSTATE class to a txsink error with context."""
         import psycopg

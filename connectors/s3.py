@@ -77,6 +77,7 @@ from typing_extensions import override
 from txsink._json import json_rows
 from txsink._logging import EpochLogger, get_logger
 from txsink._s3 import S3Location, make_client, parse_s3_url, safe_options
+from txsink._target import manifests
 from txsink.errors import (
     CommitError,
     ConfigurationError,
@@ -880,6 +881,40 @@ class S3Sink(TwoPhaseCommitSink[_OpenUploads, S3Handle]):
         yield from handles
 
     # -- helpers: objects --------------------------------------------------------------------
+
+    @override
+    def migrate_uid(self, old: str, *, app_id: str, dry_run: bool = False) -> list[str]:
+        """As files: each manifest is PUT under the new uid (If-None-Match), then the old
+        deleted."""
+        client = self._client
+        bucket, prefix = self.location.bucket, f"{self.location.prefix}{MANIFESTS}"
+        moved = 0
+        for key in _list_keys(client, bucket, f"{prefix}{old}-"):
+            raw = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+            if not key.endswith(".json") or json.loads(raw).get("uid") != old:
+                continue
+            moved += 1
+            if dry_run:
+                continue
+            target = f"{prefix}{self.uid}-{key[len(prefix) + len(old) + 1 :]}"
+            body = manifests.renamed(raw, old, self.uid)
+            try:
+                client.put_object(
+                    Bucket=bucket,
+                    Key=target,
+                    Body=body,
+                    ContentType="application/json",
+                    IfNoneMatch="*",
+                )
+            except Exception as err:
+                code = getattr(err, "response", {}).get("Error", {}).get("Code")
+                if code not in ("PreconditionFailed", "412"):
+                    raise
+                existing = client.get_object(Bucket=bucket, Key=target)["Body"].read()
+                manifests.check_renamed(existing, body, f"s3://{bucket}/{target}", self.uid)
+            client.delete_object(Bucket=bucket, Key=key)
+        verb = "would move" if dry_run else "moved"
+        return [f"{self!r}: {verb} {moved} epoch manifest(s) from uid {old!r} to {self.uid!r}"]
 
     def _marker_key(self, txn: TxnId) -> str:
         return f"{self.location.prefix}{UPLOADS}{self.uid}/{txn}.json"

@@ -23,7 +23,7 @@ from tests.memsink import (
     memory_precommit,
 )
 from txsink import Coordinator
-from txsink._task import Ack, TaskPlan
+from txsink._task import Ack, TaskPlan, collect_acks
 from txsink.errors import (
     CheckpointMismatchError,
     EpochAbortedError,
@@ -279,7 +279,7 @@ def test_zombie_deciding_during_recovery_is_finished_from_its_record() -> None:
     round_ = log.claim_round(0)
     plan = TaskPlan(APP, 0, round_, zombie.sinks, None, 0)
     acks = memory_precommit(batches_for(0, 2, 3))(plan)
-    handles, _rows = zombie._collect(0, acks)
+    handles, _rows = collect_acks(zombie.sinks, 0, acks)
     fresh = world.coordinator(Crasher())
     real_void = fresh.log.void
 

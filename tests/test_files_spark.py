@@ -192,17 +192,18 @@ def test_checkpoint_reset_is_refused(spark: Any, tmp_path: Path) -> None:
 
 def test_racing_driver_is_fenced_with_real_log(spark: Any, tmp_path: Path) -> None:
     """Driver B replays epoch 0 while A is pre-committing it; A loses, data lands once."""
-    from txsink import _spark
+    from txsink._spark import SparkEpochData
+    from txsink._task import precommit_job
     from txsink.errors import FencedError
 
     df = spark.range(0, 200).repartition(2)
     a = files_coordinator(tmp_path, app_id="race")
     b = files_coordinator(tmp_path, app_id="race")
-    job = _spark.precommit_job(df)
+    job = precommit_job(SparkEpochData(df))
 
     def a_precommit(plan: Any) -> Any:
         acks = job(plan)
-        b.run_epoch(0, _spark.precommit_job(df), app_id="race")  # recovery voids A's round
+        b.run_epoch(0, precommit_job(SparkEpochData(df)), app_id="race")  # recovery voids A's round
         return acks
 
     with pytest.raises(FencedError):

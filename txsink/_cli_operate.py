@@ -78,7 +78,7 @@ def _summary(command: str, actions: list[RecoveryAction], dry_run: bool) -> str:
     if not actions:
         return f"txsink {command}: nothing to do"
     counts = Counter(action.kind for action in actions)
-    commits = counts[ActionKind.COMMIT] + counts[ActionKind.COMMIT_FROM_DATA]
+    commits = sum(len(a.handles) for a in actions if a.kind is ActionKind.COMMIT)
     aborts = sum(
         counts[k]
         for k in (ActionKind.ABORT, ActionKind.ABORT_PRUNED, ActionKind.ABORT_NOT_RESTORED)

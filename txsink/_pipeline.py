@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from txsink.contract import SinkContract
 from txsink.coordinator import Coordinator
 from txsink.errors import ConfigurationError
-from txsink.sink import TwoPhaseCommitSink
 
 __all__ = ["load_coordinator", "load_sinks"]
 
@@ -46,17 +46,17 @@ def _function(spec: str) -> Any:
     return func
 
 
-def load_sinks(spec: str) -> list[TwoPhaseCommitSink[Any, Any]]:
+def load_sinks(spec: str) -> list[SinkContract[Any, Any]]:
     """Call ``FUNC()``; it returns a :class:`~txsink.Coordinator`, one sink, or a list."""
     return _sinks_of(_function(spec)(), spec)
 
 
-def _sinks_of(made: Any, spec: str) -> list[TwoPhaseCommitSink[Any, Any]]:
+def _sinks_of(made: Any, spec: str) -> list[SinkContract[Any, Any]]:
     if isinstance(made, Coordinator):
         return list(made.sinks)
-    if isinstance(made, TwoPhaseCommitSink):
+    if isinstance(made, SinkContract):
         return [made]
-    if isinstance(made, (list, tuple)) and all(isinstance(s, TwoPhaseCommitSink) for s in made):
+    if isinstance(made, (list, tuple)) and all(isinstance(s, SinkContract) for s in made):
         return list(made)
     raise ConfigurationError(
         f"--pipeline {spec!r} returned {type(made).__name__}: return a Coordinator, a sink "

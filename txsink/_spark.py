@@ -1,37 +1,50 @@
-"""Spark glue: the pre-commit job, the query's identity, and guard checks.
+"""Spark glue: partition jobs, the query's identity, guard checks, the epoch's schema.
 
-Kept apart from the protocol so the coordinator can be driven without Spark.
-Classic PySpark only (not Spark Connect): the coordinator needs the
-SparkContext's local properties and runs a Python function in every task.
+Kept apart from the protocol so the coordinator can be driven without Spark, and
+so connectors never import Spark: every job txsink runs (the pre-commit, a
+connector's commit that reads the epoch again) goes through
+:class:`SparkEpochData`. Classic PySpark only (not Spark Connect): the
+coordinator needs the SparkContext's local properties.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+import pickle
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from txsink._task import (
-    ACK_SCHEMA_DDL,
-    Ack,
-    TaskPlan,
-    acks_from_batch,
-    acks_to_batch,
-    run_partition,
+import pyarrow as pa
+
+from txsink.contract import Partitioning, TaskInfo
+from txsink.errors import (
+    ConfigurationError,
+    InjectedFault,
+    RetryableError,
+    TxsinkError,
+    UnsupportedQueryError,
 )
-from txsink.errors import ConfigurationError, UnsupportedQueryError
 
 if TYPE_CHECKING:
-    import pyarrow as pa
     from pyspark.sql import DataFrame
 
-__all__ = ["arrow_schema", "check_query_mode", "precommit_job", "streaming_query_id"]
+__all__ = [
+    "SparkEpochData",
+    "arrow_schema",
+    "check_query_mode",
+    "partitioned",
+    "streaming_query_id",
+]
+
+R = TypeVar("R")
 
 # Execution classes that break "one foreachBatch call = one replayable epoch".
 _REFUSED_EXECUTIONS = {
     "AsyncProgressTrackingMicroBatchExecution": "async progress tracking",
     "ContinuousExecution": "a continuous trigger",
 }
+_RESULT_SCHEMA = pa.schema([("partition", pa.int64()), ("result", pa.binary())])
+_RESULT_DDL = "partition long, result binary"
 
 
 def streaming_query_id(df: DataFrame) -> str | None:
@@ -71,26 +84,65 @@ def arrow_schema(df: DataFrame) -> pa.Schema:
     return to_arrow_schema(df.schema, timezone=tz)
 
 
-def _map_partition(plan: TaskPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def partitioned(df: DataFrame, wanted: Iterable[Partitioning | None]) -> DataFrame:
+    """Repartition as the sinks require (upsert keys, Kafka shards), if any."""
+    parts = set(wanted) - {None}
+    if not parts:
+        return df
+    if len(parts) > 1:
+        raise ConfigurationError(
+            f"sinks of one coordinator need different partitioning {sorted(map(str, parts))}: "
+            "use the same key (and shard count) for all of them, or separate coordinators"
+        )
+    part = parts.pop()
+    if part is None:  # pragma: no cover - removed above
+        return df
+    if part.num_partitions is not None:
+        return df.repartition(part.num_partitions, *part.columns)
+    return df.repartition(*part.columns)
+
+
+class SparkEpochData:
+    """An epoch's DataFrame as :class:`~txsink.contract.EpochData`: one job, one task per
+    partition, results pickled back to the driver.
+
+    Alignment is the collect: it returns only when every partition task has finished,
+    and holds exactly one result per partition (the attempt whose result the driver
+    received).
+    """
+
+    def __init__(self, df: DataFrame) -> None:
+        self.df = df
+
+    def map_partitions(self, task: Callable[[TaskInfo, Iterator[pa.RecordBatch]], R]) -> list[R]:
+        job = self.df.mapInArrow(functools.partial(_run_task, task), _RESULT_DDL)
+        results: list[tuple[int, R]] = []
+        for row in job.collect():
+            # Our own task pickled it, in this application: trusted input.
+            ok, value = pickle.loads(row["result"])  # noqa: S301
+            if not ok:
+                raise value
+            results.append((int(row["partition"]), value))
+        return [value for _, value in sorted(results, key=lambda r: r[0])]
+
+
+def _run_task(
+    task: Callable[[TaskInfo, Iterator[pa.RecordBatch]], Any],
+    batches: Iterator[pa.RecordBatch],
+) -> Iterator[pa.RecordBatch]:
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
     if ctx is None:
-        raise RuntimeError("txsink pre-commit must run inside a Spark task")
-    yield acks_to_batch(run_partition(plan, ctx.partitionId(), ctx.taskAttemptId(), batches))
-
-
-def precommit_job(df: DataFrame) -> Callable[[TaskPlan], list[Ack]]:
-    """The pre-commit step as one Spark job over ``df``'s partitions.
-
-    Alignment is the collect: it returns only when every partition task has
-    acked, and holds exactly one result per partition (the attempt whose
-    result the driver received); other attempts' transactions are aborted by
-    the coordinator.
-    """
-
-    def run(plan: TaskPlan) -> list[Ack]:
-        job = df.mapInArrow(functools.partial(_map_partition, plan), ACK_SCHEMA_DDL)
-        return acks_from_batch(row.asDict() for row in job.collect())
-
-    return run
+        raise RuntimeError("a txsink partition task must run inside a Spark task")
+    info = TaskInfo(ctx.partitionId(), ctx.taskAttemptId())
+    try:
+        outcome: tuple[bool, Any] = (True, task(info, batches))
+    except (RetryableError, InjectedFault):
+        raise  # Spark retries the task attempt
+    except TxsinkError as err:
+        # Fatal for the epoch: no task retry can fix it, so it goes to the driver whole.
+        outcome = (False, err.with_context(partition=info.partition))
+    yield pa.RecordBatch.from_pydict(
+        {"partition": [info.partition], "result": [pickle.dumps(outcome)]}, schema=_RESULT_SCHEMA
+    )

@@ -1,51 +1,28 @@
 """The executor side of an epoch: one partition task writes and pre-commits.
 
-Independent of Spark so the protocol can be driven without it in tests; the
-Spark adapter in :mod:`txsink._spark` only feeds it Arrow batches and the
-task's partition id and attempt id.
+Independent of Spark so the protocol can be driven without it in tests: the
+pre-commit runs as partition tasks of any :class:`~txsink.contract.EpochData`
+(:class:`txsink._spark.SparkEpochData` in a query), which only feeds it Arrow
+batches and the task's partition id and attempt id.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
-import pickle
-from collections.abc import Iterable
+import functools
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
-from txsink.errors import InjectedFault, RetryableError, TxsinkError
+from txsink.contract import EpochData, SinkContract, TaskInfo
+from txsink.errors import EpochAbortedError, InjectedFault, RetryableError, TxsinkError
 from txsink.faults import CrashPoint, FaultPlan
-from txsink.handles import dump_handle
-from txsink.sink import TwoPhaseCommitSink
+from txsink.handles import Handle, dump_handle, load_handle
 from txsink.txid import TxnId
 
-__all__ = [
-    "ACK_SCHEMA",
-    "ACK_SCHEMA_DDL",
-    "Ack",
-    "TaskPlan",
-    "acks_from_batch",
-    "acks_to_batch",
-    "run_partition",
-]
-
-ACK_SCHEMA = pa.schema(
-    [
-        ("sink", pa.string()),
-        ("partition", pa.int64()),
-        ("attempt", pa.int64()),
-        ("handle", pa.string()),
-        ("rows", pa.int64()),
-        ("nbytes", pa.int64()),
-        ("error", pa.binary()),
-    ]
-)
-ACK_SCHEMA_DDL = (
-    "sink string, partition long, attempt long, handle string, rows long, nbytes long, error binary"
-)
+__all__ = ["Ack", "Precommit", "TaskPlan", "collect_acks", "precommit_job", "run_partition"]
 
 
 @dataclass(frozen=True)
@@ -55,7 +32,7 @@ class TaskPlan:
     app_id: str
     epoch: int
     round: int
-    sinks: tuple[TwoPhaseCommitSink[Any, Any], ...]
+    sinks: tuple[SinkContract[Any, Any], ...]
     faults: FaultPlan | None
     driver_pid: int
     driver_host: str | None = None
@@ -157,37 +134,54 @@ def _discard_all(plan: TaskPlan, open_txns: dict[str, Any]) -> None:
                 sink.discard(txn)
 
 
-def acks_to_batch(acks: list[Ack]) -> pa.RecordBatch:
-    return pa.RecordBatch.from_pydict(
-        {
-            "sink": [a.sink for a in acks],
-            "partition": [a.partition for a in acks],
-            "attempt": [a.attempt for a in acks],
-            "handle": [None if a.handle is None else json.dumps(a.handle) for a in acks],
-            "rows": [a.rows for a in acks],
-            "nbytes": [a.nbytes for a in acks],
-            "error": [None if a.error is None else pickle.dumps(a.error) for a in acks],
-        },
-        schema=ACK_SCHEMA,
-    )
+#: The pre-commit step: runs every partition task of ``plan`` and returns their acks.
+Precommit = Callable[[TaskPlan], list[Ack]]
 
 
-def acks_from_batch(rows: Iterable[dict[str, Any]]) -> list[Ack]:
-    """Rebuild acks from collected rows (dicts with the :data:`ACK_SCHEMA` fields)."""
-    out = []
-    for r in rows:
-        # Our own task pickled this error in this application: trusted input.
-        error = None if r["error"] is None else pickle.loads(r["error"])  # noqa: S301
-        handle = None if r["handle"] is None else json.loads(r["handle"])
-        out.append(
-            Ack(
-                r["sink"],
-                int(r["partition"]),
-                int(r["attempt"]),
-                handle,
-                int(r["rows"]),
-                int(r["nbytes"]),
-                error,
+def precommit_job(data: EpochData) -> Precommit:
+    """The pre-commit as one job over ``data``'s partitions (alignment is the job's end:
+    one result per partition, from the attempt whose result the driver received; other
+    attempts' transactions are aborted by the coordinator)."""
+
+    def run(plan: TaskPlan) -> list[Ack]:
+        results = data.map_partitions(functools.partial(_precommit_task, plan))
+        return [ack for acks in results for ack in acks]
+
+    return run
+
+
+def _precommit_task(plan: TaskPlan, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> list[Ack]:
+    return run_partition(plan, task.partition, task.attempt, batches)
+
+
+def collect_acks(
+    sinks: Iterable[SinkContract[Any, Any]], epoch: int, acks: Iterable[Ack]
+) -> tuple[dict[str, list[Handle]], dict[str, int]]:
+    """Check every (sink, partition) acked exactly once; the loaded handles and rows per sink."""
+    sinks = list(sinks)
+    handles: dict[str, list[Handle]] = {s.uid: [] for s in sinks}
+    rows: dict[str, int] = {s.uid: 0 for s in sinks}
+    seen: set[tuple[str, int]] = set()
+    for ack in acks:
+        key = (ack.sink, ack.partition)
+        if ack.sink not in handles or key in seen:
+            raise EpochAbortedError(
+                f"unexpected pre-commit ack {key} (unknown sink or duplicate partition)",
+                epoch=epoch,
+                sink_uid=ack.sink,
+                partition=ack.partition,
             )
-        )
-    return out
+        seen.add(key)
+        if ack.handle is not None:
+            handles[ack.sink].append(load_handle(ack.handle, sink_uid=ack.sink))
+            rows[ack.sink] += ack.rows
+    partitions = {p for _, p in seen}
+    for sink in sinks:
+        acked = {p for u, p in seen if u == sink.uid}
+        if acked != partitions:
+            raise EpochAbortedError(
+                f"sink {sink.uid} did not ack partitions {sorted(partitions - acked)}",
+                epoch=epoch,
+                sink_uid=sink.uid,
+            )
+    return handles, rows

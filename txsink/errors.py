@@ -161,6 +161,30 @@ class EpochAbortedError(TxsinkError):
         super().__init__(message, **ctx)
         self.causes: list[TxsinkError] = list(causes or [])
 
+    @classmethod
+    def of(cls, epoch: int, causes: list[TxsinkError]) -> EpochAbortedError:
+        """The epoch's abort, told by its first failed partition (all of them in ``causes``)."""
+        first = causes[0]
+        return cls(
+            f"epoch {epoch} aborted, nothing of it is visible: {first.message}",
+            causes=causes,
+            **{**first.context, "epoch": epoch, "phase": "precommit"},
+        )
+
+    @classmethod
+    def wrapping(cls, epoch: int, err: Exception) -> EpochAbortedError:
+        """The epoch's abort caused by ``err`` (a Spark failure's message is cut to its first
+        line: a JVM stack trace follows it)."""
+        if isinstance(err, TxsinkError):
+            return cls(
+                f"epoch {epoch} aborted, nothing of it is visible: {err.message}",
+                causes=[err],
+                **err.context,
+            )
+        text = str(err).strip()
+        first = f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"[:500]
+        return cls(f"epoch {epoch} aborted, nothing of it is visible: {first}", epoch=epoch)
+
 
 class FencedError(TxsinkError):
     """Another driver decided or voided this epoch first; this driver's handles were aborted."""

@@ -47,19 +47,18 @@ import copy
 import json
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from txsink.contract import SinkContract
 from txsink.errors import StateError
 from txsink.log import TxLog, open_log
-from txsink.sink import TwoPhaseCommitSink
 from txsink.txid import check_name
 
 __all__ = ["JOURNAL", "RenameReport", "migrate_target", "rename_uid"]
 
-AnySink = TwoPhaseCommitSink[Any, Any]
+AnySink = SinkContract[Any, Any]
 #: The rename in progress; its presence makes the same command resume it.
 JOURNAL = "upgrades/rename-uid.json"
 
@@ -278,24 +277,19 @@ def migrate_target(sink: AnySink, old: str, *, app_id: str, dry_run: bool = Fals
     ``sink`` is configured with the NEW uid. Every connector: the lingering (prepared, no
     decision names them) transactions of ``old`` are aborted, since recovery under the new
     uid never lists them (safe only with no epoch decided-but-uncommitted or open, which
-    :func:`rename_uid` checks). Then the connector's own step (see the module doc).
+    :func:`rename_uid` checks). Then the connector's own step, its
+    :meth:`~txsink.contract.SinkContract.migrate_uid` hook (see the module doc).
     Returns one plain line per action.
     """
     lines = _abort_lingering(sink, old, app_id, dry_run)
-    step = _MIGRATIONS.get(sink.connector)
-    if step is None:
-        lines.append(
-            f"{sink!r}: no target-side migration is known for connector {sink.connector!r}; "
-            f"whatever it keys by uid still says {old!r}"
-        )
-        return lines
-    return lines + step(sink, old, app_id, dry_run)
+    return lines + sink.migrate_uid(old, app_id=app_id, dry_run=dry_run)
 
 
 def _as_old(sink: AnySink, old: str) -> AnySink:
     """A driver-side copy of ``sink`` under the old uid (fresh connections, no coordinator)."""
     clone = copy.copy(sink)
-    clone.__dict__.update(sink.__getstate__())
+    state = getattr(sink, "__getstate__", None)
+    clone.__dict__.update(state() if callable(state) else sink.__dict__)
     clone.uid = old
     return clone
 
@@ -308,150 +302,3 @@ def _abort_lingering(sink: AnySink, old: str, app_id: str, dry_run: bool) -> lis
             old_sink.abort(handle)
     verb = "would abort" if dry_run else "aborted"
     return [f"{sink!r}: {verb} {len(lingering)} lingering transaction(s) of uid {old!r}"]
-
-
-def _manifest_doc(raw: bytes, old: str, new: str) -> bytes:
-    doc = json.loads(raw)
-    doc["uid"] = new
-    doc["renamed_from"] = old
-    return (json.dumps(doc, indent=1) + "\n").encode()
-
-
-def _migrate_files(sink: Any, old: str, app_id: str, dry_run: bool) -> list[str]:
-    """Manifests ``<old>-<e>.json`` -> ``<new>-<e>.json`` (create first, then delete)."""
-    from txsink.connectors.files import MANIFESTS
-    from txsink.log import FileStore
-
-    folder = Path(sink.path, MANIFESTS)
-    names = sorted(os.listdir(folder)) if folder.is_dir() else []
-    moved = 0
-    for name in names:
-        if not (name.startswith(f"{old}-") and name.endswith(".json")):
-            continue
-        raw = (folder / name).read_bytes()
-        if json.loads(raw).get("uid") != old:
-            continue
-        target = folder / f"{sink.uid}-{name[len(old) + 1 :]}"
-        moved += 1
-        if dry_run:
-            continue
-        body = _manifest_doc(raw, old, sink.uid)
-        # FileStore.create: the same fsynced create-if-absent (hard link) the sink uses.
-        if not FileStore(folder).create(target.name, body):
-            _same_manifest(target.read_bytes(), body, str(target), sink.uid)
-        (folder / name).unlink()
-    verb = "would move" if dry_run else "moved"
-    return [f"{sink!r}: {verb} {moved} epoch manifest(s) from uid {old!r} to {sink.uid!r}"]
-
-
-def _same_manifest(existing: bytes, wanted: bytes, where: str, new: str) -> None:
-    """An existing new-uid manifest is fine only if an earlier run of this rename wrote it."""
-    have, want = json.loads(existing), json.loads(wanted)
-    if have.get("renamed_from") != want.get("renamed_from") or have.get("epoch") != want.get(
-        "epoch"
-    ):
-        raise StateError(
-            f"rename-uid: {where} already exists and was not written by this rename: the "
-            f"target already holds epochs of uid {new!r}. Pick another new uid",
-            sink_uid=new,
-        )
-
-
-def _migrate_s3(sink: Any, old: str, app_id: str, dry_run: bool) -> list[str]:
-    """As files: each manifest is PUT under the new uid (If-None-Match), then the old deleted."""
-    from txsink._s3 import make_client
-
-    client = make_client(sink.client_options)
-    bucket, prefix = sink.location.bucket, f"{sink.location.prefix}_manifests/"
-    keys: list[str] = []
-    for page in client.get_paginator("list_objects_v2").paginate(
-        Bucket=bucket, Prefix=f"{prefix}{old}-"
-    ):
-        keys.extend(o["Key"] for o in page.get("Contents", []) if "Key" in o)
-    moved = 0
-    for key in sorted(keys):
-        raw = client.get_object(Bucket=bucket, Key=key)["Body"].read()
-        if not key.endswith(".json") or json.loads(raw).get("uid") != old:
-            continue
-        moved += 1
-        if dry_run:
-            continue
-        target = f"{prefix}{sink.uid}-{key[len(prefix) + len(old) + 1 :]}"
-        body = _manifest_doc(raw, old, sink.uid)
-        try:
-            client.put_object(
-                Bucket=bucket,
-                Key=target,
-                Body=body,
-                ContentType="application/json",
-                IfNoneMatch="*",
-            )
-        except Exception as err:
-            code = getattr(err, "response", {}).get("Error", {}).get("Code")
-            if code not in ("PreconditionFailed", "412"):
-                raise
-            existing = client.get_object(Bucket=bucket, Key=target)["Body"].read()
-            _same_manifest(existing, body, f"s3://{bucket}/{target}", sink.uid)
-        client.delete_object(Bucket=bucket, Key=key)
-    verb = "would move" if dry_run else "moved"
-    return [f"{sink!r}: {verb} {moved} epoch manifest(s) from uid {old!r} to {sink.uid!r}"]
-
-
-def _migrate_kafka(sink: Any, old: str, app_id: str, dry_run: bool) -> list[str]:
-    """Fence the old transactional ids: init_transactions aborts an open transaction a dead
-    producer left (it would hold ``read_committed`` readers back) and fences a zombie."""
-    ids = [f"{sink.prefix}-{old}-{shard}" for shard in range(sink.shards)]
-    if not dry_run:
-        from confluent_kafka import Producer
-
-        for tid in ids:
-            conf = {
-                **sink.producer_config,
-                "bootstrap.servers": sink.bootstrap_servers,
-                "transactional.id": tid,
-                "enable.idempotence": True,
-                "acks": "all",
-            }
-            Producer(conf).init_transactions(sink.timeout_s)
-    verb = "would fence" if dry_run else "fenced"
-    return [
-        f"{sink!r}: {verb} transactional ids {ids}; markers {app_id}/{old}/<shard> stay in "
-        f"{sink.marker_topic!r} as history (the first epoch under {sink.uid!r} writes its own)"
-    ]
-
-
-def _migrate_postgres(sink: Any, old: str, app_id: str, dry_run: bool) -> list[str]:
-    """Re-label the progress rows, so the sink's own clean-up (by uid) reaches them."""
-    import psycopg
-    from psycopg import sql
-
-    table = (
-        sql.Identifier(sink.schema, sink.progress) if sink.schema else sql.Identifier(sink.progress)
-    )
-    with psycopg.connect(sink.dsn, autocommit=True, **sink.connect_kwargs) as conn:
-        name = table.as_string(conn)
-        found = conn.execute("SELECT to_regclass(%s)", (name,)).fetchone()
-        if found is None or found[0] is None:
-            return [f"{sink!r}: no progress table {name}: nothing to re-label"]
-        if dry_run:
-            row = conn.execute(
-                sql.SQL("SELECT count(*) FROM {} WHERE app_id = %s AND uid = %s").format(table),
-                (app_id, old),
-            ).fetchone()
-            count = int(row[0]) if row else 0
-        else:
-            cur = conn.execute(
-                sql.SQL("UPDATE {} SET uid = %s WHERE app_id = %s AND uid = %s").format(table),
-                (sink.uid, app_id, old),
-            )
-            count = cur.rowcount
-    verb = "would re-label" if dry_run else "re-labelled"
-    return [f"{sink!r}: {verb} {count} progress row(s) of {name} from uid {old!r}"]
-
-
-_MIGRATIONS: dict[str, Callable[[Any, str, str, bool], list[str]]] = {
-    "files": _migrate_files,
-    "s3": _migrate_s3,
-    "kafka": _migrate_kafka,
-    "postgres": _migrate_postgres,
-}

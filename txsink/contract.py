@@ -1,0 +1,296 @@
+"""The two-phase-commit contract that every connector implements: hooks only.
+
+The protocol itself lives in :class:`txsink.Coordinator` (and
+:mod:`txsink.recovery`); a connector implements the hooks below and never
+re-implements the protocol. Who calls what, and where::
+
+    driver    check(schema, app_id)            once per query run, before any write
+    executor  begin(txn, schema) -> T          first non-empty batch of a partition
+    executor  write(T, batch)                  each Arrow record batch
+    executor  prepare(T) -> Handle             pre-commit: make the writes durable, invisible
+    executor  discard(T)                       the task failed before or during prepare
+    driver    commit_epoch(request)            after the epoch's decision is durable; by
+                                               default commit(handle) for each handle, then
+                                               finish_epoch(epoch, handles)
+    driver    abort(handle)                    a prepared transaction no decision names
+    driver    list_prepared(app_id)            recovery: every prepared transaction of ours
+    driver    migrate_uid(old, app_id)         ``txsink state rename-uid``: the target side
+
+The contracts, one line each (Flink's words where they fit):
+
+* after ``prepare`` returns, committing its handle must always succeed, on any
+  driver, after any crash — or the rows are lost;
+* committing and aborting are idempotent, and "already committed" is verified
+  in the target, never assumed;
+* ``list_prepared`` finds *every* prepared transaction of this app and sink,
+  including those of crashed tasks, retried and speculative attempts;
+* nothing a sink writes is visible before it is committed.
+
+Traps:
+
+* Sinks are pickled into Spark tasks. Keep only configuration in ``__init__``;
+  open connections in ``begin`` (executor) or lazily on the driver.
+* A task attempt can run twice (retries, speculation) and a batch can be
+  replayed (a crash after Spark ran it): names come from the
+  :class:`~txsink.txid.TxnId`, never from time, randomness or ``hash()``.
+* A replayed epoch must write nothing: the coordinator skips committed epochs
+  before any hook runs.
+* The unit a target commits in need not be the Spark partition: Kafka commits
+  one transaction per shard, a table format one snapshot per epoch. Such a sink
+  overrides :meth:`SinkContract.commit_epoch` and reports each unit it made
+  visible through :meth:`EpochCommit.committed`; it does not hide its commit in
+  another hook (the ``during_commit`` crash point and the metrics rely on it).
+
+``txsink.testing.contract`` checks these contracts against a real target.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, ClassVar, Generic, Protocol, TypeVar
+
+from txsink.handles import Handle
+from txsink.txid import TxnId, check_name
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+__all__ = [
+    "EpochCommit",
+    "EpochData",
+    "Partitioning",
+    "SinkContract",
+    "TaskInfo",
+]
+
+T = TypeVar("T")
+H = TypeVar("H", bound=Handle)
+R = TypeVar("R")
+
+
+@dataclasses.dataclass(frozen=True)
+class Partitioning:
+    """How a sink needs an epoch's rows spread over the partition tasks.
+
+    ``columns``: rows with equal values meet in one task (Spark's stable
+    Murmur3 hash of them). ``num_partitions``: a fixed task count (e.g. one
+    task per Kafka shard), else ``spark.sql.shuffle.partitions``.
+    """
+
+    columns: tuple[str, ...]
+    num_partitions: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskInfo:
+    """Which task runs a partition function: its partition and its attempt's id.
+
+    ``attempt`` is unique per task attempt within the application (Spark's
+    ``taskAttemptId``): a retried or speculative attempt gets a new one.
+    """
+
+    partition: int
+    attempt: int
+
+
+class EpochData(Protocol):
+    """The rows of one epoch, for the few sinks that must read them again to commit.
+
+    The core runs the job (Spark today, Spark Connect tomorrow); a connector never
+    imports Spark. ``task`` is pickled into one task per partition, as the sink is;
+    its return value comes back pickled. A :class:`~txsink.errors.TxsinkError` it
+    raises that is not retryable is re-raised on the driver with its context; other
+    exceptions fail the task (Spark retries it) and then the job.
+    """
+
+    def map_partitions(self, task: Callable[[TaskInfo, Iterator[pa.RecordBatch]], R]) -> list[R]:
+        """Run ``task`` once per partition (all of them, in one job); the results in
+        partition order."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True)
+class EpochCommit(Generic[H]):
+    """One sink's share of a decided epoch: what :meth:`SinkContract.commit_epoch` commits.
+
+    ``handles`` are the decided handles of this sink (possibly none: an epoch with no
+    rows for it). ``data`` is the epoch's rows, given only to sinks that
+    :attr:`~SinkContract.commits_from_data`, and only inside the replay of that
+    epoch (elsewhere the coordinator refuses before calling).
+
+    A sink calls :meth:`committed` each time a unit of the epoch has become
+    visible in the target (a transaction, a shard, a snapshot), *after* it is
+    visible: the coordinator's ``during_commit`` and ``during_recovery`` crash
+    points fire there, and metrics count there.
+    """
+
+    epoch: int
+    handles: tuple[H, ...]
+    data: EpochData | None = None
+    on_committed: Callable[[Sequence[Handle]], None] | None = dataclasses.field(
+        default=None, repr=False, compare=False
+    )
+
+    def committed(self, handles: Sequence[H]) -> None:
+        """Report that ``handles`` are now visible (committed now or verified as before)."""
+        if self.on_committed is not None:
+            self.on_committed(handles)
+
+    @property
+    def app_id(self) -> str | None:
+        """The app that prepared the handles (``None`` for an epoch without handles)."""
+        return self.handles[0].txn.app if self.handles else None
+
+
+class SinkContract(abc.ABC, Generic[T, H]):
+    """The hooks of a two-phase-commit sink (connectors subclass
+    :class:`txsink.sink.TwoPhaseCommitSink`, which adds the drop-in
+    ``foreachBatch(sink)`` use on top of this contract).
+
+    ``T`` is the connector's open-transaction object (lives in one task),
+    ``H`` its :class:`~txsink.handles.Handle` type (crosses processes as JSON).
+    """
+
+    #: Short connector name, used in errors and logs (the registry's name).
+    connector: ClassVar[str] = "base"
+    #: The guarantee this sink gives, stated in its docs and ``txsink status``.
+    guarantee: ClassVar[str] = "exactly-once"
+    #: The handle type written by this sink (for loading decided handles).
+    handle_type: ClassVar[type[Handle]] = Handle
+
+    def __init__(self, uid: str) -> None:
+        self.uid = check_name("sink uid", uid)
+
+    # -- driver side: start -------------------------------------------------------
+
+    def check(self, schema: pa.Schema, app_id: str) -> None:
+        """Validate configuration, target and schema before anything is written.
+
+        Called on the driver once per query run (and for each one-shot write).
+        Raise :class:`~txsink.errors.ConfigurationError` for anything that would
+        otherwise fail at the first crash or the first bad row. Must not write.
+        """
+
+    @property
+    def commits_from_data(self) -> bool:
+        """True for sinks whose commit reads the epoch's rows again (Kafka replay mode).
+
+        The coordinator then keeps the epoch's rows for the commit and hands them
+        to :meth:`commit_epoch` as :attr:`EpochCommit.data`; recovery outside that
+        epoch's replay cannot finish such a sink and says to restart the query.
+        """
+        return False
+
+    def required_partitioning(self) -> Partitioning | None:
+        """How this sink needs the epoch's rows partitioned (default: any way).
+
+        An upsert sink returns its key: two prepared transactions upserting the
+        same key in different partitions would wait on each other's row locks
+        until the decision, which never comes. The coordinator repartitions the
+        epoch's DataFrame accordingly (all sinks of a coordinator must agree).
+        """
+        return None
+
+    # -- executor side: one partition of one epoch ------------------------------
+
+    @abc.abstractmethod
+    def begin(self, txn: TxnId, schema: pa.Schema) -> T:
+        """Open a transaction named ``txn`` for rows of ``schema``.
+
+        Called in a Spark task before its first non-empty batch. Nothing written
+        through it may become visible before it is committed.
+        """
+
+    @abc.abstractmethod
+    def write(self, txn: T, batch: pa.RecordBatch) -> None:
+        """Write one Arrow record batch into the open transaction.
+
+        Raise :class:`~txsink.errors.WriteError` naming the row (counted from
+        the partition's first row, 0-based) and column for input the target
+        cannot take, :class:`~txsink.errors.RetryableError` for transient
+        failures. Either way the epoch is aborted, not partial.
+        """
+
+    @abc.abstractmethod
+    def prepare(self, txn: T) -> H:
+        """Pre-commit: make the transaction durable but invisible; return its handle.
+
+        After this returns, committing the handle must always succeed. Checks
+        that can fail (sizes, constraints) belong here or earlier.
+        """
+
+    def discard(self, txn: T) -> None:
+        """Best-effort cleanup of a transaction whose task failed before ``prepare`` returned.
+
+        May be skipped entirely (the task process can die); recovery's
+        :meth:`list_prepared` + :meth:`abort` must clean up regardless.
+        """
+
+    # -- driver side: after the decision ------------------------------------------
+
+    def commit_epoch(self, request: EpochCommit[H]) -> None:
+        """Make this sink's share of a decided epoch visible. Idempotent.
+
+        Called on the driver after the epoch's decision is durable, and again by
+        recovery after a crash (then some units may be committed already). Call
+        ``request.committed(handles)`` after each unit became visible. Raise
+        :class:`~txsink.errors.CommitError` for a unit that cannot be committed
+        (its rows would be lost): the decision stands and the next run retries.
+
+        The default commits handle by handle (:meth:`commit`), then calls
+        :meth:`finish_epoch`. Override it when the target's unit of commit is a
+        shard or the whole epoch (a Kafka transaction per shard, a table snapshot);
+        then :meth:`commit` need not be implemented.
+        """
+        for handle in request.handles:
+            self.commit(handle)
+            request.committed([handle])
+        self.finish_epoch(request.epoch, request.handles)
+
+    def commit(self, handle: H) -> None:
+        """Make one prepared transaction visible. Idempotent (default :meth:`commit_epoch`).
+
+        A handle that is already committed is success only once verified in the
+        target; one that cannot be committed raises
+        :class:`~txsink.errors.CommitError` (its rows would be lost).
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} implements neither commit(handle) nor commit_epoch(request)"
+        )
+
+    def finish_epoch(self, epoch: int, handles: Sequence[H]) -> None:
+        """After every handle of ``epoch`` committed (default :meth:`commit_epoch`): a
+        manifest, say. Idempotent: recovery calls it again after a crash. ``handles`` may
+        be empty (an epoch with no rows for this sink)."""
+
+    @abc.abstractmethod
+    def abort(self, handle: H) -> None:
+        """Roll back a prepared transaction that no decision names. Idempotent."""
+
+    @abc.abstractmethod
+    def list_prepared(self, app_id: str) -> Iterable[H]:
+        """Every prepared-but-uncommitted transaction of ``app_id`` and this sink's uid.
+
+        Used by recovery (which commits those a decision names and aborts the
+        rest) and after each epoch to abort the leftovers of retried attempts.
+        """
+
+    # -- operator side: upgrades ----------------------------------------------------
+
+    def migrate_uid(self, old: str, *, app_id: str, dry_run: bool = False) -> list[str]:
+        """Move what the target keys by sink uid from ``old`` to ``self.uid``; idempotent.
+
+        Called by ``txsink state rename-uid`` with the pipeline stopped at a fully
+        committed epoch, after the old uid's lingering transactions were aborted. The
+        sink is configured with the NEW uid. Returns one plain line per action (with
+        ``dry_run``, what it would do). Default: no migration; say so.
+        """
+        return [
+            f"{self!r}: {type(self).__name__} migrates nothing in the target; whatever it "
+            f"keys by uid still says {old!r}"
+        ]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(uid={self.uid!r})"

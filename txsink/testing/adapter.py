@@ -1,0 +1,126 @@
+"""What the testing toolkit needs from a connector: one adapter object per connector.
+
+A connector registers its adapter in its :class:`~txsink.registry.Connector` record
+(``testing="mypkg.testing:ADAPTER"``). Through it, with no code of their own for any
+connector, the chaos runner and ``txsink chaos soak`` build the sinks of a pipeline in a
+child process, the verifiers read each target back, the cross-system observer watches
+the targets during a run, and ``txsink.testing.contract`` checks the sink contract; the
+integration suite runs its crash matrices over every registered adapter.
+
+Targets are described by a *spec*: a JSON object ``{"kind": <connector name>,
+"uid": ..., ...}`` that names no secret. Servers are found through environment
+variables (:attr:`ConnectorTesting.env_vars`); every method takes the environment as
+a mapping, so a test can point one target at a proxy without touching ``os.environ``.
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from txsink import registry
+
+if TYPE_CHECKING:
+    from txsink.contract import SinkContract
+    from txsink.testing.observer import Target
+    from txsink.testing.verifiers import SinkVerifier
+
+__all__ = ["INPUT_SCHEMA", "ConnectorTesting", "adapter", "adapters", "build_sink"]
+
+#: The rows every test pipeline writes (:func:`txsink.testing.inputs.make_input`).
+INPUT_SCHEMA = "id long, key string, amount double, payload string"
+
+
+class ConnectorTesting(abc.ABC):
+    """A connector's testing adapter. Subclass it next to the connector and register it.
+
+    The contract of each method is in its docstring; none may hide a failure (a
+    verifier that cannot read its target raises, it never returns "nothing").
+    """
+
+    #: The connector's registered name; a spec's ``"kind"``.
+    name: ClassVar[str]
+    #: Environment variables that locate the connector's server; all set = available.
+    #: Empty for a connector that needs no server.
+    env_vars: ClassVar[tuple[str, ...]] = ()
+    #: The services of the integration harness (``integration/services``) it needs.
+    services: ClassVar[tuple[str, ...]] = ()
+    #: Named option sets the crash matrices and the contract suite run, each passed to
+    #: :meth:`new_target` as keyword arguments (e.g. Kafka's two modes).
+    variants: ClassVar[Mapping[str, Mapping[str, Any]]] = {"default": {}}
+
+    def available(self, env: Mapping[str, str] | None = None) -> bool:
+        """True when every :attr:`env_vars` is set (the server can be reached)."""
+        source = os.environ if env is None else env
+        return all(source.get(var) for var in self.env_vars)
+
+    @abc.abstractmethod
+    def new_target(
+        self, workdir: Path, tag: str, env: Mapping[str, str], **options: Any
+    ) -> dict[str, Any]:
+        """Create a fresh, empty target (table, topic, bucket, folder) and return its spec.
+
+        ``tag`` is unique per call (``[a-z0-9_]``): use it in names so concurrent runs do
+        not meet; ``workdir`` is a folder for local state (a WAL, say). ``options`` are a
+        :attr:`variants` entry or a test's own (a uid, a mode). The spec must be
+        JSON-able, name no secret, and work in :meth:`build_sink` in another process
+        given :meth:`child_env`.
+        """
+
+    @abc.abstractmethod
+    def build_sink(self, spec: Mapping[str, Any], env: Mapping[str, str]) -> SinkContract[Any, Any]:
+        """The sink a spec describes (in the test process or in a pipeline's child)."""
+
+    @abc.abstractmethod
+    def verifier(
+        self,
+        spec: Mapping[str, Any],
+        expected: Iterable[int],
+        env: Mapping[str, str],
+        *,
+        log: str | None = None,
+    ) -> SinkVerifier:
+        """A verifier that reads the target back as a downstream reader would.
+
+        ``log`` is the run's txsink log, for verifiers that count only this app's
+        leftovers. Lingering leftovers are counted with the target's own means
+        (its catalog of prepared transactions, open uploads, open transactions).
+        """
+
+    def observer_targets(self, spec: Mapping[str, Any], env: Mapping[str, str]) -> list[Target]:
+        """What the cross-system observer samples: the guaranteed view, and any boundary
+        views (``guaranteed=False``) worth reporting next to it. Default: none."""
+        return []
+
+    def child_env(self, env: Mapping[str, str]) -> dict[str, str]:
+        """The variables a child process needs for :meth:`build_sink` (default:
+        :attr:`env_vars` as they are in ``env``)."""
+        return {var: env[var] for var in self.env_vars if var in env}
+
+
+def adapters(*, env: Mapping[str, str] | None = None) -> dict[str, ConnectorTesting]:
+    """Every registered connector's adapter, by name; with ``env``, only those available."""
+    found: dict[str, ConnectorTesting] = {}
+    for name, record in registry.connectors().items():
+        if record.testing is None:
+            continue
+        candidate = record.load_testing()
+        if env is None or candidate.available(env):
+            found[name] = candidate
+    return found
+
+
+def adapter(name: str) -> ConnectorTesting:
+    """The adapter of the registered connector ``name``."""
+    found = registry.connector(name).load_testing()
+    if not isinstance(found, ConnectorTesting):
+        raise TypeError(f"connector {name!r} registers a testing adapter that is not one")
+    return found
+
+
+def build_sink(spec: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Any:
+    """The sink a spec describes, through its connector's adapter."""
+    return adapter(str(spec["kind"])).build_sink(spec, os.environ if env is None else env)

@@ -13,9 +13,9 @@ What each test creates through ``new_schema()`` / ``new_topic()`` / ``new_bucket
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import pytest
 from _services.common import ServiceError, redact
@@ -112,10 +112,28 @@ def schema_registry(_service_finalizers: list[Finalizer]) -> RegistryService:
     return _obtain("registry", resolve_registry, _service_finalizers)
 
 
+def server_connectors() -> list[str]:
+    """The registered connectors that need a server of the harness."""
+    from txsink.testing.adapter import adapters
+
+    return [name for name, found in adapters().items() if found.services]
+
+
+def services_for(request: pytest.FixtureRequest, connectors: Iterable[str]) -> dict[str, Any]:
+    """The harness services the connectors' adapters need, started (once per session)."""
+    from txsink.testing.adapter import adapter
+
+    names = {s for c in connectors for s in adapter(c).services}
+    return {name: request.getfixturevalue(SERVICE_MARKERS.get(name, name)) for name in names}
+
+
 @pytest.fixture
-def cross(kafka: KafkaService, postgres: PostgresService, s3: S3Service, tmp_path: Path) -> Cross:
-    """A Kafka topic, a Postgres table and an S3 prefix for one test (``cross.py``)."""
-    return Cross.create(kafka, postgres, s3, tmp_path)
+def cross(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cross]:
+    """A fresh target of every connector with a server, for one test (``cross.py``)."""
+    connectors = server_connectors()
+    made = Cross.create(connectors, services_for(request, connectors), tmp_path)
+    yield made
+    made.drop()
 
 
 @pytest.fixture(autouse=True)

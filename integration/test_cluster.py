@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 from cluster import Cluster, ClusterError, start_cluster, submit_args
 
-from txsink.demo import make_input
+from txsink.connectors.files.testing import FilesVerifier, verify_files
 from txsink.log import open_log
-from txsink.testing import FilesVerifier, run_chaos
+from txsink.testing import run_chaos
 from txsink.testing.chaos import ChaosReport
-from txsink.verify import verify_files
+from txsink.testing.inputs import make_input
 
 pytestmark = [pytest.mark.cluster, pytest.mark.chaos]
 

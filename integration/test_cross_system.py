@@ -158,7 +158,7 @@ def test_crash_mid_commit_shows_part_of_an_epoch_until_the_restart(
 
 def test_kill_driver_at_every_point(cross: Cross, skew_log: SkewLog) -> None:
     """SIGKILL of the driver at every crash point (a child process restarted each time)."""
-    from txsink.demo import make_input
+    from txsink.testing.inputs import make_input
 
     rows = 600
     make_input(cross.tmp / "input", rows, 6)  # the same files the helper writes
@@ -217,8 +217,8 @@ def test_network_fault_to_one_target(
     once, and the observer must see no epoch that one target shows and another never does."""
     from tests.streaming import prepare_input, run_until_done
 
-    proxy, address = getattr(cross, target).with_proxy()
-    cross.via[target] = address
+    proxy, address = cross.services[target].with_proxy()
+    cross.route(target, address)
     prepare_input(cross.tmp, ROWS, FILES)
     point, extra = PHASES[phase]
     hooks = PointHooks(cross.tmp / "hooks")

@@ -18,7 +18,7 @@ import pytest
 from cross import Cross
 
 from tests.streaming import prepare_input, run_until_done
-from txsink import _cli_inspect
+from txsink.cli import inspect as cli_inspect
 from txsink.faults import FaultPlan
 from txsink.inspect import epoch_table, log_table, read_log
 
@@ -78,7 +78,7 @@ def test_inspect_a_cross_system_log(
     monkeypatch.setenv("TXSINK_INSPECT_SPECS", json.dumps(cross.specs()))
     out, csv = tmp_path / "report.html", tmp_path / "table.csv"
     parser = argparse.ArgumentParser()
-    _cli_inspect.add_arguments(parser)
+    cli_inspect.add_arguments(parser)
     args = parser.parse_args(
         [
             "--log",
@@ -91,7 +91,7 @@ def test_inspect_a_cross_system_log(
             f"{pipeline}:sinks",
         ]
     )
-    assert _cli_inspect.inspect_command(args) == 0
+    assert cli_inspect.inspect_command(args) == 0
     printed = capsys.readouterr().out
     assert "0 lingering transactions" in printed
     assert f"{FILES} epochs: {FILES} committed" in printed

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pytest
 from cross import Cross
 
-from txsink._cli_operate import (
+from txsink.cli.operate import (
     abort_command,
     add_abort_arguments,
     add_recover_arguments,
@@ -134,7 +134,7 @@ def test_recover_and_abort_by_hand_on_real_targets(
     assert out[-1].startswith("txsink recover: committed"), out
     assert _lingering(cross.verdicts(ROWS)) == {"kafka": 0, "postgres": 0, "s3": 0}
     assert open_log(cross.log).pending() == []
-    with cross.postgres.connect() as conn:
+    with cross.services["postgres"].connect() as conn:
         gids = [gid for (gid,) in conn.execute("SELECT gid FROM pg_prepared_xacts")]
     assert not [g for g in gids if f".{cross.uids['postgres']}." in g], gids
 
@@ -142,4 +142,4 @@ def test_recover_and_abort_by_hand_on_real_targets(
     assert restarts == 0
     verdicts = cross.verdicts(ROWS)
     assert all(v.ok for v in verdicts.values()), verdicts
-    assert os.listdir(cross.wal) == []
+    assert os.listdir(cross.targets["kafka"].spec["wal"]) == []

@@ -1,4 +1,4 @@
-"""The txsink log on S3 (``txsink.s3log.S3Store``) against the real S3 server (MinIO).
+"""The txsink log on S3 (``txsink.connectors.s3.S3Store``) against the real S3 server (MinIO).
 
 What is checked: create-if-absent semantics and racing creators, listing across pages, a
 full ``TxLog`` round trip, the conditional-write probe (a store that ignores
@@ -28,11 +28,11 @@ from botocore.stub import Stubber
 
 from tests.streaming import CRASH_MATRIX, fault_spec, prepare_input, run_until_done
 from txsink import Coordinator, open_log
+from txsink.connectors.files.testing import verify_files
+from txsink.connectors.s3.log_store import ConditionalWritesUnsupportedError, S3Store
 from txsink.errors import ConfigurationError, LogError
 from txsink.faults import FaultPlan
 from txsink.log import TxLog
-from txsink.s3log import ConditionalWritesUnsupportedError, S3Store
-from txsink.verify import verify_files
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client

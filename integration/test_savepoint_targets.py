@@ -27,7 +27,12 @@ ROWS, FILES, MORE = 400, 2, 200
 
 
 def _s3_log(cross: Cross, prefix: str) -> TxLog:
-    return open_log(f"s3://{cross.bucket}/{prefix}", client_options=cross.s3_options())
+    from txsink.connectors.s3.client import parse_s3_url
+    from txsink.connectors.s3.testing import client_options
+
+    s3 = cross.targets["s3"]
+    bucket = parse_s3_url(s3.spec["url"]).bucket
+    return open_log(f"s3://{bucket}/{prefix}", client_options=client_options(s3.env))
 
 
 def _assert_exactly_once(cross: Cross, rows: int) -> None:
@@ -68,13 +73,14 @@ def test_rename_every_uid_then_continue(spark: Any, cross: Cross) -> None:
     # A lingering prepared transaction of the old Postgres uid (a crashed task's leftover):
     # recovery under the new uid would never list it; the rename rolls it back.
     stray = f"txsink.{app}.{old['postgres']}.e1.r7.p0.a9"
-    conn = psycopg.connect(cross.postgres.dsn)
+    conn = psycopg.connect(cross.services["postgres"].dsn)
     conn.tpc_begin(stray)
     conn.execute("SELECT 1")
     conn.tpc_prepare()
     conn.close()  # a prepared transaction outlives its session
 
-    cross.uids = {name: f"{uid[:40]}-v2" for name, uid in old.items()}
+    for name, uid in old.items():
+        cross.rename(name, f"{uid[:40]}-v2")
     lines: list[str] = []
     for name, uid in old.items():
         report = rename_uid(log, uid, cross.uids[name], sinks=cross.sinks())
@@ -84,7 +90,7 @@ def test_rename_every_uid_then_continue(spark: Any, cross: Cross) -> None:
     assert "aborted 1 lingering transaction(s)" in text, text
     assert f"moved {FILES} epoch manifest(s)" in text, text
     assert "fenced transactional ids" in text, text
-    with psycopg.connect(cross.postgres.dsn, autocommit=True) as conn:
+    with psycopg.connect(cross.services["postgres"].dsn, autocommit=True) as conn:
         gids = conn.execute("SELECT gid FROM pg_prepared_xacts").fetchall()
     assert (stray,) not in gids
     assert all(

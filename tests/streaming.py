@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from txsink import Coordinator
-from txsink.demo import make_input
+from txsink.testing.inputs import make_input
 
 SCHEMA = "id long, key string, amount double, payload string"
 
@@ -168,8 +168,8 @@ def kill_driver_at_every_point(
     is the txsink log's location (default ``workdir/txlog``); ``on_line`` sees
     every line the children print.
     """
-    from txsink.demo import make_input
     from txsink.runner import run_until_done as run_child
+    from txsink.testing.inputs import make_input
 
     make_input(workdir / "input", rows, 6)
     child_env = dict(

@@ -17,10 +17,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from txsink.connectors.files.testing import FilesVerifier
 from txsink.faults import TASK_POINTS, CrashPoint, FaultMode, FaultPlan
 from txsink.testing import (
     ChaosPlan,
-    FilesVerifier,
     IdsVerifier,
     SinkVerifier,
     run_chaos,

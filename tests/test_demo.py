@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.streaming import EVERY_POINT_ONCE
-from txsink.demo import run_demo
+from txsink.connectors.files.demo import run_demo
 from txsink.faults import CrashPoint
 
 pytestmark = pytest.mark.chaos

@@ -21,10 +21,10 @@ from tests.streaming import (
     start_query,
 )
 from txsink.connectors.files import FilesSink, read_committed
+from txsink.connectors.files.testing import verify_files
 from txsink.errors import CheckpointMismatchError
 from txsink.faults import FaultPlan
 from txsink.log import open_log
-from txsink.verify import verify_files
 
 pytestmark = pytest.mark.spark
 ROWS = 1000

@@ -21,7 +21,7 @@ import pandas as pd
 import pytest
 
 from tests.streaming import files_coordinator, prepare_input, run_until_done
-from txsink import _cli_inspect
+from txsink.cli import inspect as cli_inspect
 from txsink.errors import LogError
 from txsink.faults import FaultPlan
 from txsink.inspect import (
@@ -111,8 +111,8 @@ class CountingStore(FileStore):
 
 def _run_cli(*argv: str) -> int:
     parser = argparse.ArgumentParser()
-    _cli_inspect.add_arguments(parser)
-    return _cli_inspect.inspect_command(parser.parse_args(list(argv)))
+    cli_inspect.add_arguments(parser)
+    return cli_inspect.inspect_command(parser.parse_args(list(argv)))
 
 
 def _section(page: str, section_id: str) -> str:

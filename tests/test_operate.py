@@ -20,13 +20,13 @@ import pytest
 
 from tests.memsink import Crasher, MemSink, MemStore, MemTarget, batches_for, memory_precommit
 from txsink import Coordinator, operate
-from txsink._cli_operate import (
+from txsink._task import TaskPlan, collect_acks
+from txsink.cli.operate import (
     abort_command,
     add_abort_arguments,
     add_recover_arguments,
     recover_command,
 )
-from txsink._task import TaskPlan, collect_acks
 from txsink.errors import InjectedFault, NonRestoredStateError, StateError
 from txsink.faults import FaultPlan
 from txsink.handles import dump_handle

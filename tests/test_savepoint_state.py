@@ -18,13 +18,14 @@ import pytest
 
 from tests.streaming import append_input, prepare_input, start_query
 from txsink import Coordinator
-from txsink._cli_state import (
+from txsink.cli.state import (
     add_savepoint_arguments,
     add_state_arguments,
     savepoint_command,
     state_command,
 )
 from txsink.connectors.files import FilesSink, read_manifests
+from txsink.connectors.files.testing import verify_files
 from txsink.errors import SavepointError, StateError
 from txsink.faults import FaultPlan
 from txsink.log import open_log
@@ -36,7 +37,6 @@ from txsink.savepoint import (
     restore_savepoint,
 )
 from txsink.state import rename_uid
-from txsink.verify import verify_files
 
 pytestmark = pytest.mark.spark
 ROWS, FILES = 600, 3

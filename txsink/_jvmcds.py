@@ -11,9 +11,10 @@ The archive is only ever an optimisation:
 
 - the JVM checks it against its own build and the class path, and silently runs without
   it on any mismatch (``-Xshare:auto``, CDS logging off);
-- it is built by one throw-away child process that runs a tiny txsink query and exits
-  cleanly, written under a temporary name and renamed only after that JVM exited with
-  code 0, under a file lock: a crashed or concurrent build never leaves a torn archive;
+- it is built by one throw-away child process that runs a tiny streaming query
+  (``python -m txsink.localspark``) and exits cleanly, written under a temporary name
+  and renamed only after that JVM exited with code 0, under a file lock: a crashed or
+  concurrent build never leaves a torn archive;
 - ``TXSINK_SPARK_CDS=0`` turns it off; the location is ``$TXSINK_CACHE_DIR`` (default
   ``$XDG_CACHE_HOME/txsink`` or ``~/.cache/txsink``), one file per Java and PySpark build.
 """
@@ -107,7 +108,7 @@ def ensure_archive(timeout: float = 300.0) -> Path | None:
             env.setdefault("PYSPARK_PYTHON", sys.executable)
             try:
                 done = subprocess.run(
-                    [sys.executable, "-m", "txsink._jvmcds", work],
+                    [sys.executable, "-m", "txsink.localspark", work],
                     env=env,
                     capture_output=True,
                     text=True,
@@ -124,37 +125,3 @@ def ensure_archive(timeout: float = 300.0) -> Path | None:
             os.replace(tmp, path)
     log.info("built the Spark CDS archive %s", path)
     return path
-
-
-def _build(workdir: Path) -> None:
-    """The child: a tiny txsink query (file stream -> foreachBatch -> files sink), then a
-    clean JVM exit, which is when ``-XX:ArchiveClassesAtExit`` writes the archive."""
-    from txsink import Coordinator
-    from txsink.connectors.files import FilesSink
-    from txsink.demo import local_spark, make_input
-
-    make_input(workdir / "input", 40, 2)
-    spark = local_spark("local[2]", "txsink-cds")
-    query = (
-        spark.readStream.schema("id long, key string, amount double, payload string")
-        .option("maxFilesPerTrigger", 1)
-        .parquet(str(workdir / "input"))
-        .repartition(2)
-        .writeStream.foreachBatch(
-            Coordinator([FilesSink(workdir / "out", uid="cds")], log=str(workdir / "txlog"))
-        )
-        .option("checkpointLocation", str(workdir / "checkpoint"))
-        .trigger(availableNow=True)
-        .start()
-    )
-    query.awaitTermination()
-    proc = spark.sparkContext._gateway.proc
-    spark.stop()
-    # The gateway JVM exits when its stdin closes; wait for it so the archive is complete.
-    proc.stdin.close()
-    code = proc.wait(timeout=120)
-    raise SystemExit(code)
-
-
-if __name__ == "__main__":
-    _build(Path(sys.argv[1]))

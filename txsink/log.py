@@ -30,19 +30,15 @@ reads every older version. ``tests/golden/`` pins the released formats.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import socket
 import time
-import uuid
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from txsink._fs import fsync_dir
 from txsink.errors import CheckpointMismatchError, LogError
+from txsink.store import FileStore, LogStore, open_store
 
 __all__ = [
     "LOG_FORMAT_VERSION",
@@ -64,126 +60,22 @@ _EPOCHS = "epochs/"
 _KINDS = ("decision", "void")
 
 
-class LogStore(Protocol):
-    """Key-value storage for the log. ``create`` must be atomic create-if-absent."""
-
-    location: str
-
-    def create(self, key: str, data: bytes) -> bool:
-        """Store ``data`` under ``key`` unless the key exists; True if this call created it."""
-        ...
-
-    def read(self, key: str) -> bytes | None: ...
-
-    def list(self, prefix: str) -> list[str]:
-        """Every key that starts with ``prefix``, sorted."""
-        ...
-
-    def delete(self, key: str) -> None: ...
-
-
-class FileStore:
-    """A :class:`LogStore` on a local or mounted POSIX filesystem.
-
-    ``create`` writes a temporary file, fsyncs it and hard-links it into place:
-    ``link`` fails if the name exists, so creation is atomic and a reader never
-    sees a half-written record. The directory is fsynced after each change.
-    """
-
-    def __init__(self, root: str | os.PathLike[str]) -> None:
-        self.root = Path(root)
-        self.location = str(self.root)
-
-    def _path(self, key: str) -> Path:
-        if key.startswith("/") or ".." in key.split("/"):
-            raise ValueError(f"bad log key {key!r}")
-        return self.root / key
-
-    def create(self, key: str, data: bytes) -> bool:
-        try:
-            return self._create(key, data)
-        except OSError as err:
-            raise LogError(
-                f"cannot write txsink log record {key} under {self.root}: {err.strerror or err}; "
-                "check that the folder exists, is writable and has free space",
-            ) from err
-
-    def _create(self, key: str, data: bytes) -> bool:
-        path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.parent / f".tmp-{path.name}-{uuid.uuid4().hex}"
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            return False
-        finally:
-            tmp.unlink(missing_ok=True)
-        fsync_dir(path.parent)
-        return True
-
-    def read(self, key: str) -> bytes | None:
-        try:
-            return self._path(key).read_bytes()
-        except FileNotFoundError:
-            return None
-
-    def list(self, prefix: str) -> list[str]:
-        base = self._path(prefix.rstrip("/")) if prefix.endswith("/") else self._path(prefix).parent
-        if not base.is_dir():
-            return []
-        keys = []
-        for dirpath, _dirs, files in os.walk(base):
-            for name in files:
-                if name.startswith(".tmp-"):
-                    continue
-                key = os.path.relpath(os.path.join(dirpath, name), self.root).replace(os.sep, "/")
-                if key.startswith(prefix):
-                    keys.append(key)
-        return sorted(keys)
-
-    def delete(self, key: str) -> None:
-        path = self._path(key)
-        path.unlink(missing_ok=True)
-        # Remove emptied epoch folders so listings stay short.
-        with contextlib.suppress(OSError):
-            path.parent.rmdir()
-
-
 def open_log(
     location: str | os.PathLike[str] | LogStore | TxLog,
-    *,
-    client_options: Mapping[str, Any] | None = None,
+    **store_options: Any,
 ) -> TxLog:
-    """Open the txsink log at a filesystem path, a ``file://`` URL, an ``s3://`` URL or a store.
+    """Open the txsink log at a filesystem path, a URL or a store (an open :class:`TxLog`
+    is returned as it is, so every API can take any of these).
 
-    ``client_options`` go to ``boto3.client("s3", ...)`` for an ``s3://`` location
-    (see :mod:`txsink.s3log`); without them boto3's usual chain decides. An open
-    :class:`TxLog` is returned as it is, so every API can take any of these.
+    A URL's scheme names the store: ``file://`` or none is the local filesystem; others
+    are registered by connectors (``s3://`` by the S3 connector), and ``store_options``
+    go to that store (e.g. ``client_options=`` for S3).
     """
-    if not isinstance(location, (str, os.PathLike)):
-        if client_options is not None:
-            raise ValueError("open_log: client_options apply to an s3:// location, not a store")
-        return location if isinstance(location, TxLog) else TxLog(location)
-    loc = os.fspath(location)
-    if loc.startswith(("s3://", "s3a://")):
-        from txsink.s3log import S3Store
-
-        return TxLog(S3Store(loc, client_options=client_options))
-    if client_options is not None:
-        raise ValueError(f"open_log: client_options apply to an s3:// location, not {loc!r}")
-    if loc.startswith("file://"):
-        loc = loc[len("file://") :]
-    if "://" in loc:
-        scheme = loc.split("://", 1)[0]
-        raise LogError(
-            f"txsink log location {loc!r}: scheme {scheme!r} is not supported here; "
-            "use s3://bucket/prefix or a local or mounted filesystem path"
-        )
-    return TxLog(FileStore(loc))
+    if isinstance(location, TxLog):
+        if store_options:
+            raise ValueError("open_log: store options apply to a location, not an open log")
+        return location
+    return TxLog(open_store(location, **store_options))
 
 
 def _dumps(doc: dict[str, Any]) -> bytes:

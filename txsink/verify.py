@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["Verdict", "count_ids", "verify_files"]
+__all__ = ["Verdict", "count_ids"]
 
 
 @dataclass(frozen=True)
@@ -51,20 +50,3 @@ def count_ids(
         lingering=lingering,
         epochs=epochs,
     )
-
-
-def verify_files(
-    path: str | os.PathLike[str],
-    expected_ids: Iterable[int],
-    *,
-    id_column: str = "id",
-    uid: str | None = None,
-) -> Verdict:
-    """Verify a files sink: rows from whole committed epochs (manifests), staged leftovers."""
-    from txsink.connectors.files import STAGING, read_committed, read_manifests
-
-    table = read_committed(path, uid)
-    ids = table.column(id_column).to_pylist() if id_column in table.column_names else []
-    staging = os.path.join(os.fspath(path), STAGING)
-    lingering = len(os.listdir(staging)) if os.path.isdir(staging) else 0
-    return count_ids(expected_ids, ids, lingering=lingering, epochs=len(read_manifests(path, uid)))

@@ -29,7 +29,8 @@ def build_log(workdir: Path) -> Path:
 
     from txsink import Coordinator, FaultPlan
     from txsink.connectors.files import FilesSink
-    from txsink.demo import local_spark, make_input
+    from txsink.localspark import local_spark
+    from txsink.testing.inputs import make_input
 
     spark = local_spark("local[2,2]", "txsink-docs")
     try:

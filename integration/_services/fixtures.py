@@ -85,6 +85,10 @@ class PostgresService:
     def __repr__(self) -> str:
         return f"PostgresService(dsn={redact(self.dsn)!r}, origin={self.origin!r})"
 
+    def env(self, address: str | None = None) -> dict[str, str]:
+        """The variables testing adapters read (``address``: a DSN through a proxy)."""
+        return {"TXSINK_PG_DSN": address or self.dsn}
+
     def connect(
         self, *, autocommit: bool = True, dsn: str | None = None
     ) -> psycopg.Connection[Any]:
@@ -162,6 +166,10 @@ class KafkaService:
 
     def __repr__(self) -> str:
         return f"KafkaService(bootstrap={self.bootstrap!r}, origin={self.origin!r})"
+
+    def env(self, address: str | None = None) -> dict[str, str]:
+        """The variables testing adapters read (``address``: a bootstrap through a proxy)."""
+        return {"TXSINK_KAFKA_BOOTSTRAP": address or self.bootstrap}
 
     def config(self, **overrides: Any) -> dict[str, Any]:
         """Client config for confluent-kafka: bootstrap plus a logger that keeps stderr quiet.
@@ -271,6 +279,16 @@ class S3Service:
             f"S3Service(endpoint={self.endpoint!r}, server={self.server!r}, origin={self.origin!r})"
         )
 
+    def env(self, address: str | None = None) -> dict[str, str]:
+        """The variables testing adapters read (``address``: an endpoint through a proxy)."""
+        return {
+            "TXSINK_S3_ENDPOINT": address or self.endpoint,
+            "TXSINK_S3_ACCESS_KEY": self.access_key,
+            "TXSINK_S3_SECRET_KEY": self.secret_key,
+            "TXSINK_S3_REGION": self.region,
+            "TXSINK_S3_SERVER": self.server,
+        }
+
     def client(self, endpoint: str | None = None, **config: Any) -> S3Client:
         """A boto3 S3 client for this server (``endpoint`` overrides, e.g. via a proxy).
 
@@ -355,6 +373,10 @@ class RegistryService:
 
     def __repr__(self) -> str:
         return f"RegistryService(url={self.url!r}, origin={self.origin!r})"
+
+    def env(self, address: str | None = None) -> dict[str, str]:
+        """The variables testing adapters read (``address``: a URL through a proxy)."""
+        return {"TXSINK_SCHEMA_REGISTRY_URL": address or self.url}
 
     def config(self, **overrides: Any) -> dict[str, Any]:
         """``SchemaRegistryClient`` config: the URL plus ``overrides`` (dotted names)."""

@@ -288,7 +288,7 @@ def maven_jar(group: str, artifact: str, version: str, cache: Path = JAR_CACHE) 
 def spark_session(app_name: str, *, jars: Sequence[Path] = (), driver_memory: str = "2g") -> Any:
     """A local SparkSession for benchmarks.
 
-    The settings of :func:`txsink.demo.local_spark` (``local[2]``, UI off, 2 shuffle
+    The settings of :func:`txsink.localspark.local_spark` (``local[2]``, UI off, 2 shuffle
     partitions, workers run this interpreter) except: full JIT (no ``fast_start``: C1-only
     would handicap the JVM-side writers), ``driver_memory`` for the cached input, the given
     jars, and the session time zone pinned to UTC.

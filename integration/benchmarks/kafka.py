@@ -68,7 +68,7 @@ except ImportError:  # run as a plain script: python integration/benchmarks/kafk
     from benchmarks import _bench
 
 from txsink import Coordinator
-from txsink.connectors.kafka import KafkaReplayHandle, KafkaSink, KafkaWalHandle, _OpenWal
+from txsink.connectors.kafka.sink import KafkaReplayHandle, KafkaSink, KafkaWalHandle, _OpenWal
 from txsink.txid import TxnId
 
 # txsink's producer defaults (KafkaSink._producer); the ceiling and Spark's sink get the same.
@@ -901,7 +901,7 @@ def single_process(bench: Bench, df: Any, rows: int, expected: tuple[int, ...]) 
     """
     from confluent_kafka import Producer
 
-    from txsink.connectors.kafka import _checksum
+    from txsink.connectors.kafka.sink import _checksum
 
     data = df.select("key", "value").toArrow()
     batches = data.to_batches(max_chunksize=10_000)

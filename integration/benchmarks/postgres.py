@@ -50,7 +50,7 @@ except ImportError:  # run as a plain script: python integration/benchmarks/post
     from benchmarks import _bench
 
 from txsink import Coordinator
-from txsink.connectors.postgres import PgHandle, PostgresSink, _OpenTxn
+from txsink.connectors.postgres.sink import PgHandle, PostgresSink, _OpenTxn
 from txsink.txid import TxnId
 
 JDBC_DRIVER = ("org.postgresql", "postgresql", "42.7.8")

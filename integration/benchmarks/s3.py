@@ -56,7 +56,7 @@ except ImportError:  # run as a plain script: python integration/benchmarks/s3.p
     from benchmarks import _bench, _hadoop_aws
 
 from txsink import Coordinator
-from txsink._s3 import make_client
+from txsink.connectors.s3.client import make_client
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client

@@ -2,7 +2,8 @@
 
 Quick use::
 
-    from txsink.testing import ChaosPlan, FilesVerifier, run_chaos
+    from txsink.connectors.files.testing import FilesVerifier
+    from txsink.testing import ChaosPlan, run_chaos
 
     plan = ChaosPlan.random(seed=7, epochs=3, partitions=2, n=2)
     report = run_chaos(
@@ -17,63 +18,57 @@ Quick use::
 
 In pytest, the ``txsink`` plugin (installed with the package) gives the ``chaos_runner``
 and ``chaos_workdir`` fixtures; from a shell, ``txsink chaos run`` and ``txsink chaos soak``.
-See docs/testing-recovery.md; for several targets watched during a run (the cross-system
-observer) and callbacks at crash points, docs/reliability.md.
+Each connector's verifiers and observer views are in its testing module
+(``txsink.connectors.<name>.testing``), reached generically through its adapter
+(:mod:`txsink.testing.adapter`); :mod:`txsink.testing.contract` checks a connector's
+sink contract against its real target. See docs/testing-recovery.md and, for several
+targets watched during a run, docs/reliability.md.
 """
 
+from txsink.localspark import local_spark
+from txsink.testing.adapter import ConnectorTesting, adapter, adapters
 from txsink.testing.chaos import ChaosReport, format_table, run_chaos
 from txsink.testing.hooks import HookPlan, PointHooks
+from txsink.testing.inputs import INPUT_SCHEMA, append_input, input_epochs, make_input
 from txsink.testing.observer import (
     EpochVisibility,
-    KafkaTarget,
     Observer,
     ObserverReport,
-    PostgresTarget,
-    S3ListingTarget,
-    S3ManifestTarget,
     Snapshot,
     Target,
-    input_epochs,
 )
 from txsink.testing.plan import DEFAULT_MODES, DEFAULT_POINTS, ChaosPlan
-from txsink.testing.soak import CONNECTORS, SoakResult, available_connectors, soak
-from txsink.testing.verifiers import (
-    FilesVerifier,
-    IdsVerifier,
-    KafkaVerifier,
-    PostgresVerifier,
-    S3Verifier,
-    SinkVerifier,
-    verify,
-)
+from txsink.testing.soak import SoakResult, soak
+from txsink.testing.targets import RunTarget, available_connectors, new_targets
+from txsink.testing.verifiers import IdsVerifier, SinkVerifier, verify
 
 __all__ = [
-    "CONNECTORS",
     "DEFAULT_MODES",
     "DEFAULT_POINTS",
+    "INPUT_SCHEMA",
     "ChaosPlan",
     "ChaosReport",
+    "ConnectorTesting",
     "EpochVisibility",
-    "FilesVerifier",
     "HookPlan",
     "IdsVerifier",
-    "KafkaTarget",
-    "KafkaVerifier",
     "Observer",
     "ObserverReport",
     "PointHooks",
-    "PostgresTarget",
-    "PostgresVerifier",
-    "S3ListingTarget",
-    "S3ManifestTarget",
-    "S3Verifier",
+    "RunTarget",
     "SinkVerifier",
     "Snapshot",
     "SoakResult",
     "Target",
+    "adapter",
+    "adapters",
+    "append_input",
     "available_connectors",
     "format_table",
     "input_epochs",
+    "local_spark",
+    "make_input",
+    "new_targets",
     "run_chaos",
     "soak",
     "verify",

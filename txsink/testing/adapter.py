@@ -28,10 +28,7 @@ if TYPE_CHECKING:
     from txsink.testing.observer import Target
     from txsink.testing.verifiers import SinkVerifier
 
-__all__ = ["INPUT_SCHEMA", "ConnectorTesting", "adapter", "adapters", "build_sink"]
-
-#: The rows every test pipeline writes (:func:`txsink.testing.inputs.make_input`).
-INPUT_SCHEMA = "id long, key string, amount double, payload string"
+__all__ = ["ConnectorTesting", "adapter", "adapters", "build_sink"]
 
 
 class ConnectorTesting(abc.ABC):
@@ -94,6 +91,14 @@ class ConnectorTesting(abc.ABC):
         """What the cross-system observer samples: the guaranteed view, and any boundary
         views (``guaranteed=False``) worth reporting next to it. Default: none."""
         return []
+
+    def drop_target(self, spec: Mapping[str, Any], env: Mapping[str, str]) -> None:
+        """Remove a target :meth:`new_target` made (its table, topic, bucket), best effort.
+
+        Called after a test; prepared transactions the run left must be gone by then (a
+        test that leaves any has failed already). Default: nothing to remove.
+        """
+        return None
 
     def child_env(self, env: Mapping[str, str]) -> dict[str, str]:
         """The variables a child process needs for :meth:`build_sink` (default:

@@ -8,12 +8,13 @@ verifiers (:mod:`txsink.testing.verifiers`) read each target once, after the run
 every ``interval`` seconds, reading only) and records, per target, when each epoch first
 became visible and when it became complete::
 
-    from txsink.testing.observer import KafkaTarget, Observer, PostgresTarget, S3ManifestTarget
+    from txsink.connectors.kafka.testing import KafkaTarget
+    from txsink.connectors.postgres.testing import PostgresTarget
+    from txsink.testing.observer import Observer, input_epochs
 
     epochs = input_epochs(workdir / "input")             # epoch -> its ids (file i = epoch i)
     observer = Observer(
-        [KafkaTarget(bootstrap, topic), PostgresTarget(dsn, "s.events"),
-         S3ManifestTarget("s3://bucket/out", uid="s3")],
+        [KafkaTarget(bootstrap, topic), PostgresTarget(dsn, "s.events")],
         epochs,
     )
     with observer:                                        # start(); stop() on exit
@@ -46,59 +47,36 @@ Skew (:attr:`EpochVisibility.skew`): the time from the first guaranteed target s
 epoch to the last one showing it. Times come from this machine's clock, so the resolution
 is the sampling interval plus one read of the target.
 
-Client libraries (confluent-kafka, psycopg, boto3) are imported lazily by each target.
+The targets of each connector are in its testing module, and its adapter lists them
+(:meth:`~txsink.testing.adapter.ConnectorTesting.observer_targets`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import os
-import re
 import statistics
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol, runtime_checkable
 
+from txsink.testing.inputs import input_epochs
+
 __all__ = [
     "EpochVisibility",
-    "KafkaTarget",
     "Observer",
     "ObserverReport",
-    "PostgresTarget",
-    "S3ListingTarget",
-    "S3ManifestTarget",
     "Snapshot",
     "Target",
+    "by_epoch",
     "input_epochs",
 ]
 
 _log = logging.getLogger(__name__)
-
-
-def input_epochs(folder: str | os.PathLike[str], id_column: str = "id") -> dict[int, list[int]]:
-    """Epoch -> ids of a file-stream input read one file per epoch (``maxFilesPerTrigger=1``).
-
-    Files are taken in the order Spark's file source takes them (modification time, then
-    name), as :func:`txsink.demo.make_input` writes them: file ``i`` is epoch ``i``.
-    """
-    import pyarrow.parquet as pq
-
-    files = sorted(
-        (p for p in Path(folder).iterdir() if p.suffix == ".parquet"),
-        key=lambda p: (p.stat().st_mtime, p.name),
-    )
-    return {
-        i: [int(v) for v in pq.read_table(p, columns=[id_column]).column(0).to_pylist()]
-        for i, p in enumerate(files)
-    }
 
 
 @dataclass(frozen=True)
@@ -134,7 +112,8 @@ class Target(Protocol):
         ...
 
 
-def _by_epoch(ids: Iterable[int], epoch_of: Mapping[int, int]) -> Snapshot:
+def by_epoch(ids: Iterable[int], epoch_of: Mapping[int, int]) -> Snapshot:
+    """A snapshot from the ids a reader sees: distinct ids per epoch, duplicates, strays."""
     counts = Counter(ids)
     rows: Counter[int] = Counter()
     unexpected = 0
@@ -145,236 +124,6 @@ def _by_epoch(ids: Iterable[int], epoch_of: Mapping[int, int]) -> Snapshot:
         else:
             rows[epoch] += 1
     return Snapshot(dict(rows), sum(n - 1 for n in counts.values() if n > 1), unexpected)
-
-
-class KafkaTarget:
-    """A Kafka topic read by one long-lived consumer (values are JSON objects with an id).
-
-    ``isolation="read_committed"`` is the guaranteed view; ``"read_uncommitted"`` is a
-    boundary view (it can show records of aborted transactions). The consumer reads on
-    from where it was at every sample, so a sample costs what is new.
-    """
-
-    counts_rows = True
-
-    def __init__(
-        self,
-        bootstrap: str,
-        topic: str,
-        *,
-        isolation: str = "read_committed",
-        name: str | None = None,
-        id_field: str = "id",
-        config: Mapping[str, Any] | None = None,
-    ) -> None:
-        if isolation not in ("read_committed", "read_uncommitted"):
-            raise ValueError(
-                f"KafkaTarget: isolation must be read_(un)committed, not {isolation!r}"
-            )
-        self.bootstrap = bootstrap
-        self.topic = topic
-        self.isolation = isolation
-        self.name = name or ("kafka" if isolation == "read_committed" else "kafka-uncommitted")
-        self.guaranteed = isolation == "read_committed"
-        self.id_field = id_field
-        self.config = dict(config or {})
-        self._consumer: Any = None
-        self._ids: list[int] = []
-
-    def _open(self) -> Any:
-        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-
-        quiet = logging.getLogger("txsink.testing.observer.rdkafka")
-        quiet.addHandler(logging.NullHandler())
-        quiet.propagate = False
-        conf: dict[str, Any] = {
-            "bootstrap.servers": self.bootstrap,
-            "group.id": f"txsink-observer-{uuid.uuid4().hex[:12]}",
-            "isolation.level": self.isolation,
-            "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
-            "fetch.wait.max.ms": 20,
-            "logger": quiet,
-        }
-        conf.update(self.config)
-        consumer = Consumer(conf)
-        meta = consumer.list_topics(self.topic, timeout=10).topics.get(self.topic)
-        if meta is None or meta.error is not None:
-            consumer.close()
-            raise LookupError(f"topic {self.topic!r} not found")
-        consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in meta.partitions])
-        return consumer
-
-    def sample(self, epoch_of: Mapping[int, int]) -> Snapshot:
-        if self._consumer is None:
-            self._consumer = self._open()
-        # Drain what is readable now; stop at the first empty poll.
-        while True:
-            msg = self._consumer.poll(0.02)
-            if msg is None:
-                break
-            if msg.error() is not None:
-                continue  # partition EOF and transient errors: the next sample reads on
-            value = msg.value()
-            with contextlib.suppress(ValueError, TypeError, KeyError):
-                self._ids.append(int(json.loads(value or b"null")[self.id_field]))
-        return _by_epoch(self._ids, epoch_of)
-
-    def close(self) -> None:
-        if self._consumer is not None:
-            with contextlib.suppress(Exception):
-                self._consumer.close()
-            self._consumer = None
-
-
-class PostgresTarget:
-    """A Postgres table: the ids a new autocommit query sees (committed rows only)."""
-
-    counts_rows = True
-    guaranteed = True
-
-    def __init__(self, dsn: str, table: str, *, name: str = "postgres", id_column: str = "id"):
-        self.dsn = dsn
-        self.table = table
-        self.name = name
-        self.id_column = id_column
-        self._conn: Any = None
-
-    def sample(self, epoch_of: Mapping[int, int]) -> Snapshot:
-        import psycopg
-        from psycopg import sql
-
-        if self._conn is None or self._conn.closed:
-            self._conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=5)
-        query = sql.SQL("SELECT {} FROM {}").format(
-            sql.Identifier(self.id_column), sql.Identifier(*self.table.split("."))
-        )
-        try:
-            rows = self._conn.execute(query).fetchall()
-        except Exception:
-            with contextlib.suppress(Exception):
-                self._conn.close()
-            self._conn = None
-            raise
-        return _by_epoch((int(r[0]) for r in rows), epoch_of)
-
-    def close(self) -> None:
-        if self._conn is not None:
-            with contextlib.suppress(Exception):
-                self._conn.close()
-            self._conn = None
-
-
-def _s3_client(options: Mapping[str, Any] | None) -> Any:
-    from txsink._s3 import make_client
-
-    return make_client(options)
-
-
-class S3ManifestTarget:
-    """An S3 sink's prefix read through its epoch manifests, the way ``read_committed`` does.
-
-    A new manifest is read once; its rows are counted from the manifest (the objects it names
-    are read only by the final verifier). ``uid``: only this sink's manifests.
-    """
-
-    counts_rows = True
-    guaranteed = True
-
-    def __init__(
-        self,
-        url: str,
-        *,
-        uid: str | None = None,
-        name: str = "s3",
-        client_options: Mapping[str, Any] | None = None,
-    ) -> None:
-        from txsink._s3 import parse_s3_url
-
-        loc = parse_s3_url(url)
-        self.bucket = loc.bucket
-        self.prefix = loc.prefix
-        self.uid = uid
-        self.name = name
-        self.client_options = client_options
-        self._client: Any = None
-        self._rows: dict[int, int] = {}
-        self._read: set[str] = set()
-
-    def sample(self, epoch_of: Mapping[int, int]) -> Snapshot:
-        if self._client is None:
-            self._client = _s3_client(self.client_options)
-        manifests = f"{self.prefix}_manifests/{self.uid + '-' if self.uid else ''}"
-        for page in self._client.get_paginator("list_objects_v2").paginate(
-            Bucket=self.bucket, Prefix=manifests
-        ):
-            for obj in page.get("Contents", []):
-                key = obj["Key"]
-                if key in self._read or not key.endswith(".json"):
-                    continue
-                doc = json.loads(
-                    self._client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
-                )
-                if self.uid is not None and doc.get("uid") != self.uid:
-                    continue
-                self._rows[int(doc["epoch"])] = self._rows.get(int(doc["epoch"]), 0) + int(
-                    doc["rows"]
-                )
-                self._read.add(key)
-        return Snapshot(dict(self._rows))
-
-    def close(self) -> None:
-        self._client = None
-
-
-_EPOCH_DIR = re.compile(r"(?:^|/)epoch=(\d+)/")
-
-
-class S3ListingTarget:
-    """A boundary view: an S3 reader that lists the prefix and ignores the manifests.
-
-    ``Snapshot.rows`` counts completed objects per epoch (from ``epoch=<e>/`` in their keys).
-    It can show an epoch's objects before its manifest exists: during the commit step, and
-    until the restart's recovery after a crash in the middle of the commit.
-    """
-
-    counts_rows = False
-    guaranteed = False
-
-    def __init__(
-        self,
-        url: str,
-        *,
-        name: str = "s3-listing",
-        client_options: Mapping[str, Any] | None = None,
-    ) -> None:
-        from txsink._s3 import parse_s3_url
-
-        loc = parse_s3_url(url)
-        self.bucket = loc.bucket
-        self.prefix = loc.prefix
-        self.name = name
-        self.client_options = client_options
-        self._client: Any = None
-
-    def sample(self, epoch_of: Mapping[int, int]) -> Snapshot:
-        if self._client is None:
-            self._client = _s3_client(self.client_options)
-        objects: Counter[int] = Counter()
-        for page in self._client.get_paginator("list_objects_v2").paginate(
-            Bucket=self.bucket, Prefix=self.prefix
-        ):
-            for obj in page.get("Contents", []):
-                rel = obj["Key"][len(self.prefix) :]
-                if rel.startswith("_"):
-                    continue  # _manifests/, _txsink/
-                match = _EPOCH_DIR.search(rel)
-                if match:
-                    objects[int(match.group(1))] += 1
-        return Snapshot(dict(objects))
-
-    def close(self) -> None:
-        self._client = None
 
 
 @dataclass

@@ -6,10 +6,11 @@ atomicity across sinks), run by :func:`~txsink.testing.chaos.run_chaos` under
 ``ChaosPlan.random(plan_seed, ...)``. The plan seeds come from ``random.Random(seed)``:
 the same ``seed`` replays the same soak.
 
-Connectors: ``files`` needs nothing; ``postgres``, ``kafka`` and ``s3`` need a server,
-given by ``TXSINK_PG_DSN``, ``TXSINK_KAFKA_BOOTSTRAP`` and ``TXSINK_S3_ENDPOINT`` (with
-``TXSINK_S3_ACCESS_KEY``, ``TXSINK_S3_SECRET_KEY``, ``TXSINK_S3_REGION``), the variables
-``integration/services up`` writes to ``integration/.services.env``.
+Connectors: every registered connector, through its testing adapter. One that needs
+no server (files) is always available; the others when the environment names their
+server (``TXSINK_PG_DSN``, ``TXSINK_KAFKA_BOOTSTRAP``, ``TXSINK_S3_ENDPOINT`` with
+``TXSINK_S3_ACCESS_KEY``, ``TXSINK_S3_SECRET_KEY``, ``TXSINK_S3_REGION``: the
+variables ``integration/services up`` writes to ``integration/.services.env``).
 """
 
 from __future__ import annotations
@@ -18,33 +19,22 @@ import os
 import random
 import statistics
 import threading
-import uuid
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from txsink import registry
 from txsink.faults import CrashPoint, FaultMode
+from txsink.testing.adapter import adapter
 from txsink.testing.chaos import ChaosReport, format_table, run_chaos
+from txsink.testing.inputs import make_input
 from txsink.testing.plan import DEFAULT_MODES, DEFAULT_POINTS, ChaosPlan
-from txsink.testing.verifiers import SinkVerifier
+from txsink.testing.targets import available_connectors, child_env, new_targets
 
-__all__ = ["CONNECTORS", "SoakResult", "available_connectors", "soak"]
+__all__ = ["SoakResult", "available_connectors", "soak"]
 
 PIPELINE = "txsink.testing.pipelines:run_stream"
-CONNECTORS = ("files", "postgres", "kafka", "s3")
-_SERVER_ENV = {
-    "postgres": "TXSINK_PG_DSN",
-    "kafka": "TXSINK_KAFKA_BOOTSTRAP",
-    "s3": "TXSINK_S3_ENDPOINT",
-}
-
-
-def available_connectors(env: dict[str, str] | None = None) -> list[str]:
-    """``files``, plus each server connector whose environment variable is set."""
-    source = os.environ if env is None else env
-    return ["files"] + [c for c, var in _SERVER_ENV.items() if source.get(var)]
 
 
 @dataclass
@@ -131,17 +121,19 @@ def soak(
     if jobs < 1:
         raise ValueError(f"soak: jobs must be at least 1, not {jobs}")
     chosen = list(connectors) if connectors is not None else available_connectors()
-    unknown = sorted(set(chosen) - set(CONNECTORS))
+    unknown = sorted(set(chosen) - set(registry.connectors()))
     if unknown:
-        raise ValueError(f"soak: unknown connector(s) {unknown}; known: {list(CONNECTORS)}")
-    missing = [c for c in chosen if c in _SERVER_ENV and not os.environ.get(_SERVER_ENV[c])]
-    if missing:
         raise ValueError(
-            "soak: no server for " + ", ".join(f"{c} (set {_SERVER_ENV[c]})" for c in missing)
+            f"soak: unknown connector(s) {unknown}; registered: {list(registry.connectors())}"
+        )
+    not_served = [c for c in chosen if not adapter(c).available()]
+    if not_served:
+        raise ValueError(
+            "soak: no server for "
+            + ", ".join(f"{c} (set {', '.join(adapter(c).env_vars)})" for c in not_served)
         )
     point_list = list(points)
     mode_list = list(modes)
-    from txsink.demo import make_input
 
     result = SoakResult(seed, chosen)
     seeds = random.Random(seed)  # noqa: S311 - a reproducible soak, not a secret
@@ -162,14 +154,20 @@ def soak(
         folder = Path(workdir, f"plan-{index:03d}").resolve()
         folder.mkdir(parents=True, exist_ok=False)
         make_input(folder / "input", rows, epochs)
-        specs, verifiers, env = _sinks(chosen, folder, range(rows), f"{seed}_{index}")
+        targets = new_targets(chosen, folder, tag=f"chaos_{seed}_{index}")
+        log = str(folder / "txlog")
         report = run_chaos(
             PIPELINE,
             plan,
             workdir=folder,
-            sinks_verifiers=verifiers,
-            args={"workdir": str(folder), "sinks": specs, "partitions": partitions},
-            env=env,
+            sinks_verifiers={t.connector: t.verifier(range(rows), log=log) for t in targets},
+            args={
+                "workdir": str(folder),
+                "sinks": [t.spec for t in targets],
+                "partitions": partitions,
+                "log": log,
+            },
+            env=child_env(targets),
             max_runs=max_runs,
             on_progress=on_progress,
         )
@@ -187,84 +185,3 @@ def soak(
             for future in [pool.submit(run_one, i) for i in range(plans)]:
                 future.result()
     return result
-
-
-def _sinks(
-    connectors: Sequence[str], folder: Path, expected: range, tag: str
-) -> tuple[list[dict[str, Any]], dict[str, SinkVerifier], dict[str, str]]:
-    """Sink specs for the child, verifiers for the parent, and the child's extra env."""
-    from txsink.testing import verifiers as v
-
-    specs: list[dict[str, Any]] = []
-    checks: dict[str, SinkVerifier] = {}
-    env: dict[str, str] = {}
-    unique = f"{tag}_{uuid.uuid4().hex[:8]}"
-    for name in connectors:
-        if name == "files":
-            path = str(folder / "out-files")
-            specs.append({"kind": "files", "path": path, "uid": "files"})
-            checks[name] = v.FilesVerifier(path, expected, uid="files")
-        elif name == "postgres":
-            table = f"txsink_chaos_{unique}"
-            specs.append(
-                {
-                    "kind": "postgres",
-                    "table": table,
-                    "uid": "pg",
-                    "create_table": True,
-                    "dsn_env": "TXSINK_PG_DSN",
-                }
-            )
-            checks[name] = v.PostgresVerifier(
-                os.environ["TXSINK_PG_DSN"],
-                table,
-                expected,
-                uid="pg",
-                log=str(folder / "txlog"),
-            )
-        elif name == "kafka":
-            topic = f"txsink-chaos-{unique}"
-            wal = str(folder / "kafka-wal")
-            specs.append(
-                {
-                    "kind": "kafka",
-                    "topic": topic,
-                    "uid": "kafka",
-                    "wal": wal,
-                    "bootstrap_env": "TXSINK_KAFKA_BOOTSTRAP",
-                    # Plans are separate pipelines: each its own transactional ids, or
-                    # concurrent plans (--jobs) would fence each other.
-                    "transactional_id_prefix": f"txsink-{unique}",
-                }
-            )
-            from txsink.testing._kafka import create_topic
-
-            create_topic(os.environ["TXSINK_KAFKA_BOOTSTRAP"], topic)
-            checks[name] = v.KafkaVerifier(
-                os.environ["TXSINK_KAFKA_BOOTSTRAP"], topic, expected, wal=wal
-            )
-        elif name == "s3":
-            options = _s3_options()
-            bucket = f"txsink-chaos-{unique}".replace("_", "-").lower()[:63]
-            from txsink._s3 import make_client
-
-            make_client(options).create_bucket(Bucket=bucket)
-            url = f"s3://{bucket}/out"
-            specs.append({"kind": "s3", "url": url, "uid": "s3"})
-            checks[name] = v.S3Verifier(url, expected, uid="s3", client_options=options)
-            env.update(
-                AWS_ACCESS_KEY_ID=options["aws_access_key_id"],
-                AWS_SECRET_ACCESS_KEY=options["aws_secret_access_key"],
-                AWS_ENDPOINT_URL_S3=options["endpoint_url"],
-                AWS_DEFAULT_REGION=options["region_name"],
-            )
-    return specs, checks, env
-
-
-def _s3_options() -> dict[str, str]:
-    return {
-        "endpoint_url": os.environ["TXSINK_S3_ENDPOINT"],
-        "aws_access_key_id": os.environ.get("TXSINK_S3_ACCESS_KEY", ""),
-        "aws_secret_access_key": os.environ.get("TXSINK_S3_SECRET_KEY", ""),
-        "region_name": os.environ.get("TXSINK_S3_REGION", "us-east-1"),
-    }

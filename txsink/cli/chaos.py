@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -26,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         description="Run a pipeline (FILE.py:FUNC or MODULE:FUNC, one query to the end of its "
         "input) in a child process under a fault plan, restarting it after every crash; then "
         "read every sink back. Without --pipeline, runs the built-in pipeline (a file stream "
-        "into a files sink) on a generated input.",
+        "into a fresh target of each --connectors) on a generated input.",
     )
     run.add_argument("--pipeline", help="FILE.py:FUNC or MODULE:FUNC (default: built-in)")
     run.add_argument("--args", default="{}", help="the pipeline's keyword arguments, as JSON")
@@ -35,14 +36,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     which.add_argument("--seed", type=int, help="draw a random plan with this seed")
     _plan_options(run)
     run.add_argument(
-        "--files-sink",
-        action="append",
-        default=[],
-        metavar="PATH[:UID]",
-        help="verify a files sink folder (repeatable)",
+        "--connectors",
+        type=_csv,
+        help="built-in pipeline: connectors to write to (default: those that need no server)",
     )
     run.add_argument(
-        "--expect-ids", type=int, metavar="N", help="the input holds ids 0..N-1 (for --files-sink)"
+        "--sink",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help='verify a sink given as a JSON spec, e.g. \'{"kind": "files", "path": "out", '
+        '"uid": "out"}\' (repeatable; needs --expect-ids)',
+    )
+    run.add_argument(
+        "--expect-ids", type=int, metavar="N", help="the input holds ids 0..N-1 (for --sink)"
     )
     run.add_argument(
         "--verifiers",
@@ -61,13 +68,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "soak",
         help="run N random fault plans across connectors; a tally per plan and a final table",
         description="Run N random fault plans, each on a fresh input, into every selected "
-        "connector at once. files needs nothing; postgres, kafka and s3 are added when "
-        "TXSINK_PG_DSN, TXSINK_KAFKA_BOOTSTRAP, TXSINK_S3_ENDPOINT are set.",
+        "connector at once. Connectors that need no server are always available; the others "
+        "when the environment names their server (docs/testing-recovery.md lists them).",
     )
     soak.add_argument("--plans", type=int, default=5, help="how many plans (default 5)")
     soak.add_argument("--seed", type=int, default=0, help="the soak's seed (default 0)")
     soak.add_argument(
-        "--connectors", type=_csv, help="comma-separated (default: files + servers found)"
+        "--connectors",
+        type=_csv,
+        help="comma-separated (default: every registered connector whose server is set)",
     )
     _plan_options(soak)
     soak.add_argument("--rows", type=int, default=600, help="input rows per plan (default 600)")
@@ -127,7 +136,9 @@ def _fresh(folder: Path) -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    from txsink.testing import ChaosPlan, FilesVerifier, SinkVerifier, run_chaos
+    from txsink.testing import ChaosPlan, SinkVerifier, run_chaos
+    from txsink.testing.adapter import adapter, adapters
+    from txsink.testing.targets import child_env, new_targets
 
     workdir = args.workdir.resolve()
     if args.seed is not None:
@@ -143,30 +154,40 @@ def run_command(args: argparse.Namespace) -> int:
     else:
         plan = ChaosPlan.parse(args.plan or "")
     verifiers: dict[str, SinkVerifier] = {}
+    env: dict[str, str] = {}
     if args.pipeline is None:
-        from txsink.demo import make_input
+        from txsink.testing.inputs import make_input
 
         _fresh(workdir)
         make_input(workdir / "input", args.rows, args.epochs)
         pipeline = "txsink.testing.pipelines:run_stream"
-        out = str(workdir / "output")
+        names = args.connectors or [
+            name for name, found in adapters().items() if not found.env_vars
+        ]
+        targets = new_targets(names, workdir, tag="chaos")
         kwargs: dict[str, Any] = {
             "workdir": str(workdir),
-            "sinks": [{"kind": "files", "path": out, "uid": "out"}],
+            "sinks": [t.spec for t in targets],
             "partitions": args.partitions,
         }
-        verifiers["files"] = FilesVerifier(out, range(args.rows), uid="out")
+        log = str(workdir / "txlog")
+        verifiers.update({t.connector: t.verifier(range(args.rows), log=log) for t in targets})
+        env = child_env(targets)
     else:
         pipeline = args.pipeline
         kwargs = json.loads(args.args)
         if not isinstance(kwargs, dict):
             raise ValueError("--args must be a JSON object")
         workdir.mkdir(parents=True, exist_ok=True)
-    for item in args.files_sink:
+    for item in args.sink:
         if args.expect_ids is None:
-            raise ValueError("--files-sink needs --expect-ids N")
-        path, _, uid = item.partition(":")
-        verifiers[f"files:{path}"] = FilesVerifier(path, range(args.expect_ids), uid=uid or None)
+            raise ValueError("--sink needs --expect-ids N")
+        spec = json.loads(item)
+        if not isinstance(spec, dict) or "kind" not in spec:
+            raise ValueError(f'--sink {item!r}: give a JSON object with "kind" and the target')
+        verifiers[f"{spec['kind']}:{spec.get('uid', '')}"] = adapter(str(spec["kind"])).verifier(
+            spec, range(args.expect_ids), os.environ
+        )
     if args.verifiers:
         from txsink.runner import load_callable
 
@@ -175,13 +196,14 @@ def run_command(args: argparse.Namespace) -> int:
             raise TypeError(f"{args.verifiers} must return a dict of name -> verifier")
         verifiers.update(made)
     if not verifiers:
-        raise ValueError("nothing to verify: give --files-sink PATH --expect-ids N or --verifiers")
+        raise ValueError("nothing to verify: give --sink SPEC --expect-ids N or --verifiers")
     report = run_chaos(
         pipeline,
         plan,
         workdir=workdir,
         sinks_verifiers=verifiers,
         args=kwargs,
+        env=env,
         max_runs=args.max_runs,
         on_progress=_say(not args.quiet),
     )

@@ -1,5 +1,4 @@
-"""The ``txsink`` command line: ``demo``, ``status``, ``inspect``, ``chaos``, and the
-operator commands ``savepoint``, ``state``, ``recover`` and ``abort``."""
+"""``txsink status``: the epochs of a txsink log, as a table or JSON."""
 
 from __future__ import annotations
 
@@ -7,15 +6,11 @@ import argparse
 import datetime as dt
 import json
 import sys
-from collections.abc import Callable
 from typing import Any
 
-from txsink import _cli_inspect, _cli_operate, _cli_state, demo
-from txsink.errors import TxsinkError
 from txsink.log import EpochState, open_log
-from txsink.testing import _cli as chaos_cli
 
-__all__ = ["main"]
+__all__ = ["add_arguments", "status_command"]
 
 
 def _when(ts: float | None) -> str:
@@ -90,63 +85,6 @@ def status_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _status_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log", required=True, help="txsink log location")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
-
-
-Command = Callable[[argparse.Namespace], int]
-
-#: name -> (help, add the command's arguments, run it)
-COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Command]] = {
-    "demo": ("run the exactly-once demo on local files", demo.add_arguments, demo.demo_command),
-    "status": ("show the epochs of a txsink log", _status_arguments, status_command),
-    "inspect": (
-        "write an HTML report (and optionally a CSV table) of a txsink log",
-        _cli_inspect.add_arguments,
-        _cli_inspect.inspect_command,
-    ),
-    "savepoint": (
-        "create or restore a savepoint of the txsink log (and checkpoint)",
-        _cli_state.add_savepoint_arguments,
-        _cli_state.savepoint_command,
-    ),
-    "state": (
-        "upgrade pipeline state (rename a sink uid)",
-        _cli_state.add_state_arguments,
-        _cli_state.state_command,
-    ),
-    "recover": (
-        "commit decided epochs and abort lingering transactions, by hand",
-        _cli_operate.add_recover_arguments,
-        _cli_operate.recover_command,
-    ),
-    "abort": (
-        "abort lingering (undecided) transactions, by hand",
-        _cli_operate.add_abort_arguments,
-        _cli_operate.abort_command,
-    ),
-    "chaos": (
-        "run pipelines under fault plans and verify them (run, soak)",
-        chaos_cli.add_arguments,
-        chaos_cli.chaos_command,
-    ),
-}
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="txsink", description="exactly-once sinks for Spark")
-    sub = parser.add_subparsers(dest="command", required=True)
-    for name, (help_text, add_arguments, _run) in COMMANDS.items():
-        add_arguments(sub.add_parser(name, help=help_text))
-    sub.choices["demo"].add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    try:
-        return COMMANDS[args.command][2](args)
-    except TxsinkError as err:
-        print(f"txsink {args.command}: {err}", file=sys.stderr)
-        return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

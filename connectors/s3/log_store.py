@@ -3,7 +3,7 @@
 Use it by giving the log an ``s3://bucket/prefix`` location::
 
     from txsink import Coordinator, open_log
-    from txsink.s3log import S3Store
+    from txsink.connectors.s3.log_store import S3Store
 
     # Credentials, region and endpoint from boto3's usual chain: environment
     # (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION,
@@ -69,7 +69,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NoReturn
 from urllib.parse import urlsplit, urlunsplit
 
-from txsink._s3 import make_client, parse_s3_url, safe_options
+from txsink.connectors.s3.client import make_client, parse_s3_url, safe_options
 from txsink.errors import ConditionalWritesUnsupportedError, ConfigurationError, LogError
 
 if TYPE_CHECKING:

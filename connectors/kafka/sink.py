@@ -60,7 +60,7 @@ from typing_extensions import override
 
 from txsink._fs import fsync_dir
 from txsink._json import json_rows
-from txsink.connectors._kafka_avro import AvroEncoder
+from txsink.connectors.kafka.avro import AvroEncoder
 from txsink.errors import (
     CommitError,
     ConfigurationError,
@@ -174,7 +174,7 @@ class KafkaSink(TwoPhaseCommitSink[_OpenWal, Any]):
         schema_registry: ``SchemaRegistryClient`` settings (``{"url": ...}``, auth,
             TLS), passed through untouched, never logged.
         key_schema, value_schema: Avro schemas (JSON strings); default: derived
-            from the columns' types (:func:`~txsink.connectors._kafka_avro.avro_schema`).
+            from the columns' types (:func:`~txsink.connectors.kafka.avro.avro_schema`).
         avro_config: ``AvroSerializer`` settings (``auto.register.schemas``,
             ``subject.name.strategy``, ...).
         headers: a ``map<string, string|binary>`` column of record headers.

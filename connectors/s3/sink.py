@@ -76,8 +76,8 @@ from typing_extensions import override
 
 from txsink._json import json_rows
 from txsink._logging import EpochLogger, get_logger
-from txsink._s3 import S3Location, make_client, parse_s3_url, safe_options
 from txsink._target import manifests
+from txsink.connectors.s3.client import S3Location, make_client, parse_s3_url, safe_options
 from txsink.errors import (
     CommitError,
     ConfigurationError,

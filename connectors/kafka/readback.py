@@ -1,4 +1,6 @@
-"""Read a Kafka topic back as a downstream reader would (imported only by KafkaVerifier)."""
+"""Read a Kafka topic back as a downstream reader would: last stable offsets, committed
+values, and topic creation (for the testing adapter, the integration suite and the
+benchmarks)."""
 
 from __future__ import annotations
 
@@ -7,9 +9,11 @@ import time
 import uuid
 from typing import Any
 
+__all__ = ["create_topic", "end_offsets", "read_committed_values"]
+
 
 def _quiet() -> logging.Logger:
-    logger = logging.getLogger("txsink.testing.rdkafka")
+    logger = logging.getLogger("txsink.connectors.kafka.readback.rdkafka")
     if not logger.handlers:
         logger.addHandler(logging.NullHandler())
         logger.propagate = False

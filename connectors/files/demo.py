@@ -18,77 +18,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from txsink.cli import Command
 from txsink.faults import CrashPoint, Fault, FaultMode, FaultPlan
+from txsink.localspark import local_spark
+from txsink.testing.inputs import INPUT_SCHEMA, make_input
 
-__all__ = ["local_spark", "main", "make_input", "run_demo"]
-
-
-def local_spark(
-    master: str = "local[2]", app_name: str = "txsink", *, fast_start: bool = True
-) -> Any:
-    """A local SparkSession set up for txsink (workers run this interpreter).
-
-    ``fast_start`` trades peak JIT throughput for a ~30% faster JVM start
-    (C1 only, serial GC), and maps Spark's classes from a class-data-sharing archive
-    when one was built (:mod:`txsink._jvmcds`, about half the start again): right for
-    the demo, tests and chaos runs, not for long jobs.
-    """
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
-    builder = (
-        SparkSession.builder.master(master)
-        .appName(app_name)
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.driver.memory", "1g")
-    )
-    if fast_start:
-        from txsink._jvmcds import java_options
-
-        builder = builder.config(
-            "spark.driver.extraJavaOptions",
-            f"-XX:TieredStopAtLevel=1 -XX:+UseSerialGC {java_options()}".strip(),
-        )
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
-
-
-def make_input(folder: Path, rows: int, files: int) -> None:
-    """Deterministic input: ``files`` Parquet files holding ids ``0..rows-1``.
-
-    File ``i`` gets an older modification time than file ``i+1``, so a file
-    stream with ``maxFilesPerTrigger=1`` reads file ``i`` as epoch ``i``.
-    """
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    folder.mkdir(parents=True, exist_ok=True)
-    per = -(-rows // files)
-    for i in range(files):
-        lo, hi = i * per, min(rows, (i + 1) * per)
-        if lo >= hi:
-            break
-        ids = pa.array(range(lo, hi), pa.int64())
-        table = pa.table(
-            {
-                "id": ids,
-                "key": pa.array([f"k{n % 97}" for n in range(lo, hi)]),
-                "amount": pa.array(
-                    [(n * 7919 % 100000) / 100 for n in range(lo, hi)], pa.float64()
-                ),
-                "payload": pa.array([f"event-{n:09d}" for n in range(lo, hi)]),
-            }
-        )
-        path = folder / f"input-{i:04d}.parquet"
-        pq.write_table(table, path)
-        # Spark's file source takes files in modification-time order; files written
-        # within the same second would make "file i = epoch i" a coin toss.
-        stamp = time.time() - (files - i) * 10
-        os.utime(path, (stamp, stamp))
+__all__ = ["COMMAND", "main", "run_demo"]
 
 
 def run_query(workdir: Path, partitions: int, fmt: str) -> None:
@@ -108,7 +43,7 @@ def run_query(workdir: Path, partitions: int, fmt: str) -> None:
         log=str(workdir / "txlog"),
     )
     query = (
-        spark.readStream.schema("id long, key string, amount double, payload string")
+        spark.readStream.schema(INPUT_SCHEMA)
         .option("maxFilesPerTrigger", 1)
         .parquet(str(workdir / "input"))
         .repartition(partitions)
@@ -157,8 +92,8 @@ def run_demo(
     max_runs: int,
     echo: bool = True,
 ) -> dict[str, Any]:
+    from txsink.connectors.files.testing import verify_files
     from txsink.runner import describe_exit, python_module_cmd, run_until_done
-    from txsink.verify import verify_files
 
     started = time.monotonic()
     shutil.rmtree(workdir, ignore_errors=True)
@@ -185,7 +120,7 @@ def run_demo(
 
     report = run_until_done(
         python_module_cmd(
-            "txsink.demo",
+            "txsink.connectors.files.demo",
             "--child",
             "--workdir",
             str(workdir),
@@ -242,12 +177,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="input, output, txsink log and checkpoint (default .txsink-demo)",
     )
     parser.add_argument("--max-runs", type=int, default=10, help="give up after this many runs")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="txsink demo", description=__doc__)
     add_arguments(parser)
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     return demo_command(args)
 
@@ -274,6 +209,9 @@ def demo_command(args: argparse.Namespace) -> int:
     print(json.dumps(result), flush=True)
     return 0 if result["ok"] else 1
 
+
+#: ``txsink demo``, registered by the files connector.
+COMMAND = Command("run the exactly-once demo on local files", add_arguments, demo_command)
 
 if __name__ == "__main__":
     sys.exit(main())

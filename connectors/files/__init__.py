@@ -1,0 +1,27 @@
+"""Files connector: exactly-once Parquet, JSON lines or CSV on a local or mounted filesystem.
+
+See :mod:`txsink.connectors.files.sink` for how the two phases map to files, and
+docs/connectors/files.md.
+"""
+
+from txsink.connectors.files.sink import (
+    MANIFESTS,
+    STAGING,
+    FileEntry,
+    FilesHandle,
+    FilesSink,
+    iter_final_files,
+    read_committed,
+    read_manifests,
+)
+
+__all__ = [
+    "MANIFESTS",
+    "STAGING",
+    "FileEntry",
+    "FilesHandle",
+    "FilesSink",
+    "iter_final_files",
+    "read_committed",
+    "read_manifests",
+]

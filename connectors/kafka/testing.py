@@ -1,0 +1,200 @@
+"""The Kafka connector's testing adapter: a ``read_committed`` verifier, observer views,
+the pipeline factory.
+
+Registered in :mod:`txsink.connectors.kafka.plugin`. The server comes from
+``TXSINK_KAFKA_BOOTSTRAP``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from txsink.connectors.kafka import readback
+from txsink.connectors.kafka.sink import KafkaSink
+from txsink.testing.adapter import ConnectorTesting
+from txsink.testing.observer import Snapshot, Target, by_epoch
+from txsink.testing.verifiers import SinkVerifier
+
+__all__ = ["ADAPTER", "KafkaTarget", "KafkaTesting", "KafkaVerifier"]
+
+BOOTSTRAP = "TXSINK_KAFKA_BOOTSTRAP"
+
+
+@dataclass
+class KafkaVerifier:
+    """A Kafka topic read with ``isolation.level=read_committed`` (JSON values with an id).
+
+    lingering = files left in the write-ahead log folder (``wal``), plus one per partition
+    whose last stable offset is behind its high watermark (a transaction still open).
+    """
+
+    bootstrap: str
+    topic: str
+    expected: Iterable[int]
+    wal: str | None = None
+    id_field: str = "id"
+    timeout_s: float = 60.0
+
+    def expected_ids(self) -> Iterable[int]:
+        return list(self.expected)
+
+    def read_ids(self) -> list[int]:
+        values = readback.read_committed_values(self.bootstrap, self.topic, self.timeout_s)
+        return [int(json.loads(v or b"null")[self.id_field]) for v in values]
+
+    def lingering(self) -> int:
+        left = 0
+        if self.wal is not None and os.path.isdir(self.wal):
+            left += sum(len(files) for _, _, files in os.walk(self.wal))
+        stable = readback.end_offsets(self.bootstrap, self.topic, "read_committed", self.timeout_s)
+        high = readback.end_offsets(self.bootstrap, self.topic, "read_uncommitted", self.timeout_s)
+        return left + sum(1 for p, end in high.items() if stable.get(p, 0) < end)
+
+
+class KafkaTarget:
+    """A Kafka topic read by one long-lived consumer (values are JSON objects with an id).
+
+    ``isolation="read_committed"`` is the guaranteed view; ``"read_uncommitted"`` is a
+    boundary view (it can show records of aborted transactions). The consumer reads on
+    from where it was at every sample, so a sample costs what is new.
+    """
+
+    counts_rows = True
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        *,
+        isolation: str = "read_committed",
+        name: str | None = None,
+        id_field: str = "id",
+        config: Mapping[str, Any] | None = None,
+    ) -> None:
+        if isolation not in ("read_committed", "read_uncommitted"):
+            raise ValueError(
+                f"KafkaTarget: isolation must be read_(un)committed, not {isolation!r}"
+            )
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.isolation = isolation
+        self.name = name or ("kafka" if isolation == "read_committed" else "kafka-uncommitted")
+        self.guaranteed = isolation == "read_committed"
+        self.id_field = id_field
+        self.config = dict(config or {})
+        self._consumer: Any = None
+        self._ids: list[int] = []
+
+    def _open(self) -> Any:
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+        quiet = logging.getLogger("txsink.testing.observer.rdkafka")
+        quiet.addHandler(logging.NullHandler())
+        quiet.propagate = False
+        conf: dict[str, Any] = {
+            "bootstrap.servers": self.bootstrap,
+            "group.id": f"txsink-observer-{uuid.uuid4().hex[:12]}",
+            "isolation.level": self.isolation,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "fetch.wait.max.ms": 20,
+            "logger": quiet,
+        }
+        conf.update(self.config)
+        consumer = Consumer(conf)
+        meta = consumer.list_topics(self.topic, timeout=10).topics.get(self.topic)
+        if meta is None or meta.error is not None:
+            consumer.close()
+            raise LookupError(f"topic {self.topic!r} not found")
+        consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in meta.partitions])
+        return consumer
+
+    def sample(self, epoch_of: Mapping[int, int]) -> Snapshot:
+        if self._consumer is None:
+            self._consumer = self._open()
+        # Drain what is readable now; stop at the first empty poll.
+        while True:
+            msg = self._consumer.poll(0.02)
+            if msg is None:
+                break
+            if msg.error() is not None:
+                continue  # partition EOF and transient errors: the next sample reads on
+            value = msg.value()
+            with contextlib.suppress(ValueError, TypeError, KeyError):
+                self._ids.append(int(json.loads(value or b"null")[self.id_field]))
+        return by_epoch(self._ids, epoch_of)
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            with contextlib.suppress(Exception):
+                self._consumer.close()
+            self._consumer = None
+
+
+class KafkaTesting(ConnectorTesting):
+    """A fresh topic (3 partitions) per target; its own transactional ids and WAL folder."""
+
+    name: ClassVar[str] = "kafka"
+    env_vars: ClassVar[tuple[str, ...]] = (BOOTSTRAP,)
+    services: ClassVar[tuple[str, ...]] = ("kafka",)
+    variants: ClassVar[Mapping[str, Mapping[str, Any]]] = {
+        "wal": {"mode": "wal"},
+        "replay": {"mode": "replay"},
+    }
+
+    def new_target(
+        self, workdir: Path, tag: str, env: Mapping[str, str], **options: Any
+    ) -> dict[str, Any]:
+        topic = f"txsink-{tag}".replace("_", "-")
+        readback.create_topic(env[BOOTSTRAP], topic, partitions=3)
+        return {
+            "kind": self.name,
+            "topic": topic,
+            "uid": options.get("uid", "kafka"),
+            "wal": str(Path(workdir, f"kafka-wal-{tag}")),
+            "key": options.get("key", "key"),
+            "shards": options.get("shards", 2),
+            "mode": options.get("mode", "wal"),
+            # Separate pipelines need their own transactional ids, or they fence each other.
+            "transactional_id_prefix": f"txsink-{tag}",
+        }
+
+    def build_sink(self, spec: Mapping[str, Any], env: Mapping[str, str]) -> KafkaSink:
+        return KafkaSink(
+            env[BOOTSTRAP],
+            spec["topic"],
+            uid=spec.get("uid", "kafka"),
+            wal=spec["wal"],
+            key=spec.get("key", "key"),
+            shards=spec.get("shards", 2),
+            mode=spec.get("mode", "wal"),
+            transactional_id_prefix=spec.get("transactional_id_prefix", "txsink"),
+            timeout_s=float(spec.get("timeout_s", 30.0)),
+        )
+
+    def verifier(
+        self,
+        spec: Mapping[str, Any],
+        expected: Iterable[int],
+        env: Mapping[str, str],
+        *,
+        log: str | None = None,
+    ) -> SinkVerifier:
+        return KafkaVerifier(env[BOOTSTRAP], spec["topic"], expected, wal=spec.get("wal"))
+
+    def observer_targets(self, spec: Mapping[str, Any], env: Mapping[str, str]) -> list[Target]:
+        return [
+            KafkaTarget(env[BOOTSTRAP], spec["topic"]),
+            KafkaTarget(env[BOOTSTRAP], spec["topic"], isolation="read_uncommitted"),
+        ]
+
+
+ADAPTER = KafkaTesting()

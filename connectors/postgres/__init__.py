@@ -1,0 +1,8 @@
+"""PostgreSQL connector: real two-phase commit with COPY, append and upsert.
+
+See :mod:`txsink.connectors.postgres.sink` and docs/connectors/postgres.md.
+"""
+
+from txsink.connectors.postgres.sink import PgHandle, PostgresSink, arrow_to_pg_type, redact_dsn
+
+__all__ = ["PgHandle", "PostgresSink", "arrow_to_pg_type", "redact_dsn"]

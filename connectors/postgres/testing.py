@@ -1,0 +1,168 @@
+"""The Postgres connector's testing adapter: a SQL verifier, an observer view, the pipeline
+factory.
+
+Registered in :mod:`txsink.connectors.postgres.plugin`. The server comes from
+``TXSINK_PG_DSN`` (a libpq connection string or URL).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from txsink.connectors.postgres.sink import PostgresSink
+from txsink.testing.adapter import ConnectorTesting
+from txsink.testing.observer import Snapshot, Target, by_epoch
+from txsink.testing.verifiers import SinkVerifier
+
+__all__ = ["ADAPTER", "DDL", "PostgresTarget", "PostgresTesting", "PostgresVerifier"]
+
+DSN = "TXSINK_PG_DSN"
+#: The table every test target gets (the columns of the test input).
+DDL = "CREATE TABLE {} (id bigint, key text, amount double precision, payload text)"
+
+
+def _app_id(log: str | None) -> str | None:
+    if log is None:
+        return None
+    from txsink.log import open_log
+
+    meta = open_log(log).meta()
+    return None if meta is None else str(meta["app_id"])
+
+
+@dataclass
+class PostgresVerifier:
+    """A Postgres table: ``SELECT id``; lingering = this sink's prepared transactions.
+
+    With ``log`` (the txsink log of the run) only the run's own prepared transactions
+    count (``txsink.<app_id>.<uid>.``), so other users of the server do not disturb it.
+    """
+
+    dsn: str
+    table: str
+    expected: Iterable[int]
+    uid: str
+    log: str | None = None
+    id_column: str = "id"
+
+    def expected_ids(self) -> Iterable[int]:
+        return list(self.expected)
+
+    def read_ids(self) -> list[int]:
+        import psycopg
+        from psycopg import sql
+
+        query = sql.SQL("SELECT {} FROM {}").format(
+            sql.Identifier(self.id_column), sql.Identifier(*self.table.split("."))
+        )
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            return [int(r[0]) for r in conn.execute(query).fetchall()]
+
+    def lingering(self) -> int:
+        import psycopg
+
+        app = _app_id(self.log)
+        prefix = f"txsink.{app}.{self.uid}." if app else "txsink."
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() "
+                "AND starts_with(gid, %s)",
+                (prefix,),
+            ).fetchall()
+        return sum(1 for (gid,) in rows if app or f".{self.uid}." in gid)
+
+
+class PostgresTarget:
+    """A Postgres table: the ids a new autocommit query sees (committed rows only)."""
+
+    counts_rows = True
+    guaranteed = True
+
+    def __init__(self, dsn: str, table: str, *, name: str = "postgres", id_column: str = "id"):
+        self.dsn = dsn
+        self.table = table
+        self.name = name
+        self.id_column = id_column
+        self._conn: Any = None
+
+    def sample(self, epoch_of: Mapping[int, int]) -> Snapshot:
+        import psycopg
+        from psycopg import sql
+
+        if self._conn is None or self._conn.closed:
+            self._conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=5)
+        query = sql.SQL("SELECT {} FROM {}").format(
+            sql.Identifier(self.id_column), sql.Identifier(*self.table.split("."))
+        )
+        try:
+            rows = self._conn.execute(query).fetchall()
+        except Exception:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+            self._conn = None
+            raise
+        return by_epoch((int(r[0]) for r in rows), epoch_of)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+            self._conn = None
+
+
+class PostgresTesting(ConnectorTesting):
+    """A fresh schema with one table ``events`` per target; its name is the sink uid."""
+
+    name: ClassVar[str] = "postgres"
+    env_vars: ClassVar[tuple[str, ...]] = (DSN,)
+    services: ClassVar[tuple[str, ...]] = ("postgres",)
+    variants: ClassVar[Mapping[str, Mapping[str, Any]]] = {"append": {"mode": "append"}}
+
+    def new_target(
+        self, workdir: Path, tag: str, env: Mapping[str, str], **options: Any
+    ) -> dict[str, Any]:
+        import psycopg
+        from psycopg import sql
+
+        schema = f"t_{tag}"
+        with psycopg.connect(env[DSN], autocommit=True) as conn:
+            conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+            conn.execute(sql.SQL(DDL).format(sql.Identifier(schema, "events")))
+        return {
+            "kind": self.name,
+            "table": f"{schema}.events",
+            "uid": options.get("uid", schema),
+            "mode": options.get("mode", "append"),
+            "key": list(options.get("key", ())),
+        }
+
+    def build_sink(self, spec: Mapping[str, Any], env: Mapping[str, str]) -> PostgresSink:
+        return PostgresSink(
+            env[DSN],
+            spec["table"],
+            uid=spec.get("uid", "pg"),
+            mode=spec.get("mode", "append"),
+            key=spec.get("key", ()),
+            create_table=bool(spec.get("create_table", False)),
+            connect_kwargs={"connect_timeout": 5},
+        )
+
+    def verifier(
+        self,
+        spec: Mapping[str, Any],
+        expected: Iterable[int],
+        env: Mapping[str, str],
+        *,
+        log: str | None = None,
+    ) -> SinkVerifier:
+        return PostgresVerifier(env[DSN], spec["table"], expected, spec.get("uid", "pg"), log=log)
+
+    def observer_targets(self, spec: Mapping[str, Any], env: Mapping[str, str]) -> list[Target]:
+        return [PostgresTarget(env[DSN], spec["table"])]
+
+
+ADAPTER = PostgresTesting()

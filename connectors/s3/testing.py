@@ -1,0 +1,274 @@
+"""The S3 connector's testing adapter: a manifest-following verifier, observer views, the
+pipeline factory.
+
+Registered in :mod:`txsink.connectors.s3.plugin`. The server comes from
+``TXSINK_S3_ENDPOINT``, ``TXSINK_S3_ACCESS_KEY``, ``TXSINK_S3_SECRET_KEY`` and
+``TXSINK_S3_REGION`` (what ``integration/services up`` writes).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from txsink.connectors.s3.client import make_client, parse_s3_url
+from txsink.connectors.s3.sink import S3Sink, read_committed, read_manifests
+from txsink.testing.adapter import ConnectorTesting
+from txsink.testing.observer import Snapshot, Target
+from txsink.testing.verifiers import SinkVerifier
+
+__all__ = [
+    "ADAPTER",
+    "S3ListingTarget",
+    "S3ManifestTarget",
+    "S3Testing",
+    "S3Verifier",
+    "client_options",
+]
+
+ENDPOINT, ACCESS_KEY, SECRET_KEY, REGION = (
+    "TXSINK_S3_ENDPOINT",
+    "TXSINK_S3_ACCESS_KEY",
+    "TXSINK_S3_SECRET_KEY",
+    "TXSINK_S3_REGION",
+)
+
+
+def client_options(env: Mapping[str, str], **config: Any) -> dict[str, Any]:
+    """``boto3.client("s3", ...)`` options for the server ``env`` names (path-style
+    addressing, short timeouts and two attempts, so a cut network shows quickly)."""
+    from botocore.config import Config
+
+    settings: dict[str, Any] = {
+        "s3": {"addressing_style": "path"},
+        "retries": {"max_attempts": 2, "mode": "standard"},
+        "connect_timeout": 2,
+        "read_timeout": 3,
+    }
+    settings.update(config)
+    return {
+        "endpoint_url": env[ENDPOINT],
+        "aws_access_key_id": env.get(ACCESS_KEY, ""),
+        "aws_secret_access_key": env.get(SECRET_KEY, ""),
+        "region_name": env.get(REGION) or "us-east-1",
+        "config": Config(**settings),
+    }
+
+
+@dataclass
+class S3Verifier:
+    """An :class:`~txsink.connectors.s3.S3Sink` prefix, read through its manifests.
+
+    lingering = open multipart uploads under the prefix plus the sink's upload markers
+    (``<prefix>_txsink/uploads/``). ``client_options`` go to ``boto3.client("s3", ...)``
+    (without them boto3's environment chain decides).
+    """
+
+    url: str
+    expected: Iterable[int]
+    uid: str | None = None
+    id_column: str = "id"
+    client_options: Mapping[str, Any] | None = field(default=None)
+
+    def expected_ids(self) -> Iterable[int]:
+        return list(self.expected)
+
+    def read_ids(self) -> list[int]:
+        table = read_committed(self.url, self.uid, client_options=self.client_options)
+        if self.id_column not in table.column_names:
+            return []
+        return [int(v) for v in table.column(self.id_column).to_pylist()]
+
+    def epochs(self) -> int:
+        return len(read_manifests(self.url, self.uid, self.client_options))
+
+    def lingering(self) -> int:
+        loc = parse_s3_url(self.url)
+        prefix = loc.prefix if not loc.prefix or loc.prefix.endswith("/") else loc.prefix + "/"
+        client = make_client(self.client_options)
+        uploads = 0
+        kwargs: dict[str, Any] = {"Bucket": loc.bucket}
+        while True:  # listed without Prefix: MinIO reads Prefix as an exact key
+            page = client.list_multipart_uploads(**kwargs)
+            uploads += sum(1 for u in page.get("Uploads", []) if u["Key"].startswith(prefix))
+            if not page.get("IsTruncated"):
+                break
+            kwargs["KeyMarker"] = page.get("NextKeyMarker", "")
+            kwargs["UploadIdMarker"] = page.get("NextUploadIdMarker", "")
+        markers = 0
+        for listing in client.get_paginator("list_objects_v2").paginate(
+            Bucket=loc.bucket, Prefix=f"{prefix}_txsink/uploads/"
+        ):
+            markers += len(listing.get("Contents", []))
+        return uploads + markers
+
+
+class S3ManifestTarget:
+    """An S3 sink's prefix read through its epoch manifests, the way ``read_committed`` does.
+
+    A new manifest is read once; its rows are counted from the manifest (the objects it names
+    are read only by the final verifier). ``uid``: only this sink's manifests.
+    """
+
+    counts_rows = True
+    guaranteed = True
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        uid: str | None = None,
+        name: str = "s3",
+        client_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        loc = parse_s3_url(url)
+        self.bucket = loc.bucket
+        self.prefix = loc.prefix
+        self.uid = uid
+        self.name = name
+        self.client_options = client_options
+        self._client: Any = None
+        self._rows: dict[int, int] = {}
+        self._read: set[str] = set()
+
+    def sample(self, epoch_of: Mapping[int, int]) -> Snapshot:
+        if self._client is None:
+            self._client = make_client(self.client_options)
+        manifests = f"{self.prefix}_manifests/{self.uid + '-' if self.uid else ''}"
+        for page in self._client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=manifests
+        ):
+            for obj in page.get("Contents", []):
+                key = obj["Key"]
+                if key in self._read or not key.endswith(".json"):
+                    continue
+                doc = json.loads(
+                    self._client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+                )
+                if self.uid is not None and doc.get("uid") != self.uid:
+                    continue
+                self._rows[int(doc["epoch"])] = self._rows.get(int(doc["epoch"]), 0) + int(
+                    doc["rows"]
+                )
+                self._read.add(key)
+        return Snapshot(dict(self._rows))
+
+    def close(self) -> None:
+        self._client = None
+
+
+_EPOCH_DIR = re.compile(r"(?:^|/)epoch=(\d+)/")
+
+
+class S3ListingTarget:
+    """A boundary view: an S3 reader that lists the prefix and ignores the manifests.
+
+    ``Snapshot.rows`` counts completed objects per epoch (from ``epoch=<e>/`` in their keys).
+    It can show an epoch's objects before its manifest exists: during the commit step, and
+    until the restart's recovery after a crash in the middle of the commit.
+    """
+
+    counts_rows = False
+    guaranteed = False
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        name: str = "s3-listing",
+        client_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        loc = parse_s3_url(url)
+        self.bucket = loc.bucket
+        self.prefix = loc.prefix
+        self.name = name
+        self.client_options = client_options
+        self._client: Any = None
+
+    def sample(self, epoch_of: Mapping[int, int]) -> Snapshot:
+        if self._client is None:
+            self._client = make_client(self.client_options)
+        objects: Counter[int] = Counter()
+        for page in self._client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=self.prefix
+        ):
+            for obj in page.get("Contents", []):
+                rel = obj["Key"][len(self.prefix) :]
+                if rel.startswith("_"):
+                    continue  # _manifests/, _txsink/
+                match = _EPOCH_DIR.search(rel)
+                if match:
+                    objects[int(match.group(1))] += 1
+        return Snapshot(dict(objects))
+
+    def close(self) -> None:
+        self._client = None
+
+
+class S3Testing(ConnectorTesting):
+    """A fresh bucket per target, written under ``out/``."""
+
+    name: ClassVar[str] = "s3"
+    env_vars: ClassVar[tuple[str, ...]] = (ENDPOINT,)
+    services: ClassVar[tuple[str, ...]] = ("s3",)
+    variants: ClassVar[Mapping[str, Mapping[str, Any]]] = {"parquet": {"format": "parquet"}}
+
+    def new_target(
+        self, workdir: Path, tag: str, env: Mapping[str, str], **options: Any
+    ) -> dict[str, Any]:
+        bucket = f"txsink-{tag}".replace("_", "-").lower()[:63]
+        make_client(client_options(env)).create_bucket(Bucket=bucket)
+        return {
+            "kind": self.name,
+            "url": f"s3://{bucket}/out",
+            "uid": options.get("uid", "s3"),
+            "format": options.get("format", "parquet"),
+            "partition_by": list(options.get("partition_by", ())),
+        }
+
+    def build_sink(self, spec: Mapping[str, Any], env: Mapping[str, str]) -> S3Sink:
+        return S3Sink(
+            spec["url"],
+            spec.get("uid", "s3"),
+            format=spec.get("format", "parquet"),
+            partition_by=spec.get("partition_by", ()),
+            client_options=client_options(env),
+        )
+
+    def verifier(
+        self,
+        spec: Mapping[str, Any],
+        expected: Iterable[int],
+        env: Mapping[str, str],
+        *,
+        log: str | None = None,
+    ) -> SinkVerifier:
+        return S3Verifier(
+            spec["url"], expected, spec.get("uid", "s3"), client_options=client_options(env)
+        )
+
+    def observer_targets(self, spec: Mapping[str, Any], env: Mapping[str, str]) -> list[Target]:
+        direct = client_options(env)
+        return [
+            S3ManifestTarget(spec["url"], uid=spec.get("uid", "s3"), client_options=direct),
+            S3ListingTarget(spec["url"], client_options=direct),
+        ]
+
+    def child_env(self, env: Mapping[str, str]) -> dict[str, str]:
+        """The server for the sinks, and for boto3's own chain (a txsink log on S3)."""
+        out = {var: env[var] for var in (ENDPOINT, ACCESS_KEY, SECRET_KEY, REGION) if var in env}
+        out.update(
+            AWS_ACCESS_KEY_ID=env.get(ACCESS_KEY, ""),
+            AWS_SECRET_ACCESS_KEY=env.get(SECRET_KEY, ""),
+            AWS_ENDPOINT_URL_S3=env[ENDPOINT],
+            AWS_DEFAULT_REGION=env.get(REGION) or "us-east-1",
+        )
+        return out
+
+
+ADAPTER = S3Testing()

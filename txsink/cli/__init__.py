@@ -1,0 +1,97 @@
+"""The ``txsink`` command line: one table of commands.
+
+The core's commands (``status``, ``inspect``, ``chaos``, and the operator commands
+``savepoint``, ``state``, ``recover`` and ``abort``) and those connectors register
+(``demo``, by the files connector) through :mod:`txsink.registry`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import NamedTuple
+
+from txsink import registry
+from txsink.errors import TxsinkError
+
+__all__ = ["Command", "commands", "main"]
+
+
+class Command(NamedTuple):
+    """One ``txsink`` subcommand: its help line, its arguments, and what runs it."""
+
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+def _core() -> dict[str, Command]:
+    from txsink.cli import chaos, inspect, operate, state, status
+
+    return {
+        "status": Command(
+            "show the epochs of a txsink log", status.add_arguments, status.status_command
+        ),
+        "inspect": Command(
+            "write an HTML report (and optionally a CSV table) of a txsink log",
+            inspect.add_arguments,
+            inspect.inspect_command,
+        ),
+        "savepoint": Command(
+            "create or restore a savepoint of the txsink log (and checkpoint)",
+            state.add_savepoint_arguments,
+            state.savepoint_command,
+        ),
+        "state": Command(
+            "upgrade pipeline state (rename a sink uid)",
+            state.add_state_arguments,
+            state.state_command,
+        ),
+        "recover": Command(
+            "commit decided epochs and abort lingering transactions, by hand",
+            operate.add_recover_arguments,
+            operate.recover_command,
+        ),
+        "abort": Command(
+            "abort lingering (undecided) transactions, by hand",
+            operate.add_abort_arguments,
+            operate.abort_command,
+        ),
+        "chaos": Command(
+            "run pipelines under fault plans and verify them (run, soak)",
+            chaos.add_arguments,
+            chaos.chaos_command,
+        ),
+    }
+
+
+def commands() -> dict[str, Command]:
+    """Every subcommand: the core's, then each registered connector's (sorted by name)."""
+    table = _core()
+    for record in registry.connectors().values():
+        for name, ref in sorted(record.commands.items()):
+            if name in table:
+                raise TxsinkError(
+                    f"connector {record.name!r} registers command {name!r}, which exists already"
+                )
+            command = registry.load(ref, record)
+            if not isinstance(command, Command):
+                raise TxsinkError(f"connector {record.name!r}: {ref} is not a txsink.cli.Command")
+            table[name] = command
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    table = commands()
+    parser = argparse.ArgumentParser(prog="txsink", description="exactly-once sinks for Spark")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, command in table.items():
+        command.add_arguments(sub.add_parser(name, help=command.help))
+    args = parser.parse_args(argv)
+    try:
+        return table[args.command].run(args)
+    except TxsinkError as err:
+        print(f"txsink {args.command}: {err}", file=sys.stderr)
+        return 1
+

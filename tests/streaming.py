@@ -5,42 +5,32 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
 from txsink import Coordinator
-from txsink.testing.inputs import make_input
+from txsink.testing.inputs import INPUT_SCHEMA as SCHEMA
+from txsink.testing.inputs import append_input, make_input
 
-SCHEMA = "id long, key string, amount double, payload string"
+__all__ = [
+    "CRASH_MATRIX",
+    "EVERY_POINT_ONCE",
+    "SCHEMA",
+    "append_input",
+    "fault_spec",
+    "files_coordinator",
+    "is_task_point",
+    "kill_driver_at_every_point",
+    "prepare_input",
+    "run_until_done",
+    "start_query",
+]
 
 
 def prepare_input(workdir: Path, rows: int = 1000, files: int = 4) -> Path:
     make_input(workdir / "input", rows, files)
     return workdir / "input"
-
-
-def append_input(folder: Path, first_id: int, rows: int, first_file: int, files: int = 1) -> None:
-    """More files after the existing ones (newer modification times, new ids)."""
-    per = -(-rows // files)
-    for i in range(files):
-        ids = range(first_id + i * per, first_id + min(rows, (i + 1) * per))
-        table = pa.table(
-            {
-                "id": pa.array(ids, pa.int64()),
-                "key": pa.array([f"k{n % 97}" for n in ids]),
-                "amount": pa.array([n / 100 for n in ids], pa.float64()),
-                "payload": pa.array([f"event-{n:09d}" for n in ids]),
-            }
-        )
-        path = folder / f"input-{first_file + i:04d}.parquet"
-        pq.write_table(table, path)
-        stamp = time.time() + i
-        os.utime(path, (stamp, stamp))
 
 
 def start_query(
@@ -148,7 +138,6 @@ def fault_spec(point: str, mode: str, times: int, epoch: int = 1) -> str:
     return spec
 
 
-PIPELINES = Path(__file__).resolve().parent.parent / "integration" / "pipelines.py"
 
 
 def kill_driver_at_every_point(
@@ -160,7 +149,7 @@ def kill_driver_at_every_point(
     log: str | None = None,
     on_line: Callable[[str], None] | None = None,
 ) -> Any:
-    """Run ``integration/pipelines.py:run_stream`` in child processes under EVERY_POINT_ONCE.
+    """Run ``txsink.testing.pipelines:run_stream`` in child processes under EVERY_POINT_ONCE.
 
     The restarting runner restarts the child after each SIGKILL until the input
     (``rows`` in 6 files, one per epoch) is done; returns its report. ``env``
@@ -181,7 +170,13 @@ def kill_driver_at_every_point(
     args: dict[str, Any] = {"workdir": str(workdir), "sinks": sinks}
     if log is not None:
         args["log"] = log
-    command = [sys.executable, "-m", "txsink.runner", f"{PIPELINES}:run_stream", json.dumps(args)]
+    command = [
+        sys.executable,
+        "-m",
+        "txsink.runner",
+        "txsink.testing.pipelines:run_stream",
+        json.dumps(args),
+    ]
     report = run_child(command, env=child_env, max_runs=12, on_line=on_line)
     assert report.finished and report.restarts == 7, report
     assert len(os.listdir(workdir / "faults")) == 7, "a fault never fired"

@@ -193,7 +193,7 @@ def read_log(log: LogLike) -> LogSnapshot:
     if meta is None:
         raise LogError(
             f"no txsink log at {txlog.location}: meta.json is missing. Pass the location the "
-            "Coordinator was given as log=... (a folder path or s3://bucket/prefix)"
+            "Coordinator was given as log=... (a folder path or a store URL)"
         )
     read_at = time.time()
     keys = [k for k in txlog.store.list("epochs/") if k.endswith(".json")]

@@ -313,8 +313,8 @@ def inspect_checkpoint(path: str | os.PathLike[str]) -> CheckpointInfo:
     if "://" in text:
         raise SavepointError(
             f"Spark checkpoint {text!r}: only a local or mounted path can be copied here. "
-            "Copy an HDFS or S3 checkpoint yourself while the query is stopped (hadoop distcp, "
-            "aws s3 sync), and take the savepoint without --checkpoint"
+            "Copy a checkpoint on HDFS or an object store yourself while the query is "
+            "stopped (hadoop distcp, aws s3 sync), and take the savepoint without --checkpoint"
         )
     root = Path(text).absolute()
     if not (root / "metadata").is_file():

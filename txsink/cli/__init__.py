@@ -15,7 +15,7 @@ from typing import NamedTuple
 from txsink import registry
 from txsink.errors import TxsinkError
 
-__all__ = ["Command", "commands", "main"]
+__all__ = ["Command", "commands", "log_location_help", "main"]
 
 
 class Command(NamedTuple):
@@ -24,6 +24,13 @@ class Command(NamedTuple):
     help: str
     add_arguments: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace], int]
+
+
+def log_location_help(what: str = "the txsink log") -> str:
+    """``--log`` help: a path, or a URL of a store some installed connector registers."""
+    schemes = sorted(registry.log_store_schemes())
+    urls = ", ".join(f"{s}://..." for s in schemes)
+    return f"{what}: a local or mounted path{f', or {urls}' if urls else ''}"
 
 
 def _core() -> dict[str, Command]:
@@ -94,4 +101,3 @@ def main(argv: list[str] | None = None) -> int:
     except TxsinkError as err:
         print(f"txsink {args.command}: {err}", file=sys.stderr)
         return 1
-

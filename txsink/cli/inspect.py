@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from txsink.cli import log_location_help
 from txsink.errors import ConfigurationError, TxsinkError
 from txsink.inspect import LogSnapshot, epoch_table, log_table, read_log
 from txsink.log import open_log
@@ -24,7 +25,7 @@ __all__ = ["add_arguments", "inspect_command", "list_lingering"]
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``txsink inspect``."""
-    parser.add_argument("--log", required=True, help="txsink log location (path or s3://...)")
+    parser.add_argument("--log", required=True, help=log_location_help())
     parser.add_argument(
         "--out",
         default="txsink-report.html",

@@ -14,6 +14,7 @@ import sys
 from collections import Counter
 
 from txsink._pipeline import load_coordinator
+from txsink.cli import log_location_help
 from txsink.errors import TxsinkError
 from txsink.recovery import ActionKind, RecoveryAction
 
@@ -26,7 +27,7 @@ __all__ = [
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--log", required=True, help="txsink log location (path or s3:// URL)")
+    parser.add_argument("--log", required=True, help=log_location_help())
     parser.add_argument(
         "--pipeline",
         required=True,

@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 
+from txsink.cli import log_location_help
+
 __all__ = [
     "add_savepoint_arguments",
     "add_state_arguments",
@@ -28,8 +30,10 @@ def add_savepoint_arguments(parser: argparse.ArgumentParser) -> None:
     create = sub.add_parser(
         "create", help="copy the txsink log (and the Spark checkpoint) at a committed epoch"
     )
-    create.add_argument("--log", required=True, help="the txsink log (path or s3:// URL)")
-    create.add_argument("--to", required=True, help="an empty location (path or s3:// URL)")
+    create.add_argument("--log", required=True, help=log_location_help())
+    create.add_argument(
+        "--to", required=True, help=log_location_help("an empty location for the savepoint")
+    )
     create.add_argument(
         "--checkpoint", help="the query's Spark checkpoint directory (local), copied along"
     )
@@ -79,7 +83,7 @@ def savepoint_command(args: argparse.Namespace) -> int:
 def add_state_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="state_command", required=True)
     rename = sub.add_parser("rename-uid", help="rename a sink uid in the log and its target")
-    rename.add_argument("--log", required=True, help="the txsink log (path or s3:// URL)")
+    rename.add_argument("--log", required=True, help=log_location_help())
     rename.add_argument("--from", dest="old", required=True, help="the current uid")
     rename.add_argument("--to", dest="new", required=True, help="the new uid")
     rename.add_argument("--dry-run", action="store_true", help="print what would change")

@@ -25,6 +25,7 @@ from txsink import registry
 
 if TYPE_CHECKING:
     from txsink.contract import SinkContract
+    from txsink.store import LogStore
     from txsink.testing.observer import Target
     from txsink.testing.verifiers import SinkVerifier
 
@@ -91,6 +92,12 @@ class ConnectorTesting(abc.ABC):
         """What the cross-system observer samples: the guaranteed view, and any boundary
         views (``guaranteed=False``) worth reporting next to it. Default: none."""
         return []
+
+    def log_store(self, spec: Mapping[str, Any], env: Mapping[str, str]) -> LogStore | None:
+        """A txsink log kept in the target's own system, for the crash matrix's driver-side
+        points to exercise it too (the S3 connector's log on S3). Default: none (a local
+        folder holds the log)."""
+        return None
 
     def drop_target(self, spec: Mapping[str, Any], env: Mapping[str, str]) -> None:
         """Remove a target :meth:`new_target` made (its table, topic, bucket), best effort.

@@ -1,0 +1,124 @@
+"""Every crash point and mode, for every registered connector and variant, on a real query.
+
+The crash matrix (``tests/streaming.py``: driver points raise; task points raise or kill
+the Python worker, once — Spark's task retry absorbs it — or twice — the query fails and
+restarts) runs in the shared SparkSession; the kill-driver run crashes a child process at
+every point once. Each ends with the target read back by the connector's verifier: zero
+duplicates, zero missing, nothing lingering. A new connector gets these by registering
+its testing adapter.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import services_for
+from tests.streaming import (
+    CRASH_MATRIX,
+    fault_spec,
+    is_task_point,
+    kill_driver_at_every_point,
+    prepare_input,
+    run_until_done,
+)
+from txsink import Coordinator
+from txsink.faults import FaultPlan
+from txsink.log import open_log
+from txsink.testing.adapter import adapters
+from txsink.testing.targets import RunTarget, new_targets
+from txsink.testing.verifiers import verify
+
+ROWS = 1000
+
+
+def _variants() -> list[tuple[str, str, list[Any]]]:
+    return [
+        (name, variant, [getattr(pytest.mark, s) for s in found.services])
+        for name, found in adapters().items()
+        for variant in found.variants
+    ]
+
+
+def _target(request: pytest.FixtureRequest, tmp: Path, connector: str, variant: str) -> RunTarget:
+    env: dict[str, str] = {}
+    for service in services_for(request, [connector]).values():
+        env.update(service.env())
+    options = dict(adapters()[connector].variants[variant])
+    (target,) = new_targets([connector], tmp, tag="mx", env=env, options={connector: options})
+    request.addfinalizer(lambda: target.adapter.drop_target(target.spec, target.env))
+    return target
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize(
+    ("connector", "variant", "point", "mode", "times"),
+    [
+        pytest.param(
+            name, variant, *cell, marks=marks, id=f"{name}-{variant}-{'-'.join(map(str, cell))}"
+        )
+        for name, variant, marks in _variants()
+        for cell in CRASH_MATRIX
+    ],
+)
+def test_crash_matrix(
+    spark: Any,
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    connector: str,
+    variant: str,
+    point: str,
+    mode: str,
+    times: int,
+) -> None:
+    target = _target(request, tmp_path, connector, variant)
+    prepare_input(tmp_path, ROWS)
+    task_point = is_task_point(point)
+    plan = FaultPlan.parse(fault_spec(point, mode, times), str(tmp_path / "faults"))
+    # Driver-side points also exercise a log kept in the target's system, if it has one.
+    store = None if task_point else target.adapter.log_store(target.spec, target.env)
+    log = store or str(tmp_path / "txlog")
+    restarts, _ = run_until_done(
+        spark, tmp_path, lambda: Coordinator([target.sink()], log=log, faults=plan)
+    )
+    assert len(plan.fired()) == len(plan.faults) * times, "the fault never fired: test is void"
+    if task_point and times == 1:
+        assert restarts == 0, "a retried task attempt must not fail the query"
+    else:
+        assert restarts >= 1
+    verdict = verify(target.verifier(range(ROWS), log=log if isinstance(log, str) else None))
+    assert verdict.ok, verdict
+    txlog = open_log(log)
+    assert txlog.pending() == []
+    assert [s.status for s in txlog.states()].count("committed") == 4
+    if store is not None:
+        assert store.list("epochs/"), "the log in the target's system was not used"
+
+
+@pytest.mark.chaos
+@pytest.mark.parametrize(
+    ("connector", "variant"),
+    [
+        # The cross-system kill-driver run (test_cross_system.py) covers the first variant of
+        # every connector with a server, and the demo's the files connector: the others run
+        # by default, these with --run-slow.
+        pytest.param(
+            name,
+            variant,
+            marks=[*marks, *(() if marks and variant != first else (pytest.mark.slow,))],
+            id=f"{name}-{variant}",
+        )
+        for name, variant, marks in _variants()
+        for first in [next(iter(adapters()[name].variants))]
+    ],
+)
+def test_kill_driver_at_every_point(
+    request: pytest.FixtureRequest, tmp_path: Path, connector: str, variant: str
+) -> None:
+    target = _target(request, tmp_path, connector, variant)
+    kill_driver_at_every_point(tmp_path, [target.spec], target.child_env())
+    log = str(tmp_path / "txlog")
+    verdict = verify(target.verifier(range(3000), log=log))
+    assert verdict.ok, verdict

@@ -314,7 +314,8 @@ def inspect_checkpoint(path: str | os.PathLike[str]) -> CheckpointInfo:
         raise SavepointError(
             f"Spark checkpoint {text!r}: only a local or mounted path can be copied here. "
             "Copy a checkpoint on HDFS or an object store yourself while the query is "
-            "stopped (hadoop distcp, aws s3 sync), and take the savepoint without --checkpoint"
+            "stopped (hadoop distcp, or your object store's own copy tool), and take the "
+            "savepoint without --checkpoint"
         )
     root = Path(text).absolute()
     if not (root / "metadata").is_file():

@@ -134,7 +134,8 @@ def test_no_import_circles() -> None:
     for name, path in modules.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         targets = set()
-        for imported in _imports(path, package):
+        for name_imported in _imports(path, package):
+            imported = name_imported
             while imported and imported not in modules:
                 imported = imported.rpartition(".")[0]
             # A package's face (__init__) re-exports its modules: importing a module of a
@@ -152,7 +153,7 @@ def test_no_import_circles() -> None:
         stack.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                circles.append(stack[stack.index(nxt) :] + [nxt])
+                circles.append([*stack[stack.index(nxt) :], nxt])
             elif nxt not in state:
                 visit(nxt)
         stack.pop()

@@ -5,13 +5,15 @@ should crash and how, run it, and check the targets read back exactly once.
 
 Crash points, in protocol order::
 
-    during_recovery           driver: recovery committed or aborted its first handle
+    during_recovery           driver: recovery made the first unit of a decided epoch visible
+                              (or, with no epoch to finish, committed or aborted its first)
     before_precommit          task:   rows written into the open transaction, not yet prepared
     after_precommit           task:   transaction prepared, the ack not yet returned
     before_decision           driver: every ack collected, the decision not yet written
     after_decision            driver: decision durable, nothing committed
-    during_commit             driver: the first handle committed, the others not
-    after_commit_before_mark  driver: every handle committed, the committed mark not written
+    during_commit             driver: the first unit of the epoch is visible in a target (a
+                              transaction, a Kafka shard, a snapshot), the others not
+    after_commit_before_mark  driver: every sink committed, the committed mark not written
 
 Modes: ``raise`` (an :class:`~txsink.errors.InjectedFault`), ``kill-worker``
 (SIGKILL of the Python worker running the task; task points only),

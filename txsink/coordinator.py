@@ -42,7 +42,7 @@ from txsink.errors import (
     TxsinkError,
 )
 from txsink.faults import CrashPoint, FaultPlan
-from txsink.handles import Handle
+from txsink.handles import Handle, dump_handle
 from txsink.log import LogStore, TxLog, open_log
 from txsink.recovery import Recovery, RecoveryAction
 from txsink.txid import check_name
@@ -389,8 +389,6 @@ class Coordinator:
         rows: dict[str, int],
         seconds: dict[str, float] | None = None,
     ) -> None:
-        from txsink.handles import dump_handle
-
         for earlier in range(round_):
             if self.log.void(epoch, earlier, f"superseded by round {round_}") is not None:
                 self._lost(epoch, round_, handles, f"round {earlier} was decided by another driver")

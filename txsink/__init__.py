@@ -9,6 +9,7 @@ Quick use::
     df.writeStream.foreachBatch(coordinator).option("checkpointLocation", ...).start()
 """
 
+from txsink._version import __version__
 from txsink.coordinator import Coordinator, EpochResult
 from txsink.errors import (
     CheckpointMismatchError,
@@ -31,8 +32,6 @@ from txsink.handles import Handle, register_handle
 from txsink.log import TxLog, open_log
 from txsink.sink import TwoPhaseCommitSink
 from txsink.txid import TxnId
-
-__version__ = "0.1.0"
 
 __all__ = [
     "CheckpointMismatchError",

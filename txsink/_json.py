@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from txsink.errors import WriteError
 
-__all__ = ["json_default", "json_rows"]
+__all__ = ["dumps_record", "json_default", "json_rows"]
 
 
 def json_default(value: Any) -> Any:
@@ -86,3 +86,9 @@ def _bad_column(row: dict[str, Any]) -> str | None:
         except (TypeError, ValueError):
             return name
     return None
+
+
+def dumps_record(doc: dict[str, Any]) -> bytes:
+    """A JSON record as txsink stores it (log records, savepoint manifests): indented,
+    keys sorted, one trailing newline, so equal documents are equal bytes."""
+    return (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()

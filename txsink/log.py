@@ -37,6 +37,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from txsink._json import dumps_record
 from txsink.errors import CheckpointMismatchError, LogError
 from txsink.store import FileStore, LogStore, open_store
 
@@ -76,10 +77,6 @@ def open_log(
             raise ValueError("open_log: store options apply to a location, not an open log")
         return location
     return TxLog(open_store(location, **store_options))
-
-
-def _dumps(doc: dict[str, Any]) -> bytes:
-    return (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
 
 
 def _epoch_prefix(epoch: int) -> str:
@@ -165,7 +162,7 @@ class TxLog:
             "app_id": app_id,
             "created_at": time.time(),
         }
-        self.store.create("meta.json", _dumps(doc))
+        self.store.create("meta.json", dumps_record(doc))
         meta = self.meta()
         if meta is None or meta.get("app_id") != app_id:
             owner = None if meta is None else meta.get("app_id")
@@ -186,7 +183,7 @@ class TxLog:
         while True:
             key = f"{_epoch_prefix(epoch)}claim-{nxt:06d}.json"
             doc = {"version": RECORD_VERSION, "round": nxt, **info}
-            if self.store.create(key, _dumps(doc)):
+            if self.store.create(key, dumps_record(doc)):
                 return nxt
             nxt += 1
 
@@ -207,7 +204,7 @@ class TxLog:
             "handles": handles,
             "stats": stats or {},
         }
-        return self.store.create(self._decision_key(epoch, round_), _dumps(doc))
+        return self.store.create(self._decision_key(epoch, round_), dumps_record(doc))
 
     def void(self, epoch: int, round_: int, reason: str) -> EpochDecision | None:
         """Make sure round ``round_`` can never be decided.
@@ -223,7 +220,7 @@ class TxLog:
             "at": time.time(),
         }
         key = self._decision_key(epoch, round_)
-        if self.store.create(key, _dumps(doc)):
+        if self.store.create(key, dumps_record(doc)):
             return None
         return self._read_decision(key)
 
@@ -257,7 +254,7 @@ class TxLog:
             "committed_at": time.time(),
             "not_restored": list(not_restored),
         }
-        self.store.create(f"{_epoch_prefix(epoch)}committed.json", _dumps(doc))
+        self.store.create(f"{_epoch_prefix(epoch)}committed.json", dumps_record(doc))
 
     def epochs(self) -> list[int]:
         """Every epoch the log holds records for, ascending."""

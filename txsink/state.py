@@ -51,6 +51,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from txsink._json import dumps_record
 from txsink.contract import SinkContract
 from txsink.errors import StateError
 from txsink.log import TxLog, open_log
@@ -259,7 +260,7 @@ def _renamed(doc: dict[str, Any], old: str, new: str) -> bytes:
         stats["rows"] = {(new if u == old else u): n for u, n in stats["rows"].items()}
     out["stats"] = stats
     out["renamed_uids"] = [*doc.get("renamed_uids", []), {"from": old, "to": new}]
-    return (json.dumps(out, indent=1, sort_keys=True) + "\n").encode()
+    return dumps_record(out)
 
 
 def _span(epochs: list[int]) -> str:

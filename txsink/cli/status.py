@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import sys
 from typing import Any
 
+from txsink._format import when
 from txsink.log import EpochState, open_log
 
 __all__ = ["add_arguments", "status_command"]
 
 
 def _when(ts: float | None) -> str:
-    if not ts:
-        return "-"
-    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return when(ts or None)
 
 
 def _state_doc(state: EpochState) -> dict[str, Any]:

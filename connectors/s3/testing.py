@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from txsink.connectors.s3.client import make_client, parse_s3_url
-from txsink.connectors.s3.sink import S3Sink, read_committed, read_manifests
+from txsink.connectors.s3.readers import read_committed, read_manifests
+from txsink.connectors.s3.sink import S3Sink
 from txsink.testing.adapter import ConnectorTesting
 from txsink.testing.observer import Snapshot, Target
 from txsink.testing.verifiers import SinkVerifier

@@ -18,7 +18,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
-import io
 import re
 import zlib
 from collections.abc import Sequence
@@ -27,7 +26,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from typing_extensions import override
 
 from txsink._target import formats
 from txsink._target.formats import FormatWriter
@@ -69,22 +67,14 @@ MAX_PARTS = 10_000
 _MD5_HEX = re.compile(r"^[0-9a-f]{32}$")
 
 
-class _Buffer(io.RawIOBase):
+class _Buffer:
     """Where the encoder writes; the bytes wait here until they fill a part."""
 
     def __init__(self) -> None:
-        super().__init__()
         self.data = bytearray()
 
-    @override
-    def writable(self) -> bool:
-        return True
-
-    @override
-    def write(self, b: Any) -> int:
-        view = memoryview(b)
-        self.data += view
-        return view.nbytes
+    def write(self, b: Any) -> None:
+        self.data += b
 
 
 @dataclass

@@ -77,12 +77,16 @@ class S3Target:
         epoch: int | None = None,
     ) -> TxsinkError:
         """A typed, secret-free error for a failed S3 call on ``key`` of the bucket."""
+        ctx = self._phase_ctx(phase, txn, epoch)
+        return self._error(err, doing, f"s3://{self.bucket}/{key}", ctx)
+
+    def _phase_ctx(self, phase: str, txn: TxnId | None, epoch: int | None) -> dict[str, Any]:
         ctx = self.ctx(phase=phase)
         if txn is not None:
             ctx.update(epoch=txn.epoch, partition=txn.partition)
         elif epoch is not None:
             ctx["epoch"] = epoch
-        return self._error(err, doing, f"s3://{self.bucket}/{key}", ctx)
+        return ctx
 
     def _error(self, err: Exception, doing: str, where: str, ctx: Mapping[str, Any]) -> TxsinkError:
         try:
@@ -95,11 +99,7 @@ class S3Target:
         self, what: str, *, phase: str, txn: TxnId | None = None, epoch: int | None = None
     ) -> S3Objects:
         """The objects under the prefix as a store; failures read ``cannot <op> <what> ...``."""
-        ctx = self.ctx(phase=phase)
-        if txn is not None:
-            ctx.update(epoch=txn.epoch, partition=txn.partition)
-        elif epoch is not None:
-            ctx["epoch"] = epoch
+        ctx = self._phase_ctx(phase, txn, epoch)
 
         def fail(op: str, where: str, err: Exception) -> Exception:
             return self._error(err, f"{_VERBS.get(op, op)} {what}", where, ctx)

@@ -19,30 +19,22 @@ or the task attempt, so whichever attempt is decided publishes the same names::
 
     <prefix>[<col>=<value>/...]epoch=<e>/<uid>-p<partition:05d>-<seq:04d>.<ext>
 
-``partition_by`` columns become Hive folders (Spark's escaping, ``__HIVE_DEFAULT_PARTITION__``
-for null and the empty string) and are dropped from the objects, as Spark does.
+``partition_by`` columns become Hive folders (:mod:`~txsink.connectors.s3.hive`) and are
+dropped from the objects, as Spark does. Which upload is whose is kept in upload markers
+(:mod:`~txsink.connectors.s3.markers`); "already committed" is verified in the bucket, never
+assumed from an error code (:mod:`~txsink.connectors.s3.multipart`); the manifest is written
+last with the one epoch-manifest module (:mod:`txsink._target.manifests`), through the
+connector's one conditional PUT (:class:`~txsink.connectors.s3.store.S3Objects`).
 
-Which upload is whose. ``ListMultipartUploads`` returns keys and upload ids, nothing that
-names a transaction, and a replay writes the same key with another upload. So every
-transaction keeps a small *marker* object, ``<prefix>_txsink/uploads/<uid>/<txn>.json``,
-listing its keys and upload ids. The key is written to the marker *before*
-CreateMultipartUpload and the upload id right after it, so recovery finds every upload of
-ours, including those of a task that died in between: for a key recorded without an upload
-id, recovery lists that key's uploads (``Prefix=<exact key>``: MinIO answers nothing for a
-folder prefix) and takes every upload that no marker names. Commit and abort delete the
-marker last, so a crash in between only makes recovery do the same work again.
+Package map: ``sink`` (configuration and hooks), ``handles``, ``hive``, ``multipart``,
+``markers``, ``readers``, ``target`` (client, typed errors and stores of one sink),
+``client`` (URLs, client cache, safe options), ``errors`` (one S3 error classification),
+``store`` (conditional PUT), ``log_store`` (the txsink log on S3), ``testing``, ``plugin``.
 
-Already committed is verified in the bucket, never assumed from an error code (MinIO answers
-a second complete with NoSuchUpload, moto with success, and an abort of a completed upload
-with success): the object must exist with the ``txsink-txn`` metadata set when its upload
-was created, the recorded size, and the recorded composite CRC32 (``<crc of part crcs>-N``)
-or, where the server reports none, the multipart ETag (``md5(part md5s)-N``).
-CompleteMultipartUpload carries ``If-None-Match: *``, so commit never overwrites an object it
-did not write.
-
-Guarantee: exactly-once for readers that follow the manifests (:func:`read_committed`). A
-reader that lists the prefix may see an epoch's objects before its manifest: during the
-commit step, or until the restart's recovery if the driver died in the middle of it.
+Guarantee: exactly-once for readers that follow the manifests
+(:func:`~txsink.connectors.s3.readers.read_committed`). A reader that lists the prefix may
+see an epoch's objects before its manifest: during the commit step, or until the restart's
+recovery if the driver died in the middle of it.
 Prepared uploads must survive until they are committed: a bucket lifecycle rule
 ``AbortIncompleteMultipartUpload`` (AWS) or MinIO's ``api stale_uploads_expiry`` (24 hours by
 default) must allow more than the query's longest downtime.

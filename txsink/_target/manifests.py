@@ -27,6 +27,7 @@ __all__ = [
     "FOLDER",
     "check_renamed",
     "document",
+    "encode",
     "key",
     "migrate",
     "owner",
@@ -83,6 +84,7 @@ def _comparable(doc: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def encode(doc: Mapping[str, Any]) -> bytes:
+    """The bytes of a manifest as stored (indented JSON, one trailing newline)."""
     return (json.dumps(doc, indent=1) + "\n").encode()
 
 

@@ -4,11 +4,12 @@ crash point and mode, read back through the epoch manifests."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from tests.streaming import (
     is_task_point,
     kill_driver_at_every_point,
 )
-from txsink.connectors.s3 import S3Handle, S3Sink, read_committed, read_manifests
+from txsink.connectors.s3 import S3Handle, S3Sink, markers, read_committed, read_manifests
 from txsink.errors import CommitError, ConfigurationError, EpochAbortedError, WriteError
 from txsink.faults import FaultPlan
 from txsink.handles import dump_handle, load_handle
@@ -250,22 +251,22 @@ def test_partition_by_writes_hive_folders_and_drops_the_columns(s3: Any) -> None
 # -- recovery --------------------------------------------------------------------------------
 
 
-class _DiesAfterCreate(S3Sink):
-    """A task that dies right after CreateMultipartUpload, before recording the upload id."""
+@contextlib.contextmanager
+def _dies_at_marker(when: str) -> Iterator[None]:
+    """Patch the marker write so a task dies ``after`` CreateMultipartUpload, before it
+    records the upload id, or ``before`` it, right after recording its next key."""
+    real = markers.put
 
-    def _put_marker(self, client: Any, txn: Any) -> None:
-        if txn.record and txn.record[-1]["upload_id"] is not None:
+    def put(target: Any, txn: Any, marker: str, record: Any) -> None:
+        if when == "after" and record and record[-1]["upload_id"] is not None:
             raise SystemExit("killed")
-        super()._put_marker(client, txn)
-
-
-class _DiesBeforeCreate(S3Sink):
-    """A task that dies after recording its next key, before CreateMultipartUpload."""
-
-    def _put_marker(self, client: Any, txn: Any) -> None:
-        super()._put_marker(client, txn)
-        if txn.record and txn.record[-1]["upload_id"] is None:
+        real(target, txn, marker, record)
+        if when == "before" and record and record[-1]["upload_id"] is None:
             raise SystemExit("killed")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(markers, "put", put)
+        yield
 
 
 def test_recovery_aborts_uploads_of_dead_and_unused_attempts(s3: Any) -> None:
@@ -280,15 +281,13 @@ def test_recovery_aborts_uploads_of_dead_and_unused_attempts(s3: Any) -> None:
     leftover = sink.prepare(txn)
     assert leftover.objects[0].key == decided.objects[0].key
     # A task that died between CreateMultipartUpload and recording its upload id.
-    dying = _DiesAfterCreate(f"s3://{bucket}/out", uid, client_options=_options(s3))
-    dead_txn = dying.begin(TxnId("app", uid, 0, 0, 1, 5), SCHEMA)
-    with pytest.raises(SystemExit):
-        dying.write(dead_txn, _batch(range(100, 200)))
+    dead_txn = sink.begin(TxnId("app", uid, 0, 0, 1, 5), SCHEMA)
+    with _dies_at_marker("after"), pytest.raises(SystemExit):
+        sink.write(dead_txn, _batch(range(100, 200)))
     # One that died before it created its upload: only its marker is left.
-    early = _DiesBeforeCreate(f"s3://{bucket}/out", uid, client_options=_options(s3))
-    early_txn = early.begin(TxnId("app", uid, 0, 0, 2, 4), SCHEMA)
-    with pytest.raises(SystemExit):
-        early.write(early_txn, _batch(range(100, 200)))
+    early_txn = sink.begin(TxnId("app", uid, 0, 0, 2, 4), SCHEMA)
+    with _dies_at_marker("before"), pytest.raises(SystemExit):
+        sink.write(early_txn, _batch(range(100, 200)))
     # And one that died before prepare with its upload recorded.
     open_txn = sink.begin(TxnId("app", uid, 0, 0, 1, 6), SCHEMA)
     sink.write(open_txn, _batch(range(100, 200)))

@@ -359,7 +359,7 @@ def test_errors_name_the_location_and_say_what_to_do(
 
     with pytest.raises(ConfigurationError, match="no bucket"):
         open_log("s3:///txlog")
-    with pytest.raises(ValueError, match="client_options apply to an s3:// location"):
+    with pytest.raises(ValueError, match="apply to a store URL, not to the local path"):
         open_log("/tmp/txlog", client_options={"region_name": "x"})
 
 

@@ -171,3 +171,24 @@ def test_another_apps_epochs_in_the_folder_are_refused(tmp_path: Path) -> None:
     sink.check(SCHEMA, "app-1")  # the same app may go on
     with pytest.raises(ConfigurationError, match=r"written by app 'app-1'.*new output folder"):
         sink.check(SCHEMA, "app-2")
+
+
+def test_a_foreign_manifest_for_the_same_epoch_is_refused(tmp_path: Path) -> None:
+    """Regression: files used to keep another writer's manifest silently (S3 refuses it)."""
+    sink = FilesSink(tmp_path, "s1")
+    t = sink.begin(TxnId("app", "s1", 4, 0, 0, 0), SCHEMA)
+    sink.write(t, _batch(range(10)))
+    handle = sink.prepare(t)
+    sink.commit(handle)
+    sink.finish_epoch(4, [handle])
+    sink.finish_epoch(4, [handle])  # a recovery re-run writes the same manifest: accepted
+    manifest = tmp_path / "_manifests" / f"s1-{4:020d}.json"
+    before = manifest.read_bytes()
+    # Another query's epoch 4 of the same uid (here: one with no rows) must not pass as ours.
+    with pytest.raises(CommitError, match="already exists and lists other files") as info:
+        sink.finish_epoch(4, [])
+    err = info.value
+    assert (err.sink_uid, err.epoch, err.phase, err.connector) == ("s1", 4, "commit", "files")
+    assert str(manifest) in str(err) and "own output folder or sink uid" in str(err)
+    assert manifest.read_bytes() == before  # nothing overwritten
+    assert sorted(read_committed(tmp_path).column("id").to_pylist()) == list(range(10))

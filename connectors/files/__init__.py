@@ -4,16 +4,9 @@ See :mod:`txsink.connectors.files.sink` for how the two phases map to files, and
 docs/connectors/files.md.
 """
 
-from txsink.connectors.files.sink import (
-    MANIFESTS,
-    STAGING,
-    FileEntry,
-    FilesHandle,
-    FilesSink,
-    iter_final_files,
-    read_committed,
-    read_manifests,
-)
+from txsink.connectors.files.handles import FileEntry, FilesHandle
+from txsink.connectors.files.readers import iter_final_files, read_committed, read_manifests
+from txsink.connectors.files.sink import MANIFESTS, STAGING, FilesSink
 
 __all__ = [
     "MANIFESTS",

@@ -24,85 +24,45 @@ and hard links).
 from __future__ import annotations
 
 import contextlib
-import gzip
 import hashlib
-import json
 import os
 import shutil
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import IO, Any, ClassVar
 
 import pyarrow as pa
-import pyarrow.csv as pacsv
-import pyarrow.parquet as pq
 from typing_extensions import override
 
 from txsink._fs import fsync_dir
-from txsink._json import json_rows
-from txsink._target import manifests
+from txsink._target import formats, manifests
+from txsink._target.formats import Format, FormatWriter
+from txsink.connectors.files.handles import FileEntry, FilesHandle
 from txsink.errors import CommitError, ConfigurationError
-from txsink.handles import Handle, register_handle
-from txsink.log import FileStore, LogStore
+from txsink.handles import Handle
 from txsink.sink import TwoPhaseCommitSink
+from txsink.store import FileStore, LogStore
 from txsink.txid import TxnId
 
-__all__ = ["FileEntry", "FilesHandle", "FilesSink", "read_committed", "read_manifests"]
+__all__ = ["MANIFESTS", "STAGING", "FilesSink"]
 
-Format = Literal["parquet", "jsonl", "csv"]
-_EXT = {"parquet": "parquet", "jsonl": "jsonl", "csv": "csv"}
 STAGING = "_txsink/staging"
-MANIFESTS = "_manifests"
-
-
-@dataclass(frozen=True)
-class FileEntry:
-    """One staged file: where it is, where it goes, and how to recognise it there."""
-
-    staged: str  # relative to the sink path
-    final: str  # relative to the sink path
-    rows: int
-    nbytes: int
-    sha256: str
-
-
-@register_handle
-@dataclass(frozen=True)
-class FilesHandle(Handle):
-    serializer: ClassVar[str] = "files.staged"
-    version: ClassVar[int] = 1
-
-    files: tuple[FileEntry, ...] = ()
-
-    @override
-    def encode(self) -> dict[str, Any]:
-        data = super().encode()
-        data["files"] = [vars(f).copy() for f in self.files]
-        return data
-
-    @classmethod
-    @override
-    def decode(cls, version: int, data: dict[str, Any]) -> FilesHandle:
-        fields = dict(data)
-        fields["files"] = tuple(FileEntry(**f) for f in fields.get("files", ()))
-        return super().decode(version, fields)
+MANIFESTS = manifests.FOLDER
 
 
 @dataclass
 class _OpenFiles:
-    """A task's open transaction: the current writer and the files already closed."""
+    """A task's open transaction: the current file and its writer, and the files closed."""
 
     txn: TxnId
     schema: pa.Schema
     stage: Path
     seq: int = 0
     rows_total: int = 0
-    rows_in_file: int = 0
-    bytes_in_file: int = 0
-    writer: Any = None
-    stream: Any = None
+    file: IO[bytes] | None = None
+    writer: FormatWriter | None = None
     closed: list[tuple[str, int]] = field(default_factory=list)  # (staged name, rows)
 
 
@@ -134,21 +94,24 @@ class FilesSink(TwoPhaseCommitSink[_OpenFiles, FilesHandle]):
         **coordinator_options: Any,
     ) -> None:
         super().__init__(uid, log=log, **coordinator_options)
-        if format not in _EXT:
-            raise ValueError(f"FilesSink format must be one of {sorted(_EXT)}, got {format!r}")
-        if compression is not None and format != "parquet" and compression != "gzip":
-            raise ValueError(f"FilesSink: {format} supports compression='gzip' only")
+        self.compression = formats.check_options("FilesSink", format, compression)
         if target_file_bytes < 1:
             raise ValueError("target_file_bytes must be >= 1")
         self.path = os.path.abspath(os.fspath(path))
         self.format: Format = format
-        self.compression = compression
         self.target_file_bytes = target_file_bytes
 
     @property
     def _ext(self) -> str:
-        ext = _EXT[self.format]
-        return ext + ".gz" if self.compression == "gzip" and self.format != "parquet" else ext
+        return formats.extension(self.format, self.compression)
+
+    @property
+    def _store(self) -> FileStore:
+        """The output folder as a store: the manifests' one create-if-absent (hard link)."""
+        return FileStore(self.path)
+
+    def _ctx(self, **extra: Any) -> dict[str, Any]:
+        return {"sink_uid": self.uid, "connector": "files", **extra}
 
     # -- driver: start -------------------------------------------------------------
 
@@ -161,21 +124,10 @@ class FilesSink(TwoPhaseCommitSink[_OpenFiles, FilesHandle]):
             raise ConfigurationError(
                 f"cannot create the output folder {self.path}: {err.strerror}; "
                 "check the path and its permissions",
-                sink_uid=self.uid,
-                connector="files",
+                **self._ctx(),
             ) from err
         self._check_owner(app_id)
-        if self.format == "csv":
-            for f in schema:
-                if pa.types.is_nested(f.type) or pa.types.is_binary(f.type):
-                    raise ConfigurationError(
-                        f"column {f.name!r} has type {f.type}, which CSV cannot hold: use "
-                        "format='parquet' or 'jsonl', or convert the column (e.g. to_json) "
-                        "before the sink",
-                        sink_uid=self.uid,
-                        connector="files",
-                        column=f.name,
-                    )
+        formats.check_schema(schema, self.format, self.compression, self._ctx(phase="check"))
 
     def _check_owner(self, app_id: str) -> None:
         """Refuse a folder whose epochs under this uid were written by another app.
@@ -183,17 +135,15 @@ class FilesSink(TwoPhaseCommitSink[_OpenFiles, FilesHandle]):
         A new query (new checkpoint and log) numbers its epochs from 0 again;
         its files would collide with the old app's names.
         """
-        for doc in read_manifests(self.path, self.uid):
-            owner = doc.get("app_id")
-            if owner is not None and owner != app_id:
-                raise ConfigurationError(
-                    f"{self.path} already holds epochs of sink uid {self.uid!r} written by app "
-                    f"{owner!r}, and this query runs as app {app_id!r}: a new query numbers its "
-                    "epochs from 0 again and its files would collide. Use a new output folder "
-                    "or a new sink uid (or keep the old checkpoint and txsink log)",
-                    sink_uid=self.uid,
-                    connector="files",
-                )
+        owner = manifests.owner(self._store, self.uid)
+        if owner is not None and owner != app_id:
+            raise ConfigurationError(
+                f"{self.path} already holds epochs of sink uid {self.uid!r} written by app "
+                f"{owner!r}, and this query runs as app {app_id!r}: a new query numbers its "
+                "epochs from 0 again and its files would collide. Use a new output folder "
+                "or a new sink uid (or keep the old checkpoint and txsink log)",
+                **self._ctx(),
+            )
 
     # -- executor: write and prepare ------------------------------------------------
 
@@ -208,16 +158,10 @@ class FilesSink(TwoPhaseCommitSink[_OpenFiles, FilesHandle]):
 
     @override
     def write(self, txn: _OpenFiles, batch: pa.RecordBatch) -> None:
-        if txn.writer is None and txn.stream is None:
-            self._open_file(txn)
-        if self.format in ("parquet", "csv"):
-            txn.writer.write_batch(batch)
-        elif txn.stream is not None:
-            txn.stream.write(_jsonl(batch, self.uid, txn.txn.partition, txn.rows_total))
-        txn.rows_in_file += batch.num_rows
+        writer = txn.writer if txn.writer is not None else self._open_file(txn)
+        writer.write(batch, first_row=txn.rows_total)
         txn.rows_total += batch.num_rows
-        txn.bytes_in_file += batch.nbytes
-        if txn.bytes_in_file >= self.target_file_bytes:
+        if writer.full():
             self._close_file(txn)
 
     @override
@@ -297,27 +241,27 @@ class FilesSink(TwoPhaseCommitSink[_OpenFiles, FilesHandle]):
 
     @override
     def finish_epoch(self, epoch: int, handles: Sequence[FilesHandle]) -> None:
-        files = sorted(
-            (
+        """Write the epoch's manifest last; refuse another writer's manifest of this epoch."""
+        doc = manifests.document(
+            uid=self.uid,
+            epoch=epoch,
+            app_id=handles[0].txn.app if handles else None,
+            format=self.format,
+            listing="files",
+            entries=(
                 {"path": e.final, "rows": e.rows, "bytes": e.nbytes, "sha256": e.sha256}
                 for h in handles
                 for e in h.files
             ),
-            key=lambda f: str(f["path"]),
+            sort_by="path",
+            committed_at=time.time(),
         )
-        doc = {
-            "version": 1,
-            "app_id": handles[0].txn.app if handles else None,
-            "uid": self.uid,
-            "epoch": epoch,
-            "format": self.format,
-            "rows": sum(e.rows for h in handles for e in h.files),
-            "files": files,
-            "committed_at": time.time(),
-        }
-        _create_if_absent(
-            Path(self.path, MANIFESTS, f"{self.uid}-{epoch:020d}.json"),
-            (json.dumps(doc, indent=1) + "\n").encode(),
+        manifests.write(
+            self._store,
+            doc,
+            where=str(Path(self.path, manifests.key(self.uid, epoch))),
+            place="output folder",
+            context=self._ctx(),
         )
 
     @override
@@ -338,25 +282,9 @@ class FilesSink(TwoPhaseCommitSink[_OpenFiles, FilesHandle]):
     @override
     def migrate_uid(self, old: str, *, app_id: str, dry_run: bool = False) -> list[str]:
         """Manifests ``<old>-<e>.json`` -> ``<new>-<e>.json`` (create first, then delete)."""
-        folder = Path(self.path, MANIFESTS)
-        store = FileStore(folder)
-        moved = 0
-        for name in sorted(os.listdir(folder)) if folder.is_dir() else []:
-            if not (name.startswith(f"{old}-") and name.endswith(".json")):
-                continue
-            raw = (folder / name).read_bytes()
-            if json.loads(raw).get("uid") != old:
-                continue
-            target = f"{self.uid}-{name[len(old) + 1 :]}"
-            moved += 1
-            if dry_run:
-                continue
-            body = manifests.renamed(raw, old, self.uid)
-            if not store.create(target, body):
-                manifests.check_renamed(
-                    (folder / target).read_bytes(), body, str(folder / target), self.uid
-                )
-            (folder / name).unlink()
+        moved = manifests.migrate(
+            self._store, old, self.uid, dry_run=dry_run, where=lambda k: str(Path(self.path, k))
+        )
         verb = "would move" if dry_run else "moved"
         return [f"{self!r}: {verb} {moved} epoch manifest(s) from uid {old!r} to {self.uid!r}"]
 
@@ -365,48 +293,33 @@ class FilesSink(TwoPhaseCommitSink[_OpenFiles, FilesHandle]):
     def _final_name(self, txn: TxnId, seq: int) -> str:
         return f"epoch={txn.epoch}/{self.uid}-p{txn.partition:05d}-{seq:04d}.{self._ext}"
 
-    def _open_file(self, txn: _OpenFiles) -> None:
+    def _open_file(self, txn: _OpenFiles) -> FormatWriter:
         name = f"part-{txn.seq:04d}.{self._ext}"
-        path = txn.stage / name
-        if self.format == "parquet":
-            txn.writer = pq.ParquetWriter(
-                path, txn.schema, compression=self.compression or "snappy"
-            )
-        elif self.format == "csv":
-            sink = pa.CompressedOutputStream(str(path), "gzip") if self.compression else str(path)
-            txn.writer = pacsv.CSVWriter(sink, txn.schema)
-        else:
-            txn.stream = (
-                gzip.open(path, "wb") if self.compression else open(path, "wb")  # noqa: SIM115
-            )
+        txn.file = open(txn.stage / name, "wb")  # noqa: SIM115 - closed by _close_file
+        txn.writer = FormatWriter(
+            txn.file,
+            self.format,
+            txn.schema,
+            compression=self.compression,
+            context=self._ctx(partition=txn.txn.partition),
+            target_bytes=self.target_file_bytes,
+            measure="arrow",  # documented: Arrow bytes of the batches (docs/connectors/files.md)
+        )
         txn.closed.append((name, 0))
+        return txn.writer
 
     def _close_file(self, txn: _OpenFiles) -> None:
-        if txn.writer is None and txn.stream is None:
+        if txn.writer is None or txn.file is None:
             return
-        if txn.writer is not None:
-            txn.writer.close()
-        if txn.stream is not None:
-            txn.stream.close()
+        writer, file = txn.writer, txn.file
+        txn.writer = txn.file = None
+        try:
+            writer.close()
+        finally:
+            file.close()
         name, _ = txn.closed[-1]
-        txn.closed[-1] = (name, txn.rows_in_file)
-        txn.writer = txn.stream = None
+        txn.closed[-1] = (name, writer.rows)
         txn.seq += 1
-        txn.rows_in_file = txn.bytes_in_file = 0
-
-
-# -- JSON lines ---------------------------------------------------------------------------
-
-
-def _jsonl(batch: pa.RecordBatch, uid: str, partition: int, first_row: int) -> bytes:
-    rows = json_rows(
-        batch,
-        first_row=first_row,
-        alternative=", or use format='parquet'",
-        context={"sink_uid": uid, "partition": partition, "connector": "files"},
-    )
-    rows.append("")
-    return "\n".join(rows).encode()
 
 
 # -- filesystem helpers -------------------------------------------------------------------
@@ -429,75 +342,3 @@ def _fsync_and_hash(path: Path) -> tuple[int, str]:
     finally:
         os.close(fd)
     return _hash(path)
-
-
-def _create_if_absent(path: Path, data: bytes) -> bool:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    try:
-        os.link(tmp, path)
-    except FileExistsError:
-        return False
-    finally:
-        tmp.unlink(missing_ok=True)
-    fsync_dir(path.parent)
-    return True
-
-
-# -- readers ------------------------------------------------------------------------------
-
-
-def read_manifests(path: str | os.PathLike[str], uid: str | None = None) -> list[dict[str, Any]]:
-    """The epoch manifests of a files sink, by epoch (optionally of one sink uid)."""
-    folder = Path(path, MANIFESTS)
-    if not folder.is_dir():
-        return []
-    docs = []
-    for name in sorted(os.listdir(folder)):
-        if name.startswith(".tmp-") or not name.endswith(".json"):
-            continue
-        doc = json.loads((folder / name).read_text())
-        if uid is None or doc["uid"] == uid:
-            docs.append(doc)
-    return sorted(docs, key=lambda d: (d["epoch"], d["uid"]))
-
-
-def read_committed(path: str | os.PathLike[str], uid: str | None = None) -> pa.Table:
-    """Read every row of whole committed epochs only, following the manifests.
-
-    Adds an ``_epoch`` column. JSON lines come back as JSON types (strings
-    for timestamps, decimals and binary).
-    """
-    tables = []
-    for doc in read_manifests(path, uid):
-        for f in doc["files"]:
-            table = _read_file(Path(path, f["path"]), doc["format"])
-            tables.append(
-                table.append_column("_epoch", pa.array([doc["epoch"]] * len(table), pa.int64()))
-            )
-    if not tables:
-        return pa.table({"_epoch": pa.array([], pa.int64())})
-    return pa.concat_tables(tables, promote_options="permissive")
-
-
-def _read_file(path: Path, fmt: str) -> pa.Table:
-    if fmt == "parquet":
-        return pq.read_table(path)
-    if fmt == "csv":
-        return pacsv.read_csv(path)
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as f:
-        rows = [json.loads(line) for line in f.read().decode().splitlines() if line]
-    return pa.Table.from_pylist(rows)
-
-
-def iter_final_files(path: str | os.PathLike[str]) -> Iterable[str]:
-    """Every published data file under ``path`` (relative), manifests or not."""
-    root = Path(path)
-    for p in sorted(root.glob("epoch=*/*")):
-        if p.is_file():
-            yield str(p.relative_to(root))

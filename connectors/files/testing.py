@@ -12,13 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from txsink.connectors.files.sink import (
-    MANIFESTS,
-    STAGING,
-    FilesSink,
-    read_committed,
-    read_manifests,
-)
+from txsink.connectors.files.readers import read_committed, read_manifests
+from txsink.connectors.files.sink import MANIFESTS, STAGING, FilesSink
 from txsink.testing.adapter import ConnectorTesting
 from txsink.testing.observer import Snapshot, Target, by_epoch
 from txsink.testing.verifiers import SinkVerifier, verify

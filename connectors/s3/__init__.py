@@ -3,15 +3,10 @@
 See :mod:`txsink.connectors.s3.sink`, docs/connectors/s3.md and docs/log-on-s3.md.
 """
 
+from txsink.connectors.s3.handles import S3Handle, S3Object, S3Part
 from txsink.connectors.s3.log_store import S3Store
-from txsink.connectors.s3.sink import (
-    S3Handle,
-    S3Object,
-    S3Part,
-    S3Sink,
-    read_committed,
-    read_manifests,
-)
+from txsink.connectors.s3.readers import read_committed, read_manifests
+from txsink.connectors.s3.sink import S3Sink
 
 __all__ = [
     "S3Handle",

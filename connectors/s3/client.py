@@ -1,4 +1,4 @@
-"""S3 plumbing shared by the S3 log store and the S3 connector: URLs and clients.
+"""S3 plumbing shared by the S3 log store and the S3 sink: URLs, clients and their options.
 
 Credentials come from boto3's usual chain (environment, profile, instance
 role) unless given in ``client_options``; those options are passed to
@@ -8,13 +8,26 @@ txsink log or put in a ``repr``.
 
 from __future__ import annotations
 
+import hashlib
+import os
+import pickle
+import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
-__all__ = ["SECRET_OPTIONS", "S3Location", "make_client", "parse_s3_url", "safe_options"]
+__all__ = [
+    "COMPLETE_TIMEOUT_S",
+    "SECRET_OPTIONS",
+    "S3Location",
+    "cached_client",
+    "completing_options",
+    "make_client",
+    "parse_s3_url",
+    "safe_options",
+]
 
 #: ``client_options`` keys whose values must never appear in logs, errors or reprs.
 SECRET_OPTIONS = frozenset({"aws_secret_access_key", "aws_session_token"})
@@ -75,3 +88,48 @@ def make_client(options: Mapping[str, Any] | None = None) -> S3Client:
 
     session = boto3.session.Session()
     return session.client("s3", **dict(options or {}))
+
+
+# -- clients: one per process and options, never pickled -------------------------------------
+
+#: Read timeout of CompleteMultipartUpload requests (see :func:`completing_options`).
+COMPLETE_TIMEOUT_S = 600.0
+_CLIENTS: dict[tuple[int, str], S3Client] = {}
+_CLIENTS_LOCK = threading.Lock()
+
+
+def cached_client(options: Mapping[str, Any] | None) -> S3Client:
+    """The process's client for ``options`` (built once; a sink's tasks share it).
+
+    Keyed by the process id too: a forked Python worker must not reuse its parent's
+    connections. Options that cannot be pickled (so not fingerprinted) get a new client.
+    """
+    try:
+        fingerprint = hashlib.sha256(pickle.dumps(dict(options or {}))).hexdigest()
+    except Exception:  # unpicklable options: no sharing
+        return make_client(options)
+    key = (os.getpid(), fingerprint)
+    with _CLIENTS_LOCK:
+        client = _CLIENTS.get(key)
+        if client is None:
+            client = _CLIENTS[key] = make_client(options)
+        return client
+
+
+def completing_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``options`` with a read timeout of at least :data:`COMPLETE_TIMEOUT_S`.
+
+    For ``CompleteMultipartUpload``: a complete can take minutes on S3, and a client that
+    gives up mid-request makes the server cancel it: MinIO was seen to drop the upload's
+    parts on such a cancelled complete without creating the object, so the decided rows
+    were lost. Waiting long is the only safe answer; retries of the request stay as
+    configured.
+    """
+    from botocore.config import Config
+
+    out = dict(options or {})
+    given = out.get("config")
+    timeout = max(float(getattr(given, "read_timeout", None) or 60), COMPLETE_TIMEOUT_S)
+    longer = Config(read_timeout=timeout)
+    out["config"] = given.merge(longer) if given is not None else longer
+    return out

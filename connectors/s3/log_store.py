@@ -24,7 +24,8 @@ Use it by giving the log an ``s3://bucket/prefix`` location::
     open_log("s3://my-bucket/pipelines/orders/txlog", client_options={...})  # the same store
 
 How each :class:`~txsink.log.LogStore` operation maps to S3 (a record ``key`` is
-stored as the object ``<prefix><key>``):
+stored as the object ``<prefix><key>``; the operations are the S3 connector's one
+implementation, :class:`~txsink.connectors.s3.store.S3Objects`):
 
 * ``create`` — ``PutObject`` with ``If-None-Match: *``. S3 answers 412
   ``PreconditionFailed`` when the key exists: ``create`` returns False. Because
@@ -61,15 +62,14 @@ credentials).
 from __future__ import annotations
 
 import logging
-import random
 import threading
-import time
 import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NoReturn
-from urllib.parse import urlsplit, urlunsplit
 
 from txsink.connectors.s3.client import make_client, parse_s3_url, safe_options
+from txsink.connectors.s3.errors import describe, log_error, redact_url
+from txsink.connectors.s3.store import S3Objects
 from txsink.errors import ConditionalWritesUnsupportedError, ConfigurationError, LogError
 
 if TYPE_CHECKING:
@@ -79,43 +79,16 @@ __all__ = ["ConditionalWritesUnsupportedError", "S3Store"]
 
 _logger = logging.getLogger(__name__)
 
-#: Object metadata key (``x-amz-meta-txsink-writer``) holding the create call's token.
-_WRITER_META = "txsink-writer"
 #: Probe objects live directly under the log prefix, outside ``epochs/`` and ``meta.json``,
 #: so a reader of the log never sees one (and prefix-scoped permissions still cover them).
 _PROBE_PREFIX = "_txsink-probe-"
-
-_ACCESS_CODES = frozenset(
-    {
-        "AccessDenied",
-        "AllAccessDisabled",
-        "InvalidAccessKeyId",
-        "SignatureDoesNotMatch",
-        "ExpiredToken",
-        "InvalidToken",
-        "TokenRefreshRequired",
-        "InvalidSecurity",
-    }
-)
-_THROTTLE_CODES = frozenset(
-    {
-        "SlowDown",
-        "Throttling",
-        "ThrottlingException",
-        "RequestLimitExceeded",
-        "TooManyRequestsException",
-        "RequestThrottled",
-        "ServiceUnavailable",
-    }
-)
-_NOT_IMPLEMENTED = frozenset({"NotImplemented"})
 
 # Locations whose conditional writes were probed successfully in this process.
 _probed: set[tuple[str, str, str]] = set()
 _probe_lock = threading.Lock()
 
 
-class S3Store:
+class S3Store(S3Objects):
     """A :class:`~txsink.log.LogStore` on S3; see the module docstring for the contract.
 
     Args:
@@ -145,29 +118,28 @@ class S3Store:
             loc = parse_s3_url(url)
         except ValueError as err:
             raise ConfigurationError(f"txsink log location: {err}") from err
-        if not 1 <= page_size <= 1000:
-            raise ValueError(f"page_size must be within 1..1000, got {page_size}")
-        if conflict_retries < 0:
-            raise ValueError(f"conflict_retries must be >= 0, got {conflict_retries}")
-        self.bucket = loc.bucket
-        self.prefix = loc.prefix
-        self.location = loc.url
-        self.page_size = page_size
-        self.conflict_retries = conflict_retries
-        self._shown_options = safe_options(client_options)
+        shown = safe_options(client_options)
         if client is not None:
             if client_options:
                 raise ValueError("S3Store: pass client_options or client, not both")
-            self._client = client
         else:
             try:
-                self._client = make_client(client_options)
+                client = make_client(client_options)
             except Exception as err:  # botocore's own errors for bad options (no secrets)
                 raise ConfigurationError(
-                    f"cannot build an S3 client for the txsink log at {self.location} with "
-                    f"client_options={self._shown_options}: {type(err).__name__}: {err}"
+                    f"cannot build an S3 client for the txsink log at {loc.url} with "
+                    f"client_options={shown}: {type(err).__name__}: {err}"
                 ) from err
-        self.endpoint = _redact_url(self._client.meta.endpoint_url)
+        super().__init__(
+            client,
+            loc.bucket,
+            loc.prefix,
+            fail=self._log_failure,
+            page_size=page_size,
+            conflict_retries=conflict_retries,
+        )
+        self._shown_options = shown
+        self.endpoint = redact_url(self._client.meta.endpoint_url)
 
     def __repr__(self) -> str:
         options = f", client_options={self._shown_options!r}" if self._shown_options else ""
@@ -179,56 +151,10 @@ class S3Store:
             "pickle would carry the S3 client's credentials"
         )
 
-    # -- LogStore ------------------------------------------------------------------------
-
     def create(self, key: str, data: bytes) -> bool:
         """Create ``key`` unless it exists; True if this call created it (see module doc)."""
         self.check_conditional_writes()
-        return self._create(self._object(key), data, "create")
-
-    def read(self, key: str) -> bytes | None:
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        name = self._object(key)
-        try:
-            body = self._client.get_object(Bucket=self.bucket, Key=name)["Body"]
-            try:
-                return body.read()
-            finally:
-                body.close()
-        except ClientError as err:
-            if _code(err) == "NoSuchKey":
-                return None
-            self._fail("read", name, err)
-        except BotoCoreError as err:
-            self._fail("read", name, err)
-
-    def list(self, prefix: str) -> list[str]:
-        """Every key that starts with ``prefix``, sorted (keys are relative to the log)."""
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        start = len(self.prefix)
-        keys: list[str] = []
-        try:
-            pages = self._client.get_paginator("list_objects_v2").paginate(
-                Bucket=self.bucket,
-                Prefix=self.prefix + prefix,
-                PaginationConfig={"PageSize": self.page_size},
-            )
-            for page in pages:
-                keys.extend(obj["Key"][start:] for obj in page.get("Contents", ()))
-        except (ClientError, BotoCoreError) as err:
-            self._fail("list", self.prefix + prefix, err)
-        return sorted(keys)
-
-    def delete(self, key: str) -> None:
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        name = self._object(key)
-        try:
-            self._client.delete_object(Bucket=self.bucket, Key=name)
-        except (ClientError, BotoCoreError) as err:
-            self._fail("delete", name, err)
+        return super().create(key, data)
 
     # -- the conditional-write probe -------------------------------------------------------
 
@@ -266,6 +192,9 @@ class S3Store:
                 except LogError as err:
                     _logger.warning("could not delete the probe object %s: %s", name, err)
 
+    def _no_conditional_writes(self, name: str, op: str, err: Exception) -> NoReturn:
+        self._unsupported(f"the server answered {describe(err)} to PutObject")
+
     def _unsupported(self, what: str) -> NoReturn:
         raise ConditionalWritesUnsupportedError(
             f"the S3 store at {self.endpoint} does not honour conditional writes "
@@ -276,142 +205,5 @@ class S3Store:
             "(a local or mounted filesystem path); see docs/log-on-s3.md"
         )
 
-    # -- helpers -------------------------------------------------------------------------
-
-    def _object(self, key: str) -> str:
-        if not key or key.startswith("/") or ".." in key.split("/"):
-            raise ValueError(f"bad log key {key!r}")
-        return self.prefix + key
-
-    def _create(self, name: str, data: bytes, op: str) -> bool:
-        """PUT ``name`` if absent. True iff this call's bytes are the object afterwards."""
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        token = uuid.uuid4().hex
-        for attempt in range(self.conflict_retries + 1):
-            try:
-                self._client.put_object(
-                    Bucket=self.bucket,
-                    Key=name,
-                    Body=data,
-                    IfNoneMatch="*",
-                    ContentType="application/json",
-                    Metadata={_WRITER_META: token},
-                )
-                return True
-            except ClientError as err:
-                code, status = _code(err), _status(err)
-                if code == "PreconditionFailed" or status == 412:
-                    owner = self._owner_token(name)
-                    if owner is not None:
-                        # Ours when an earlier attempt of this call (a botocore retry of
-                        # a PUT whose answer was lost) created it.
-                        return owner == token
-                    # Deleted between the 412 and the HEAD: try again.
-                elif code in _NOT_IMPLEMENTED or status == 501:
-                    self._unsupported(f"the server answered {code} (HTTP {status}) to PutObject")
-                elif not (code == "ConditionalRequestConflict" or status == 409):
-                    self._fail(op, name, err)
-            except BotoCoreError as err:
-                self._fail(op, name, err)
-            # 409: a concurrent write on the key is in flight; it settles shortly.
-            time.sleep(min(1.0, 0.05 * 2**attempt) * (0.5 + random.random()))  # noqa: S311
-        raise LogError(
-            f"txsink log: the create of {name} in {self.location} did not settle in "
-            f"{self.conflict_retries + 1} attempts (409 ConditionalRequestConflict, or the key "
-            "deleted between a 412 and its check): something else keeps writing or deleting "
-            "that key. Only txsink should write under the log's prefix",
-        )
-
-    def _owner_token(self, name: str) -> str | None:
-        """The create token stored with ``name``; ``""`` if it has none, None if it is gone."""
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        try:
-            head = self._client.head_object(Bucket=self.bucket, Key=name)
-        except ClientError as err:
-            if _status(err) == 404 or _code(err) in ("NoSuchKey", "404", "NotFound"):
-                return None
-            self._fail("create", name, err)
-        except BotoCoreError as err:
-            self._fail("create", name, err)
-        return head.get("Metadata", {}).get(_WRITER_META, "")
-
-    def _fail(self, op: str, name: str, err: Exception) -> NoReturn:
-        raise _log_error(op, f"s3://{self.bucket}/{name}", self.bucket, self.endpoint, err) from err
-
-
-def _code(err: Any) -> str:
-    return str(err.response.get("Error", {}).get("Code", ""))
-
-
-def _status(err: Any) -> int:
-    return int(err.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
-
-
-def _redact_url(url: str) -> str:
-    """``url`` without a ``user:password@`` part."""
-    parts = urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{host}:{parts.port}" if parts.port else host
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
-
-
-def _log_error(op: str, where: str, bucket: str, endpoint: str, err: Exception) -> LogError:
-    """A :class:`LogError` for a botocore failure, mapped by error code / status / type.
-
-    Only codes, statuses, the server's message, the endpoint and the object's URL go into
-    the message: never ``str()`` of a request, which could carry signed headers.
-    """
-    from botocore.exceptions import (
-        ClientError,
-        HTTPClientError,
-        NoCredentialsError,
-        PartialCredentialsError,
-    )
-    from botocore.exceptions import ConnectionError as BotoConnectionError
-
-    head = f"txsink log: S3 {op} of {where} failed"
-    if isinstance(err, ClientError):
-        code, status = _code(err), _status(err)
-        said = str(err.response.get("Error", {}).get("Message", "")).strip()
-        detail = f"{code or 'error'} (HTTP {status})" + (f": {said}" if said else "")
-        if code == "NoSuchBucket":
-            hint = (
-                f"bucket {bucket!r} does not exist at {endpoint}: create it, or fix the log "
-                "location (and endpoint_url / AWS_ENDPOINT_URL_S3 for an S3-compatible server)"
-            )
-        elif code in _ACCESS_CODES or status == 403:
-            hint = (
-                "access denied: check the credentials (boto3's chain or client_options) and "
-                "that they allow s3:GetObject, s3:PutObject, s3:DeleteObject and s3:ListBucket "
-                "on the log's prefix"
-                + (
-                    " (without s3:ListBucket, S3 answers the read of a missing record with "
-                    "AccessDenied instead of NoSuchKey)"
-                    if op == "read"
-                    else ""
-                )
-            )
-        elif code in _THROTTLE_CODES or status in (429, 503):
-            hint = (
-                "S3 throttled the request beyond botocore's retries: retry later, or give the "
-                'client more retries (client_options={"config": botocore.config.Config('
-                'retries={"mode": "adaptive", "max_attempts": 10})})'
-            )
-        else:
-            hint = "see the S3 error code above"
-        return LogError(f"{head}: {detail}; {hint}")
-    if isinstance(err, (NoCredentialsError, PartialCredentialsError)):
-        return LogError(
-            f"{head}: {type(err).__name__}: no usable AWS credentials. Set AWS_ACCESS_KEY_ID "
-            "and AWS_SECRET_ACCESS_KEY, a profile or an instance role, or pass client_options",
-        )
-    if isinstance(err, (BotoConnectionError, HTTPClientError)):
-        return LogError(
-            f"{head}: cannot reach the S3 endpoint {endpoint} ({type(err).__name__}): check "
-            "endpoint_url / AWS_ENDPOINT_URL_S3, the network and that the server is up",
-        )
-    return LogError(f"{head}: {type(err).__name__}: {err}")
+    def _log_failure(self, op: str, where: str, err: Exception) -> Exception:
+        return log_error(op, where, self.bucket, self.endpoint, err)

@@ -8,19 +8,28 @@ Registered in :mod:`txsink.connectors.s3.plugin`. The server comes from
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
+from txsink._target import manifests
 from txsink.connectors.s3.client import make_client, parse_s3_url
-from txsink.connectors.s3.sink import S3Sink, read_committed, read_manifests
+from txsink.connectors.s3.errors import describe
+from txsink.connectors.s3.markers import UPLOADS, uploads_in
+from txsink.connectors.s3.readers import read_committed, read_manifests
+from txsink.connectors.s3.sink import S3Sink
 from txsink.testing.adapter import ConnectorTesting
 from txsink.testing.observer import Snapshot, Target
 from txsink.testing.verifiers import SinkVerifier
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3.type_defs import ObjectIdentifierTypeDef
 
 __all__ = [
     "ADAPTER",
@@ -30,6 +39,8 @@ __all__ = [
     "S3Verifier",
     "client_options",
 ]
+
+_logger = logging.getLogger(__name__)
 
 ENDPOINT, ACCESS_KEY, SECRET_KEY, REGION = (
     "TXSINK_S3_ENDPOINT",
@@ -89,20 +100,12 @@ class S3Verifier:
 
     def lingering(self) -> int:
         loc = parse_s3_url(self.url)
-        prefix = loc.prefix if not loc.prefix or loc.prefix.endswith("/") else loc.prefix + "/"
         client = make_client(self.client_options)
-        uploads = 0
-        kwargs: dict[str, Any] = {"Bucket": loc.bucket}
-        while True:  # listed without Prefix: MinIO reads Prefix as an exact key
-            page = client.list_multipart_uploads(**kwargs)
-            uploads += sum(1 for u in page.get("Uploads", []) if u["Key"].startswith(prefix))
-            if not page.get("IsTruncated"):
-                break
-            kwargs["KeyMarker"] = page.get("NextKeyMarker", "")
-            kwargs["UploadIdMarker"] = page.get("NextUploadIdMarker", "")
+        # Listed without Prefix: MinIO reads Prefix as an exact key.
+        uploads = sum(1 for key, _ in uploads_in(client, loc.bucket) if key.startswith(loc.prefix))
         markers = 0
         for listing in client.get_paginator("list_objects_v2").paginate(
-            Bucket=loc.bucket, Prefix=f"{prefix}_txsink/uploads/"
+            Bucket=loc.bucket, Prefix=f"{loc.prefix}{UPLOADS}"
         ):
             markers += len(listing.get("Contents", []))
         return uploads + markers
@@ -139,9 +142,9 @@ class S3ManifestTarget:
     def sample(self, epoch_of: Mapping[int, int]) -> Snapshot:
         if self._client is None:
             self._client = make_client(self.client_options)
-        manifests = f"{self.prefix}_manifests/{self.uid + '-' if self.uid else ''}"
+        folder = f"{self.prefix}{manifests.FOLDER}/{self.uid + '-' if self.uid else ''}"
         for page in self._client.get_paginator("list_objects_v2").paginate(
-            Bucket=self.bucket, Prefix=manifests
+            Bucket=self.bucket, Prefix=folder
         ):
             for obj in page.get("Contents", []):
                 key = obj["Key"]
@@ -258,6 +261,28 @@ class S3Testing(ConnectorTesting):
             S3ManifestTarget(spec["url"], uid=spec.get("uid", "s3"), client_options=direct),
             S3ListingTarget(spec["url"], client_options=direct),
         ]
+
+    def drop_target(self, spec: Mapping[str, Any], env: Mapping[str, str]) -> None:
+        """Abort the bucket's multipart uploads, delete its objects, then the bucket.
+
+        Best effort: whatever fails is left (a later run uses a new bucket anyway).
+        """
+        bucket = parse_s3_url(str(spec["url"])).bucket
+        try:
+            client = make_client(client_options(env))
+            for key, upload_id in uploads_in(client, bucket):
+                with contextlib.suppress(Exception):
+                    client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
+            for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+                keys: list[ObjectIdentifierTypeDef] = [
+                    {"Key": o["Key"]} for o in page.get("Contents", []) if "Key" in o
+                ]
+                if keys:
+                    with contextlib.suppress(Exception):
+                        client.delete_objects(Bucket=bucket, Delete={"Objects": keys})
+            client.delete_bucket(Bucket=bucket)
+        except Exception as err:  # best effort: say so, never fail the run for it
+            _logger.warning("could not drop the test bucket %s: %s", bucket, describe(err))
 
     def child_env(self, env: Mapping[str, str]) -> dict[str, str]:
         """The server for the sinks, and for boto3's own chain (a txsink log on S3)."""

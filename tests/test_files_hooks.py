@@ -185,7 +185,7 @@ def test_a_foreign_manifest_for_the_same_epoch_is_refused(tmp_path: Path) -> Non
     manifest = tmp_path / "_manifests" / f"s1-{4:020d}.json"
     before = manifest.read_bytes()
     # Another query's epoch 4 of the same uid (here: one with no rows) must not pass as ours.
-    with pytest.raises(CommitError, match="already exists and lists other files") as info:
+    with pytest.raises(CommitError, match="already exists and lists other data files") as info:
         sink.finish_epoch(4, [])
     err = info.value
     assert (err.sink_uid, err.epoch, err.phase, err.connector) == ("s1", 4, "commit", "files")

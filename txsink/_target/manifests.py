@@ -114,7 +114,7 @@ def write(
     if existing is not None and _comparable(existing) == _comparable(doc):
         return
     epoch, uid = doc["epoch"], doc["uid"]
-    listing = "objects" if "objects" in doc else "files"
+    listing = "objects" if "objects" in doc else "data files"
     raise CommitError(
         f"the manifest {where} of epoch {epoch} already exists and lists other {listing}: "
         f"another query wrote epoch {epoch} of sink uid {uid!r} under this {place}. Give each "

@@ -17,7 +17,6 @@ advertises the proxy's own port.
 
 from __future__ import annotations
 
-import logging
 import shutil
 import time
 import uuid
@@ -38,6 +37,7 @@ from .common import (
     log,
     pid_alive,
     port_open,
+    quiet_logger,
     read_pid,
     run,
     spawn,
@@ -89,15 +89,6 @@ POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
 
 def jars_dir() -> Path:
     return cache_dir() / "kafka" / KAFKA_VERSION / "jars"
-
-
-def quiet_logger() -> logging.Logger:
-    """librdkafka prints every refused connection to stderr; route it to a silent logger."""
-    logger = logging.getLogger("txsink.services.rdkafka")
-    if not logger.handlers:
-        logger.addHandler(logging.NullHandler())
-        logger.propagate = False
-    return logger
 
 
 def ensure_jars(report: StartReport) -> Path:

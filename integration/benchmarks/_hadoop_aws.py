@@ -19,7 +19,6 @@ shown).
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,8 +42,6 @@ _POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
   </dependencies>
 </project>
 """
-# Only Maven Central: a mirror named in some parent POM may not resolve from here.
-_JAR_NAME = re.compile(r"(.+?)-(\d+(?:\.\d+)+(?:[-.][\w.]+)?)\.jar")
 
 
 class HadoopAwsUnavailable(RuntimeError):
@@ -57,12 +54,7 @@ class HadoopAwsJars:
     jars: list[Path]
 
     def versions(self) -> dict[str, str]:
-        out = {}
-        for jar in self.jars:
-            m = _JAR_NAME.fullmatch(jar.name)
-            if m:
-                out[m.group(1)] = m.group(2)
-        return out
+        return _bench.jar_versions(self.jars)
 
 
 def pyspark_hadoop_version() -> str:
@@ -71,9 +63,9 @@ def pyspark_hadoop_version() -> str:
 
     jars = Path(pyspark.__file__).parent / "jars"
     for jar in sorted(jars.glob("hadoop-client-api-*.jar")):
-        m = _JAR_NAME.fullmatch(jar.name)
-        if m:
-            return m.group(2)
+        version = _bench.jar_version(jar.name)
+        if version is not None:
+            return version
     raise HadoopAwsUnavailable(f"no hadoop-client-api-*.jar in {jars}: cannot tell the version")
 
 

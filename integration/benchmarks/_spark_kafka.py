@@ -11,7 +11,6 @@ so. Needs ``mvn`` (and network) only the first time.
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import urllib.error
@@ -85,26 +84,6 @@ def _pick_version(group: str, artifact: str, wanted: str, notes: list[str]) -> s
     )
 
 
-_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
-  <modelVersion>4.0.0</modelVersion>
-  <groupId>txsink.bench</groupId>
-  <artifactId>spark-kafka-deps</artifactId>
-  <version>1</version>
-  <dependencies>
-{deps}
-  </dependencies>
-</project>
-"""
-_DEP = """    <dependency>
-      <groupId>{group}</groupId>
-      <artifactId>{artifact}</artifactId>
-      <version>{version}</version>
-      <exclusions><exclusion><groupId>org.apache.spark</groupId><artifactId>*</artifactId>
-      </exclusion></exclusions>
-    </dependency>"""
-# Spark's parent POM names a GCS mirror of Central that may not resolve: Central only.
-
-
 @dataclass
 class SparkKafkaJars:
     jars: list[Path]
@@ -121,12 +100,10 @@ def spark_kafka_jars(spark_version: str, cache: Path = _bench.JAR_CACHE) -> Spar
     """
 
     folder = cache / f"spark-kafka-for-{spark_version}"
-    done = folder / "resolved.json"
-    if done.exists():
-        meta = json.loads(done.read_text())
-        jars = [folder / j for j in meta["jars"]]
-        if all(j.exists() for j in jars):
-            return SparkKafkaJars(jars, _bench.jar_versions(jars), list(meta["notes"]))
+    cached = _bench.cached_jars(folder)
+    if cached is not None:
+        jars, record = cached
+        return SparkKafkaJars(jars, _bench.jar_versions(jars), list(record["notes"]))
     if shutil.which("mvn") is None:
         raise SparkKafkaUnavailable(
             f"mvn is not installed: cannot fetch {SPARK_KAFKA[1]}:{spark_version} (put it and "
@@ -136,13 +113,16 @@ def spark_kafka_jars(spark_version: str, cache: Path = _bench.JAR_CACHE) -> Spar
     _bench.log(f"resolving {SPARK_KAFKA[1]} for Spark {spark_version} on Maven Central")
     sql_kafka = _pick_version(*SPARK_KAFKA, spark_version, notes)
     token = _pick_version(*TOKEN_PROVIDER, sql_kafka, notes)
-    deps = "\n".join(
-        _DEP.format(group=g, artifact=a, version=v)
-        for (g, a), v in ((SPARK_KAFKA, sql_kafka), (TOKEN_PROVIDER, token))
+    # Spark's own jars come with PySpark: none of its group from Maven.
+    failure = _bench.maven_copy_dependencies(
+        folder,
+        "spark-kafka-deps",
+        [(*SPARK_KAFKA, sql_kafka), (*TOKEN_PROVIDER, token)],
+        timeout=900,
+        exclude="org.apache.spark",
     )
-    failure = _bench.maven_copy_dependencies(_POM.format(deps=deps), folder, timeout=900)
     if failure is not None:
         raise SparkKafkaUnavailable(f"mvn could not fetch the Kafka connector: {failure}")
     jars = sorted(folder.glob("*.jar"))
-    done.write_text(json.dumps({"jars": [j.name for j in jars], "notes": notes}))
+    _bench.save_jars(folder, jars, notes=notes)
     return SparkKafkaJars(jars, _bench.jar_versions(jars), notes)

@@ -1263,52 +1263,37 @@ def render(res: Results) -> str:
         "nothing.",
         f"- Times are wall-clock per run, {res.repeat} run(s) each; rates use the median; MB/s "
         "counts key + value bytes.",
-        "",
-        "### Throughput",
-        "",
-        throughput_table(res),
-        "",
-        target_table(res),
+        *_bench.blocks(throughput_table(res), target_table(res), title="Throughput"),
     ]
     if any(res.seconds(w, p) for w in ("wal", "replay") for p in res.partitions):
-        parts += [
-            "",
-            "### Where txsink's time goes",
-            "",
+        parts += _bench.blocks(
             "Driver phases (`EpochResult.seconds`, median; *check + schema + unpersist* is the "
             "rest of the wall time: the sink's start-up checks with `init_transactions` per "
             "shard, the Arrow schema, and in replay mode the `unpersist` of the epoch):",
-            "",
             phase_table(res),
-        ]
+            title="Where txsink's time goes",
+        )
     if res.profiles:
-        parts += [
-            "",
+        parts += _bench.blocks(
             "Pre-commit tasks (one extra, untimed run of each mode with a subclass of KafkaSink "
             "that times its hooks per batch; seconds summed over tasks, 2 run at a time; *Spark "
             "feed* is the task's time outside the sink; replay mode's shuffle runs before these "
             "tasks, in a stage of its own: *shuffle + persist alone* times "
             '`df.repartition(shards, "key").persist().count()` without any sink):',
-            "",
             precommit_profile_table(res),
-            "",
             "Commit (same runs; *read* is reading the WAL file, or in replay mode Spark "
             "re-reading the persisted rows plus building the records and the checksum; "
             "*produce loop* is `KafkaSink._produce_batch`; *commit_transaction* includes "
             "`begin_transaction` and the marker record):",
-            "",
             commit_profile_table(res),
-        ]
+        )
     if res.single:
-        parts += [
-            "",
-            "### One Python process, no Spark",
-            "",
+        parts += _bench.blocks(
             f"The steps of the commit on all {res.single['rows']:,} records in this process "
             "(each produce variant into a fresh topic, verified like the writers):",
-            "",
             single_table(res),
-        ]
+            title="One Python process, no Spark",
+        )
     parts += _bench.bullets("Reading", reading(res))
     return "\n".join(parts) + "\n"
 

@@ -830,40 +830,25 @@ def render(res: Results) -> str:
         "other run. *CPU s* are CPU seconds used during the run (median) by this benchmark's "
         "process tree (driver, Spark JVM, Python workers), by the PostgreSQL server's process "
         "tree, and by everything else on the machine (other jobs).",
-        "",
-        "### Throughput",
-        "",
-        throughput_table(res),
-        "",
-        target_table(res),
+        *_bench.blocks(throughput_table(res), target_table(res), title="Throughput"),
     ]
     if any(res.seconds("txsink", p) for p in res.partitions):
-        parts += [
-            "",
-            "### Where txsink's time goes",
-            "",
+        parts += _bench.blocks(
             "Driver phases (`EpochResult.seconds`, median; *check + schema* is the rest of "
             "the wall time: the sink's start-up checks and the Arrow schema):",
-            "",
             _bench.phase_table(res),
-        ]
+            title="Where txsink's time goes",
+        )
     if res.profiles:
-        parts += [
-            "",
+        parts += _bench.blocks(
             "Inside the tasks (one extra, untimed run with a subclass of PostgresSink that "
             "times its hooks; seconds summed over tasks, 2 run at a time; *waiting for "
             "batches* is the task's time between its first batch and the end of PREPARE spent "
             "outside the sink):",
-            "",
             profile_table(res),
-        ]
+        )
     if res.binary:
-        parts += [
-            "",
-            "### CSV fast path vs write_row path",
-            "",
-            binary_table(res),
-        ]
+        parts += _bench.blocks(binary_table(res), title="CSV fast path vs write_row path")
     parts += _bench.bullets("Reading", reading(res))
     return "\n".join(parts) + "\n"
 

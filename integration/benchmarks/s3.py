@@ -527,25 +527,17 @@ def render(res: Results) -> str:
         "writer's own output bytes. txsink and the plain upload swap order every other run. "
         "*CPU s* are CPU seconds per run (median) of this benchmark's process tree (driver, "
         "Spark JVM, Python workers), of the S3 server's process, and of everything else.",
-        "",
-        "### Throughput",
-        "",
-        throughput_table(res),
-        "",
-        target_table(res),
+        *_bench.blocks(throughput_table(res), target_table(res), title="Throughput"),
     ]
     if any(res.seconds("txsink", p) for p in res.partitions):
-        parts += [
-            "",
-            "### Where txsink's time goes",
-            "",
+        parts += _bench.blocks(
             "Driver phases (`EpochResult.seconds`, median; *check + schema* is the rest of "
             "the wall time: the sink's start-up checks, the log's conditional-write probe and "
             "the Arrow schema; *commit* is CompleteMultipartUpload per object + the manifest + "
             "the committed mark):",
-            "",
             _bench.phase_table(res),
-        ]
+            title="Where txsink's time goes",
+        )
     parts += _bench.bullets("Reading", reading(res))
     if res.void:
         parts += _bench.bullets("Void runs", res.void)

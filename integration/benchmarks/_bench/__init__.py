@@ -26,11 +26,13 @@ from .cli import BenchParser, Server, main
 from .env import REPO, cached_frame, machine, spark_session
 from .maven import (
     JAR_CACHE,
+    cached_jars,
     jar_artifact,
     jar_version,
     jar_versions,
     maven_copy_dependencies,
     maven_jar,
+    save_jars,
 )
 from .measure import (
     CpuMeter,
@@ -51,6 +53,7 @@ from .report import (
     DOCS,
     Column,
     add_doc_options,
+    blocks,
     bullets,
     fmt_rate,
     fmt_secs,
@@ -78,8 +81,10 @@ __all__ = [
     "Results",
     "Server",
     "add_doc_options",
+    "blocks",
     "bullets",
     "cached_frame",
+    "cached_jars",
     "fmt_rate",
     "fmt_secs",
     "header",
@@ -99,6 +104,7 @@ __all__ = [
     "publish",
     "ratio_cell",
     "rounded",
+    "save_jars",
     "spark_session",
     "stopwatch",
     "swap_on_odd",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -9,6 +10,7 @@ import subprocess
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from .measure import log
 
@@ -74,10 +76,48 @@ def jar_versions(jars: Sequence[Path]) -> dict[str, str]:
     }
 
 
-def maven_copy_dependencies(pom: str, folder: Path, timeout: float) -> str | None:
-    """Resolve ``pom``'s runtime dependencies from Maven Central into a fresh ``folder``,
-    then drop the jars PySpark ships itself. None on success, else mvn's last words."""
+_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>txsink.bench</groupId>
+  <artifactId>{name}</artifactId>
+  <version>1</version>
+  <dependencies>
+{deps}
+  </dependencies>
+</project>
+"""
+_DEP = """    <dependency>
+      <groupId>{group}</groupId>
+      <artifactId>{artifact}</artifactId>
+      <version>{version}</version>{exclusions}
+    </dependency>"""
+_EXCLUDE = """
+      <exclusions><exclusion><groupId>{group}</groupId><artifactId>*</artifactId>
+      </exclusion></exclusions>"""
+_RESOLVED = "resolved.json"
+
+
+def maven_copy_dependencies(
+    folder: Path,
+    name: str,
+    deps: Sequence[tuple[str, str, str]],
+    timeout: float,
+    *,
+    exclude: str | None = None,
+) -> str | None:
+    """Resolve ``deps`` (group, artifact, version) with their runtime dependencies from
+    Maven Central into a fresh ``folder`` (a POM named ``name`` lists them; ``exclude``
+    drops every transitive dependency of that group), then drop the jars PySpark ships
+    itself. None on success, else mvn's last words."""
     import pyspark
+
+    exclusions = _EXCLUDE.format(group=exclude) if exclude else ""
+    pom = _POM.format(
+        name=name,
+        deps="\n".join(
+            _DEP.format(group=g, artifact=a, version=v, exclusions=exclusions) for g, a, v in deps
+        ),
+    )
 
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
@@ -108,3 +148,19 @@ def maven_copy_dependencies(pom: str, folder: Path, timeout: float) -> str | Non
         if jar_artifact(jar.name) in shipped:
             jar.unlink()  # PySpark has its own (Scala, Hadoop client, codecs, ...)
     return None
+
+
+def cached_jars(folder: Path) -> tuple[list[Path], dict[str, Any]] | None:
+    """The jars an earlier :func:`save_jars` recorded in ``folder`` with the rest of its
+    record, or None if there is none or a jar is missing (then resolve again)."""
+    done = folder / _RESOLVED
+    if not done.exists():
+        return None
+    record: dict[str, Any] = json.loads(done.read_text())
+    jars = [folder / name for name in record["jars"]]
+    return (jars, record) if all(j.exists() for j in jars) else None
+
+
+def save_jars(folder: Path, jars: Sequence[Path], **record: Any) -> None:
+    """Record the resolved ``jars`` (and ``record``) so later runs skip Maven."""
+    (folder / _RESOLVED).write_text(json.dumps({"jars": [j.name for j in jars], **record}))

@@ -183,9 +183,17 @@ def header(res: Results, heading: str, load_note: str = "") -> list[str]:
     ]
 
 
+def blocks(*texts: str, title: str = "") -> list[str]:
+    """Paragraphs or tables, each after a blank line, under a ``###`` title if given."""
+    out = ["", f"### {title}"] if title else []
+    for text in texts:
+        out += ["", text]
+    return out
+
+
 def bullets(title: str, lines: Sequence[str]) -> list[str]:
     """A ``###`` subsection of bullet points."""
-    return ["", f"### {title}", ""] + [f"- {line}" for line in lines]
+    return [*blocks(title=title), ""] + [f"- {line}" for line in lines]
 
 
 def update_doc_section(name: str, body: str, path: Path = DOCS, after: str | None = None) -> None:

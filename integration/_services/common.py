@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import re
 import shutil
@@ -81,6 +82,15 @@ _KV_PASSWORD = re.compile(r"(password=)(\S+)", re.IGNORECASE)
 def redact(text: str) -> str:
     """Hide passwords in DSNs (URL and key=value forms) before anything is printed or logged."""
     return _KV_PASSWORD.sub(r"\1***", _DSN_PASSWORD.sub(r"\1***\3", text))
+
+
+def quiet_logger() -> logging.Logger:
+    """librdkafka prints every refused connection to stderr; route it to a silent logger."""
+    logger = logging.getLogger("txsink.services.rdkafka")
+    if not logger.handlers:
+        logger.addHandler(logging.NullHandler())
+        logger.propagate = False
+    return logger
 
 
 def ensure_dirs() -> None:

@@ -88,7 +88,7 @@ def kafka(finalizers: list[Callable[[], None]]) -> str:
     def ready() -> bool:
         from confluent_kafka.admin import AdminClient
 
-        from .kafka import quiet_logger
+        from .common import quiet_logger
 
         conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": quiet_logger()}
         admin = AdminClient(conf)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
-from .common import redact
+from .common import quiet_logger, redact
 
 if TYPE_CHECKING:
     import psycopg
@@ -39,14 +39,6 @@ Finalizer = Callable[[], None]
 def unique(prefix: str, sep: str = "_") -> str:
     """A short unique name; lowercase hex so it is valid for schemas, topics and buckets."""
     return f"{prefix}{sep}{uuid.uuid4().hex[:12]}"
-
-
-def _quiet_logger() -> logging.Logger:
-    logger = logging.getLogger("txsink.fixtures.rdkafka")
-    if not logger.handlers:
-        logger.addHandler(logging.NullHandler())
-        logger.propagate = False
-    return logger
 
 
 def _proxy_for(host: str, port: int, listen_port: int = 0) -> NetProxy:
@@ -176,7 +168,7 @@ class KafkaService:
 
         Keys use Kafka's dotted names; pass them as ``**{"transactional.id": "x"}``.
         """
-        conf: dict[str, Any] = {"bootstrap.servers": self.bootstrap, "logger": _quiet_logger()}
+        conf: dict[str, Any] = {"bootstrap.servers": self.bootstrap, "logger": quiet_logger()}
         conf.update(overrides)
         return conf
 

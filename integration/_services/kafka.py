@@ -17,34 +17,24 @@ advertises the proxy's own port.
 
 from __future__ import annotations
 
-import logging
 import shutil
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from .base import LocalService
 from .common import (
     LOG_DIR,
     LOOPBACK,
     WORK_DIR,
-    ServiceError,
     StartReport,
     apt_install,
     cache_dir,
-    choose_port,
-    ensure_dirs,
     log,
-    pid_alive,
     port_open,
-    read_pid,
+    quiet_logger,
     run,
-    spawn,
-    stop_pid,
-    tail_file,
-    wait_until,
-    write_pid,
 )
 
 KAFKA_VERSION = "4.1.1"
@@ -89,15 +79,6 @@ POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
 
 def jars_dir() -> Path:
     return cache_dir() / "kafka" / KAFKA_VERSION / "jars"
-
-
-def quiet_logger() -> logging.Logger:
-    """librdkafka prints every refused connection to stderr; route it to a silent logger."""
-    logger = logging.getLogger("txsink.services.rdkafka")
-    if not logger.handlers:
-        logger.addHandler(logging.NullHandler())
-        logger.propagate = False
-    return logger
 
 
 def ensure_jars(report: StartReport) -> Path:
@@ -147,13 +128,19 @@ def ensure_jars(report: StartReport) -> Path:
 
 class Kafka(LocalService):
     name = "kafka"
+    default_ports: ClassVar[dict[str, int]] = {
+        "port": DEFAULT_PORT,
+        "controller_port": DEFAULT_CONTROLLER_PORT,
+        "proxy_target_port": DEFAULT_PROXY_TARGET_PORT,
+        "proxy_listen_port": DEFAULT_PROXY_LISTEN_PORT,
+    }
+    start_timeout = 180.0
+    # SIGTERM runs Kafka's controlled shutdown (flushes logs, closes the quorum cleanly).
+    stop_timeout = 60.0
+    logs = ((LOG_FILE, 25), (STDOUT_FILE, 10))
 
-    def _marker(self) -> str:
+    def marker(self, state: dict[str, Any]) -> str:
         return str(PROPERTIES)
-
-    def running(self, state: dict[str, Any]) -> bool:
-        pid = read_pid(self.name)
-        return pid is not None and pid_alive(pid, self._marker())
 
     def healthy(self, state: dict[str, Any]) -> bool:
         port = state.get("port")
@@ -277,7 +264,7 @@ class Kafka(LocalService):
         )
         report.notes.append(f"storage formatted {time.monotonic() - t0:.1f}s")
 
-    def _warm_up(self, state: dict[str, Any]) -> None:
+    def warm_up(self, state: dict[str, Any]) -> None:
         """Run one transaction so ``__transaction_state`` exists before the first test."""
         try:
             from confluent_kafka import Producer
@@ -294,57 +281,14 @@ class Kafka(LocalService):
         producer.begin_transaction()
         producer.abort_transaction(60)
 
-    def up(self, state: dict[str, Any], taken_ports: set[int]) -> StartReport:
-        t0 = time.monotonic()
-        ensure_dirs()
-        report = StartReport(self.name, {})
-        if self.running(state) and self.healthy(state):
-            report.already_running = True
-            report.env = self.env(state)
-            report.seconds = time.monotonic() - t0
-            return report
-        if self.running(state):
-            log("kafka: running but not answering; restarting it")
-            self.down(state)
+    def start(self, state: dict[str, Any], taken_ports: set[int], report: StartReport) -> None:
         if shutil.which("java") is None:
             apt_install("openjdk-17-jre-headless")
         jars = ensure_jars(report)
-        wanted = {
-            "port": DEFAULT_PORT,
-            "controller_port": DEFAULT_CONTROLLER_PORT,
-            "proxy_target_port": DEFAULT_PROXY_TARGET_PORT,
-            "proxy_listen_port": DEFAULT_PROXY_LISTEN_PORT,
-        }
-        for key, default in wanted.items():
-            port = choose_port(default, state.get(key), taken_ports)
-            if port != default:
-                report.notes.append(f"{key} {default} taken, using {port}")
-            state[key] = port
+        self.assign_ports(state, taken_ports, report)
         self._write_config(state)
         self._format(jars, report)
         state["log_offset"] = LOG_FILE.stat().st_size if LOG_FILE.exists() else 0
-        proc = spawn(self._java(jars, "kafka.Kafka", str(PROPERTIES)), STDOUT_FILE, cwd=KAFKA_DIR)
-        write_pid(self.name, proc.pid)
-        try:
-            wait_until(
-                "kafka health check",
-                lambda: self.healthy(state),
-                180,
-                alive=lambda: proc.poll() is None,
-            )
-            self._warm_up(state)
-        except Exception as exc:
-            raise ServiceError(
-                f"kafka did not start: {exc}\n--- {LOG_FILE}:\n{tail_file(LOG_FILE)}"
-                f"\n--- {STDOUT_FILE}:\n{tail_file(STDOUT_FILE, 10)}"
-            ) from exc
-        report.env = self.env(state)
-        report.seconds = time.monotonic() - t0
-        return report
-
-    def down(self, state: dict[str, Any]) -> bool:
-        pid = read_pid(self.name)
-        if pid is None:
-            return False
-        # SIGTERM runs Kafka's controlled shutdown (flushes logs, closes the quorum cleanly).
-        return stop_pid(pid, self._marker(), timeout=60)
+        self.launch(
+            self._java(jars, "kafka.Kafka", str(PROPERTIES)), state, STDOUT_FILE, cwd=KAFKA_DIR
+        )

@@ -14,6 +14,7 @@ import os
 import pwd
 import secrets
 import shutil
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,6 @@ from .common import (
     StartReport,
     apt_install,
     choose_port,
-    ensure_dirs,
     is_root,
     log,
     pid_alive,
@@ -35,7 +35,6 @@ from .common import (
     run,
     stop_pid,
     tail_file,
-    wait_until,
     write_pid,
 )
 
@@ -103,22 +102,21 @@ def dsn(port: int, password: str = PASSWORD) -> str:
 
 
 class Postgres(LocalService):
-    name = "postgres"
+    """Started and stopped with ``pg_ctl`` (it detaches the postmaster itself), not spawned."""
 
-    def _marker(self) -> str:
+    name = "postgres"
+    stop_timeout = 60.0
+
+    def marker(self, state: dict[str, Any]) -> str:
         return str(DATA_DIR)
 
-    def _pid(self) -> int | None:
+    def pid(self, state: dict[str, Any]) -> int | None:
         """The postmaster's pid, from its own pid file (first line of postmaster.pid)."""
         try:
             first = (DATA_DIR / "postmaster.pid").read_text().splitlines()[0]
             return int(first)
         except (OSError, ValueError, IndexError):
             return read_pid(self.name)
-
-    def running(self, state: dict[str, Any]) -> bool:
-        pid = self._pid()
-        return pid is not None and pid_alive(pid, self._marker())
 
     def healthy(self, state: dict[str, Any]) -> bool:
         port = state.get("port")
@@ -270,20 +268,10 @@ class Postgres(LocalService):
             admin(f"CREATE DATABASE {DATABASE} OWNER {USER}")
         flag.unlink()
 
-    def up(self, state: dict[str, Any], taken_ports: set[int]) -> StartReport:
-        t0 = time.monotonic()
-        ensure_dirs()
-        report = StartReport(self.name, {})
-        if self.running(state) and self.healthy(state):
-            report.already_running = True
-            report.env = self.env(state)
-            report.seconds = time.monotonic() - t0
-            return report
-        if self.running(state):
-            log("postgres: running but not answering; restarting it")
-            self.down(state)
+    def start(self, state: dict[str, Any], taken_ports: set[int], report: StartReport) -> None:
         bindir = self._ensure_binaries(report)
         self._init_cluster(bindir, report)
+        # Not assign_ports: the port goes into the state only once the server runs on it.
         port = choose_port(DEFAULT_PORT, state.get("port"), taken_ports)
         if port != DEFAULT_PORT:
             report.notes.append(f"port {DEFAULT_PORT} taken, using {port}")
@@ -308,25 +296,18 @@ class Postgres(LocalService):
             timeout=150,
             log_path=LOG_DIR / "postgres-ctl.log",
         )
-        pid = self._pid()
+        pid = self.pid(state)
         if pid is None:
             raise ServiceError(f"postgres did not write its pid file; log:\n{tail_file(LOG_FILE)}")
         write_pid(self.name, pid)
         state.update({"port": port, "bindir": str(bindir)})
         self._bootstrap_roles(port)
-        wait_until(
-            "postgres health check",
-            lambda: self.healthy(state),
-            60,
-            alive=lambda: self.running(state),
-        )
-        report.env = self.env(state)
-        report.seconds = time.monotonic() - t0
-        return report
+        self.wait_healthy(state, lambda: self.running(state), 60)
 
     def down(self, state: dict[str, Any]) -> bool:
-        pid = self._pid()
-        if pid is None or not pid_alive(pid, self._marker()):
+        """``pg_ctl stop -m fast``, then SIGINT (fast shutdown) to whatever is left."""
+        pid = self.pid(state)
+        if pid is None or not pid_alive(pid, self.marker(state)):
             return False
         bindir = state.get("bindir") or (str(find_bindir()) if find_bindir() else None)
         if bindir:
@@ -351,7 +332,5 @@ class Postgres(LocalService):
             except ServiceError as exc:
                 log(f"postgres: pg_ctl stop failed ({exc}); signalling the postmaster")
         # SIGINT is PostgreSQL's "fast shutdown"; a no-op if pg_ctl already stopped it.
-        import signal
-
-        stop_pid(pid, self._marker(), sig=signal.SIGINT, timeout=60)
+        stop_pid(pid, self.marker(state), sig=signal.SIGINT, timeout=self.stop_timeout)
         return True

@@ -19,12 +19,10 @@ Known differences from Confluent's registry, seen with confluent-kafka 2.16: ``G
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import time
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from .base import LocalService
 from .common import (
@@ -34,20 +32,10 @@ from .common import (
     ServiceError,
     StartReport,
     cache_dir,
-    choose_port,
-    ensure_dirs,
     log,
-    pid_alive,
     port_open,
-    read_pid,
-    run,
-    spawn,
-    stop_pid,
-    tail_file,
-    wait_until,
-    write_pid,
 )
-from .s3 import find_go
+from .gobuild import go_build
 
 REGISTRY_MODULE = "github.com/axonops/axonops-schema-registry"
 REGISTRY_PACKAGE = f"{REGISTRY_MODULE}/cmd/schema-registry"
@@ -77,12 +65,6 @@ def build_registry(report: StartReport) -> Path:
     binary = registry_binary()
     if binary.exists():
         return binary
-    go = find_go()
-    if go is None:
-        raise ServiceError("Go is not installed, cannot build the schema registry")
-    timeout = float(os.environ.get("TXSINK_REGISTRY_BUILD_TIMEOUT", "1200"))
-    # Not the MinIO build's folder: a parallel cold `up` deletes that one when MinIO is done.
-    go_cache = cache_dir() / "go-registry"
     work = binary.parent.parent / "build"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -91,19 +73,11 @@ def build_registry(report: StartReport) -> Path:
         f"module txsink.local/registry-build\n\ngo {GO_VERSION}\n\n"
         f"require {REGISTRY_MODULE} {REGISTRY_VERSION}\n"
     )
-    env = {
-        "GOMODCACHE": str(go_cache / "mod"),
-        "GOCACHE": str(go_cache / "build"),
-        "GOFLAGS": "-buildvcs=false -modcacherw -mod=mod",
-        "GOTOOLCHAIN": "auto",
-        "CGO_ENABLED": "0",
-    }
     log(f"registry: building {REGISTRY_MODULE} {REGISTRY_VERSION} with go build (once)")
-    t0 = time.monotonic()
     partial = binary.with_name(binary.name + ".partial")
-    run(
+    built = go_build(
+        "the schema registry",
         [
-            go,
             "build",
             "-trimpath",
             f"-ldflags=-s -w -X main.version={REGISTRY_VERSION}",
@@ -111,19 +85,17 @@ def build_registry(report: StartReport) -> Path:
             str(partial),
             REGISTRY_PACKAGE,
         ],
-        env=env,
-        cwd=work,
-        timeout=timeout,
+        report=report,
+        # Not the MinIO build's folder: a parallel cold `up` deletes that one when MinIO is done.
+        go_cache=cache_dir() / "go-registry",
+        timeout_var="TXSINK_REGISTRY_BUILD_TIMEOUT",
         log_path=BUILD_LOG,
+        env={"GOFLAGS": "-buildvcs=false -modcacherw -mod=mod", "GOTOOLCHAIN": "auto"},
+        cwd=work,
     )
     partial.replace(binary)  # an interrupted build never leaves a binary that looks complete
-    built = time.monotonic() - t0
-    report.cold = True
-    report.provision_seconds += built
     report.notes.append(f"built in {built:.0f}s")
     shutil.rmtree(work, ignore_errors=True)
-    if os.environ.get("TXSINK_KEEP_GO_CACHE") != "1":
-        shutil.rmtree(go_cache, ignore_errors=True)
     return binary
 
 
@@ -140,16 +112,14 @@ def subjects(url: str, timeout: float = 3.0) -> list[str]:
 
 class Registry(LocalService):
     name = "registry"
+    default_ports: ClassVar[dict[str, int]] = {"port": DEFAULT_PORT}
+    logs = ((LOG_FILE, 25),)
 
-    def _marker(self) -> str:
+    def marker(self, state: dict[str, Any]) -> str:
         return str(CONFIG)
 
     def _url(self, state: dict[str, Any]) -> str:
         return f"http://{LOOPBACK}:{state['port']}"
-
-    def running(self, state: dict[str, Any]) -> bool:
-        pid = read_pid(self.name)
-        return pid is not None and pid_alive(pid, self._marker())
 
     def healthy(self, state: dict[str, Any]) -> bool:
         port = state.get("port")
@@ -192,47 +162,15 @@ class Registry(LocalService):
             "  format: json\n"
         )
 
-    def up(self, state: dict[str, Any], taken_ports: set[int]) -> StartReport:
-        t0 = time.monotonic()
-        ensure_dirs()
-        report = StartReport(self.name, {})
-        if self.running(state) and self.healthy(state):
-            report.already_running = True
-            report.env = self.env(state)
-            report.seconds = time.monotonic() - t0
-            return report
-        if self.running(state):
-            log("registry: running but not answering; restarting it")
-            self.down(state)
+    def start(self, state: dict[str, Any], taken_ports: set[int], report: StartReport) -> None:
         binary = build_registry(report)
-        port = choose_port(DEFAULT_PORT, state.get("port"), taken_ports)
-        if port != DEFAULT_PORT:
-            report.notes.append(f"port {DEFAULT_PORT} taken, using {port}")
-        state["port"] = port
+        self.assign_ports(state, taken_ports, report)
         self._write_config(state)
-        proc = spawn(
+        self.launch(
             [str(binary), "-config", str(CONFIG)],
+            state,
             LOG_FILE,
             env=self._settings(state),
             cwd=REGISTRY_DIR,
         )
-        write_pid(self.name, proc.pid)
-        try:
-            wait_until(
-                "registry health check",
-                lambda: self.healthy(state),
-                60,
-                alive=lambda: proc.poll() is None,
-            )
-        except ServiceError as exc:
-            raise ServiceError(f"{exc}\n--- {LOG_FILE}:\n{tail_file(LOG_FILE)}") from exc
         report.notes.insert(0, f"axonops {REGISTRY_VERSION}, in-memory")
-        report.env = self.env(state)
-        report.seconds = time.monotonic() - t0
-        return report
-
-    def down(self, state: dict[str, Any]) -> bool:
-        pid = read_pid(self.name)
-        if pid is None:
-            return False
-        return stop_pid(pid, self._marker(), timeout=30)

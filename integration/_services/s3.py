@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
 import sys
-import time
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from .base import LocalService
 from .common import (
@@ -29,19 +27,10 @@ from .common import (
     ServiceError,
     StartReport,
     cache_dir,
-    choose_port,
-    ensure_dirs,
     log,
-    pid_alive,
     port_open,
-    read_pid,
-    run,
-    spawn,
-    stop_pid,
-    tail_file,
-    wait_until,
-    write_pid,
 )
+from .gobuild import go_build
 
 # github.com/minio/minio tags are not semver, so Go addresses a commit by pseudo-version.
 MINIO_MODULE = "github.com/minio/minio"
@@ -62,45 +51,26 @@ def minio_binary() -> Path:
     return cache_dir() / "minio" / MINIO_VERSION / "bin" / "minio"
 
 
-def find_go() -> str | None:
-    found = shutil.which("go")
-    if found:
-        return found
-    fallback = Path("/usr/local/go/bin/go")
-    return str(fallback) if fallback.exists() else None
-
-
 def build_minio(report: StartReport) -> Path:
     """``go install`` the pinned MinIO once; keep only the binary (the Go caches are ~2 GB)."""
     binary = minio_binary()
     if binary.exists():
         return binary
-    go = find_go()
-    if go is None:
-        raise ServiceError("Go is not installed, cannot build MinIO")
-    timeout = float(os.environ.get("TXSINK_MINIO_BUILD_TIMEOUT", "1200"))
-    go_cache = cache_dir() / "go"
-    env = {
-        "GOBIN": str(binary.parent),
-        "GOMODCACHE": str(go_cache / "mod"),
-        "GOCACHE": str(go_cache / "build"),
-        "GOFLAGS": "-buildvcs=false -modcacherw",
-        "GOTOOLCHAIN": "local",
-        "CGO_ENABLED": "0",
-    }
     log(f"s3: building MinIO {MINIO_VERSION} with go install (a few minutes, once)")
-    t0 = time.monotonic()
-    run(
-        [go, "install", "-trimpath", "-ldflags=-s -w", f"{MINIO_MODULE}@{MINIO_VERSION}"],
-        env=env,
-        timeout=timeout,
+    built = go_build(
+        "MinIO",
+        ["install", "-trimpath", "-ldflags=-s -w", f"{MINIO_MODULE}@{MINIO_VERSION}"],
+        report=report,
+        go_cache=cache_dir() / "go",
+        timeout_var="TXSINK_MINIO_BUILD_TIMEOUT",
         log_path=BUILD_LOG,
+        env={
+            "GOBIN": str(binary.parent),
+            "GOFLAGS": "-buildvcs=false -modcacherw",
+            "GOTOOLCHAIN": "local",
+        },
     )
-    report.cold = True
-    report.provision_seconds += time.monotonic() - t0
-    report.notes.append(f"MinIO built in {time.monotonic() - t0:.0f}s")
-    if os.environ.get("TXSINK_KEEP_GO_CACHE") != "1":
-        shutil.rmtree(go_cache, ignore_errors=True)
+    report.notes.append(f"MinIO built in {built:.0f}s")
     if not binary.exists():
         raise ServiceError(f"go install succeeded but {binary} is missing")
     return binary
@@ -133,15 +103,24 @@ def _boto_healthy(port: int) -> bool:
 
 class S3(LocalService):
     name = "s3"
+    default_ports: ClassVar[dict[str, int]] = {
+        "port": DEFAULT_PORT,
+        "console_port": DEFAULT_CONSOLE_PORT,
+    }
+    start_timeout = 120.0
+    logs = ((LOG_FILE, 25),)
 
-    def _marker(self, state: dict[str, Any]) -> str:
+    def marker(self, state: dict[str, Any]) -> str:
         if state.get("server") == "moto":
             return f"moto.server -H {LOOPBACK} -p {state.get('port')}"
         return str(DATA_DIR)
 
     def running(self, state: dict[str, Any]) -> bool:
-        pid = read_pid(self.name)
-        return pid is not None and pid_alive(pid, self._marker(state))
+        # Without its flavour in the state the server is not one `up` started.
+        return bool(state.get("server")) and super().running(state)
+
+    def running_notes(self, state: dict[str, Any]) -> list[str]:
+        return [str(state["server"])]
 
     def healthy(self, state: dict[str, Any]) -> bool:
         port = state.get("port")
@@ -157,57 +136,7 @@ class S3(LocalService):
             "TXSINK_S3_SERVER": str(state["server"]),
         }
 
-    def _start_minio(self, binary: Path, state: dict[str, Any]) -> int:
-        DATA_DIR.mkdir(parents=True, exist_ok=True)
-        proc = spawn(
-            [
-                str(binary),
-                "server",
-                "--quiet",
-                "--address",
-                f"{LOOPBACK}:{state['port']}",
-                "--console-address",
-                f"{LOOPBACK}:{state['console_port']}",
-                str(DATA_DIR),
-            ],
-            LOG_FILE,
-            env={
-                "MINIO_ROOT_USER": ACCESS_KEY,
-                "MINIO_ROOT_PASSWORD": SECRET_KEY,
-                "MINIO_BROWSER": "off",
-                "MINIO_UPDATE": "off",
-                "MINIO_REGION": REGION,
-            },
-            cwd=S3_DIR,
-        )
-        return proc.pid
-
-    def _start_moto(self, state: dict[str, Any]) -> int:
-        if importlib.util.find_spec("moto") is None or importlib.util.find_spec("flask") is None:
-            raise ServiceError(
-                "moto server mode needs moto[server] in the venv: pip install 'moto[server]>=5'"
-            )
-        S3_DIR.mkdir(parents=True, exist_ok=True)
-        proc = spawn(
-            [sys.executable, "-m", "moto.server", "-H", LOOPBACK, "-p", str(state["port"])],
-            LOG_FILE,
-            cwd=S3_DIR,
-        )
-        return proc.pid
-
-    def up(self, state: dict[str, Any], taken_ports: set[int]) -> StartReport:
-        t0 = time.monotonic()
-        ensure_dirs()
-        report = StartReport(self.name, {})
-        if state.get("server") and self.running(state) and self.healthy(state):
-            report.already_running = True
-            report.notes.append(str(state["server"]))
-            report.env = self.env(state)
-            report.seconds = time.monotonic() - t0
-            return report
-        if state.get("server") and self.running(state):
-            log("s3: running but not answering; restarting it")
-            self.down(state)
+    def start(self, state: dict[str, Any], taken_ports: set[int], report: StartReport) -> None:
         choice = os.environ.get("TXSINK_S3_SERVER", "auto").strip().lower() or "auto"
         if choice not in {"auto", "minio", "moto"}:
             raise ServiceError(f"TXSINK_S3_SERVER must be auto, minio or moto, not {choice!r}")
@@ -223,29 +152,49 @@ class S3(LocalService):
                 report.notes.append("MinIO build failed, moto fallback")
                 server = "moto"
         state["server"] = server
-        for key, default in (("port", DEFAULT_PORT), ("console_port", DEFAULT_CONSOLE_PORT)):
-            port = choose_port(default, state.get(key), taken_ports)
-            if port != default:
-                report.notes.append(f"{key} {default} taken, using {port}")
-            state[key] = port
-        pid = self._start_minio(binary, state) if binary is not None else self._start_moto(state)
-        write_pid(self.name, pid)
-        try:
-            wait_until(
-                f"{server} health check",
-                lambda: self.healthy(state),
-                120,
-                alive=lambda: pid_alive(pid),
-            )
-        except ServiceError as exc:
-            raise ServiceError(f"{exc}\n--- {LOG_FILE}:\n{tail_file(LOG_FILE)}") from exc
+        self.assign_ports(state, taken_ports, report)
+        if binary is not None:
+            self._start_minio(binary, state)
+        else:
+            self._start_moto(state)
         report.notes.insert(0, server)
-        report.env = self.env(state)
-        report.seconds = time.monotonic() - t0
-        return report
 
-    def down(self, state: dict[str, Any]) -> bool:
-        pid = read_pid(self.name)
-        if pid is None:
-            return False
-        return stop_pid(pid, self._marker(state), timeout=30)
+    def _start_minio(self, binary: Path, state: dict[str, Any]) -> None:
+        DATA_DIR.mkdir(parents=True, exist_ok=True)
+        self.launch(
+            [
+                str(binary),
+                "server",
+                "--quiet",
+                "--address",
+                f"{LOOPBACK}:{state['port']}",
+                "--console-address",
+                f"{LOOPBACK}:{state['console_port']}",
+                str(DATA_DIR),
+            ],
+            state,
+            LOG_FILE,
+            env={
+                "MINIO_ROOT_USER": ACCESS_KEY,
+                "MINIO_ROOT_PASSWORD": SECRET_KEY,
+                "MINIO_BROWSER": "off",
+                "MINIO_UPDATE": "off",
+                "MINIO_REGION": REGION,
+            },
+            cwd=S3_DIR,
+            what="minio",
+        )
+
+    def _start_moto(self, state: dict[str, Any]) -> None:
+        if importlib.util.find_spec("moto") is None or importlib.util.find_spec("flask") is None:
+            raise ServiceError(
+                "moto server mode needs moto[server] in the venv: pip install 'moto[server]>=5'"
+            )
+        S3_DIR.mkdir(parents=True, exist_ok=True)
+        self.launch(
+            [sys.executable, "-m", "moto.server", "-H", LOOPBACK, "-p", str(state["port"])],
+            state,
+            LOG_FILE,
+            cwd=S3_DIR,
+            what="moto",
+        )

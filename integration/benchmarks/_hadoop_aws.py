@@ -18,8 +18,6 @@ shown).
 
 from __future__ import annotations
 
-import json
-import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,23 +26,6 @@ from urllib.parse import urlsplit
 from benchmarks import _bench
 
 HADOOP_AWS = ("org.apache.hadoop", "hadoop-aws")
-
-_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
-  <modelVersion>4.0.0</modelVersion>
-  <groupId>txsink.bench</groupId>
-  <artifactId>hadoop-aws-deps</artifactId>
-  <version>1</version>
-  <dependencies>
-    <dependency>
-      <groupId>{group}</groupId>
-      <artifactId>{artifact}</artifactId>
-      <version>{version}</version>
-    </dependency>
-  </dependencies>
-</project>
-"""
-# Only Maven Central: a mirror named in some parent POM may not resolve from here.
-_JAR_NAME = re.compile(r"(.+?)-(\d+(?:\.\d+)+(?:[-.][\w.]+)?)\.jar")
 
 
 class HadoopAwsUnavailable(RuntimeError):
@@ -57,12 +38,7 @@ class HadoopAwsJars:
     jars: list[Path]
 
     def versions(self) -> dict[str, str]:
-        out = {}
-        for jar in self.jars:
-            m = _JAR_NAME.fullmatch(jar.name)
-            if m:
-                out[m.group(1)] = m.group(2)
-        return out
+        return _bench.jar_versions(self.jars)
 
 
 def pyspark_hadoop_version() -> str:
@@ -71,9 +47,9 @@ def pyspark_hadoop_version() -> str:
 
     jars = Path(pyspark.__file__).parent / "jars"
     for jar in sorted(jars.glob("hadoop-client-api-*.jar")):
-        m = _JAR_NAME.fullmatch(jar.name)
-        if m:
-            return m.group(2)
+        version = _bench.jar_version(jar.name)
+        if version is not None:
+            return version
     raise HadoopAwsUnavailable(f"no hadoop-client-api-*.jar in {jars}: cannot tell the version")
 
 
@@ -82,26 +58,24 @@ def hadoop_aws_jars(cache: Path = _bench.JAR_CACHE) -> HadoopAwsJars:
 
     version = pyspark_hadoop_version()
     folder = cache / f"hadoop-aws-{version}"
-    done = folder / "resolved.json"
-    if done.exists():
-        names = json.loads(done.read_text())["jars"]
-        jars = [folder / n for n in names]
-        if all(j.exists() for j in jars):
-            return HadoopAwsJars(version, jars)
+    cached = _bench.cached_jars(folder)
+    if cached is not None:
+        return HadoopAwsJars(version, cached[0])
     if shutil.which("mvn") is None:
         raise HadoopAwsUnavailable(
             f"mvn is not installed: cannot fetch {':'.join(HADOOP_AWS)}:{version} and the AWS "
             f"SDK bundle (install Maven, or put the jars into {folder} with a resolved.json)"
         )
     _bench.log(f"fetching {':'.join(HADOOP_AWS)}:{version} and its AWS SDK from Maven Central")
-    pom = _POM.format(group=HADOOP_AWS[0], artifact=HADOOP_AWS[1], version=version)
-    failure = _bench.maven_copy_dependencies(pom, folder, timeout=1800)
+    failure = _bench.maven_copy_dependencies(
+        folder, "hadoop-aws-deps", [(*HADOOP_AWS, version)], timeout=1800
+    )
     if failure is not None:
         raise HadoopAwsUnavailable(f"mvn could not fetch hadoop-aws {version}: {failure}")
     jars = sorted(folder.glob("*.jar"))
     if not any(j.name.startswith("hadoop-aws-") for j in jars):
         raise HadoopAwsUnavailable(f"mvn ran but {folder} holds no hadoop-aws jar")
-    done.write_text(json.dumps({"jars": [j.name for j in jars]}))
+    _bench.save_jars(folder, jars)
     return HadoopAwsJars(version, jars)
 
 

@@ -38,34 +38,31 @@ of the steps KafkaSink's commit is made of.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import datetime as dt
 import functools
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 import uuid
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pyarrow as pa
 from typing_extensions import override
 
 try:
-    from benchmarks import _bench
+    from benchmarks import _bench, _spark_kafka
 except ImportError:  # run as a plain script: python integration/benchmarks/kafka.py
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from benchmarks import _bench
+    from benchmarks import _bench, _spark_kafka
+
+from _services.common import quiet_logger
 
 from txsink import Coordinator
 from txsink.connectors.kafka.sink import KafkaReplayHandle, KafkaSink, KafkaWalHandle, _OpenWal
@@ -87,9 +84,6 @@ SPARK_KAFKA_OPTIONS = {
     "kafka.compression.type": "lz4",
 }
 TXN_PREFIX = "txsink-bench"
-CENTRAL = "https://repo.maven.apache.org/maven2"
-SPARK_KAFKA = ("org.apache.spark", "spark-sql-kafka-0-10_2.13")
-TOKEN_PROVIDER = ("org.apache.spark", "spark-token-provider-kafka-0-10_2.13")
 
 KEY_EXPR = "concat('user-', lpad(cast((id * 7919) % 250000 AS string), 7, '0'))"
 # A web-shop event; ``id`` first, so the verifier parses it from the value's prefix.
@@ -138,7 +132,6 @@ LABELS = {
     "feed": "(Spark feed only, no Kafka)",
 }
 TARGETS = {"replay": 0.8, "wal": 0.5}  # vs the plain producer
-SAVED = _bench.REPO / "integration" / ".work" / "benchmarks"
 
 
 # -- task functions: these run in Spark's Python workers; keep them self-contained -----------
@@ -339,20 +332,11 @@ class ProfiledKafkaSink(KafkaSink):
 # -- Kafka helpers --------------------------------------------------------------------------
 
 
-def _quiet() -> Any:
-    import logging
-
-    logger = logging.getLogger("txsink.bench.rdkafka")
-    if not logger.handlers:
-        logger.addHandler(logging.NullHandler())
-        logger.propagate = False
-    return logger
-
-
 def _admin(bootstrap: str) -> Any:
     from confluent_kafka.admin import AdminClient
 
-    return AdminClient({"bootstrap.servers": bootstrap, "logger": _quiet()})
+    conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": quiet_logger()}
+    return AdminClient(conf)
 
 
 def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
@@ -448,7 +432,7 @@ def read_back(bootstrap: str, topic: str, rows: int, timeout_s: float = 300.0) -
                 "auto.offset.reset": "earliest",
                 "fetch.max.bytes": 64 << 20,
                 "max.partition.fetch.bytes": 16 << 20,
-                "logger": _quiet(),
+                "logger": quiet_logger(),
             }
         )
         crc32 = zlib.crc32
@@ -505,137 +489,6 @@ def read_back(bootstrap: str, topic: str, rows: int, timeout_s: float = 300.0) -
     return out
 
 
-# -- Spark's Kafka sink: jars from Maven Central ---------------------------------------------
-
-
-class SparkKafkaUnavailable(RuntimeError):
-    """Spark's Kafka sink cannot be set up here; the message says why."""
-
-
-def _release_key(version: str) -> tuple[int, ...] | None:
-    m = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)", version)
-    return tuple(int(x) for x in m.groups()) if m else None
-
-
-def _central_url(group: str, artifact: str, version: str | None = None) -> str:
-    base = f"{CENTRAL}/{group.replace('.', '/')}/{artifact}"
-    return (
-        f"{base}/maven-metadata.xml"
-        if version is None
-        else (f"{base}/{version}/{artifact}-{version}.jar")
-    )
-
-
-def _jar_on_central(group: str, artifact: str, version: str) -> bool:
-    request = urllib.request.Request(_central_url(group, artifact, version), method="HEAD")
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return int(response.status) == 200
-    except (urllib.error.URLError, TimeoutError, OSError):
-        return False
-
-
-def _pick_version(group: str, artifact: str, wanted: str, notes: list[str]) -> str:
-    """``wanted`` if Maven Central has its jar, else the newest release of the same major
-    version below it that it has (a handful of HEAD requests at most)."""
-    if _jar_on_central(group, artifact, wanted):
-        return wanted
-    try:
-        with urllib.request.urlopen(_central_url(group, artifact), timeout=30) as response:
-            listed = re.findall(r"<version>([^<]+)</version>", response.read().decode())
-    except (urllib.error.URLError, TimeoutError, OSError) as err:
-        raise SparkKafkaUnavailable(
-            f"{group}:{artifact}:{wanted} is not on Maven Central and its version list cannot "
-            f"be read ({err})"
-        ) from err
-    want = _release_key(wanted)
-    candidates = sorted(
-        (v for v in listed if (k := _release_key(v)) and want and k[0] == want[0] and k < want),
-        key=lambda v: _release_key(v) or (),
-        reverse=True,
-    )
-    for version in candidates[:6]:
-        if _jar_on_central(group, artifact, version):
-            notes.append(
-                f"{artifact}:{wanted} is not on Maven Central (newest there with a jar: "
-                f"{version}); used {version}"
-            )
-            return str(version)
-    raise SparkKafkaUnavailable(
-        f"{group}:{artifact}:{wanted} is not on Maven Central, nor any {wanted.split('.', 1)[0]}.x "
-        f"release below it with a jar (listed: {', '.join(listed[-8:])})"
-    )
-
-
-_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
-  <modelVersion>4.0.0</modelVersion>
-  <groupId>txsink.bench</groupId>
-  <artifactId>spark-kafka-deps</artifactId>
-  <version>1</version>
-  <dependencies>
-{deps}
-  </dependencies>
-</project>
-"""
-_DEP = """    <dependency>
-      <groupId>{group}</groupId>
-      <artifactId>{artifact}</artifactId>
-      <version>{version}</version>
-      <exclusions><exclusion><groupId>org.apache.spark</groupId><artifactId>*</artifactId>
-      </exclusion></exclusions>
-    </dependency>"""
-# Spark's parent POM names a GCS mirror of Central that may not resolve: Central only.
-
-
-@dataclass
-class SparkKafkaJars:
-    jars: list[Path]
-    versions: dict[str, str]
-    notes: list[str]
-
-
-def spark_kafka_jars(spark_version: str, cache: Path = _bench.JAR_CACHE) -> SparkKafkaJars:
-    """spark-sql-kafka-0-10 for ``spark_version`` and its runtime deps that PySpark does not
-    ship (kafka-clients, commons-pool2, spark-token-provider-kafka-0-10), cached.
-
-    Fetched once with ``mvn dependency:copy-dependencies`` on a generated POM. If Central has
-    no jar of that exact version, the newest release below it that it has is used (and said).
-    """
-
-    folder = cache / f"spark-kafka-for-{spark_version}"
-    done = folder / "resolved.json"
-    if done.exists():
-        meta = json.loads(done.read_text())
-        jars = [folder / j for j in meta["jars"]]
-        if all(j.exists() for j in jars):
-            return SparkKafkaJars(jars, _jar_versions(jars), list(meta["notes"]))
-    if shutil.which("mvn") is None:
-        raise SparkKafkaUnavailable(
-            f"mvn is not installed: cannot fetch {SPARK_KAFKA[1]}:{spark_version} (put it and "
-            f"its deps into {folder} with a resolved.json, or install Maven)"
-        )
-    notes: list[str] = []
-    _bench.log(f"resolving {SPARK_KAFKA[1]} for Spark {spark_version} on Maven Central")
-    sql_kafka = _pick_version(*SPARK_KAFKA, spark_version, notes)
-    token = _pick_version(*TOKEN_PROVIDER, sql_kafka, notes)
-    deps = "\n".join(
-        _DEP.format(group=g, artifact=a, version=v)
-        for (g, a), v in ((SPARK_KAFKA, sql_kafka), (TOKEN_PROVIDER, token))
-    )
-    failure = _bench.maven_copy_dependencies(_POM.format(deps=deps), folder, timeout=900)
-    if failure is not None:
-        raise SparkKafkaUnavailable(f"mvn could not fetch the Kafka connector: {failure}")
-    jars = sorted(folder.glob("*.jar"))
-    done.write_text(json.dumps({"jars": [j.name for j in jars], "notes": notes}))
-    return SparkKafkaJars(jars, _jar_versions(jars), notes)
-
-
-def _jar_versions(jars: Sequence[Path]) -> dict[str, str]:
-    return {
-        _bench.jar_artifact(j.name): j.name[len(_bench.jar_artifact(j.name)) + 1 : -4] for j in jars
-    }
-
-
 # -- the benchmark ----------------------------------------------------------------------------
 
 
@@ -653,16 +506,9 @@ class Bench:
 
 
 def make_frame(spark: Any, rows: int, partitions: int) -> Any:
-    """The input: generated in Spark, ``partitions`` partitions, cached and materialised."""
-    df = (
-        spark.range(0, rows, 1, 2)
-        .selectExpr(f"{KEY_EXPR} AS key", f"{VALUE_EXPR} AS value")
-        .repartition(partitions)
-        .cache()
-    )
-    if df.count() != rows:
-        raise RuntimeError("generated frame has the wrong row count")
-    return df
+    """The input: key and value generated in Spark, cached (see ``_bench.cached_frame``)."""
+    exprs = [f"{KEY_EXPR} AS key", f"{VALUE_EXPR} AS value"]
+    return _bench.cached_frame(spark, rows, partitions, exprs)
 
 
 def spark_fingerprint(df: Any) -> tuple[int, ...]:
@@ -754,23 +600,24 @@ def measure(
         "spark": lambda: write_spark(bench, df, topic),
         "feed": lambda: {"task_rows": run_feed(df)},
     }
-    load_before = _bench.load1()
     error = ""
+
+    def write() -> dict[str, Any]:
+        nonlocal error
+        try:
+            return writers[writer]()
+        except Exception as err:  # a writer that fails is void; the others still run
+            error = _first_line(err)
+            return {}
+
     try:
-        cpu_before = bench.cpu.snapshot()
-        with _bench.stopwatch() as elapsed:
-            try:
-                extra = writers[writer]()
-            except Exception as err:  # a writer that fails is void; the others still run
-                extra, error = {}, _first_line(err)
-        extra["cpu"] = bench.cpu.delta(cpu_before, bench.cpu.snapshot())
-        load_after = _bench.load1()
+        m = _bench.timed_run(bench.cpu, writer, partitions, rows, write)
         found = read_back(bench.bootstrap, topic, rows) if writer != "feed" else None
     finally:
         if writer != "feed":
             delete_topics(bench.bootstrap, [topic])
             bench.topics.remove(topic)
-    m = _bench.Measurement(writer, partitions, rows, elapsed[0], load_before, load_after, extra)
+    extra = m.extra
     problems = [f"failed: {error}"] if error else []
     if found is None:
         if extra.get("task_rows") != rows:
@@ -791,17 +638,9 @@ def measure(
             problems.append(f"{found.open_partitions} partitions hold an open transaction")
     if extra.get("wal_left", 0):
         problems.append(f"{extra['wal_left']} WAL files left behind")
-    if problems:
-        message = f"VOID {writer} partitions={partitions} {tag}: " + "; ".join(problems)
-        bench.void.append(message)
-        m.extra["void"] = message
-        _bench.log(message)
-    _bench.log(
-        f"{writer:<8} P={partitions} {tag}: {m.seconds:7.2f} s  {_bench.fmt_rate(m.rows_per_s)} "
-        f"rec/s  load {load_before:.2f}->{load_after:.2f}  cpu {_round(extra['cpu'])}"
-        + (f"  phases {_round(extra['phases'])}" if "phases" in extra else "")
-        + (f"  readback {found.seconds:.1f} s" if found is not None else "")
-    )
+    _bench.void_if(problems, m, tag, bench.void)
+    tail = f"  readback {found.seconds:.1f} s" if found is not None else ""
+    _bench.log_run(m, tag, width=8, unit="rec/s", tail=tail)
     return m
 
 
@@ -811,10 +650,6 @@ def _first_line(err: BaseException) -> str:
     lines = text.splitlines() or [type(err).__name__]
     causes = [line for line in lines if line.startswith("Caused by:")]
     return f"{type(err).__name__}: {lines[0][:300]}" + (f" ({causes[-1][:300]})" if causes else "")
-
-
-def _round(d: dict[str, float]) -> dict[str, float]:
-    return {k: round(v, 2) for k, v in d.items()}
 
 
 # -- extras: where the time goes ----------------------------------------------------------
@@ -884,7 +719,7 @@ def _producer_conf(bench: Bench, **extra: Any) -> dict[str, Any]:
     return {
         **PRODUCER_SETTINGS,
         "bootstrap.servers": bench.bootstrap,
-        "logger": _quiet(),
+        "logger": quiet_logger(),
         **extra,
     }
 
@@ -1069,127 +904,78 @@ def _retopic(records: pa.RecordBatch, topic: str) -> pa.RecordBatch:
 
 
 @dataclass
-class Results:
-    rows: int
-    partitions: list[int]
-    repeat: int
-    topic_partitions: int
-    runs: list[_bench.Measurement] = field(default_factory=list)
+class Results(_bench.Results):
+    """The runs, plus the extras: profiles per (mode, partitions), single-process steps,
+    the data's size, and how Spark's Kafka sink was set up (or why it was not)."""
+
+    name: ClassVar[str] = "kafka"
+    title: ClassVar[str] = "Kafka"
+    server: ClassVar[str] = "kafka"
+    baseline: ClassVar[str] = "producer"
+    after: ClassVar[str | None] = "postgres"
+    from_args: ClassVar[tuple[str, ...]] = ("topic_partitions",)
+
+    topic_partitions: int = 0
     profiles: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
     single: dict[str, Any] = field(default_factory=dict)
     data_bytes: int = 0
     value_bytes: int = 0
-    spark_kafka: SparkKafkaJars | None = None
+    spark_kafka: _spark_kafka.SparkKafkaJars | None = None
     spark_kafka_error: str = ""
-    uptime_before: str = ""
-    uptime_after: str = ""
-    started: str = ""
-    minutes: float = 0.0
-    versions: dict[str, str] = field(default_factory=dict)
-    machine: dict[str, str] = field(default_factory=dict)
-    command: str = ""
-    void: list[str] = field(default_factory=list)
-
-    def seconds(self, writer: str, partitions: int) -> list[float]:
-        return [m.seconds for m in self.runs if m.writer == writer and m.partitions == partitions]
-
-    def rate(self, writer: str, partitions: int) -> float:
-        secs = _bench.median(self.seconds(writer, partitions))
-        return self.rows / secs if secs == secs and secs > 0 else float("nan")
 
     def mb_rate(self, writer: str, partitions: int) -> float:
         secs = _bench.median(self.seconds(writer, partitions))
         return self.data_bytes / 1e6 / secs if secs == secs and secs > 0 else float("nan")
 
-    def ratio(self, writer: str, base: str, partitions: int) -> float:
-        return self.rate(writer, partitions) / self.rate(base, partitions)
+    @override
+    def encode(self) -> dict[str, Any]:
+        doc = super().encode()
+        doc["profiles"] = {f"{mode}:{p}": v for (mode, p), v in self.profiles.items()}
+        return doc
 
-    def is_void(self, writer: str, partitions: int) -> bool:
-        return any(
-            "void" in m.extra
-            for m in self.runs
-            if m.writer == writer and m.partitions == partitions
+    @classmethod
+    @override
+    def decode(cls, doc: dict[str, Any]) -> dict[str, Any]:
+        doc = super().decode(doc)
+        profiles: dict[tuple[str, int], dict[str, Any]] = {}
+        for key, value in doc["profiles"].items():
+            mode, p = key.split(":")
+            profiles[(mode, int(p))] = value
+        doc["profiles"] = profiles
+        jars = doc["spark_kafka"]
+        doc["spark_kafka"] = (
+            _spark_kafka.SparkKafkaJars(
+                [Path(j) for j in jars["jars"]], jars["versions"], jars["notes"]
+            )
+            if jars
+            else None
         )
-
-    def phases(self, writer: str, partitions: int) -> dict[str, float]:
-        runs = [
-            m
-            for m in self.runs
-            if m.writer == writer and m.partitions == partitions and "phases" in m.extra
-        ]
-        keys = ("recover", "precommit", "decide", "commit")
-        out = {k: _bench.median([m.extra["phases"].get(k, 0.0) for m in runs]) for k in keys}
-        out["other"] = _bench.median([m.seconds - sum(m.extra["phases"].values()) for m in runs])
-        return out
-
-
-def _secs(values: Sequence[float]) -> str:
-    return " / ".join(f"{v:.2f}" for v in values)
-
-
-def _x(value: float) -> str:
-    return f"{value:.2f}x" if value == value else ""
+        return doc
 
 
 def throughput_table(res: Results) -> str:
-    rows: list[list[str]] = []
-    for p in res.partitions:
-        base = res.rate("producer", p)
-        for writer in (*WRITERS, "feed"):
-            secs = res.seconds(writer, p)
-            if not secs:
-                continue
-            runs = [m for m in res.runs if m.writer == writer and m.partitions == p]
-            cpu = {
-                k: _bench.median([m.extra["cpu"].get(k, float("nan")) for m in runs])
-                for k in ("spark", "kafka", "others")
-            }
-            feed = writer == "feed"
-            rows.append(
-                [
-                    str(p),
-                    LABELS[writer],
-                    _bench.fmt_rate(res.rate(writer, p))
-                    + (" VOID" if res.is_void(writer, p) else ""),
-                    "" if feed else f"{res.mb_rate(writer, p):.1f}",
-                    _secs(secs),
-                    "" if feed else _x(res.rate(writer, p) / base),
-                    f"{cpu['spark']:.1f} / {cpu['kafka']:.1f} / {cpu['others']:.1f}",
-                    " / ".join(f"{m.load_before:.1f}" for m in runs),
-                ]
-            )
-    return _bench.markdown_table(
-        [
-            "partitions",
-            "writer",
-            "records/s (median)",
-            "MB/s",
-            "wall s per run",
-            "vs plain producer",
-            "CPU s: Spark / Kafka / other",
-            "load1 at start",
-        ],
-        rows,
-        "rlrrrrrr",
+    return _bench.throughput_table(
+        res,
+        LABELS,
+        (*WRITERS, "feed"),
+        WRITERS,
+        rate_header="records/s (median)",
+        vs_header="vs plain producer",
+        server_header="Kafka",
+        columns=[("MB/s", "r", lambda w, p, _: "" if w == "feed" else f"{res.mb_rate(w, p):.1f}")],
     )
 
 
 def target_table(res: Results) -> str:
-    rows = []
-    for p in res.partitions:
-        cells = [str(p)]
-        for writer, target in TARGETS.items():
-            if not res.seconds(writer, p) or not res.seconds("producer", p):
-                cells.append("not measured")
-                continue
-            ratio = res.ratio(writer, "producer", p)
-            cells.append(f"{ratio:.2f}x ({'met' if ratio >= target else 'NOT met'})")
-        for writer in TARGETS:
-            if not res.seconds(writer, p) or not res.seconds("spark", p):
-                cells.append("not measured")
-                continue
-            cells.append(_x(res.ratio(writer, "spark", p)))
-        rows.append(cells)
+    rows = [
+        [str(p)]
+        + [
+            _bench.ratio_cell(res, writer, p, target=target, single_runs=False)
+            for writer, target in TARGETS.items()
+        ]
+        + [_bench.ratio_cell(res, writer, p, "spark", single_runs=False) for writer in TARGETS]
+        for p in res.partitions
+    ]
     return _bench.markdown_table(
         [
             "partitions",
@@ -1204,31 +990,7 @@ def target_table(res: Results) -> str:
 
 
 def phase_table(res: Results) -> str:
-    rows = []
-    for p in res.partitions:
-        for writer in ("wal", "replay"):
-            if not res.seconds(writer, p):
-                continue
-            ph = res.phases(writer, p)
-            rows.append(
-                [str(p), writer]
-                + [f"{ph[k]:.2f}" for k in ("other", "recover", "precommit", "decide", "commit")]
-                + [f"{_bench.median(res.seconds(writer, p)):.2f}"]
-            )
-    return _bench.markdown_table(
-        [
-            "partitions",
-            "mode",
-            "check + schema + unpersist",
-            "recover",
-            "precommit",
-            "decide",
-            "commit",
-            "total",
-        ],
-        rows,
-        "rlrrrrrr",
-    )
+    return _bench.phase_table(res, ("wal", "replay"), digits=2, other="check + schema + unpersist")
 
 
 def _pct(part: float, whole: float) -> str:
@@ -1339,8 +1101,8 @@ def reading(res: Results) -> list[str]:
         ps = [p for p in res.partitions if res.seconds(writer, p) and res.seconds("producer", p)]
         if not ps:
             continue
-        ratios = ", ".join(f"{res.ratio(writer, 'producer', p):.2f}x at {p}" for p in ps)
-        met = all(res.ratio(writer, "producer", p) >= target for p in ps)
+        ratios = ", ".join(f"{res.ratio(writer, p):.2f}x at {p}" for p in ps)
+        met = all(res.ratio(writer, p) >= target for p in ps)
         out.append(
             f"**{LABELS[writer]} vs the plain producer** ({ratios} partitions): target >= "
             f"{target}x {'met' if met else 'NOT met'}."
@@ -1350,7 +1112,7 @@ def reading(res: Results) -> list[str]:
         parts = []
         for writer in TARGETS:
             if all(res.seconds(writer, p) for p in ps):
-                ratios = ", ".join(f"{res.ratio(writer, 'spark', p):.2f}x at {p}" for p in ps)
+                ratios = ", ".join(f"{res.ratio(writer, p, 'spark'):.2f}x at {p}" for p in ps)
                 parts.append(f"{writer} {ratios} partitions")
         if parts:
             out.append(
@@ -1361,7 +1123,7 @@ def reading(res: Results) -> list[str]:
     for p in res.partitions:
         pr = res.profiles.get(("wal", p), {})
         if res.seconds("wal", p):
-            ph = res.phases("wal", p)
+            ph = res.phases(p, "wal")
             total = _bench.median(res.seconds("wal", p))
             line = (
                 f"**WAL mode at {p} partitions**: {total:.2f} s in all; the pre-commit job "
@@ -1385,7 +1147,7 @@ def reading(res: Results) -> list[str]:
             out.append(line)
         pr = res.profiles.get(("replay", p), {})
         if res.seconds("replay", p):
-            ph = res.phases("replay", p)
+            ph = res.phases(p, "replay")
             total = _bench.median(res.seconds("replay", p))
             line = (
                 f"**Replay mode at {p} partitions**: {total:.2f} s in all; pre-commit "
@@ -1473,12 +1235,7 @@ def render(res: Results) -> str:
         ", ".join(f"{a} {ver}" for a, ver in sorted(sk.versions.items())) if sk else "not measured"
     )
     parts = [
-        "## Kafka",
-        "",
-        f"Measured {res.started} with `{res.command}` ({res.minutes:.1f} min in all).",
-        "",
-        f"- Machine: {mach['cpu']}, {mach['cores']} cores, {mach['memory']} RAM, {mach['os']}.",
-        f"- Load: before `{res.uptime_before}`; after `{res.uptime_after}`.",
+        *_bench.header(res, "Kafka"),
         f"- Versions: PySpark {v['pyspark']} (`local[2]`, {mach['java']}), Python "
         f"{mach['python']}, pyarrow {v['pyarrow']}, confluent-kafka {v['confluent_kafka']} "
         f"(librdkafka {v['librdkafka']}), Kafka {v['broker']} (one local KRaft broker, "
@@ -1506,53 +1263,38 @@ def render(res: Results) -> str:
         "nothing.",
         f"- Times are wall-clock per run, {res.repeat} run(s) each; rates use the median; MB/s "
         "counts key + value bytes.",
-        "",
-        "### Throughput",
-        "",
-        throughput_table(res),
-        "",
-        target_table(res),
+        *_bench.blocks(throughput_table(res), target_table(res), title="Throughput"),
     ]
     if any(res.seconds(w, p) for w in ("wal", "replay") for p in res.partitions):
-        parts += [
-            "",
-            "### Where txsink's time goes",
-            "",
+        parts += _bench.blocks(
             "Driver phases (`EpochResult.seconds`, median; *check + schema + unpersist* is the "
             "rest of the wall time: the sink's start-up checks with `init_transactions` per "
             "shard, the Arrow schema, and in replay mode the `unpersist` of the epoch):",
-            "",
             phase_table(res),
-        ]
+            title="Where txsink's time goes",
+        )
     if res.profiles:
-        parts += [
-            "",
+        parts += _bench.blocks(
             "Pre-commit tasks (one extra, untimed run of each mode with a subclass of KafkaSink "
             "that times its hooks per batch; seconds summed over tasks, 2 run at a time; *Spark "
             "feed* is the task's time outside the sink; replay mode's shuffle runs before these "
             "tasks, in a stage of its own: *shuffle + persist alone* times "
             '`df.repartition(shards, "key").persist().count()` without any sink):',
-            "",
             precommit_profile_table(res),
-            "",
             "Commit (same runs; *read* is reading the WAL file, or in replay mode Spark "
             "re-reading the persisted rows plus building the records and the checksum; "
             "*produce loop* is `KafkaSink._produce_batch`; *commit_transaction* includes "
             "`begin_transaction` and the marker record):",
-            "",
             commit_profile_table(res),
-        ]
+        )
     if res.single:
-        parts += [
-            "",
-            "### One Python process, no Spark",
-            "",
+        parts += _bench.blocks(
             f"The steps of the commit on all {res.single['rows']:,} records in this process "
             "(each produce variant into a fresh topic, verified like the writers):",
-            "",
             single_table(res),
-        ]
-    parts += ["", "### Reading", ""] + [f"- {line}" for line in reading(res)]
+            title="One Python process, no Spark",
+        )
+    parts += _bench.bullets("Reading", reading(res))
     return "\n".join(parts) + "\n"
 
 
@@ -1610,86 +1352,38 @@ def _versions(bench: Bench) -> dict[str, str]:
     }
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="integration/benchmarks/run kafka",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+def parser() -> _bench.BenchParser:
+    return _bench.BenchParser(
+        Results,
+        __doc__,
+        writers=WRITERS,
+        server=_bench.Server("--bootstrap", "TXSINK_KAFKA_BOOTSTRAP", "broker"),
+        unit="records",
+        partitions="Spark partition counts",
+        extras="skip the profile runs and the single-process measurements",
+        options=lambda p: p.add_count(
+            "--topic-partitions", 8, "partitions of each topic (default 8)"
+        ),
     )
-    parser.add_argument("--rows", type=int, default=1_000_000, help="records (default 1000000)")
-    parser.add_argument(
-        "--partitions", default="2,8", help="comma-separated Spark partition counts (default 2,8)"
-    )
-    parser.add_argument("--repeat", type=int, default=1, help="runs per writer (default 1)")
-    parser.add_argument(
-        "--writers", default=",".join(WRITERS), help=f"subset of {','.join(WRITERS)}"
-    )
-    parser.add_argument(
-        "--topic-partitions", type=int, default=8, help="partitions of each topic (default 8)"
-    )
-    parser.add_argument(
-        "--no-extras",
-        action="store_true",
-        help="skip the profile runs and the single-process measurements",
-    )
-    _bench.add_doc_options(parser, "Kafka")
-    parser.add_argument(
-        "--bootstrap",
-        default=os.environ.get("TXSINK_KAFKA_BOOTSTRAP"),
-        help="default: $TXSINK_KAFKA_BOOTSTRAP",
-    )
-    args = parser.parse_args(argv)
-    args.partitions = [int(p) for p in str(args.partitions).split(",") if p.strip()]
-    args.writers = [w.strip() for w in str(args.writers).split(",") if w.strip()]
-    unknown = set(args.writers) - set(WRITERS)
-    if unknown:
-        parser.error(f"unknown writers {sorted(unknown)}; choose from {list(WRITERS)}")
-    if not args.bootstrap and args.render is None:
-        parser.error(
-            "no broker: set TXSINK_KAFKA_BOOTSTRAP (integration/benchmarks/run does) or --bootstrap"
-        )
-    if (
-        args.rows < 1
-        or args.repeat < 1
-        or args.topic_partitions < 1
-        or not args.partitions
-        or min(args.partitions) < 1
-    ):
-        parser.error("--rows, --repeat, --topic-partitions and --partitions must be positive")
-    return args
-
-
-def _command(argv: Sequence[str]) -> str:
-    return " ".join(["integration/benchmarks/run", "kafka", *argv])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    import pyspark
+    return _bench.main(argv, parser(), Results, run, render)
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = parse_args(argv)
-    if args.render is not None:
-        res = load_results(args.render)
-        publish(res, args)
-        return 1 if res.void else 0
-    started = time.monotonic()
-    res = Results(
-        args.rows, args.partitions, args.repeat, args.topic_partitions, command=_command(argv)
-    )
-    res.started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    res.uptime_before = _bench.uptime()
-    res.machine = _bench.machine()
-    _bench.log(f"start: {res.uptime_before}")
+
+def run(res: Results, args: argparse.Namespace) -> list[str]:
+    """Every writer at every partition count, then the extras, into ``res``; the void runs."""
+    import pyspark
 
     writers = list(args.writers)
     jars: list[Path] = []
     if "spark" in writers:
         try:
-            res.spark_kafka = spark_kafka_jars(pyspark.__version__)
+            res.spark_kafka = _spark_kafka.spark_kafka_jars(pyspark.__version__)
             jars = res.spark_kafka.jars
             for note in res.spark_kafka.notes:
                 _bench.log(note)
-        except (SparkKafkaUnavailable, subprocess.SubprocessError, OSError) as err:
+        except (_spark_kafka.SparkKafkaUnavailable, subprocess.SubprocessError, OSError) as err:
             res.spark_kafka_error = str(err)
             _bench.log(f"Spark's Kafka sink skipped: {err}")
             writers.remove("spark")
@@ -1745,62 +1439,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         delete_topics(bench.bootstrap, [*bench.topics, bench.marker_topic])
         spark.stop()
         shutil.rmtree(workdir, ignore_errors=True)
-    res.uptime_after = _bench.uptime()
-    res.minutes = (time.monotonic() - started) / 60
-    _bench.log(f"end: {res.uptime_after}")
-    res.void = list(bench.void)
-    _bench.log(f"results saved in {save_results(res)} (rerender with --render)")
-    publish(res, args)
-    for message in bench.void:
-        print(message, file=sys.stderr)
-    return 1 if bench.void else 0
-
-
-def save_results(res: Results, folder: Path = SAVED) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"kafka-{dt.datetime.now(dt.UTC).strftime('%Y%m%dT%H%M%SZ')}.json"
-    doc = dataclasses.asdict(res)
-    doc["profiles"] = {f"{mode}:{p}": v for (mode, p), v in res.profiles.items()}
-    path.write_text(json.dumps(doc, indent=1, default=str))
-    return path
-
-
-def load_results(path: Path) -> Results:
-    doc = json.loads(path.read_text())
-    runs = [_bench.Measurement(**m) for m in doc.pop("runs")]
-    profiles: dict[tuple[str, int], dict[str, Any]] = {}
-    for key, value in doc.pop("profiles").items():
-        mode, p = key.split(":")
-        profiles[(mode, int(p))] = value
-    jars = doc.pop("spark_kafka")
-    spark_kafka = (
-        SparkKafkaJars([Path(j) for j in jars["jars"]], jars["versions"], jars["notes"])
-        if jars
-        else None
-    )
-    return Results(**doc, runs=runs, profiles=profiles, spark_kafka=spark_kafka)
-
-
-def publish(res: Results, args: argparse.Namespace) -> None:
-    text = render(res)
-    print(text)
-    if not args.no_docs:
-        update_docs(text, args.docs)
-        _bench.log(f"wrote the Kafka section of {args.docs}")
-
-
-def update_docs(text: str, path: Path) -> None:
-    """Rewrite the Kafka section; a new one goes right after the PostgreSQL section."""
-    start, end = "<!-- bench:kafka:start -->", "<!-- bench:kafka:end -->"
-    current = path.read_text() if path.exists() else ""
-    pg_end = "<!-- bench:postgres:end -->"
-    if start not in current and pg_end in current:
-        block = f"{start}\n{end}\n"
-        current = current.replace(pg_end + "\n", f"{pg_end}\n\n{block}", 1)
-        if block not in current:  # the marker was the file's last line, without a newline
-            current = current.replace(pg_end, f"{pg_end}\n\n{block}", 1)
-        path.write_text(current)
-    _bench.update_doc_section("kafka", text, path)
+    return bench.void
 
 
 if __name__ == "__main__":

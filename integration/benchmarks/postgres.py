@@ -24,8 +24,6 @@ CSV fast path against the ``write_row`` path (a ``binary`` column) at ``--binary
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import datetime as dt
 import functools
 import io
 import json
@@ -37,7 +35,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
@@ -112,7 +110,6 @@ LABELS = {
     "feed": "(Spark feed only, no DB)",
 }
 TARGETS = {"copy": 0.9, "jdbc": 3.0}
-SAVED = _bench.REPO / "integration" / ".work" / "benchmarks"
 
 
 # -- task functions: these run in Spark's Python workers; keep them self-contained -----------
@@ -240,16 +237,9 @@ def _names(columns: Sequence[tuple[str, str, str]]) -> str:
 def make_frame(
     spark: Any, rows: int, partitions: int, columns: Sequence[tuple[str, str, str]]
 ) -> Any:
-    """The input: generated in Spark, ``partitions`` partitions, cached and materialised."""
-    df = (
-        spark.range(0, rows, 1, 2)
-        .selectExpr(*(f"{expr} AS {name}" for name, _, expr in columns))
-        .repartition(partitions)
-        .cache()
-    )
-    if df.count() != rows:
-        raise RuntimeError("generated frame has the wrong row count")
-    return df
+    """The input: ``columns`` generated in Spark, cached (see ``_bench.cached_frame``)."""
+    exprs = [f"{expr} AS {name}" for name, _, expr in columns]
+    return _bench.cached_frame(spark, rows, partitions, exprs)
 
 
 def spark_fingerprint(df: Any) -> tuple[Any, ...]:
@@ -342,18 +332,13 @@ def measure(
         "executemany": lambda: write_executemany(bench, df, table, names),
         "feed": lambda: {"task_rows": run_feed(df)},
     }
-    load_before = _bench.load1()
     try:
-        cpu_before = bench.cpu.snapshot()
-        with _bench.stopwatch() as elapsed:
-            extra = writers[writer]()
-        extra["cpu"] = bench.cpu.delta(cpu_before, bench.cpu.snapshot())
-        load_after = _bench.load1()
+        m = _bench.timed_run(bench.cpu, writer, partitions, rows, writers[writer])
         found = pg_fingerprint(bench, table) if writer != "feed" else expected
     finally:
         with bench.connect() as conn:
             conn.execute(f"DROP TABLE IF EXISTS {bench.qualified(table)}")
-    m = _bench.Measurement(writer, partitions, rows, elapsed[0], load_before, load_after, extra)
+    extra = m.extra
     problems = []
     if writer == "feed" and extra["task_rows"] != rows:
         problems.append(f"the feed job saw {extra['task_rows']} rows")
@@ -363,21 +348,9 @@ def measure(
         problems.append(f"column aggregates differ: {found} != {expected}")
     if extra.get("lingering", 0):
         problems.append(f"{extra['lingering']} prepared transactions left behind")
-    if problems:
-        message = f"VOID {writer} partitions={partitions} {tag}: " + "; ".join(problems)
-        bench.void.append(message)
-        m.extra["void"] = message
-        _bench.log(message)
-    _bench.log(
-        f"{writer:<12} P={partitions} {tag}: {m.seconds:7.2f} s  {_bench.fmt_rate(m.rows_per_s)} "
-        f"rows/s  load {load_before:.2f}->{load_after:.2f}  cpu {_round(extra['cpu'])}"
-        + (f"  phases {_round(extra['phases'])}" if "phases" in extra else "")
-    )
+    _bench.void_if(problems, m, tag, bench.void)
+    _bench.log_run(m, tag, width=12)
     return m
-
-
-def _round(d: dict[str, float]) -> dict[str, float]:
-    return {k: round(v, 2) for k, v in d.items()}
 
 
 # -- extras: where the time goes ----------------------------------------------------------
@@ -536,11 +509,15 @@ def single_connection(
 
 
 @dataclass
-class Results:
-    rows: int
-    partitions: list[int]
-    repeat: int
-    runs: list[_bench.Measurement] = field(default_factory=list)
+class Results(_bench.Results):
+    """The runs, plus the extras: task profiles, small epochs, 2PC latency, single
+    connection, and the CSV vs write_row comparison."""
+
+    name: ClassVar[str] = "postgres"
+    title: ClassVar[str] = "Postgres"
+    server: ClassVar[str] = "postgres"
+    baseline: ClassVar[str] = "copy"
+
     profiles: dict[int, dict[str, float]] = field(default_factory=dict)
     epochs: dict[int, dict[str, float]] = field(default_factory=dict)
     epoch_rows: int = 0
@@ -549,105 +526,38 @@ class Results:
     binary_rows: int = 0
     binary: list[_bench.Measurement] = field(default_factory=list)
     binary_partitions: int = 0
-    uptime_before: str = ""
-    uptime_after: str = ""
-    started: str = ""
-    minutes: float = 0.0
-    versions: dict[str, str] = field(default_factory=dict)
-    machine: dict[str, str] = field(default_factory=dict)
-    command: str = ""
-    void: list[str] = field(default_factory=list)
 
-    def seconds(self, writer: str, partitions: int) -> list[float]:
-        return [m.seconds for m in self.runs if m.writer == writer and m.partitions == partitions]
-
-    def rate(self, writer: str, partitions: int) -> float:
-        secs = _bench.median(self.seconds(writer, partitions))
-        return self.rows / secs if secs == secs and secs > 0 else float("nan")
-
-    def ratio(self, writer: str, partitions: int) -> float:
-        return self.rate("txsink", partitions) / self.rate(writer, partitions)
-
-    def paired(self, writer: str, partitions: int) -> list[float]:
-        """txsink's rate over ``writer``'s, run by run (each pair ran back to back)."""
-        tx = self.seconds("txsink", partitions)
-        return [w / t for w, t in zip(self.seconds(writer, partitions), tx, strict=False)]
-
-    def cpu(self, writer: str, partitions: int) -> dict[str, float]:
-        """Median CPU seconds per run: ``spark``, ``postgres``, ``others``."""
-        runs = [m for m in self.runs if m.writer == writer and m.partitions == partitions]
-        return {
-            k: _bench.median([m.extra.get("cpu", {}).get(k, float("nan")) for m in runs])
-            for k in ("spark", "postgres", "others")
-        }
-
-    def phases(self, partitions: int) -> dict[str, float]:
-        runs = [m for m in self.runs if m.writer == "txsink" and m.partitions == partitions]
-        keys = ("recover", "precommit", "decide", "commit")
-        out = {k: _bench.median([m.extra["phases"].get(k, 0.0) for m in runs]) for k in keys}
-        out["other"] = _bench.median([m.seconds - sum(m.extra["phases"].values()) for m in runs])
-        return out
-
-
-def _secs(values: Sequence[float]) -> str:
-    return " / ".join(f"{v:.2f}" for v in values)
+    @classmethod
+    @override
+    def decode(cls, doc: dict[str, Any]) -> dict[str, Any]:
+        doc = super().decode(doc)
+        doc["binary"] = [_bench.Measurement(**m) for m in doc["binary"]]
+        doc["profiles"] = {int(k): v for k, v in doc["profiles"].items()}
+        doc["epochs"] = {int(k): v for k, v in doc["epochs"].items()}
+        return doc
 
 
 def throughput_table(res: Results) -> str:
-    rows: list[list[str]] = []
-    for p in res.partitions:
-        copy_rate = res.rate("copy", p)
-        for writer in (*WRITERS, "feed"):
-            secs = res.seconds(writer, p)
-            if not secs:
-                continue
-            runs = [m for m in res.runs if m.writer == writer and m.partitions == p]
-            loads = " / ".join(f"{m.load_before:.1f}" for m in runs)
-            void = any("void" in m.extra for m in runs)
-            cpu = res.cpu(writer, p)
-            rows.append(
-                [
-                    str(p),
-                    LABELS[writer],
-                    _bench.fmt_rate(res.rate(writer, p)) + (" VOID" if void else ""),
-                    _secs(secs),
-                    f"{res.rate(writer, p) / copy_rate:.2f}x"
-                    if copy_rate == copy_rate and writer != "feed"
-                    else "",
-                    f"{cpu['spark']:.1f} / {cpu['postgres']:.1f} / {cpu['others']:.1f}",
-                    loads,
-                ]
-            )
-    return _bench.markdown_table(
-        [
-            "partitions",
-            "writer",
-            "rows/s (median)",
-            "wall s per run",
-            "vs plain COPY",
-            "CPU s: Spark / PG / other",
-            "load1 at start",
-        ],
-        rows,
-        "rlrrrrr",
+    return _bench.throughput_table(
+        res,
+        LABELS,
+        (*WRITERS, "feed"),
+        WRITERS,
+        rate_header="rows/s (median)",
+        vs_header="vs plain COPY",
+        server_header="PG",
     )
 
 
 def target_table(res: Results) -> str:
-    rows = []
-    for p in res.partitions:
-        cells = [str(p)]
-        for writer, target in TARGETS.items():
-            if not res.seconds(writer, p) or not res.seconds("txsink", p):
-                cells.append("not measured")
-                continue
-            ratio = res.ratio(writer, p)
-            runs = res.paired(writer, p)
-            cells.append(
-                f"{ratio:.2f}x ({'met' if ratio >= target else 'NOT met'}; single runs "
-                f"{min(runs):.2f}-{max(runs):.2f}x)"
-            )
-        rows.append(cells)
+    rows = [
+        [str(p)]
+        + [
+            _bench.ratio_cell(res, "txsink", p, writer, target=target)
+            for writer, target in TARGETS.items()
+        ]
+        for p in res.partitions
+    ]
     return _bench.markdown_table(
         [
             "partitions",
@@ -656,24 +566,6 @@ def target_table(res: Results) -> str:
         ],
         rows,
         "rrr",
-    )
-
-
-def phase_table(res: Results) -> str:
-    rows = []
-    for p in res.partitions:
-        if not res.seconds("txsink", p):
-            continue
-        ph = res.phases(p)
-        rows.append(
-            [str(p)]
-            + [f"{ph[k]:.3f}" for k in ("other", "recover", "precommit", "decide", "commit")]
-            + [f"{_bench.median(res.seconds('txsink', p)):.3f}"]
-        )
-    return _bench.markdown_table(
-        ["partitions", "check + schema", "recover", "precommit", "decide", "commit", "total"],
-        rows,
-        "rrrrrrr",
     )
 
 
@@ -720,7 +612,12 @@ def binary_table(res: Results) -> str:
             continue
         med = _bench.median(secs)
         rows.append(
-            [label, _bench.fmt_rate(res.binary_rows / med), _secs(secs), f"{base / med:.2f}x"]
+            [
+                label,
+                _bench.fmt_rate(res.binary_rows / med),
+                _bench.fmt_secs(secs),
+                f"{base / med:.2f}x",
+            ]
         )
     return _bench.markdown_table(
         ["txsink variant", "rows/s (median)", "wall s per run", "vs CSV fast path"], rows, "lrrr"
@@ -739,11 +636,11 @@ def reading(res: Results) -> list[str]:
     ps = [p for p in res.partitions if res.seconds("txsink", p) and res.seconds("copy", p)]
     if ps:
         ratios = "; ".join(
-            f"{res.ratio('copy', p):.2f}x at {p} partitions (single runs "
-            f"{min(res.paired('copy', p)):.2f}-{max(res.paired('copy', p)):.2f}x)"
+            f"{res.ratio('txsink', p):.2f}x at {p} partitions (single runs "
+            f"{min(res.paired('txsink', p)):.2f}-{max(res.paired('txsink', p)):.2f}x)"
             for p in ps
         )
-        met = [res.ratio("copy", p) >= TARGETS["copy"] for p in ps]
+        met = [res.ratio("txsink", p) >= TARGETS["copy"] for p in ps]
         verdict = (
             "met"
             if all(met)
@@ -757,7 +654,7 @@ def reading(res: Results) -> list[str]:
         tx, cp = cpu_total("txsink", first), cpu_total("copy", first)
         same = abs(tx - cp) <= 0.1 * cp
         straddle = [
-            p for p in ps if min(res.paired("copy", p)) <= 1.0 <= max(res.paired("copy", p))
+            p for p in ps if min(res.paired("txsink", p)) <= 1.0 <= max(res.paired("txsink", p))
         ]
         out.append(
             f"**txsink vs plain COPY**: {ratios}. Target >= 0.9x: {verdict}. Both run the "
@@ -781,8 +678,8 @@ def reading(res: Results) -> list[str]:
         )
     ps = [p for p in res.partitions if res.seconds("txsink", p) and res.seconds("jdbc", p)]
     if ps:
-        ratios = ", ".join(f"{res.ratio('jdbc', p):.2f}x at {p} partitions" for p in ps)
-        jdbc_met = all(res.ratio("jdbc", p) >= TARGETS["jdbc"] for p in ps)
+        ratios = ", ".join(f"{res.ratio('txsink', p, 'jdbc'):.2f}x at {p} partitions" for p in ps)
+        jdbc_met = all(res.ratio("txsink", p, "jdbc") >= TARGETS["jdbc"] for p in ps)
         txc, jd = res.cpu("txsink", first), res.cpu("jdbc", first)
         cap = cpu_total("jdbc", first) / cpu_total("txsink", first)
         feed = res.cpu("feed", first)["spark"] if res.seconds("feed", first) else float("nan")
@@ -906,15 +803,12 @@ def reading(res: Results) -> list[str]:
 
 def render(res: Results) -> str:
     v, mach = res.versions, res.machine
+    load_note = (
+        "The load average counts the benchmark itself (it keeps both cores busy); the *other* "
+        "CPU column below is what other jobs took during each run."
+    )
     parts = [
-        "## PostgreSQL",
-        "",
-        f"Measured {res.started} with `{res.command}` ({res.minutes:.1f} min in all).",
-        "",
-        f"- Machine: {mach['cpu']}, {mach['cores']} cores, {mach['memory']} RAM, {mach['os']}.",
-        f"- Load: before `{res.uptime_before}`; after `{res.uptime_after}`. The load average "
-        "counts the benchmark itself (it keeps both cores busy); the *other* CPU column below "
-        "is what other jobs took during each run.",
+        *_bench.header(res, "PostgreSQL", load_note),
         f"- Versions: PySpark {v['pyspark']} (`local[2]`, {mach['java']}), Python "
         f"{mach['python']}, pyarrow {v['pyarrow']}, psycopg {v['psycopg']} (libpq "
         f"{v['libpq']}), PostgreSQL {v['postgres']} (local, {v['settings']}), PostgreSQL "
@@ -936,41 +830,26 @@ def render(res: Results) -> str:
         "other run. *CPU s* are CPU seconds used during the run (median) by this benchmark's "
         "process tree (driver, Spark JVM, Python workers), by the PostgreSQL server's process "
         "tree, and by everything else on the machine (other jobs).",
-        "",
-        "### Throughput",
-        "",
-        throughput_table(res),
-        "",
-        target_table(res),
+        *_bench.blocks(throughput_table(res), target_table(res), title="Throughput"),
     ]
     if any(res.seconds("txsink", p) for p in res.partitions):
-        parts += [
-            "",
-            "### Where txsink's time goes",
-            "",
+        parts += _bench.blocks(
             "Driver phases (`EpochResult.seconds`, median; *check + schema* is the rest of "
             "the wall time: the sink's start-up checks and the Arrow schema):",
-            "",
-            phase_table(res),
-        ]
+            _bench.phase_table(res),
+            title="Where txsink's time goes",
+        )
     if res.profiles:
-        parts += [
-            "",
+        parts += _bench.blocks(
             "Inside the tasks (one extra, untimed run with a subclass of PostgresSink that "
             "times its hooks; seconds summed over tasks, 2 run at a time; *waiting for "
             "batches* is the task's time between its first batch and the end of PREPARE spent "
             "outside the sink):",
-            "",
             profile_table(res),
-        ]
+        )
     if res.binary:
-        parts += [
-            "",
-            "### CSV fast path vs write_row path",
-            "",
-            binary_table(res),
-        ]
-    parts += ["", "### Reading", ""] + [f"- {line}" for line in reading(res)]
+        parts += _bench.blocks(binary_table(res), title="CSV fast path vs write_row path")
+    parts += _bench.bullets("Reading", reading(res))
     return "\n".join(parts) + "\n"
 
 
@@ -1030,90 +909,31 @@ def _jdbc(dsn: str) -> tuple[str, dict[str, str]]:
     return url, props
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="integration/benchmarks/run postgres",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+def parser() -> _bench.BenchParser:
+    def options(parser: _bench.BenchParser) -> None:
+        parser.add_argument(
+            "--binary-rows",
+            type=int,
+            default=100_000,
+            help="rows for the CSV vs write_row comparison (0 skips it; default 100000)",
+        )
+
+    return _bench.BenchParser(
+        Results,
+        __doc__,
+        writers=WRITERS,
+        server=_bench.Server("--dsn", "TXSINK_PG_DSN", "DSN"),
+        extras="skip the profile run, the 2PC latency probe and the single-connection COPY",
+        options=options,
     )
-    parser.add_argument("--rows", type=int, default=1_000_000, help="rows (default 1000000)")
-    parser.add_argument(
-        "--partitions", default="2,8", help="comma-separated partition counts (default 2,8)"
-    )
-    parser.add_argument("--repeat", type=int, default=1, help="runs per writer (default 1)")
-    parser.add_argument(
-        "--writers", default=",".join(WRITERS), help=f"subset of {','.join(WRITERS)}"
-    )
-    parser.add_argument(
-        "--binary-rows",
-        type=int,
-        default=100_000,
-        help="rows for the CSV vs write_row comparison (0 skips it; default 100000)",
-    )
-    parser.add_argument(
-        "--no-extras",
-        action="store_true",
-        help="skip the profile run, the 2PC latency probe and the single-connection COPY",
-    )
-    _bench.add_doc_options(parser, "Postgres")
-    parser.add_argument(
-        "--dsn", default=os.environ.get("TXSINK_PG_DSN"), help="default: $TXSINK_PG_DSN"
-    )
-    args = parser.parse_args(argv)
-    args.partitions = [int(p) for p in str(args.partitions).split(",") if p.strip()]
-    args.writers = [w.strip() for w in str(args.writers).split(",") if w.strip()]
-    unknown = set(args.writers) - set(WRITERS)
-    if unknown:
-        parser.error(f"unknown writers {sorted(unknown)}; choose from {list(WRITERS)}")
-    if not args.dsn and args.render is None:
-        parser.error("no DSN: set TXSINK_PG_DSN (integration/benchmarks/run does) or --dsn")
-    if args.rows < 1 or args.repeat < 1 or not args.partitions or min(args.partitions) < 1:
-        parser.error("--rows, --repeat and --partitions must be positive")
-    return args
-
-
-def _command(argv: Sequence[str]) -> str:
-    return " ".join(["integration/benchmarks/run", "postgres", *argv])
-
-
-def save_results(res: Results, folder: Path = SAVED) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"postgres-{dt.datetime.now(dt.UTC).strftime('%Y%m%dT%H%M%SZ')}.json"
-    path.write_text(json.dumps(dataclasses.asdict(res), indent=1, default=str))
-    return path
-
-
-def load_results(path: Path) -> Results:
-    doc = json.loads(path.read_text())
-    runs = [_bench.Measurement(**m) for m in doc.pop("runs")]
-    binary = [_bench.Measurement(**m) for m in doc.pop("binary")]
-    profiles = {int(k): v for k, v in doc.pop("profiles").items()}
-    epochs = {int(k): v for k, v in doc.pop("epochs").items()}
-    return Results(**doc, runs=runs, binary=binary, profiles=profiles, epochs=epochs)
-
-
-def publish(res: Results, args: argparse.Namespace) -> None:
-    text = render(res)
-    print(text)
-    if not args.no_docs:
-        _bench.update_doc_section("postgres", text, args.docs)
-        _bench.log(f"wrote the Postgres section of {args.docs}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = parse_args(argv)
-    if args.render is not None:
-        res = load_results(args.render)
-        publish(res, args)
-        return 1 if res.void else 0
-    started = time.monotonic()
-    res = Results(args.rows, args.partitions, args.repeat, command=_command(argv))
-    res.started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    res.uptime_before = _bench.uptime()
-    res.machine = _bench.machine()
-    _bench.log(f"start: {res.uptime_before}")
+    return _bench.main(argv, parser(), Results, run, render)
 
+
+def run(res: Results, args: argparse.Namespace) -> list[str]:
+    """Every writer at every partition count, then the extras, into ``res``; the void runs."""
     jars = [_bench.maven_jar(*JDBC_DRIVER)] if "jdbc" in args.writers else []
     spark = _bench.spark_session("txsink-bench-postgres", jars=jars)
     url, props = _jdbc(args.dsn)
@@ -1153,12 +973,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             }
             for rep in range(args.repeat):
                 res.runs.append(measure(bench, "feed", df, tag=f"p{p}_r{rep}", **common))
-                # Alternate txsink and plain COPY so neither always runs first.
-                order = list(args.writers)
-                if rep % 2 == 1 and "txsink" in order and "copy" in order:
-                    i, j = order.index("txsink"), order.index("copy")
-                    order[i], order[j] = order[j], order[i]
-                for writer in order:
+                for writer in _bench.swap_on_odd(args.writers, rep, "txsink", "copy"):
                     res.runs.append(measure(bench, writer, df, tag=f"p{p}_r{rep}", **common))
             if not args.no_extras and "txsink" in args.writers:
                 _bench.log(f"profile run P={p}")
@@ -1207,15 +1022,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with bench.connect() as conn:
             conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
         spark.stop()
-    res.uptime_after = _bench.uptime()
-    res.minutes = (time.monotonic() - started) / 60
-    _bench.log(f"end: {res.uptime_after}")
-    res.void = list(bench.void)
-    _bench.log(f"results saved in {save_results(res)} (rerender with --render)")
-    publish(res, args)
-    for message in bench.void:
-        print(message, file=sys.stderr)
-    return 1 if bench.void else 0
+    return bench.void
 
 
 if __name__ == "__main__":

@@ -28,22 +28,18 @@ No secret is in a Spark setting, a pickled closure or the output.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import datetime as dt
 import functools
 import io
-import json
 import os
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -104,7 +100,6 @@ LABELS = {
 }
 TARGET = 0.9  # txsink / plain upload
 COMPRESSION = "snappy"
-SAVED = _bench.REPO / "integration" / ".work" / "benchmarks"
 
 
 # -- task functions: these run in Spark's Python workers; keep them self-contained -----------
@@ -185,16 +180,9 @@ class Bench:
 
 
 def make_frame(spark: Any, rows: int, partitions: int) -> Any:
-    """The input: generated in Spark, ``partitions`` partitions, cached and materialised."""
-    df = (
-        spark.range(0, rows, 1, 2)
-        .selectExpr(*(f"{expr} AS {name}" for name, expr in COLUMNS))
-        .repartition(partitions)
-        .cache()
-    )
-    if df.count() != rows:
-        raise RuntimeError("generated frame has the wrong row count")
-    return df
+    """The input: COLUMNS generated in Spark, cached (see ``_bench.cached_frame``)."""
+    exprs = [f"{expr} AS {name}" for name, expr in COLUMNS]
+    return _bench.cached_frame(spark, rows, partitions, exprs)
 
 
 def spark_fingerprint(df: Any) -> tuple[Any, ...]:
@@ -328,13 +316,9 @@ def measure(
         ),
         "feed": lambda: _task_totals(df.mapInArrow(_feed_task, "rows long, bytes long")),
     }
-    load_before = _bench.load1()
     try:
-        cpu_before = bench.cpu.snapshot()
-        with _bench.stopwatch() as elapsed:
-            extra = writers[writer]()
-        extra["cpu"] = bench.cpu.delta(cpu_before, bench.cpu.snapshot())
-        load_after = _bench.load1()
+        m = _bench.timed_run(bench.cpu, writer, partitions, rows, writers[writer])
+        extra = m.extra
         if writer in ("encode", "feed"):
             found = expected
             extra["bytes"] = extra["task_bytes"]
@@ -342,7 +326,6 @@ def measure(
             found = arrow_fingerprint(read_back(bench, writer, prefix, extra))
     finally:
         delete_prefix(bench.client, bench.bucket, prefix)
-    m = _bench.Measurement(writer, partitions, rows, elapsed[0], load_before, load_after, extra)
     problems = []
     if "task_rows" in extra and extra["task_rows"] != rows:
         problems.append(f"the tasks saw {extra['task_rows']} rows")
@@ -354,54 +337,28 @@ def measure(
         problems.append(f"{extra['leftover_uploads']} multipart uploads left open")
     if extra.get("no_success_marker"):
         problems.append("no _SUCCESS marker")
-    if problems:
-        message = f"VOID {writer} partitions={partitions} {tag}: " + "; ".join(problems)
-        bench.void.append(message)
-        m.extra["void"] = message
-        _bench.log(message)
+    _bench.void_if(problems, m, tag, bench.void)
     mb = extra.get("bytes", 0) / 1e6
-    _bench.log(
-        f"{writer:<7} P={partitions} {tag}: {m.seconds:7.2f} s  {_bench.fmt_rate(m.rows_per_s)} "
-        f"rows/s  {mb:.1f} MB ({mb / m.seconds:.1f} MB/s, {extra.get('objects', '-')} objects)  "
-        f"load {load_before:.2f}->{load_after:.2f}  cpu {_round(extra['cpu'])}"
-        + (f"  phases {_round(extra['phases'])}" if "phases" in extra else "")
-    )
+    objects = extra.get("objects", "-")
+    middle = f"{mb:.1f} MB ({mb / m.seconds:.1f} MB/s, {objects} objects)  "
+    _bench.log_run(m, tag, width=7, middle=middle)
     return m
-
-
-def _round(d: dict[str, float]) -> dict[str, float]:
-    return {k: round(v, 2) for k, v in d.items()}
 
 
 # -- report ---------------------------------------------------------------------------------
 
 
 @dataclass
-class Results:
-    rows: int
-    partitions: list[int]
-    repeat: int
-    runs: list[_bench.Measurement] = field(default_factory=list)
+class Results(_bench.Results):
+    """The runs, and how Spark's s3a writer was set up (or why it was not)."""
+
+    name: ClassVar[str] = "s3"
+    title: ClassVar[str] = "S3"
+    server: ClassVar[str] = "s3"
+    baseline: ClassVar[str] = "upload"
+
     s3a: str = ""  # how s3a was set up, or why it could not be
     s3a_ok: bool = False
-    uptime_before: str = ""
-    uptime_after: str = ""
-    started: str = ""
-    minutes: float = 0.0
-    versions: dict[str, str] = field(default_factory=dict)
-    machine: dict[str, str] = field(default_factory=dict)
-    command: str = ""
-    void: list[str] = field(default_factory=list)
-
-    def of(self, writer: str, partitions: int) -> list[_bench.Measurement]:
-        return [m for m in self.runs if m.writer == writer and m.partitions == partitions]
-
-    def seconds(self, writer: str, partitions: int) -> list[float]:
-        return [m.seconds for m in self.of(writer, partitions)]
-
-    def rate(self, writer: str, partitions: int) -> float:
-        secs = _bench.median(self.seconds(writer, partitions))
-        return self.rows / secs if secs == secs and secs > 0 else float("nan")
 
     def mbytes(self, writer: str, partitions: int) -> float:
         """Median MB of output (encoded bytes for ``encode``)."""
@@ -411,93 +368,38 @@ class Results:
         secs = _bench.median(self.seconds(writer, partitions))
         return self.mbytes(writer, partitions) / secs if secs > 0 else float("nan")
 
-    def ratio(self, writer: str, partitions: int, over: str = "upload") -> float:
-        return self.rate(writer, partitions) / self.rate(over, partitions)
-
-    def paired(self, writer: str, partitions: int, over: str = "upload") -> list[float]:
-        """``writer``'s rate over ``over``'s, run by run (the pair ran back to back)."""
-        a, b = self.seconds(writer, partitions), self.seconds(over, partitions)
-        return [y / x for x, y in zip(a, b, strict=False)]
-
-    def cpu(self, writer: str, partitions: int) -> dict[str, float]:
-        runs = self.of(writer, partitions)
-        return {
-            k: _bench.median([m.extra.get("cpu", {}).get(k, float("nan")) for m in runs])
-            for k in ("spark", "s3", "others")
-        }
-
-    def phases(self, partitions: int) -> dict[str, float]:
-        runs = self.of("txsink", partitions)
-        keys = ("recover", "precommit", "decide", "commit")
-        out = {k: _bench.median([m.extra["phases"].get(k, 0.0) for m in runs]) for k in keys}
-        out["other"] = _bench.median([m.seconds - sum(m.extra["phases"].values()) for m in runs])
-        return out
-
-
-def _secs(values: Sequence[float]) -> str:
-    return " / ".join(f"{v:.2f}" for v in values)
-
 
 def throughput_table(res: Results) -> str:
-    rows: list[list[str]] = []
-    for p in res.partitions:
-        up = res.rate("upload", p)
-        for writer in (*WRITERS, "encode", "feed"):
-            runs = res.of(writer, p)
-            if not runs:
-                continue
-            cpu = res.cpu(writer, p)
-            void = any("void" in m.extra for m in runs)
-            mbs = res.mb_per_s(writer, p)
-            rows.append(
-                [
-                    str(p),
-                    LABELS[writer],
-                    _bench.fmt_rate(res.rate(writer, p)) + (" VOID" if void else ""),
-                    f"{mbs:.1f}" if writer != "feed" else "",
-                    f"{res.mbytes(writer, p):.1f} / {runs[0].extra.get('objects', '-')}"
-                    if writer in WRITERS
-                    else (f"{res.mbytes(writer, p):.1f} / -" if writer == "encode" else ""),
-                    _secs(res.seconds(writer, p)),
-                    f"{res.rate(writer, p) / up:.2f}x" if up == up and writer in WRITERS else "",
-                    f"{cpu['spark']:.1f} / {cpu['s3']:.1f} / {cpu['others']:.1f}",
-                    " / ".join(f"{m.load_before:.1f}" for m in runs),
-                ]
-            )
-    return _bench.markdown_table(
-        [
-            "partitions",
-            "writer",
-            "rows/s (median)",
-            "MB/s",
-            "MB / objects",
-            "wall s per run",
-            "vs plain upload",
-            "CPU s: Spark / S3 server / other",
-            "load1 at start",
+    def objects(writer: str, p: int, runs: list[_bench.Measurement]) -> str:
+        if writer in WRITERS:
+            return f"{res.mbytes(writer, p):.1f} / {runs[0].extra.get('objects', '-')}"
+        return f"{res.mbytes(writer, p):.1f} / -" if writer == "encode" else ""
+
+    return _bench.throughput_table(
+        res,
+        LABELS,
+        (*WRITERS, "encode", "feed"),
+        WRITERS,
+        rate_header="rows/s (median)",
+        vs_header="vs plain upload",
+        server_header="S3 server",
+        columns=[
+            ("MB/s", "r", lambda w, p, _: f"{res.mb_per_s(w, p):.1f}" if w != "feed" else ""),
+            ("MB / objects", "r", objects),
         ],
-        rows,
-        "rlrrrrrrr",
     )
 
 
 def target_table(res: Results) -> str:
-    rows = []
-    for p in res.partitions:
-        cells = [str(p)]
-        for writer in ("txsink", "s3a"):
-            if not res.seconds(writer, p) or not res.seconds("upload", p):
-                cells.append("not measured")
-                continue
-            ratio = res.ratio(writer, p)
-            runs = res.paired(writer, p)
-            verdict = f"{'met' if ratio >= TARGET else 'NOT met'}; " if writer == "txsink" else ""
-            cells.append(f"{ratio:.2f}x ({verdict}single runs {min(runs):.2f}-{max(runs):.2f}x)")
-        if res.seconds("txsink", p) and res.seconds("s3a", p):
-            cells.append(f"{res.ratio('txsink', p, over='s3a'):.2f}x")
-        else:
-            cells.append("not measured")
-        rows.append(cells)
+    rows = [
+        [
+            str(p),
+            _bench.ratio_cell(res, "txsink", p, target=TARGET),
+            _bench.ratio_cell(res, "s3a", p),
+            _bench.ratio_cell(res, "txsink", p, "s3a", single_runs=False),
+        ]
+        for p in res.partitions
+    ]
     return _bench.markdown_table(
         [
             "partitions",
@@ -507,24 +409,6 @@ def target_table(res: Results) -> str:
         ],
         rows,
         "rrrr",
-    )
-
-
-def phase_table(res: Results) -> str:
-    rows = []
-    for p in res.partitions:
-        if not res.seconds("txsink", p):
-            continue
-        ph = res.phases(p)
-        rows.append(
-            [str(p)]
-            + [f"{ph[k]:.3f}" for k in ("other", "recover", "precommit", "decide", "commit")]
-            + [f"{_bench.median(res.seconds('txsink', p)):.3f}"]
-        )
-    return _bench.markdown_table(
-        ["partitions", "check + schema", "recover", "precommit", "decide", "commit", "total"],
-        rows,
-        "rrrrrrr",
     )
 
 
@@ -615,14 +499,12 @@ def reading(res: Results) -> list[str]:
 
 def render(res: Results) -> str:
     v, mach = res.versions, res.machine
+    load_note = (
+        "The load average counts the benchmark itself; the *other* CPU column is what other "
+        "jobs took."
+    )
     parts = [
-        "## S3",
-        "",
-        f"Measured {res.started} with `{res.command}` ({res.minutes:.1f} min in all).",
-        "",
-        f"- Machine: {mach['cpu']}, {mach['cores']} cores, {mach['memory']} RAM, {mach['os']}.",
-        f"- Load: before `{res.uptime_before}`; after `{res.uptime_after}`. The load average "
-        "counts the benchmark itself; the *other* CPU column is what other jobs took.",
+        *_bench.header(res, "S3", load_note),
         f"- Versions: PySpark {v.get('pyspark')} (`local[2]`, {mach['java']}), Python "
         f"{mach['python']}, pyarrow {v.get('pyarrow')}, boto3 {v.get('boto3')}, S3 server: "
         f"{v.get('server')} on the same machine ({v.get('endpoint')}). {res.s3a}",
@@ -645,28 +527,20 @@ def render(res: Results) -> str:
         "writer's own output bytes. txsink and the plain upload swap order every other run. "
         "*CPU s* are CPU seconds per run (median) of this benchmark's process tree (driver, "
         "Spark JVM, Python workers), of the S3 server's process, and of everything else.",
-        "",
-        "### Throughput",
-        "",
-        throughput_table(res),
-        "",
-        target_table(res),
+        *_bench.blocks(throughput_table(res), target_table(res), title="Throughput"),
     ]
     if any(res.seconds("txsink", p) for p in res.partitions):
-        parts += [
-            "",
-            "### Where txsink's time goes",
-            "",
+        parts += _bench.blocks(
             "Driver phases (`EpochResult.seconds`, median; *check + schema* is the rest of "
             "the wall time: the sink's start-up checks, the log's conditional-write probe and "
             "the Arrow schema; *commit* is CompleteMultipartUpload per object + the manifest + "
             "the committed mark):",
-            "",
-            phase_table(res),
-        ]
-    parts += ["", "### Reading", ""] + [f"- {line}" for line in reading(res)]
+            _bench.phase_table(res),
+            title="Where txsink's time goes",
+        )
+    parts += _bench.bullets("Reading", reading(res))
     if res.void:
-        parts += ["", "### Void runs", ""] + [f"- {line}" for line in res.void]
+        parts += _bench.bullets("Void runs", res.void)
     return "\n".join(parts) + "\n"
 
 
@@ -715,59 +589,15 @@ def _export_credentials(args: argparse.Namespace) -> None:
         os.environ["AWS_SECRET_ACCESS_KEY"] = os.environ.get("TXSINK_S3_SECRET_KEY", "")
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="integration/benchmarks/run s3",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+def parser() -> _bench.BenchParser:
+    out = _bench.BenchParser(
+        Results,
+        __doc__,
+        writers=WRITERS,
+        server=_bench.Server("--endpoint", "TXSINK_S3_ENDPOINT", "endpoint"),
     )
-    parser.add_argument("--rows", type=int, default=1_000_000, help="rows (default 1000000)")
-    parser.add_argument(
-        "--partitions", default="2,8", help="comma-separated partition counts (default 2,8)"
-    )
-    parser.add_argument("--repeat", type=int, default=1, help="runs per writer (default 1)")
-    parser.add_argument(
-        "--writers", default=",".join(WRITERS), help=f"subset of {','.join(WRITERS)}"
-    )
-    _bench.add_doc_options(parser, "S3")
-    parser.add_argument(
-        "--endpoint",
-        default=os.environ.get("TXSINK_S3_ENDPOINT"),
-        help="default: $TXSINK_S3_ENDPOINT",
-    )
-    parser.add_argument("--region", default=os.environ.get("TXSINK_S3_REGION", "us-east-1"))
-    args = parser.parse_args(argv)
-    args.partitions = [int(p) for p in str(args.partitions).split(",") if p.strip()]
-    args.writers = [w.strip() for w in str(args.writers).split(",") if w.strip()]
-    unknown = set(args.writers) - set(WRITERS)
-    if unknown:
-        parser.error(f"unknown writers {sorted(unknown)}; choose from {list(WRITERS)}")
-    if not args.endpoint and args.render is None:
-        parser.error("no endpoint: set TXSINK_S3_ENDPOINT (benchmarks/run does) or --endpoint")
-    if args.rows < 1 or args.repeat < 1 or not args.partitions or min(args.partitions) < 1:
-        parser.error("--rows, --repeat and --partitions must be positive")
-    return args
-
-
-def save_results(res: Results, folder: Path = SAVED) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"s3-{dt.datetime.now(dt.UTC).strftime('%Y%m%dT%H%M%SZ')}.json"
-    path.write_text(json.dumps(dataclasses.asdict(res), indent=1, default=str))
-    return path
-
-
-def load_results(path: Path) -> Results:
-    doc = json.loads(path.read_text())
-    runs = [_bench.Measurement(**m) for m in doc.pop("runs")]
-    return Results(**doc, runs=runs)
-
-
-def publish(res: Results, args: argparse.Namespace) -> None:
-    text = render(res)
-    print(text)
-    if not args.no_docs:
-        _bench.update_doc_section("s3", text, args.docs)
-        _bench.log(f"wrote the S3 section of {args.docs}")
+    out.add_argument("--region", default=os.environ.get("TXSINK_S3_REGION", "us-east-1"))
+    return out
 
 
 def _setup_s3a(res: Results, args: argparse.Namespace) -> list[Path]:
@@ -794,23 +624,11 @@ def _setup_s3a(res: Results, args: argparse.Namespace) -> list[Path]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = parse_args(argv)
-    if args.render is not None:
-        res = load_results(args.render)
-        publish(res, args)
-        return 1 if res.void else 0
-    started = time.monotonic()
-    res = Results(
-        args.rows,
-        args.partitions,
-        args.repeat,
-        command=" ".join(["integration/benchmarks/run", "s3", *argv]),
-    )
-    res.started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    res.uptime_before = _bench.uptime()
-    res.machine = _bench.machine()
-    _bench.log(f"start: {res.uptime_before}")
+    return _bench.main(argv, parser(), Results, run, render)
+
+
+def run(res: Results, args: argparse.Namespace) -> list[str]:
+    """Every writer at every partition count into ``res``; the void runs."""
     _export_credentials(args)
     jars = _setup_s3a(res, args)
     spark = _bench.spark_session("txsink-bench-s3", jars=jars)
@@ -845,26 +663,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 tag = f"p{p}_r{rep}"
                 res.runs.append(measure(bench, "feed", df, tag=tag, **common))
                 res.runs.append(measure(bench, "encode", df, tag=tag, **common))
-                order = list(args.writers)
-                if rep % 2 == 1 and "txsink" in order and "upload" in order:
-                    i, j = order.index("txsink"), order.index("upload")
-                    order[i], order[j] = order[j], order[i]
-                for writer in order:
+                for writer in _bench.swap_on_odd(args.writers, rep, "txsink", "upload"):
                     res.runs.append(measure(bench, writer, df, tag=tag, **common))
             df.unpersist(blocking=True)
     finally:
         delete_prefix(client, bucket, "")
         client.delete_bucket(Bucket=bucket)
         spark.stop()
-    res.uptime_after = _bench.uptime()
-    res.minutes = (time.monotonic() - started) / 60
-    _bench.log(f"end: {res.uptime_after}")
-    res.void = list(bench.void)
-    _bench.log(f"results saved in {save_results(res)} (rerender with --render)")
-    publish(res, args)
-    for message in bench.void:
-        print(message, file=sys.stderr)
-    return 1 if bench.void else 0
+    return bench.void
 
 
 if __name__ == "__main__":

@@ -1,0 +1,87 @@
+"""Where a benchmark runs: the machine it records, the Spark session and the cached input."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def machine() -> dict[str, str]:
+    """CPU, cores, memory, OS and Java/Python versions, for the record."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = ""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem = f"{int(line.split()[1]) / 1024 / 1024:.0f} GiB"
+                break
+    except OSError:
+        pass
+    java = "unknown"
+    if shutil.which("java"):
+        proc = subprocess.run(
+            ["java", "-version"], capture_output=True, text=True, check=False, timeout=30
+        )
+        first = (proc.stderr or proc.stdout).strip().splitlines()
+        java = first[0] if first else java
+    return {
+        "cpu": cpu,
+        "cores": str(os.cpu_count()),
+        "memory": mem,
+        "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "java": java,
+    }
+
+
+def spark_session(app_name: str, *, jars: Sequence[Path] = (), driver_memory: str = "2g") -> Any:
+    """A local SparkSession for benchmarks.
+
+    The settings of :func:`txsink.localspark.local_spark` (``local[2]``, UI off, 2 shuffle
+    partitions, workers run this interpreter) except: full JIT (no ``fast_start``: C1-only
+    would handicap the JVM-side writers), ``driver_memory`` for the cached input, the given
+    jars, and the session time zone pinned to UTC.
+    """
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.master("local[2]")
+        .appName(app_name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.memory", driver_memory)
+        .config("spark.sql.session.timeZone", "UTC")
+    )
+    if jars:
+        builder = builder.config("spark.jars", ",".join(str(j) for j in jars))
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def cached_frame(spark: Any, rows: int, partitions: int, columns: Sequence[str]) -> Any:
+    """The input: ``columns`` (Spark SQL ``expr AS name`` over ``spark.range``'s ``id``)
+    for ``rows`` rows, in ``partitions`` partitions, cached and materialised, so no writer
+    pays for generating it."""
+    df = spark.range(0, rows, 1, 2).selectExpr(*columns).repartition(partitions).cache()
+    if df.count() != rows:
+        raise RuntimeError("generated frame has the wrong row count")
+    return df

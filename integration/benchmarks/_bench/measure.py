@@ -1,0 +1,205 @@
+"""Timing one run of one writer: wall clock, load, CPU by process tree, and the verdict.
+
+Every benchmark times a writer the same way (:func:`timed_run`), voids a run whose output
+is wrong the same way (:func:`void_if`) and logs it in the same shape (:func:`log_run`), so
+the numbers of different benchmarks mean the same thing.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class Measurement:
+    """One timed run of one writer."""
+
+    writer: str
+    partitions: int
+    rows: int
+    seconds: float
+    load_before: float
+    load_after: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows / self.seconds if self.seconds > 0 else float("nan")
+
+
+def load1() -> float:
+    """The 1-minute load average."""
+    return os.getloadavg()[0]
+
+
+def uptime() -> str:
+    """``uptime``'s line (falls back to the load averages)."""
+    try:
+        return subprocess.run(
+            ["uptime"], capture_output=True, text=True, check=True, timeout=10
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "load average: " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _proc_table() -> dict[int, tuple[int, float]]:
+    """pid -> (parent pid, CPU seconds of the process and its reaped children)."""
+    out: dict[int, tuple[int, float]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = raw[raw.rfind(")") + 2 :].split()
+        # fields[1] = ppid; [11..14] = utime, stime, cutime, cstime (clock ticks)
+        ticks = sum(int(x) for x in fields[11:15])
+        out[int(entry.name)] = (int(fields[1]), ticks / _TICK)
+    return out
+
+
+def _tree_cpu(table: dict[int, tuple[int, float]], root: int) -> float:
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    total, todo = 0.0, [root]
+    while todo:
+        pid = todo.pop()
+        if pid in table:
+            total += table[pid][1]
+        todo.extend(children.get(pid, []))
+    return total
+
+
+def _machine_busy() -> float:
+    """CPU seconds all processes used since boot (user, nice, system, irq, softirq, steal)."""
+    first = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in first[:8])
+    return (user + nice + system + irq + softirq + steal) / _TICK
+
+
+class CpuMeter:
+    """CPU seconds used by process trees (e.g. this driver with its JVM and Python workers,
+    the database server) and by everything else on the machine, between two snapshots.
+
+    A tree's count includes children that exited (reaped into their parent's cutime);
+    a server's tree also holds other clients' backends, so it is an upper bound.
+    """
+
+    def __init__(self, roots: dict[str, int]) -> None:
+        self.roots = roots
+
+    def snapshot(self) -> dict[str, float]:
+        if not Path("/proc/stat").exists():
+            return {}
+        table = _proc_table()
+        snap = {name: _tree_cpu(table, pid) for name, pid in self.roots.items()}
+        snap["machine"] = _machine_busy()
+        return snap
+
+    @staticmethod
+    def delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+        """Seconds per root, plus ``others``: the machine's busy time not in any root."""
+        if not before or not after:
+            return {}
+        out = {k: after[k] - before[k] for k in before if k != "machine"}
+        out["others"] = max(0.0, after["machine"] - before["machine"] - sum(out.values()))
+        return out
+
+
+@contextmanager
+def stopwatch() -> Iterator[list[float]]:
+    """``with stopwatch() as t: ...``; afterwards ``t[0]`` holds the wall-clock seconds."""
+    out: list[float] = []
+    t0 = time.perf_counter()
+    try:
+        yield out
+    finally:
+        out.append(time.perf_counter() - t0)
+
+
+def median(values: Sequence[float]) -> float:
+    return float(statistics.median(values)) if values else float("nan")
+
+
+def log(message: str) -> None:
+    """Progress on stderr (stdout carries the result tables)."""
+    stamp = dt.datetime.now().strftime("%H:%M:%S")
+    print(f"[{stamp}] {message}", file=sys.stderr, flush=True)
+
+
+def timed_run(
+    cpu: CpuMeter,
+    writer: str,
+    partitions: int,
+    rows: int,
+    write: Callable[[], dict[str, Any]],
+) -> Measurement:
+    """Run ``write`` once under the stopwatch; its dict becomes the measurement's ``extra``,
+    with the CPU seconds per process tree during the run under ``cpu``.
+
+    Only the write is timed: verifying the output comes after, outside the clock.
+    """
+    load_before = load1()
+    cpu_before = cpu.snapshot()
+    with stopwatch() as elapsed:
+        extra = write()
+    extra["cpu"] = cpu.delta(cpu_before, cpu.snapshot())
+    return Measurement(writer, partitions, rows, elapsed[0], load_before, load1(), extra)
+
+
+def void_if(problems: Sequence[str], m: Measurement, tag: str, void: list[str]) -> None:
+    """Mark ``m`` void when its output check found ``problems``: the message goes into
+    ``m.extra["void"]``, the benchmark's ``void`` list and the log."""
+    if not problems:
+        return
+    message = f"VOID {m.writer} partitions={m.partitions} {tag}: " + "; ".join(problems)
+    void.append(message)
+    m.extra["void"] = message
+    log(message)
+
+
+def rounded(values: dict[str, float]) -> dict[str, float]:
+    """The dict with its values to 2 decimals (for log lines)."""
+    return {k: round(v, 2) for k, v in values.items()}
+
+
+def log_run(
+    m: Measurement, tag: str, *, width: int, unit: str = "rows/s", middle: str = "", tail: str = ""
+) -> None:
+    """The progress line of one run: time, rate, load, CPU and the epoch's phases.
+
+    ``middle`` goes after the rate (e.g. bytes), ``tail`` at the end (e.g. read-back time).
+    """
+    extra = m.extra
+    log(
+        f"{m.writer:<{width}} P={m.partitions} {tag}: {m.seconds:7.2f} s  "
+        f"{m.rows_per_s:,.0f} {unit}  {middle}"
+        f"load {m.load_before:.2f}->{m.load_after:.2f}  cpu {rounded(extra['cpu'])}"
+        + (f"  phases {rounded(extra['phases'])}" if "phases" in extra else "")
+        + tail
+    )
+
+
+def swap_on_odd(writers: Sequence[str], rep: int, first: str, second: str) -> list[str]:
+    """``writers`` in order, with ``first`` and ``second`` swapped on odd repetitions, so
+    neither of the pair always runs first."""
+    order = list(writers)
+    if rep % 2 == 1 and first in order and second in order:
+        i, j = order.index(first), order.index(second)
+        order[i], order[j] = order[j], order[i]
+    return order

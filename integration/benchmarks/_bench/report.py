@@ -1,0 +1,246 @@
+"""The report: markdown tables, the parts every benchmark's section shares, and writing a
+section of docs/benchmarks.md.
+
+Each benchmark's section lives between ``<!-- bench:<name>:start -->`` and
+``<!-- bench:<name>:end -->``; a rerun replaces only its own section, so the others (and
+any prose around them) stay as they are.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .env import REPO
+from .measure import Measurement, log, median
+from .results import PHASES, Results
+
+DOCS = REPO / "docs" / "benchmarks.md"
+
+DOC_INTRO = """# Benchmarks
+
+Throughput of txsink's sinks next to the usual ways of writing the same rows from Spark, on
+one machine, with the same data for every writer. Every writer's output is checked (row
+count, distinct ids, and column aggregates equal to the source's) before its time counts:
+a writer that lost or duplicated rows would make its number void.
+
+Rerun a section with `integration/benchmarks/run <name>` (e.g. `integration/benchmarks/run
+postgres --repeat 3`); it starts the test server it needs (`integration/services up`) if the
+`TXSINK_*` variables are not set, prints the tables, and rewrites its own section below.
+Numbers from a 2-core machine that also ran other jobs at times are only indicative: each
+section records the load average before and after.
+"""
+
+# A column of the throughput table beyond the shared ones: header, alignment (``l`` or
+# ``r``) and the cell of (writer, partitions, that writer's runs at those partitions).
+Column = tuple[str, str, Callable[[str, int, list[Measurement]], str]]
+
+
+# -- cells and tables ----------------------------------------------------------------------
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], align: str = "") -> str:
+    """A GitHub markdown table; ``align`` has one letter per column (``l`` or ``r``)."""
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    align = align.ljust(len(headers), "l")
+
+    def line(values: Sequence[str]) -> str:
+        padded = [
+            v.rjust(w) if a == "r" else v.ljust(w)
+            for v, w, a in zip(values, widths, align, strict=True)
+        ]
+        return "| " + " | ".join(padded) + " |"
+
+    rule = (
+        "|"
+        + "|".join(
+            "-" * (w + 1) + ":" if a == "r" else "-" * (w + 2)
+            for w, a in zip(widths, align, strict=True)
+        )
+        + "|"
+    )
+    return "\n".join([line(headers), rule, *(line(r) for r in cells)])
+
+
+def fmt_rate(rows_per_s: float) -> str:
+    return f"{rows_per_s:,.0f}"
+
+
+def fmt_secs(values: Sequence[float]) -> str:
+    """Seconds of single runs: ``3.06 / 3.24``."""
+    return " / ".join(f"{v:.2f}" for v in values)
+
+
+def ratio_cell(
+    res: Results,
+    writer: str,
+    partitions: int,
+    over: str | None = None,
+    *,
+    target: float | None = None,
+    single_runs: bool = True,
+) -> str:
+    """``writer``'s rate over ``over``'s (default the baseline's) as ``1.03x``, with the
+    verdict against ``target`` and the range of the run-by-run ratios when asked."""
+    if not res.seconds(writer, partitions) or not res.seconds(over or res.baseline, partitions):
+        return "not measured"
+    ratio = res.ratio(writer, partitions, over)
+    notes = []
+    if target is not None:
+        notes.append("met" if ratio >= target else "NOT met")
+    if single_runs:
+        runs = res.paired(writer, partitions, over)
+        notes.append(f"single runs {min(runs):.2f}-{max(runs):.2f}x")
+    return f"{ratio:.2f}x" + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def throughput_table(
+    res: Results,
+    labels: Mapping[str, str],
+    shown: Sequence[str],
+    compared: Sequence[str],
+    *,
+    rate_header: str,
+    vs_header: str,
+    server_header: str,
+    columns: Sequence[Column] = (),
+) -> str:
+    """One row per partition count and writer in ``shown`` that ran: the median rate (VOID
+    if any run was), ``columns``, the single runs' times, the rate over the baseline's (for
+    the writers in ``compared``), the median CPU seconds and the load at each run's start."""
+    rows: list[list[str]] = []
+    for p in res.partitions:
+        base = res.rate(res.baseline, p)
+        for writer in shown:
+            runs = res.of(writer, p)
+            if not runs:
+                continue
+            cpu = res.cpu(writer, p)
+            ratio = res.rate(writer, p) / base
+            rows.append(
+                [
+                    str(p),
+                    labels[writer],
+                    fmt_rate(res.rate(writer, p)) + (" VOID" if res.is_void(writer, p) else ""),
+                    *(cell(writer, p, runs) for _, _, cell in columns),
+                    fmt_secs(res.seconds(writer, p)),
+                    f"{ratio:.2f}x" if writer in compared and ratio == ratio else "",
+                    f"{cpu['spark']:.1f} / {cpu[res.server]:.1f} / {cpu['others']:.1f}",
+                    " / ".join(f"{m.load_before:.1f}" for m in runs),
+                ]
+            )
+    headers = [
+        "partitions",
+        "writer",
+        rate_header,
+        *(header for header, _, _ in columns),
+        "wall s per run",
+        vs_header,
+        f"CPU s: Spark / {server_header} / other",
+        "load1 at start",
+    ]
+    return markdown_table(headers, rows, "rlr" + "".join(a for _, a, _ in columns) + "rrrr")
+
+
+def phase_table(
+    res: Results, modes: Sequence[str] = (), *, digits: int = 3, other: str = "check + schema"
+) -> str:
+    """The epoch's phases (median seconds) per partition count, for ``txsink`` or, with a
+    column of their own, for each writer in ``modes``."""
+    rows = []
+    for p in res.partitions:
+        for writer in modes or ("txsink",):
+            if not res.seconds(writer, p):
+                continue
+            ph = res.phases(p, writer)
+            rows.append(
+                [str(p), *([writer] if modes else [])]
+                + [f"{ph[k]:.{digits}f}" for k in ("other", *PHASES)]
+                + [f"{median(res.seconds(writer, p)):.{digits}f}"]
+            )
+    headers = ["partitions", *(["mode"] if modes else []), other, *PHASES, "total"]
+    return markdown_table(headers, rows, "r" + ("l" if modes else "") + "r" * 6)
+
+
+# -- the section ---------------------------------------------------------------------------
+
+
+def header(res: Results, heading: str, load_note: str = "") -> list[str]:
+    """The section's first lines: heading, when and how it was measured, machine, load."""
+    mach = res.machine
+    return [
+        f"## {heading}",
+        "",
+        f"Measured {res.started} with `{res.command}` ({res.minutes:.1f} min in all).",
+        "",
+        f"- Machine: {mach['cpu']}, {mach['cores']} cores, {mach['memory']} RAM, {mach['os']}.",
+        f"- Load: before `{res.uptime_before}`; after `{res.uptime_after}`."
+        + (f" {load_note}" if load_note else ""),
+    ]
+
+
+def blocks(*texts: str, title: str = "") -> list[str]:
+    """Paragraphs or tables, each after a blank line, under a ``###`` title if given."""
+    out = ["", f"### {title}"] if title else []
+    for text in texts:
+        out += ["", text]
+    return out
+
+
+def bullets(title: str, lines: Sequence[str]) -> list[str]:
+    """A ``###`` subsection of bullet points."""
+    return [*blocks(title=title), ""] + [f"- {line}" for line in lines]
+
+
+def update_doc_section(name: str, body: str, path: Path = DOCS, after: str | None = None) -> None:
+    """Replace (or add) the section between this benchmark's markers in ``path``.
+
+    A new section goes right after the section ``after`` if that one is there, else at the
+    end (a missing file starts with the introduction).
+    """
+    start, end = f"<!-- bench:{name}:start -->", f"<!-- bench:{name}:end -->"
+    block = f"{start}\n{body.strip()}\n{end}\n"
+    text = path.read_text() if path.exists() else DOC_INTRO
+    pattern = re.compile(re.escape(start) + r".*?" + re.escape(end) + r"\n?", re.S)
+    anchor = f"<!-- bench:{after}:end -->" if after else ""
+    if pattern.search(text):
+        text = pattern.sub(lambda _: block, text, count=1)
+    elif anchor and anchor in text:
+        cut = text.index(anchor) + len(anchor)
+        if text.startswith("\n", cut):
+            cut += 1
+        text = text[:cut].rstrip("\n") + "\n\n" + block + text[cut:]
+    else:
+        text = text.rstrip("\n") + "\n\n" + block
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def add_doc_options(parser: argparse.ArgumentParser, section: str) -> None:
+    """The ``--docs``, ``--no-docs`` and ``--render`` options every benchmark has."""
+    parser.add_argument(
+        "--docs",
+        type=Path,
+        default=DOCS,
+        help=f"markdown file whose {section} section is rewritten (default docs/benchmarks.md)",
+    )
+    parser.add_argument("--no-docs", action="store_true", help="do not touch the docs")
+    parser.add_argument(
+        "--render",
+        type=Path,
+        metavar="JSON",
+        help="measure nothing: print (and write to the docs) the results saved in JSON by an "
+        "earlier run (every run saves them under integration/.work/benchmarks/)",
+    )
+
+
+def publish(res: Results, text: str, args: argparse.Namespace) -> None:
+    """Print the section and, unless ``--no-docs``, write it into ``--docs``."""
+    print(text)
+    if not args.no_docs:
+        update_doc_section(res.name, text, args.docs, after=res.after)
+        log(f"wrote the {res.title} section of {args.docs}")

@@ -16,12 +16,6 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from tests.streaming import (
-    CRASH_MATRIX,
-    fault_spec,
-    is_task_point,
-    kill_driver_at_every_point,
-)
 from txsink.connectors.s3 import S3Handle, S3Sink, markers, read_committed, read_manifests
 from txsink.errors import CommitError, ConfigurationError, EpochAbortedError, WriteError
 from txsink.faults import FaultPlan
@@ -518,29 +512,8 @@ def _s3_coordinator(
     return make
 
 
-@pytest.mark.spark
-@pytest.mark.parametrize(("point", "mode", "times"), CRASH_MATRIX)
-def test_streaming_crash_matrix(
-    spark: Any, s3: Any, tmp_path: Path, point: str, mode: str, times: int
-) -> None:
-    """Every crash point and mode; the driver points keep the txsink log on S3 too."""
-    from tests.streaming import prepare_input, run_until_done
-
-    bucket = s3.new_bucket()
-    uid = _uid()
-    prepare_input(tmp_path, 1000)
-    task_point = is_task_point(point)
-    plan = FaultPlan.parse(fault_spec(point, mode, times), str(tmp_path / "faults"))
-    make = _s3_coordinator(s3, tmp_path, bucket, uid, log_on_s3=not task_point, faults=plan)
-    restarts, _ = run_until_done(spark, tmp_path, make)
-    assert len(plan.fired()) == len(plan.faults) * times, "the fault never fired"
-    if not (task_point and times == 1):
-        assert restarts >= 1
-    verdict = _verdict(s3, bucket, uid, 1000)
-    assert verdict.ok, verdict
-    assert _uploads(s3, bucket) == []  # no multipart upload of ours left after recovery
-    if not task_point:
-        assert any(k.startswith("txlog/epochs/") for k in _keys(s3, bucket, "txlog/"))
+# The crash matrix (driver points with the txsink log on S3) and the kill-driver run are
+# integration/test_matrix.py's, for every connector.
 
 
 @pytest.mark.spark
@@ -613,29 +586,3 @@ def test_streaming_bad_row_aborts_the_epoch_and_leaves_nothing(
 
 # Slow: the default suite kills the driver at every point with this sink inside the
 # cross-system coordinator (integration/test_cross_system.py), one child run for all targets.
-@pytest.mark.chaos
-@pytest.mark.slow
-def test_kill_driver_at_every_point(s3: Any, tmp_path: Path) -> None:
-    """SIGKILL of the driver at every crash point, one after the other, in a child process
-    restarted by the runner; the sink and the txsink log (on S3 too) take their credentials
-    and endpoint from boto3's chain (environment variables)."""
-    bucket = s3.new_bucket()
-    uid = _uid()
-    env = {
-        "AWS_ACCESS_KEY_ID": s3.access_key,
-        "AWS_SECRET_ACCESS_KEY": s3.secret_key,
-        "AWS_ENDPOINT_URL_S3": s3.endpoint,
-        "AWS_DEFAULT_REGION": s3.region,
-    }
-    lines: list[str] = []
-    kill_driver_at_every_point(
-        tmp_path,
-        [{"kind": "s3", "url": f"s3://{bucket}/out", "uid": uid}],
-        env,
-        log=f"s3://{bucket}/txlog",
-        on_line=lines.append,
-    )
-    verdict = _verdict(s3, bucket, uid, 3000)
-    assert verdict.ok, verdict
-    assert _uploads(s3, bucket) == []
-    assert not any(s3.secret_key in line for line in lines)

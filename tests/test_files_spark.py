@@ -12,8 +12,6 @@ from typing import Any
 import pytest
 
 from tests.streaming import (
-    CRASH_MATRIX,
-    fault_spec,
     files_coordinator,
     is_task_point,
     prepare_input,
@@ -52,21 +50,7 @@ def test_clean_streaming_run(spark: Any, tmp_path: Path) -> None:
     _assert_exactly_once(tmp_path)
 
 
-@pytest.mark.parametrize(("point", "mode", "times"), CRASH_MATRIX)
-def test_crash_point_matrix(spark: Any, tmp_path: Path, point: str, mode: str, times: int) -> None:
-    prepare_input(tmp_path, ROWS)
-    task_point = is_task_point(point)
-    spec = fault_spec(point, mode, times)
-    plan = FaultPlan.parse(spec, str(tmp_path / "faults"))
-    restarts, _errors = run_until_done(
-        spark, tmp_path, lambda: files_coordinator(tmp_path, faults=plan)
-    )
-    assert len(plan.fired()) == len(plan.faults) * times, "the fault never fired: test is void"
-    if task_point and times == 1:
-        assert restarts == 0, "a retried task attempt must not fail the query"
-    else:
-        assert restarts >= 1
-    _assert_exactly_once(tmp_path)
+# The crash matrix for files runs with every connector's in integration/test_matrix.py.
 
 
 @pytest.mark.chaos

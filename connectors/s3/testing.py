@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from txsink._target import manifests
 from txsink.connectors.s3.client import make_client, parse_s3_url
 from txsink.connectors.s3.errors import describe
+from txsink.connectors.s3.log_store import S3Store
 from txsink.connectors.s3.markers import UPLOADS, uploads_in
 from txsink.connectors.s3.readers import read_committed, read_manifests
 from txsink.connectors.s3.sink import S3Sink
@@ -261,6 +262,12 @@ class S3Testing(ConnectorTesting):
             S3ManifestTarget(spec["url"], uid=spec.get("uid", "s3"), client_options=direct),
             S3ListingTarget(spec["url"], client_options=direct),
         ]
+
+    def log_store(self, spec: Mapping[str, Any], env: Mapping[str, str]) -> S3Store:
+        """The txsink log in the target's bucket, under ``txlog/``: the crash matrix's
+        driver-side points then crash with the log on S3 too."""
+        bucket = parse_s3_url(spec["url"]).bucket
+        return S3Store(f"s3://{bucket}/txlog", client_options=client_options(env))
 
     def drop_target(self, spec: Mapping[str, Any], env: Mapping[str, str]) -> None:
         """Abort the bucket's multipart uploads, delete its objects, then the bucket.

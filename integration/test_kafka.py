@@ -248,6 +248,29 @@ def test_start_checks(kafka: Any, tmp_path: Path) -> None:
         KafkaSink(kafka.bootstrap, topic, uid=_uid(), wal=tmp_path, producer_config={"acks": "1"})
 
 
+def test_testing_adapter_verifies_and_drops_its_topic(kafka: Any, tmp_path: Path) -> None:
+    """The testing adapter's target: committed ids read back, nothing lingering, and
+    ``drop_target`` deletes the topic (best effort: a second drop raises nothing)."""
+    import time
+
+    from txsink.connectors.kafka.testing import ADAPTER
+
+    env = {"TXSINK_KAFKA_BOOTSTRAP": kafka.bootstrap}
+    spec = ADAPTER.new_target(tmp_path, "drop-" + _uid(), env, uid=_uid())
+    sink = ADAPTER.build_sink(spec, env)
+    assert isinstance(sink, KafkaSink)
+    sink.check(SCHEMA, "app")
+    _commit(sink, 0, [_prepared_one(sink, "app", 0, p, range(p * 10, p * 10 + 10)) for p in (0, 1)])
+    verifier = ADAPTER.verifier(spec, range(20), env)
+    assert sorted(verifier.read_ids()) == list(range(20)) and verifier.lingering() == 0
+    ADAPTER.drop_target(spec, env)
+    deadline = time.monotonic() + 30
+    while spec["topic"] in kafka.admin().list_topics(timeout=10).topics:
+        assert time.monotonic() < deadline, f"topic {spec['topic']} still there"
+        time.sleep(0.2)
+    ADAPTER.drop_target(spec, env)
+
+
 # -- streaming ---------------------------------------------------------------------------
 
 

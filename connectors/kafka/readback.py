@@ -78,7 +78,8 @@ def create_topic(bootstrap: str, topic: str, partitions: int = 2, timeout_s: flo
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
-    future = admin_client(bootstrap).create_topics([NewTopic(topic, partitions, 1)])[topic]
+    admin = admin_client(bootstrap)  # held until the answer: its futures die with it
+    future = admin.create_topics([NewTopic(topic, partitions, 1)])[topic]
     try:
         future.result(timeout=timeout_s)
     except KafkaException as err:
@@ -89,5 +90,6 @@ def create_topic(bootstrap: str, topic: str, partitions: int = 2, timeout_s: flo
 def delete_topic(bootstrap: str, topic: str, timeout_s: float = 30.0) -> None:
     """Delete ``topic`` and wait for the answer; an error (a topic already gone, a broker
     that refuses) is raised as confluent-kafka's ``KafkaException``."""
-    future = admin_client(bootstrap).delete_topics([topic], operation_timeout=timeout_s)[topic]
+    admin = admin_client(bootstrap)  # held until the answer: its futures die with it
+    future = admin.delete_topics([topic], operation_timeout=timeout_s)[topic]
     future.result(timeout=timeout_s)

@@ -274,7 +274,12 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
 
     @override
     def commit_epoch(self, request: EpochCommit[Any]) -> None:
-        """One Kafka transaction per shard (records and marker); a shard is the unit."""
+        """One Kafka transaction per shard (records and marker); a shard is the unit.
+
+        WAL mode: the driver commits shard after shard and reports each one committed
+        after its transaction committed. Replay mode: one task per shard commits in
+        parallel; the epoch's handles are reported once the job returned.
+        """
         if self.mode == "replay":
             replay.commit_epoch(request, self.settings, self.records)
         else:

@@ -20,6 +20,7 @@ from tests.streaming import (
     kill_driver_at_every_point,
 )
 from txsink.connectors.kafka import KafkaSink
+from txsink.contract import EpochCommit
 from txsink.errors import CommitError, ConfigurationError, FencedError, WriteError
 from txsink.faults import FaultPlan
 from txsink.handles import dump_handle, load_handle
@@ -58,6 +59,13 @@ def _prepared_one(sink: KafkaSink, app: str, epoch: int, partition: int, ids: ra
     return sink.prepare(open_)
 
 
+def _commit(sink: KafkaSink, epoch: int, handles: list[Any]) -> list[list[Any]]:
+    """``commit_epoch`` as the coordinator calls it; the units it reported committed."""
+    units: list[list[Any]] = []
+    sink.commit_epoch(EpochCommit(epoch, tuple(handles), on_committed=lambda h: units.append([*h])))
+    return units
+
+
 def test_commit_is_visible_once_and_idempotent(kafka: Any, tmp_path: Path) -> None:
     topic = kafka.new_topic(3)
     uid = _uid()
@@ -67,14 +75,14 @@ def test_commit_is_visible_once_and_idempotent(kafka: Any, tmp_path: Path) -> No
     assert _ids(kafka, topic) == []  # prepared = in the WAL, nothing in Kafka
     assert sorted(h.txn for h in sink.list_prepared("app")) == sorted(h.txn for h in handles)
     restored = [load_handle(json.loads(json.dumps(dump_handle(h)))) for h in handles]
-    for h in restored:
-        sink.commit(h)
-    sink.finish_epoch(0, restored)
+    units = _commit(sink, 0, restored)
+    # One unit per shard (partition % shards), reported after its transaction committed.
+    assert [[h.txn.partition for h in unit] for unit in units] == [[0, 2], [1]]
     assert sorted(_ids(kafka, topic)) == list(range(300))
-    sink.finish_epoch(0, restored)  # the same driver again
+    assert len(_commit(sink, 0, restored)) == 2  # the same driver again: verified, reported
     fresh = KafkaSink(kafka.bootstrap, topic, uid=uid, wal=tmp_path / "wal", key="key", shards=2)
     fresh.check(SCHEMA, "app")
-    fresh.finish_epoch(0, restored)  # a new driver: reads the marker
+    _commit(fresh, 0, restored)  # a new driver: reads the marker
     records = read_topic(kafka.bootstrap, topic)
     assert sorted(json.loads(r.value)["id"] for r in records) == list(range(300))  # type: ignore[arg-type]
     assert {r.key for r in records} == {f"k{i}".encode() for i in range(7)}
@@ -131,7 +139,7 @@ def test_zombie_producer_is_fenced_and_its_transaction_aborted(kafka: Any, tmp_p
     with pytest.raises(KafkaException):
         zombie.commit_transaction(10)
     handle = _prepared_one(sink, "app", 0, 0, range(20))
-    sink.finish_epoch(0, [handle])
+    _commit(sink, 0, [handle])
     assert sorted(_ids(kafka, topic)) == list(range(20))
     assert end_offsets(kafka.bootstrap, topic) == end_offsets(
         kafka.bootstrap, topic, isolation="read_uncommitted"
@@ -159,19 +167,19 @@ def test_marker_read_waits_for_open_transactions_on_the_marker_topic(
 
     first = sink()
     first.check(SCHEMA, "app")
-    first.finish_epoch(0, [_prepared_one(first, "app", 0, 0, range(0, 10))])
+    _commit(first, 0, [_prepared_one(first, "app", 0, 0, range(0, 10))])
     foreign = Producer(kafka.config(**{"transactional.id": "foreign-" + uid}))
     foreign.init_transactions(30)
     foreign.begin_transaction()
     foreign.produce(markers, key=b"someone/else/0", value=b"{}", partition=0)
     foreign.flush(10)  # open, below our next marker
-    first.finish_epoch(1, [_prepared_one(first, "app", 1, 0, range(10, 20))])  # cached marker
+    _commit(first, 1, [_prepared_one(first, "app", 1, 0, range(10, 20))])  # cached marker
     timer = threading.Timer(3.0, lambda: foreign.commit_transaction(30))
     timer.start()
     try:
         second = sink()  # a new driver after a crash: reads the markers
         second.check(SCHEMA, "app")
-        second.finish_epoch(1, [_prepared_one(second, "app", 1, 0, range(10, 20))])
+        _commit(second, 1, [_prepared_one(second, "app", 1, 0, range(10, 20))])
     finally:
         timer.join()
     assert sorted(_ids(kafka, topic)) == list(range(20))
@@ -187,7 +195,7 @@ def test_corrupted_wal_is_refused_not_committed(kafka: Any, tmp_path: Path) -> N
     data[len(data) // 2] ^= 0xFF
     path.write_bytes(bytes(data))
     with pytest.raises(CommitError, match="is corrupted"):
-        sink.finish_epoch(0, [handle])
+        _commit(sink, 0, [handle])
     assert _ids(kafka, topic) == []
     assert end_offsets(kafka.bootstrap, topic) == end_offsets(
         kafka.bootstrap, topic, isolation="read_uncommitted"
@@ -203,7 +211,7 @@ def test_two_live_writers_sharing_an_id_get_a_clear_error(kafka: Any, tmp_path: 
     second.check(SCHEMA, "app-b")  # takes the transactional id over
     handle = _prepared_one(first, "app-a", 0, 0, range(5))
     with pytest.raises(FencedError, match="taken over by another producer"):
-        first.finish_epoch(0, [handle])
+        _commit(first, 0, [handle])
     assert _ids(kafka, topic) == []
 
 
@@ -238,6 +246,29 @@ def test_start_checks(kafka: Any, tmp_path: Path) -> None:
         KafkaSink(kafka.bootstrap, topic, uid=_uid(), wal=tmp_path, key="nope").check(SCHEMA, "app")
     with pytest.raises(ValueError, match="enforces acks=all"):
         KafkaSink(kafka.bootstrap, topic, uid=_uid(), wal=tmp_path, producer_config={"acks": "1"})
+
+
+def test_testing_adapter_verifies_and_drops_its_topic(kafka: Any, tmp_path: Path) -> None:
+    """The testing adapter's target: committed ids read back, nothing lingering, and
+    ``drop_target`` deletes the topic (best effort: a second drop raises nothing)."""
+    import time
+
+    from txsink.connectors.kafka.testing import ADAPTER
+
+    env = {"TXSINK_KAFKA_BOOTSTRAP": kafka.bootstrap}
+    spec = ADAPTER.new_target(tmp_path, "drop-" + _uid(), env, uid=_uid())
+    sink = ADAPTER.build_sink(spec, env)
+    assert isinstance(sink, KafkaSink)
+    sink.check(SCHEMA, "app")
+    _commit(sink, 0, [_prepared_one(sink, "app", 0, p, range(p * 10, p * 10 + 10)) for p in (0, 1)])
+    verifier = ADAPTER.verifier(spec, range(20), env)
+    assert sorted(verifier.read_ids()) == list(range(20)) and verifier.lingering() == 0
+    ADAPTER.drop_target(spec, env)
+    deadline = time.monotonic() + 30
+    while spec["topic"] in kafka.admin().list_topics(timeout=10).topics:
+        assert time.monotonic() < deadline, f"topic {spec['topic']} still there"
+        time.sleep(0.2)
+    ADAPTER.drop_target(spec, env)
 
 
 # -- streaming ---------------------------------------------------------------------------
@@ -293,6 +324,35 @@ def test_streaming_crash_matrix(
     assert len(plan.fired()) == len(plan.faults) * times, "the fault never fired"
     if not (task_point and times == 1):
         assert restarts >= 1
+    verdict = _verdict(kafka, topic, tmp_path / "wal", 1000)
+    assert verdict.ok, verdict
+
+
+@pytest.mark.spark
+def test_during_commit_fires_after_a_shard_committed(
+    spark: Any, kafka: Any, tmp_path: Path
+) -> None:
+    """WAL mode, 2 shards: ``during_commit`` fires once the first shard's transaction has
+    committed, so a read_committed reader sees that shard of the epoch and not the other.
+    The restart commits the rest, once."""
+    from tests.streaming import prepare_input, start_query
+
+    topic = kafka.new_topic(3)
+    uid = _uid()
+    prepare_input(tmp_path, 1000)  # 4 epochs of 250 ids: epoch 1 is ids 250..499
+    plan = FaultPlan.parse("during_commit:raise@1", str(tmp_path / "faults"))
+    query = start_query(
+        spark, tmp_path, _kafka_coordinator(kafka, tmp_path, topic, uid, faults=plan)()
+    )
+    with pytest.raises(Exception, match="InjectedFault"):
+        query.awaitTermination()
+    ids = _ids(kafka, topic)
+    epoch1 = [i for i in ids if 250 <= i < 500]
+    assert sorted(i for i in ids if i < 250) == list(range(250))
+    assert 0 < len(epoch1) < 250, f"{len(epoch1)} of epoch 1's 250 rows visible"
+    assert len(set(epoch1)) == len(epoch1) and max(ids) < 500
+    query = start_query(spark, tmp_path, _kafka_coordinator(kafka, tmp_path, topic, uid)())
+    query.awaitTermination()
     verdict = _verdict(kafka, topic, tmp_path / "wal", 1000)
     assert verdict.ok, verdict
 
@@ -404,7 +464,7 @@ def test_avro_values_round_trip_through_the_registry(
     fields = json.loads(registered.schema.schema_str)["fields"]
     assert [f["name"] for f in fields] == ["id", "amount", "payload"]
     handles = [_prepared_one(sink, "app", 0, p, range(p * 50, p * 50 + 50)) for p in range(2)]
-    sink.finish_epoch(0, handles)
+    _commit(sink, 0, handles)
     values = sorted(_avro_values(schema_registry, kafka, topic), key=lambda v: v["id"])
     assert values == [{"id": i, "amount": 0.5, "payload": f"p{i}"} for i in range(100)]
     assert {r.key for r in read_topic(kafka.bootstrap, topic)} == {

@@ -174,7 +174,8 @@ def test_runner_ends_a_silent_hang() -> None:
 def test_kafka_replay_checksum_covers_every_field_and_reads_v1_handles() -> None:
     import pyarrow as pa
 
-    from txsink.connectors.kafka.sink import RECORD_SCHEMA, KafkaReplayHandle, _checksum
+    from txsink.connectors.kafka import RECORD_SCHEMA, KafkaReplayHandle
+    from txsink.connectors.kafka.replay import checksum as _checksum
 
     def records(partition: int | None, headers: Any, key: bytes | None) -> pa.RecordBatch:
         return pa.RecordBatch.from_pylist(

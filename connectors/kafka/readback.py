@@ -1,6 +1,5 @@
-"""Read a Kafka topic back as a downstream reader would: last stable offsets, committed
-values, and topic creation (for the testing adapter, the integration suite and the
-benchmarks)."""
+"""Read a Kafka topic back as a downstream reader would (committed values up to the last
+stable offsets), and create or delete topics: for the testing adapter."""
 
 from __future__ import annotations
 
@@ -9,46 +8,30 @@ import time
 import uuid
 from typing import Any
 
-__all__ = ["create_topic", "end_offsets", "read_committed_values"]
+from txsink.connectors.kafka.clients import rdkafka_logger
+from txsink.connectors.kafka.errors import has_code
+from txsink.connectors.kafka.offsets import topic_ends
+
+__all__ = ["admin_client", "create_topic", "delete_topic", "read_committed_values"]
 
 
 def _quiet() -> logging.Logger:
-    logger = logging.getLogger("txsink.connectors.kafka.readback.rdkafka")
-    if not logger.handlers:
-        logger.addHandler(logging.NullHandler())
-        logger.propagate = False
-    return logger
+    return rdkafka_logger("txsink.connectors.kafka.readback.rdkafka", silent=True)
 
 
-def end_offsets(bootstrap: str, topic: str, isolation: str, timeout_s: float) -> dict[int, int]:
-    """Per partition, the offset a reader with ``isolation`` reads up to (LSO or HW)."""
-    from confluent_kafka import IsolationLevel, TopicPartition
-    from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
+def admin_client(bootstrap: str) -> Any:
+    """An ``AdminClient`` for ``bootstrap`` that keeps librdkafka quiet."""
+    from confluent_kafka.admin import AdminClient
 
     conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": _quiet()}
-    admin = AdminClient(conf)
-    tmeta = admin.list_topics(topic, timeout=timeout_s).topics.get(topic)
-    if tmeta is None or tmeta.error is not None:
-        raise LookupError(f"topic {topic!r} not found")
-    level = (
-        IsolationLevel.READ_COMMITTED
-        if isolation == "read_committed"
-        else IsolationLevel.READ_UNCOMMITTED
-    )
-    latest: Any = OffsetSpec.latest()  # type: ignore[no-untyped-call]
-    futures = admin.list_offsets(
-        {TopicPartition(topic, p): latest for p in tmeta.partitions},
-        isolation_level=level,
-        request_timeout=timeout_s,
-    )
-    return {tp.partition: int(f.result().offset) for tp, f in futures.items()}
+    return AdminClient(conf)
 
 
 def read_committed_values(bootstrap: str, topic: str, timeout_s: float) -> list[bytes | None]:
     """Every value a ``read_committed`` reader sees, up to the last stable offsets now."""
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
+    from confluent_kafka import Consumer, TopicPartition
 
-    ends = end_offsets(bootstrap, topic, "read_committed", timeout_s)
+    ends = topic_ends(admin_client(bootstrap), topic, "read_committed", timeout_s)
     pending = {p for p, end in ends.items() if end > 0}
     values: list[bytes | None] = []
     if not pending:
@@ -76,7 +59,7 @@ def read_committed_values(bootstrap: str, topic: str, timeout_s: float) -> list[
             if part is None:
                 continue
             if err is not None:
-                if err.code() != KafkaError._PARTITION_EOF:
+                if not has_code(err, "_PARTITION_EOF"):
                     raise RuntimeError(f"topic {topic!r}: {err}")
                 if offset >= ends.get(part, 0):
                     pending.discard(part)
@@ -92,14 +75,21 @@ def read_committed_values(bootstrap: str, topic: str, timeout_s: float) -> list[
 
 def create_topic(bootstrap: str, topic: str, partitions: int = 2, timeout_s: float = 30.0) -> None:
     """Create ``topic`` (replication 1) unless it exists."""
-    from confluent_kafka import KafkaError, KafkaException
-    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
-    conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": _quiet()}
-    admin = AdminClient(conf)
+    admin = admin_client(bootstrap)  # held until the answer: its futures die with it
     future = admin.create_topics([NewTopic(topic, partitions, 1)])[topic]
     try:
         future.result(timeout=timeout_s)
     except KafkaException as err:
-        if err.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+        if not has_code(err.args[0], "TOPIC_ALREADY_EXISTS"):
             raise
+
+
+def delete_topic(bootstrap: str, topic: str, timeout_s: float = 30.0) -> None:
+    """Delete ``topic`` and wait for the answer; an error (a topic already gone, a broker
+    that refuses) is raised as confluent-kafka's ``KafkaException``."""
+    admin = admin_client(bootstrap)  # held until the answer: its futures die with it
+    future = admin.delete_topics([topic], operation_timeout=timeout_s)[topic]
+    future.result(timeout=timeout_s)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import uuid
 from collections.abc import Iterable, Mapping
@@ -17,7 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from typing_extensions import override
+
 from txsink.connectors.kafka import readback
+from txsink.connectors.kafka.clients import rdkafka_logger
+from txsink.connectors.kafka.offsets import topic_ends
 from txsink.connectors.kafka.sink import KafkaSink
 from txsink.testing.adapter import ConnectorTesting
 from txsink.testing.observer import Snapshot, Target, by_epoch
@@ -54,8 +57,9 @@ class KafkaVerifier:
         left = 0
         if self.wal is not None and os.path.isdir(self.wal):
             left += sum(len(files) for _, _, files in os.walk(self.wal))
-        stable = readback.end_offsets(self.bootstrap, self.topic, "read_committed", self.timeout_s)
-        high = readback.end_offsets(self.bootstrap, self.topic, "read_uncommitted", self.timeout_s)
+        admin = readback.admin_client(self.bootstrap)
+        stable = topic_ends(admin, self.topic, "read_committed", self.timeout_s)
+        high = topic_ends(admin, self.topic, "read_uncommitted", self.timeout_s)
         return left + sum(1 for p, end in high.items() if stable.get(p, 0) < end)
 
 
@@ -96,9 +100,7 @@ class KafkaTarget:
     def _open(self) -> Any:
         from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-        quiet = logging.getLogger("txsink.testing.observer.rdkafka")
-        quiet.addHandler(logging.NullHandler())
-        quiet.propagate = False
+        quiet = rdkafka_logger("txsink.testing.observer.rdkafka", silent=True)
         conf: dict[str, Any] = {
             "bootstrap.servers": self.bootstrap,
             "group.id": f"txsink-observer-{uuid.uuid4().hex[:12]}",
@@ -150,6 +152,7 @@ class KafkaTesting(ConnectorTesting):
         "replay": {"mode": "replay"},
     }
 
+    @override
     def new_target(
         self, workdir: Path, tag: str, env: Mapping[str, str], **options: Any
     ) -> dict[str, Any]:
@@ -167,6 +170,7 @@ class KafkaTesting(ConnectorTesting):
             "transactional_id_prefix": f"txsink-{tag}",
         }
 
+    @override
     def build_sink(self, spec: Mapping[str, Any], env: Mapping[str, str]) -> KafkaSink:
         return KafkaSink(
             env[BOOTSTRAP],
@@ -180,6 +184,7 @@ class KafkaTesting(ConnectorTesting):
             timeout_s=float(spec.get("timeout_s", 30.0)),
         )
 
+    @override
     def verifier(
         self,
         spec: Mapping[str, Any],
@@ -190,11 +195,18 @@ class KafkaTesting(ConnectorTesting):
     ) -> SinkVerifier:
         return KafkaVerifier(env[BOOTSTRAP], spec["topic"], expected, wal=spec.get("wal"))
 
+    @override
     def observer_targets(self, spec: Mapping[str, Any], env: Mapping[str, str]) -> list[Target]:
         return [
             KafkaTarget(env[BOOTSTRAP], spec["topic"]),
             KafkaTarget(env[BOOTSTRAP], spec["topic"], isolation="read_uncommitted"),
         ]
+
+    @override
+    def drop_target(self, spec: Mapping[str, Any], env: Mapping[str, str]) -> None:
+        """Delete the topic, best effort (the WAL folder lives in the test's workdir)."""
+        with contextlib.suppress(Exception):
+            readback.delete_topic(env[BOOTSTRAP], spec["topic"])
 
 
 ADAPTER = KafkaTesting()

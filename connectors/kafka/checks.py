@@ -1,0 +1,113 @@
+"""The Kafka sink's checks at start (driver, before anything is written).
+
+- every named column exists in the DataFrame;
+- the brokers answer, and the topic exists (txsink does not create data topics);
+- ``transaction.timeout.ms`` is at least 10 s and at most the broker's
+  ``transaction.max.timeout.ms`` (else every transaction would be refused);
+- the marker topic exists with ``cleanup.policy=compact``, or is created so;
+- the Avro schemas are fixed and registered (an incompatible one fails here, not in a task).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+
+from txsink.connectors.kafka.clients import KafkaSettings
+from txsink.connectors.kafka.markers import ensure_marker_topic
+from txsink.connectors.kafka.records import RecordFormat
+from txsink.errors import ConfigurationError, RetryableError
+
+__all__ = ["MIN_TXN_TIMEOUT_MS", "check_avro", "check_brokers", "check_columns"]
+
+#: An epoch's commit produces all of a shard's records in one transaction.
+MIN_TXN_TIMEOUT_MS = 10_000
+
+
+def check_columns(schema: pa.Schema, fmt: RecordFormat, ctx: dict[str, Any]) -> None:
+    for name, column in fmt.columns().items():
+        if column is not None and column not in schema.names:
+            raise ConfigurationError(
+                f"{name}={column!r} is not a column of the DataFrame (columns: {schema.names})",
+                column=column,
+                **ctx,
+            )
+
+
+def check_brokers(settings: KafkaSettings, topic: str | None, ctx: dict[str, Any]) -> None:
+    """The brokers answer, ``topic`` exists, the transaction timeout fits, the marker
+    topic is there and compacted."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(settings.client_config())
+    try:
+        meta = admin.list_topics(timeout=settings.timeout_s)
+    except Exception as err:
+        raise RetryableError(
+            f"cannot reach Kafka at {settings.bootstrap_servers}: {err}", **ctx
+        ) from err
+    if topic is not None and topic not in meta.topics:
+        raise ConfigurationError(
+            f"topic {topic!r} does not exist: create it (txsink does not create data "
+            "topics, their partitions and retention are yours to choose)",
+            **ctx,
+        )
+    _check_transaction_timeout(admin, meta, settings, ctx)
+    ensure_marker_topic(admin, meta, settings, ctx)
+
+
+def _check_transaction_timeout(
+    admin: Any, meta: Any, settings: KafkaSettings, ctx: dict[str, Any]
+) -> None:
+    from confluent_kafka.admin import (  # type: ignore[attr-defined]
+        ConfigResource,
+        ResourceType,
+    )
+
+    ours = settings.txn_timeout_ms
+    if ours < MIN_TXN_TIMEOUT_MS:
+        raise ConfigurationError(
+            f"transaction.timeout.ms={ours} is too short: an epoch's commit produces all of a "
+            f"shard's records in one transaction; use at least {MIN_TXN_TIMEOUT_MS}",
+            **ctx,
+        )
+    broker = str(next(iter(meta.brokers)))
+    res = ConfigResource(ResourceType.BROKER, broker)
+    configs = admin.describe_configs([res])[res].result(timeout=settings.timeout_s)
+    entry = configs.get("transaction.max.timeout.ms")
+    limit = int(entry.value) if entry is not None and entry.value else None
+    if limit is not None and ours > limit:
+        raise ConfigurationError(
+            f"transaction.timeout.ms={ours} is above the broker's "
+            f"transaction.max.timeout.ms={limit}: the broker would refuse every transaction. "
+            "Lower transaction.timeout.ms in producer_config, or raise the broker setting",
+            **ctx,
+        )
+
+
+def check_avro(schema: pa.Schema, fmt: RecordFormat, ctx: dict[str, Any]) -> None:
+    """Fix and register the Avro schemas now: a bad one fails at start, not in a task.
+
+    Fixing mutates the encoders of ``fmt``: the sink pickled into the tasks afterwards
+    carries the resolved schemas.
+    """
+    for field_, encoder in fmt.avro.items():
+        column = fmt.key if field_ == "key" else fmt.value
+        arrow_type = (
+            schema.field(column).type
+            if column is not None
+            else pa.struct([schema.field(n) for n in fmt.payload_columns(schema.names)])
+        )
+        try:
+            encoder.resolve_schema(arrow_type, fmt.topic)
+        except ValueError as err:
+            raise ConfigurationError(
+                f"cannot derive an Avro {field_} schema from column "
+                f"{column or '(payload columns)'!r}: {err}. Pass {field_}_schema='<Avro JSON>' "
+                "or cast the column",
+                column=column,
+                **ctx,
+            ) from err
+        if fmt.topic is not None:  # with topic_column, tasks register per topic
+            encoder.register(fmt.topic, ctx)

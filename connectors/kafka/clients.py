@@ -1,0 +1,103 @@
+"""How the Kafka connector's clients are built: one sink's settings (brokers, identity,
+timeouts) shared by its admin client, its marker consumer and its transactional
+producers, and the logger librdkafka reports to.
+
+:class:`KafkaSettings` is plain data: it is pickled into replay commit tasks with the
+sink, and its ``producer_config`` (TLS/SASL secrets) is kept out of ``repr``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["ENFORCED", "KafkaSettings", "rdkafka_logger"]
+
+#: Producer settings the connector's guarantee depends on; a conflicting setting is refused.
+ENFORCED: dict[str, Any] = {"enable.idempotence": True, "acks": "all"}
+#: Producer defaults, overridable in ``producer_config``.
+_PRODUCER_DEFAULTS: dict[str, Any] = {
+    "linger.ms": 20,
+    "compression.type": "lz4",
+    "partitioner": "murmur2_random",
+}
+#: librdkafka's default ``transaction.timeout.ms``.
+DEFAULT_TXN_TIMEOUT_MS = 60_000
+#: Settings a non-producer client (admin, consumer) takes from ``producer_config``.
+_CLIENT_PREFIXES = ("security.", "ssl.", "sasl.", "client.", "socket.")
+
+
+def rdkafka_logger(name: str, *, silent: bool = False) -> logging.Logger:
+    """The logger a librdkafka client reports to (``logger`` in its config).
+
+    librdkafka prints every refused connection to stderr by default. The sink's clients
+    pass only ERRORs on; ``silent`` drops everything (the read-back helpers of tests).
+    """
+    logger = logging.getLogger(name)
+    if silent:
+        if not logger.handlers:
+            logger.addHandler(logging.NullHandler())
+            logger.propagate = False
+    else:
+        logger.setLevel(logging.ERROR)
+    return logger
+
+
+@dataclass(frozen=True)
+class KafkaSettings:
+    """One sink's way to the brokers: who it is (uid, transactional ids, marker topic) and
+    how long it waits. Derived from :class:`~txsink.connectors.kafka.KafkaSink`'s options."""
+
+    bootstrap_servers: str
+    uid: str
+    prefix: str
+    marker_topic: str
+    shards: int
+    timeout_s: float
+    producer_config: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def transactional_id(self, shard: int) -> str:
+        """``<prefix>-<uid>-<shard>``: stable across epochs, so a new producer fences the old."""
+        return f"{self.prefix}-{self.uid}-{shard}"
+
+    @property
+    def txn_timeout_s(self) -> float:
+        """The producers' ``transaction.timeout.ms``, in seconds."""
+        return self.txn_timeout_ms / 1000
+
+    @property
+    def txn_timeout_ms(self) -> int:
+        return int(self.producer_config.get("transaction.timeout.ms", DEFAULT_TXN_TIMEOUT_MS))
+
+    def context(self, phase: str | None = None, **more: Any) -> dict[str, Any]:
+        """The error context every error of this sink carries."""
+        ctx: dict[str, Any] = {"sink_uid": self.uid, "connector": "kafka"}
+        if phase is not None:
+            ctx["phase"] = phase
+        ctx.update(more)
+        return ctx
+
+    def client_config(self) -> dict[str, Any]:
+        """Config of an admin client or a consumer: the brokers and the security settings
+        (TLS/SASL) of ``producer_config``; producer tuning does not matter there."""
+        conf = {k: v for k, v in self.producer_config.items() if k.startswith(_CLIENT_PREFIXES)}
+        conf["bootstrap.servers"] = self.bootstrap_servers
+        conf["logger"] = rdkafka_logger("txsink.connectors.kafka.librdkafka")
+        return conf
+
+    def producer_conf(self, shard: int, on_delivery: Callable[[Any, Any], None]) -> dict[str, Any]:
+        """Config of ``shard``'s transactional producer: the defaults, ``producer_config``,
+        then what the guarantee needs. Failed deliveries only are reported, to
+        ``on_delivery``."""
+        return {
+            **_PRODUCER_DEFAULTS,
+            **self.producer_config,
+            **ENFORCED,
+            "bootstrap.servers": self.bootstrap_servers,
+            "transactional.id": self.transactional_id(shard),
+            "logger": rdkafka_logger("txsink.connectors.kafka.librdkafka"),
+            "delivery.report.only.error": True,
+            "on_delivery": on_delivery,
+        }

@@ -1,0 +1,97 @@
+"""Kafka errors to txsink errors, by ``KafkaError`` code (never by message text).
+
+::
+
+    fenced (_FENCED, PRODUCER_FENCED, INVALID_PRODUCER_EPOCH)  -> FencedError
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED                      -> ConfigurationError
+    retriable, or _TIMED_OUT                                   -> RetryableError
+    anything else at commit                                    -> CommitError
+
+Each text says what to do; a transaction that ran close to ``transaction.timeout.ms``
+says that the broker aborted it, and a failed ``init_transactions`` what the brokers
+need for transactions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from txsink.connectors.kafka.clients import KafkaSettings
+from txsink.errors import CommitError, ConfigurationError, FencedError, RetryableError, TxsinkError
+
+__all__ = ["commit_error", "error_code", "has_code"]
+
+_FENCED = ("_FENCED", "PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH")
+#: Codes of a failed ``init_transactions`` that mean "the brokers cannot do transactions".
+_NO_TRANSACTIONS = (
+    "_TIMED_OUT",
+    "COORDINATOR_NOT_AVAILABLE",
+    "_UNSUPPORTED_FEATURE",
+    "UNSUPPORTED_VERSION",
+)
+
+
+def error_code(name: str) -> int:
+    """The ``KafkaError`` code called ``name`` (``"TOPIC_ALREADY_EXISTS"``, ``"_FENCED"``)."""
+    from confluent_kafka import KafkaError
+
+    return int(getattr(KafkaError, name))
+
+
+def has_code(err: Any, *names: str) -> bool:
+    """Whether the ``KafkaError`` ``err`` has one of the codes ``names``."""
+    return int(err.code()) in {error_code(name) for name in names}
+
+
+def commit_error(
+    err: Any,
+    settings: KafkaSettings,
+    *,
+    epoch: int | None,
+    shard: int,
+    delivery: Sequence[str] = (),
+    elapsed: float = 0.0,
+    init: bool = False,
+) -> TxsinkError:
+    """The txsink error for the ``KafkaError`` ``err`` of ``shard``'s producer.
+
+    ``delivery``: the first failed delivery of the transaction, if any; ``elapsed``: how
+    long the transaction ran; ``init``: ``err`` came from ``init_transactions``.
+    """
+    ctx = settings.context("commit", epoch=epoch)
+    tid = settings.transactional_id(shard)
+    detail = f"{err.str()}" + (f"; first delivery error: {delivery[0]}" if delivery else "")
+    if elapsed >= 0.9 * settings.txn_timeout_s:
+        detail += (
+            f"; the transaction ran {elapsed:.0f}s, about transaction.timeout.ms "
+            f"({settings.txn_timeout_s:.0f}s), so the broker aborted it: raise "
+            "transaction.timeout.ms or use more shards"
+        )
+    if has_code(err, *_FENCED):
+        return FencedError(
+            f"transactional id {tid!r} was taken over by another "
+            "producer: another live query (or a zombie driver) writes with the same "
+            f"transactional_id_prefix and uid. Give each query its own prefix or uid "
+            f"({detail})",
+            **ctx,
+        )
+    if has_code(err, "TRANSACTIONAL_ID_AUTHORIZATION_FAILED"):
+        return ConfigurationError(
+            f"not authorised to use transactional id {tid!r}: "
+            f"grant WRITE on TransactionalId {settings.prefix}-* ({detail})",
+            **ctx,
+        )
+    if init and has_code(err, *_NO_TRANSACTIONS):
+        detail += (
+            f"; init_transactions for {tid!r} did not complete: "
+            "the brokers must support transactions (Kafka >= 2.5) and run the transaction "
+            "coordinator, i.e. transaction.state.log.replication.factor and "
+            "transaction.state.log.min.isr no larger than the number of live brokers"
+        )
+    if err.retriable() or has_code(err, "_TIMED_OUT"):
+        return RetryableError(f"Kafka shard {shard}: {detail}", **ctx)
+    return CommitError(
+        f"Kafka shard {shard}: {detail}; the decision stands and recovery retries the commit",
+        **ctx,
+    )

@@ -1,0 +1,200 @@
+"""The per-shard transactional producers of one process, and the commit transaction.
+
+A shard's producer has the stable ``transactional.id`` ``<prefix>-<uid>-<shard>``;
+``init_transactions`` on it fences every older producer with that id (a zombie driver, a
+crashed run) and aborts whatever transaction it left open. The driver keeps its producers
+across epochs (WAL mode); each replay commit task opens the one of its shard.
+
+A commit is one Kafka transaction per shard: the shard's records, then its marker
+(:mod:`~txsink.connectors.kafka.markers`), then ``commit_transaction``, retried as
+librdkafka asks. Any failure aborts the transaction: nothing of it is visible, and no
+transaction is left open to hold ``read_committed`` readers back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pyarrow as pa
+
+from txsink.connectors.kafka.clients import ENFORCED, KafkaSettings
+from txsink.connectors.kafka.errors import commit_error
+from txsink.connectors.kafka.markers import Markers
+
+__all__ = ["ShardProducers", "fence", "produce_records"]
+
+_log = logging.getLogger(__name__)
+
+
+class ShardProducers:
+    """This process's producer per shard, with the shards' markers as it last saw them.
+
+    Not picklable (librdkafka clients): the sink builds one lazily in each process.
+    """
+
+    def __init__(self, settings: KafkaSettings) -> None:
+        self.settings = settings
+        self.markers = Markers(settings)
+        self._producers: dict[int, Any] = {}
+        self._delivery_errors: dict[int, list[str]] = {}
+
+    def get(self, shard: int) -> Any:
+        """``shard``'s producer, created and ``init_transactions``-ed on first use."""
+        from confluent_kafka import KafkaException, Producer
+
+        producer = self._producers.get(shard)
+        if producer is not None:
+            return producer
+        on_delivery = functools.partial(
+            _on_failed_delivery, self._delivery_errors.setdefault(shard, [])
+        )
+        producer = Producer(self.settings.producer_conf(shard, on_delivery))
+        try:
+            producer.init_transactions(self.settings.timeout_s)
+        except KafkaException as err:
+            raise commit_error(
+                err.args[0], self.settings, epoch=None, shard=shard, init=True
+            ) from err
+        self._producers[shard] = producer
+        self.markers.forget(shard)  # read it again under the new producer epoch
+        return producer
+
+    def init_all(self) -> None:
+        """Initialise every shard's producer now: fences zombies and aborts any transaction
+        they left open, so ``read_committed`` readers are not held back. In parallel: each
+        ``init_transactions`` waits on the broker (GIL released)."""
+        shards = self.settings.shards
+        with ThreadPoolExecutor(max_workers=min(8, shards)) as pool:
+            list(pool.map(self.get, range(shards)))
+
+    def close(self) -> None:
+        for producer in self._producers.values():
+            producer.flush(0)
+        self._producers.clear()
+        self.markers.clear()
+
+    def transaction(self, shard: int, app: str, epoch: int, body: Callable[[Any], None]) -> None:
+        """One Kafka transaction on ``shard``'s producer: ``body(producer)`` produces the
+        records, then the marker for ``epoch``; commit."""
+        from confluent_kafka import KafkaException
+
+        producer = self.get(shard)
+        errors = self._delivery_errors.setdefault(shard, [])
+        errors.clear()
+        marker_key, marker_value = self.markers.record(app, shard, epoch)
+        started = time.monotonic()
+        try:
+            producer.begin_transaction()
+            body(producer)
+            producer.produce(
+                self.settings.marker_topic, key=marker_key, value=marker_value, partition=0
+            )
+            self._commit_transaction(producer)
+        except KafkaException as err:
+            # Drop the producer and the cached marker: the next attempt re-initialises
+            # (which completes or aborts whatever this one left at the broker) and reads
+            # the marker again; the marker, not this outcome, says whether it committed.
+            kerr = err.args[0]
+            self._drop(shard)
+            if not kerr.fatal():
+                with contextlib.suppress(KafkaException):
+                    producer.abort_transaction(self.settings.timeout_s)
+            elapsed = time.monotonic() - started
+            raise commit_error(
+                kerr, self.settings, epoch=epoch, shard=shard, delivery=errors, elapsed=elapsed
+            ) from err
+        except BaseException:
+            try:
+                producer.abort_transaction(self.settings.timeout_s)
+            except KafkaException:
+                self._drop(shard)
+            raise
+        self.markers.remember(shard, epoch)
+        self._warn_if_slow(shard, epoch, time.monotonic() - started)
+
+    def _drop(self, shard: int) -> None:
+        self._producers.pop(shard, None)
+        self.markers.forget(shard)
+
+    def _commit_transaction(self, producer: Any) -> None:
+        """``commit_transaction``, retried on retriable errors as librdkafka asks."""
+        from confluent_kafka import KafkaException
+
+        deadline = time.monotonic() + self.settings.timeout_s
+        while True:
+            try:
+                producer.commit_transaction(max(1.0, deadline - time.monotonic()))
+                return
+            except KafkaException as err:
+                if not err.args[0].retriable() or time.monotonic() >= deadline:
+                    raise
+
+    def _warn_if_slow(self, shard: int, epoch: int, elapsed: float) -> None:
+        uid, limit = self.settings.uid, self.settings.txn_timeout_s
+        if elapsed > limit / 2:
+            _log.warning(
+                "[uid=%s epoch=%s] Kafka shard %s: the commit transaction took %.1fs, over half "
+                "of transaction.timeout.ms (%.0fs); the broker aborts longer ones and the commit "
+                "would then fail on every retry. Raise transaction.timeout.ms (up to the "
+                "broker's transaction.max.timeout.ms) or use more shards",
+                uid,
+                epoch,
+                shard,
+                elapsed,
+                limit,
+                extra={"txsink_uid": uid, "txsink_epoch": epoch},
+            )
+
+
+def produce_records(producer: Any, batch: pa.RecordBatch) -> None:
+    """Hand one batch of records (:data:`~txsink.connectors.kafka.records.RECORD_SCHEMA`) to
+    the producer: the hot loop of every commit.
+
+    Positional arguments and no per-record callback: the producers report failed
+    deliveries only (``delivery.report.only.error``), and any failure also fails
+    ``commit_transaction``.
+    """
+    produce = producer.produce
+    topics, parts, keys, values, headers = (c.to_pylist() for c in batch.columns)
+    n = len(batch)
+    simple = batch.column(1).null_count == n and batch.column(4).null_count == n
+    for i, (topic, key, value) in enumerate(zip(topics, keys, values, strict=True)):
+        while True:
+            try:
+                if simple:
+                    produce(topic, value, key)
+                else:
+                    hs = [(h["key"], h["value"]) for h in headers[i] or ()] or None
+                    part = parts[i]
+                    produce(topic, value, key, -1 if part is None else part, headers=hs)
+                break
+            except BufferError:
+                producer.poll(0.05)  # local queue full: let deliveries drain
+    producer.poll(0)
+
+
+def fence(settings: KafkaSettings, transactional_ids: list[str]) -> None:
+    """``init_transactions`` on each id: aborts the transaction a dead producer left open
+    (it would hold ``read_committed`` readers back) and fences a zombie."""
+    from confluent_kafka import Producer
+
+    for tid in transactional_ids:
+        conf = {
+            **settings.producer_config,
+            "bootstrap.servers": settings.bootstrap_servers,
+            "transactional.id": tid,
+            **ENFORCED,
+        }
+        Producer(conf).init_transactions(settings.timeout_s)
+
+
+def _on_failed_delivery(errors: list[str], err: Any, msg: Any) -> None:
+    """Producer-wide delivery callback (failures only): keep the first, with its context."""
+    if err is not None and not errors:
+        errors.append(f"{err.str()} (topic {msg.topic()} partition {msg.partition()})")

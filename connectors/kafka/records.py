@@ -1,0 +1,212 @@
+"""Arrow rows to Kafka records: topic, partition, key, value and headers per row.
+
+Runs in the pre-commit tasks (and in replay mode again in the commit tasks), so every
+record the broker would refuse after the decision — too large, a null topic, a value
+JSON or Avro cannot hold — is refused here, naming the row and column.
+
+Conversions (``"auto"`` format): binary as is, strings UTF-8, numbers as their decimal
+text, anything else as JSON; without ``value`` the value is a JSON object of every
+payload column (not key, headers, topic or partition). ``"avro"``: Confluent Avro
+through :class:`~txsink.connectors.kafka.avro.AvroEncoder`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from txsink._json import json_rows
+from txsink.connectors.kafka.avro import AvroEncoder
+from txsink.errors import WriteError
+
+__all__ = ["RECORD_SCHEMA", "RecordFormat", "avro_encoders"]
+
+#: The records of one Kafka commit, as the WAL stores them and the producers take them.
+RECORD_SCHEMA = pa.schema(
+    [
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
+    ]
+)
+_HEADERS = RECORD_SCHEMA.field("headers").type
+
+
+def avro_encoders(
+    *,
+    key: str | None,
+    key_format: str,
+    value_format: str,
+    key_schema: str | None,
+    value_schema: str | None,
+    schema_registry: Mapping[str, Any] | None,
+    avro_config: Mapping[str, Any] | None,
+) -> dict[str, AvroEncoder]:
+    """The Avro encoders of the key and value that are ``"avro"``; ``ValueError`` for a
+    format that is not ``"auto"`` or ``"avro"``, or Avro without a registry or a key column."""
+    encoders: dict[str, AvroEncoder] = {}
+    for field_, fmt, schema_, column in (
+        ("key", key_format, key_schema, key),
+        ("value", value_format, value_schema, "value"),
+    ):
+        if fmt not in ("auto", "avro"):
+            raise ValueError(f"KafkaSink {field_}_format must be 'auto' or 'avro', not {fmt!r}")
+        if fmt == "avro":
+            if schema_registry is None:
+                raise ValueError(
+                    f"KafkaSink({field_}_format='avro') needs schema_registry={{'url': ...}}"
+                )
+            if column is None:
+                raise ValueError("KafkaSink(key_format='avro') needs key=<column>")
+            encoders[field_] = AvroEncoder(field_, schema_registry, schema_, avro_config)
+    return encoders
+
+
+@dataclass(frozen=True)
+class RecordFormat:
+    """Which columns make a record and how they are encoded (the sink's record options)."""
+
+    uid: str
+    topic: str | None
+    key: str | None = None
+    value: str | None = None
+    headers: str | None = None
+    topic_column: str | None = None
+    partition_column: str | None = None
+    max_record_bytes: int = 1_000_000
+    #: ``"key"`` / ``"value"`` -> its Avro encoder; its schema is fixed at start.
+    avro: dict[str, AvroEncoder] = field(default_factory=dict)
+
+    def columns(self) -> dict[str, str | None]:
+        """The options that name a column, and the column they name."""
+        return {
+            "key": self.key,
+            "value": self.value,
+            "headers": self.headers,
+            "topic_column": self.topic_column,
+            "partition_column": self.partition_column,
+        }
+
+    def payload_columns(self, names: Sequence[str]) -> list[str]:
+        """The columns a value without ``value=`` is made of."""
+        special = {
+            c
+            for c in (self.key, self.headers, self.topic_column, self.partition_column)
+            if c is not None
+        }
+        return [c for c in names if c not in special]
+
+    def encode(self, batch: pa.RecordBatch, partition: int, first_row: int) -> pa.RecordBatch:
+        """The Kafka records (:data:`RECORD_SCHEMA`) of ``batch``; ``first_row`` counts the
+        partition's rows before it, for errors that name a row."""
+        n = batch.num_rows
+        ctx: dict[str, Any] = {"sink_uid": self.uid, "partition": partition, "connector": "kafka"}
+        topic = (
+            batch.column(self.topic_column).cast(pa.string())
+            if self.topic_column
+            else pa.array([self.topic] * n, pa.string())
+        )
+        if self.topic_column and topic.null_count:
+            raise WriteError(
+                f"topic_column {self.topic_column!r} is null",
+                row=first_row + _first_null(topic),
+                column=self.topic_column,
+                **ctx,
+            )
+        value = self._value(batch, topic, first_row, ctx)
+        if self.key is None:
+            key = pa.nulls(n, pa.binary())
+        elif "key" in self.avro:
+            key = self.avro["key"].encode(
+                batch.column(self.key), topic.to_pylist(), first_row, ctx, self.key
+            )
+        else:
+            key = _to_binary(batch, self.key, first_row, ctx)
+        part = (
+            batch.column(self.partition_column).cast(pa.int32())
+            if self.partition_column
+            else pa.nulls(n, pa.int32())
+        )
+        headers = _headers(batch.column(self.headers)) if self.headers else pa.nulls(n, _HEADERS)
+        self._check_sizes(key, value, first_row, ctx)
+        return pa.RecordBatch.from_arrays([topic, part, key, value, headers], schema=RECORD_SCHEMA)
+
+    def _value(
+        self, batch: pa.RecordBatch, topic: pa.Array, first_row: int, ctx: dict[str, Any]
+    ) -> pa.Array:
+        payload = self.payload_columns(batch.schema.names)
+        avro = self.avro.get("value")
+        if avro is not None:
+            column = (
+                batch.column(self.value)
+                if self.value is not None
+                else pa.StructArray.from_arrays([batch.column(c) for c in payload], payload)
+            )
+            return avro.encode(
+                column, topic.to_pylist(), first_row, ctx, self.value or "(payload columns)"
+            )
+        if self.value is not None:
+            return _to_binary(batch, self.value, first_row, ctx)
+        return pa.array(
+            [r.encode() for r in json_rows(batch, payload, first_row=first_row, context=ctx)],
+            pa.binary(),
+        )
+
+    def _check_sizes(
+        self, key: pa.Array, value: pa.Array, first_row: int, ctx: dict[str, Any]
+    ) -> None:
+        # Caught here, before the decision: once decided, a record the broker
+        # refuses could never be committed.
+        sizes = pc.add(
+            pc.fill_null(pc.binary_length(value), 0), pc.fill_null(pc.binary_length(key), 0)
+        )
+        if len(sizes) and pc.max(sizes).as_py() > self.max_record_bytes:
+            row = int(pc.index(pc.greater(sizes, self.max_record_bytes), True).as_py())
+            raise WriteError(
+                f"record of {sizes[row].as_py()} bytes is larger than max_record_bytes="
+                f"{self.max_record_bytes} (the producer's message.max.bytes); the broker would "
+                "refuse it after the decision. Shrink or split the value, or raise "
+                "message.max.bytes on the producer, the topic (max.message.bytes) and the broker",
+                row=first_row + row,
+                column=self.value or "value",
+                **ctx,
+            )
+
+
+def _to_binary(batch: pa.RecordBatch, column: str, first_row: int, ctx: dict[str, Any]) -> pa.Array:
+    arr = batch.column(column)
+    if pa.types.is_binary(arr.type) or pa.types.is_large_binary(arr.type):
+        return arr.cast(pa.binary())
+    if pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type):
+        return arr.cast(pa.string()).cast(pa.binary())
+    if pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type):
+        return arr.cast(pa.string()).cast(pa.binary())
+    rows = json_rows(
+        pa.RecordBatch.from_arrays([arr], names=[column]), first_row=first_row, context=ctx
+    )
+    values = [json.dumps(json.loads(r)[column], separators=(",", ":")).encode() for r in rows]
+    return pa.array(values, pa.binary())
+
+
+def _headers(arr: pa.Array) -> pa.Array:
+    out: list[list[dict[str, Any]] | None] = []
+    for item in arr.to_pylist():
+        if item is None:
+            out.append(None)
+            continue
+        pairs = item.items() if isinstance(item, dict) else item
+        out.append(
+            [{"key": str(k), "value": v.encode() if isinstance(v, str) else v} for k, v in pairs]
+        )
+    return pa.array(out, _HEADERS)
+
+
+def _first_null(arr: pa.Array) -> int:
+    return int(pc.index(pc.is_null(arr), True).as_py())

@@ -13,12 +13,6 @@ import pyarrow as pa
 import pytest
 from readback import end_offsets, read_topic
 
-from tests.streaming import (
-    CRASH_MATRIX,
-    fault_spec,
-    is_task_point,
-    kill_driver_at_every_point,
-)
 from txsink.connectors.kafka import KafkaSink
 from txsink.contract import EpochCommit
 from txsink.errors import CommitError, ConfigurationError, FencedError, WriteError
@@ -89,16 +83,6 @@ def test_commit_is_visible_once_and_idempotent(kafka: Any, tmp_path: Path) -> No
     assert list(sink.list_prepared("app")) == []
     ends = end_offsets(kafka.bootstrap, topic)
     assert ends == end_offsets(kafka.bootstrap, topic, isolation="read_uncommitted")
-
-
-def test_abort_removes_the_wal(kafka: Any, tmp_path: Path) -> None:
-    topic = kafka.new_topic(1)
-    sink = KafkaSink(kafka.bootstrap, topic, uid=_uid(), wal=tmp_path / "wal")
-    sink.check(SCHEMA, "app")
-    handle = _prepared_one(sink, "app", 0, 0, range(10))
-    sink.abort(handle)
-    sink.abort(handle)
-    assert list(sink.list_prepared("app")) == [] and _ids(kafka, topic) == []
 
 
 def test_oversized_record_is_refused_before_the_decision(kafka: Any, tmp_path: Path) -> None:
@@ -305,27 +289,8 @@ def _kafka_coordinator(
     return make
 
 
-@pytest.mark.spark
-@pytest.mark.parametrize("kmode", ["wal", "replay"])
-@pytest.mark.parametrize(("point", "mode", "times"), CRASH_MATRIX)
-def test_streaming_crash_matrix(
-    spark: Any, kafka: Any, tmp_path: Path, point: str, mode: str, times: int, kmode: str
-) -> None:
-    from tests.streaming import prepare_input, run_until_done
-
-    topic = kafka.new_topic(3)
-    prepare_input(tmp_path, 1000)
-    task_point = is_task_point(point)
-    spec = fault_spec(point, mode, times)
-    plan = FaultPlan.parse(spec, str(tmp_path / "faults"))
-    restarts, _ = run_until_done(
-        spark, tmp_path, _kafka_coordinator(kafka, tmp_path, topic, _uid(), kmode, faults=plan)
-    )
-    assert len(plan.fired()) == len(plan.faults) * times, "the fault never fired"
-    if not (task_point and times == 1):
-        assert restarts >= 1
-    verdict = _verdict(kafka, topic, tmp_path / "wal", 1000)
-    assert verdict.ok, verdict
+# The crash matrix (both modes) and the kill-driver runs are integration/test_matrix.py's,
+# for every connector; the contract (abort, idempotent commit...) is the contract suite's.
 
 
 @pytest.mark.spark
@@ -420,18 +385,6 @@ def test_replay_mode_refuses_a_non_deterministic_replay(
 
 # WAL mode is slow here: the default suite covers it in the cross-system coordinator
 # (integration/test_cross_system.py); replay mode is only here.
-@pytest.mark.chaos
-@pytest.mark.parametrize("kmode", [pytest.param("wal", marks=pytest.mark.slow), "replay"])
-def test_kill_driver_at_every_point(kafka: Any, tmp_path: Path, kmode: str) -> None:
-    topic = kafka.new_topic(3)
-    sink = {"kind": "kafka", "topic": topic, "uid": _uid(), "wal": str(tmp_path / "wal")}
-    kill_driver_at_every_point(
-        tmp_path, [{**sink, "mode": kmode}], {"TXSINK_TEST_KAFKA": kafka.bootstrap}
-    )
-    verdict = _verdict(kafka, topic, tmp_path / "wal", 3000)
-    assert verdict.ok, verdict
-
-
 # -- Avro with a Schema Registry ------------------------------------------------------
 
 

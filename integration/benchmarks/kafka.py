@@ -447,7 +447,8 @@ class ProfiledKafkaSink(KafkaSink):
             super().commit_epoch(request)
             return
         prof, producers = self._commit_prof, self._clients
-        assert isinstance(producers, ProfiledShardProducers)
+        if not isinstance(producers, ProfiledShardProducers):  # pragma: no cover - see __init__
+            raise TypeError(f"{self!r}: the driver's producers are not the profiled ones")
         prof.seconds.clear()
         producers.ended = None
         report = request.on_committed

@@ -8,12 +8,16 @@ transactions), and S3 through listings, including unfinished multipart uploads.
 
 from __future__ import annotations
 
-import logging
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from _services.common import quiet_logger
+
+from txsink.connectors.kafka.offsets import Isolation, topic_ends
+from txsink.connectors.kafka.readback import admin_client
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -33,14 +37,6 @@ class KafkaRecord:
     timestamp_ms: int
 
 
-def _quiet() -> logging.Logger:
-    logger = logging.getLogger("txsink.readback.rdkafka")
-    if not logger.handlers:
-        logger.addHandler(logging.NullHandler())
-        logger.propagate = False
-    return logger
-
-
 def _headers(raw: Any) -> tuple[tuple[str, bytes | None], ...]:
     """Normalise librdkafka headers (list of pairs, or dict) to (name, bytes) pairs."""
     if not raw:
@@ -53,38 +49,24 @@ def _headers(raw: Any) -> tuple[tuple[str, bytes | None], ...]:
 
 
 def end_offsets(
-    bootstrap: str, topic: str, *, isolation: str = "read_committed", timeout_s: float = 30.0
+    bootstrap: str, topic: str, *, isolation: Isolation = "read_committed", timeout_s: float = 30.0
 ) -> dict[int, int]:
     """Per partition, the offset a reader with ``isolation`` can read up to.
 
     With ``read_committed`` that is the last stable offset (LSO): records of a still-open
     transaction lie beyond it, so a reader never waits for a transaction that may not end.
+    The connector's one reader of end offsets answers
+    (:func:`txsink.connectors.kafka.offsets.topic_ends`); ``LookupError`` if the topic is
+    missing.
     """
-    from confluent_kafka import IsolationLevel, TopicPartition
-    from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
-
-    conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": _quiet()}
-    admin = AdminClient(conf)
-    meta = admin.list_topics(topic, timeout=timeout_s)
-    tmeta = meta.topics.get(topic)
-    if tmeta is None or tmeta.error is not None:
-        raise LookupError(f"topic {topic!r} not found: {tmeta.error if tmeta else 'no metadata'}")
-    level = (
-        IsolationLevel.READ_COMMITTED
-        if isolation == "read_committed"
-        else IsolationLevel.READ_UNCOMMITTED
-    )
-    latest: Any = OffsetSpec.latest()  # type: ignore[no-untyped-call]
-    requests = {TopicPartition(topic, p): latest for p in tmeta.partitions}
-    futures = admin.list_offsets(requests, isolation_level=level, request_timeout=timeout_s)
-    return {tp.partition: int(f.result().offset) for tp, f in futures.items()}
+    return topic_ends(admin_client(bootstrap), topic, isolation, timeout_s)
 
 
 def read_topic(
     bootstrap: str,
     topic: str,
     *,
-    isolation: str = "read_committed",
+    isolation: Isolation = "read_committed",
     timeout_s: float = 60.0,
     config: dict[str, Any] | None = None,
 ) -> list[KafkaRecord]:
@@ -108,7 +90,7 @@ def read_topic(
         "enable.auto.commit": False,
         "enable.partition.eof": True,
         "auto.offset.reset": "earliest",
-        "logger": _quiet(),
+        "logger": quiet_logger(),
     }
     conf.update(config or {})
     consumer = Consumer(conf)

@@ -38,6 +38,8 @@ of the steps KafkaSink's commit is made of.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -51,7 +53,8 @@ import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar, cast
+from unittest import mock
 
 import pyarrow as pa
 from typing_extensions import override
@@ -65,10 +68,26 @@ except ImportError:  # run as a plain script: python integration/benchmarks/kafk
 from _services.common import quiet_logger
 
 from txsink import Coordinator
-from txsink.connectors.kafka.sink import KafkaReplayHandle, KafkaSink, KafkaWalHandle, _OpenWal
+from txsink.connectors.kafka import readback as kafka_readback
+from txsink.connectors.kafka import replay as kafka_replay
+from txsink.connectors.kafka import wal as kafka_wal
+from txsink.connectors.kafka.clients import KafkaSettings
+from txsink.connectors.kafka.markers import Markers
+from txsink.connectors.kafka.offsets import Isolation, topic_ends
+from txsink.connectors.kafka.producers import ShardProducers, produce_records
+from txsink.connectors.kafka.readback import admin_client
+from txsink.connectors.kafka.records import RecordFormat
+from txsink.connectors.kafka.replay import KafkaReplayHandle, checksum
+from txsink.connectors.kafka.sink import KafkaSink, OpenTxn
+from txsink.connectors.kafka.wal import KafkaWalHandle
+from txsink.contract import EpochCommit, EpochData, TaskInfo
+from txsink.handles import Handle
 from txsink.txid import TxnId
 
-# txsink's producer defaults (KafkaSink._producer); the ceiling and Spark's sink get the same.
+R = TypeVar("R")
+
+# txsink's producer settings (clients.KafkaSettings.producer_conf); the ceiling and Spark's
+# sink get the same.
 PRODUCER_SETTINGS: dict[str, Any] = {
     "enable.idempotence": True,
     "acks": "all",
@@ -84,6 +103,9 @@ SPARK_KAFKA_OPTIONS = {
     "kafka.compression.type": "lz4",
 }
 TXN_PREFIX = "txsink-bench"
+# How long the verification waits for every partition's last stable offset to reach its high
+# watermark (the commit markers land a moment after the commit returns).
+LSO_WAIT_S = 30.0
 
 KEY_EXPR = "concat('user-', lpad(cast((id * 7919) % 250000 AS string), 7, '0'))"
 # A web-shop event; ``id`` first, so the verifier parses it from the value's prefix.
@@ -180,25 +202,191 @@ def _feed_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     yield pa.RecordBatch.from_pydict({"rows": [rows]}, schema=pa.schema([("rows", pa.int64())]))
 
 
+# -- profile runs: timers around the sink's seams ------------------------------------------
+#
+# The numbers of the profile tables, and where each is taken (the timers wrap whole hooks,
+# calls or batches, never single records):
+#
+#   check, begin, write, prepare   the sink's hooks (ProfiledKafkaSink)
+#   total          the WAL driver's commit_epoch, or one replay commit task (ShardCommit)
+#   producer       ShardProducers.get: a new producer + init_transactions (~0 when cached)
+#   marker         Markers.read: reading the marker topic
+#   transaction    ShardProducers.transaction: begin, body, marker record, commit_transaction
+#   body           the records of the transaction: reading them (the WAL file, or Spark's
+#                  persisted rows + records + checksum) and the produce loop
+#   records        RecordFormat.encode in a replay commit task
+#   produce        producers.produce_records, per batch: the produce loop
+#   delete_wal     WAL mode: a shard's files are deleted between its transaction and
+#                  request.committed(), so the time between the two
+
+
+class Profile:
+    """Seconds by step, summed over calls, of one unit: a pre-commit task or a commit."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def add(self, key: str, t0: float) -> float:
+        """Add the time since ``t0`` (``time.perf_counter()``) to ``key``; returns now."""
+        now = time.perf_counter()
+        self.seconds[key] = self.seconds.get(key, 0.0) + now - t0
+        return now
+
+    def dump(self, profile_dir: str, name: str, record: dict[str, Any]) -> None:
+        """Write ``record`` and the seconds to ``<profile_dir>/<name>.json``."""
+        write_record(profile_dir, name, {**record, **self.seconds})
+
+
+def write_record(profile_dir: str, name: str, record: dict[str, Any]) -> None:
+    """One profile record, ``<profile_dir>/<name>.json`` (read back by ``profile_run``)."""
+    Path(profile_dir, f"{name}.json").write_text(json.dumps(record))
+
+
+class ProfiledMarkers(Markers):
+    """Markers whose reads of the marker topic are timed (``marker``)."""
+
+    def __init__(self, settings: KafkaSettings, profile: Profile) -> None:
+        super().__init__(settings)
+        self.profile = profile
+
+    @override
+    def read(self, app: str, shards: Sequence[int]) -> dict[int, int]:
+        t0 = time.perf_counter()
+        found = super().read(app, shards)
+        self.profile.add("marker", t0)
+        return found
+
+
+class ProfiledShardProducers(ShardProducers):
+    """ShardProducers with ``producer``, ``marker``, ``transaction`` and ``body`` timed.
+
+    ``ended`` is when the last transaction committed (for WAL mode's ``delete_wal``).
+    """
+
+    def __init__(self, settings: KafkaSettings, profile: Profile) -> None:
+        super().__init__(settings)
+        self.profile = profile
+        self.markers = ProfiledMarkers(settings, profile)
+        self.ended: float | None = None
+
+    @override
+    def get(self, shard: int) -> Any:
+        t0 = time.perf_counter()
+        producer = super().get(shard)
+        self.profile.add("producer", t0)
+        return producer
+
+    @override
+    def transaction(self, shard: int, app: str, epoch: int, body: Callable[[Any], None]) -> None:
+        def timed_body(producer: Any) -> None:
+            t1 = time.perf_counter()
+            body(producer)
+            self.profile.add("body", t1)
+
+        t0 = time.perf_counter()
+        super().transaction(shard, app, epoch, timed_body)
+        self.ended = self.profile.add("transaction", t0)
+
+
+@dataclass(frozen=True)
+class ProfiledRecordFormat(RecordFormat):
+    """RecordFormat with ``encode`` timed (``records``)."""
+
+    profile: Profile = field(default_factory=Profile, compare=False)
+
+    @classmethod
+    def of(cls, fmt: RecordFormat, profile: Profile) -> ProfiledRecordFormat:
+        options = {f.name: getattr(fmt, f.name) for f in dataclasses.fields(fmt)}
+        return cls(**options, profile=profile)
+
+    @override
+    def encode(self, batch: pa.RecordBatch, partition: int, first_row: int) -> pa.RecordBatch:
+        t0 = time.perf_counter()
+        records = super().encode(batch, partition, first_row)
+        self.profile.add("records", t0)
+        return records
+
+
+@contextlib.contextmanager
+def timed_produce(profile: Profile) -> Iterator[None]:
+    """While open, the WAL and replay commits' produce loop is timed per batch (``produce``).
+
+    ``produce_records`` is a module function that ``wal`` and ``replay`` import by name, with
+    no seam to wrap it by: it is swapped in those two modules, in this process only, for one
+    profiled commit.
+    """
+
+    def timed(producer: Any, batch: pa.RecordBatch) -> None:
+        t0 = time.perf_counter()
+        produce_records(producer, batch)
+        profile.add("produce", t0)
+
+    with (
+        mock.patch.object(kafka_wal, "produce_records", timed),
+        mock.patch.object(kafka_replay, "produce_records", timed),
+    ):
+        yield
+
+
+@dataclass(frozen=True)
+class ProfiledCommitTask:
+    """Replay mode's commit task (``replay.ShardCommit``, pickled into each task) with its
+    steps timed; writes ``commit-shard-<shard>-<epoch>.json``.
+
+    The task builds its own ShardProducers (one per task: librdkafka clients do not
+    pickle), so the profiling one is swapped into ``replay`` for the task's duration.
+    """
+
+    task: kafka_replay.ShardCommit
+    profile_dir: str
+
+    def __call__(self, info: TaskInfo, batches: Iterator[pa.RecordBatch]) -> tuple[str, int]:
+        prof = Profile()
+        task = dataclasses.replace(self.task, fmt=ProfiledRecordFormat.of(self.task.fmt, prof))
+        producers = functools.partial(ProfiledShardProducers, profile=prof)
+        t0 = time.perf_counter()
+        with timed_produce(prof), mock.patch.object(kafka_replay, "ShardProducers", producers):
+            out = task(info, batches)
+        prof.add("total", t0)
+        prof.dump(
+            self.profile_dir,
+            f"commit-shard-{info.partition}-{task.epoch}",
+            {"kind": "commit", "where": "task"},
+        )
+        return out
+
+
+@dataclass(frozen=True)
+class ProfiledData:
+    """The epoch's rows (replay mode), running the commit tasks as ProfiledCommitTask."""
+
+    data: EpochData
+    profile_dir: str
+
+    def map_partitions(self, task: Callable[[TaskInfo, Iterator[pa.RecordBatch]], R]) -> list[R]:
+        if not isinstance(task, kafka_replay.ShardCommit):
+            return self.data.map_partitions(task)
+        results = self.data.map_partitions(ProfiledCommitTask(task, self.profile_dir))
+        return cast("list[R]", results)
+
+
 class ProfiledKafkaSink(KafkaSink):
     """KafkaSink that writes the seconds spent in its steps, per task and per commit.
 
-    Used only for the profile runs (their numbers are not in the throughput table): the
-    timers wrap whole hooks or whole batches, never single records. Each pre-commit task
-    writes ``precommit-<txn>.json`` at ``prepare``; each commit (the driver's
-    ``finish_epoch`` in WAL mode, each replay commit task) writes ``commit-*.json``.
+    Used only for the profile runs (their numbers are not in the throughput table). Each
+    pre-commit task writes ``precommit-<txn>.json`` at ``prepare``; each commit (the
+    driver's ``commit_epoch`` in WAL mode, each replay commit task) writes ``commit-*.json``.
     """
 
     def __init__(self, *args: Any, profile_dir: str, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.profile_dir = profile_dir
-        self._prof: dict[str, float] = {}
-
-    def _add(self, key: str, t0: float) -> None:
-        self._prof[key] = self._prof.get(key, 0.0) + time.perf_counter() - t0
-
-    def _dump(self, name: str, record: dict[str, Any]) -> None:
-        Path(self.profile_dir, f"{name}.json").write_text(json.dumps(record))
+        self._prof = Profile()  # the pre-commit task's (new at begin)
+        self._started = 0.0  # when the pre-commit task's begin was called
+        self._commit_prof = Profile()  # the WAL driver's commit (reset by commit_epoch)
+        # The driver's producers (KafkaSink makes them lazily, with no seam to pass others):
+        # profiled from the start, as check() initialises them and WAL commits reuse them.
+        self._clients = ProfiledShardProducers(self.settings, self._commit_prof)
 
     # the driver's start-up checks (init_transactions per shard, marker topic, ...)
 
@@ -206,31 +394,34 @@ class ProfiledKafkaSink(KafkaSink):
     def check(self, schema: pa.Schema, app_id: str) -> None:
         t0 = time.perf_counter()
         super().check(schema, app_id)
-        self._dump("check-driver", {"kind": "check", "seconds": time.perf_counter() - t0})
+        write_record(
+            self.profile_dir, "check-driver", {"kind": "check", "seconds": time.perf_counter() - t0}
+        )
 
     # pre-commit tasks
 
     @override
-    def begin(self, txn: TxnId, schema: pa.Schema) -> _OpenWal:
+    def begin(self, txn: TxnId, schema: pa.Schema) -> OpenTxn:
         t0 = time.perf_counter()
         opened = super().begin(txn, schema)
-        self._prof = {"start": t0}
-        self._add("begin", t0)
+        self._prof, self._started = Profile(), t0
+        self._prof.add("begin", t0)
         return opened
 
     @override
-    def write(self, txn: _OpenWal, batch: pa.RecordBatch) -> None:
+    def write(self, txn: OpenTxn, batch: pa.RecordBatch) -> None:
         t0 = time.perf_counter()
         super().write(txn, batch)
-        self._add("write", t0)
+        self._prof.add("write", t0)
 
     @override
-    def prepare(self, txn: _OpenWal) -> KafkaWalHandle | KafkaReplayHandle:
+    def prepare(self, txn: OpenTxn) -> KafkaWalHandle | KafkaReplayHandle:
         t0 = time.perf_counter()
         handle = super().prepare(txn)
         end = time.perf_counter()
-        p = self._prof
-        self._dump(
+        p = self._prof.seconds
+        write_record(
+            self.profile_dir,
             f"precommit-{txn.txn}",
             {
                 "kind": "precommit",
@@ -239,7 +430,7 @@ class ProfiledKafkaSink(KafkaSink):
                 "begin": p.get("begin", 0.0),
                 "write": p.get("write", 0.0),
                 "prepare": end - t0,
-                "span": end - p.get("start", t0),
+                "span": end - (self._started or t0),
             },
         )
         return handle
@@ -247,116 +438,55 @@ class ProfiledKafkaSink(KafkaSink):
     # commit: the driver (WAL) or one task per shard (replay)
 
     @override
-    def finish_epoch(self, epoch: int, handles: Sequence[Any]) -> None:
-        if self.mode != "wal":
-            super().finish_epoch(epoch, handles)
+    def commit_epoch(self, request: EpochCommit[Any]) -> None:
+        if self.mode == "replay":
+            if request.data is not None:
+                request = dataclasses.replace(
+                    request, data=ProfiledData(request.data, self.profile_dir)
+                )
+            super().commit_epoch(request)
             return
-        self._prof = {}
-        t0 = time.perf_counter()
-        super().finish_epoch(epoch, handles)
-        self._add("total", t0)
-        self._dump(f"commit-driver-{epoch}", {"kind": "commit", "where": "driver", **self._prof})
+        prof, producers = self._commit_prof, self._clients
+        if not isinstance(producers, ProfiledShardProducers):  # pragma: no cover - see __init__
+            raise TypeError(f"{self!r}: the driver's producers are not the profiled ones")
+        prof.seconds.clear()
+        producers.ended = None
+        report = request.on_committed
 
-    @override
-    def _commit_shard_rows(
-        self,
-        shard: int,
-        app: str,
-        epoch: int,
-        want: tuple[int, int, int],
-        batches: Iterator[pa.RecordBatch],
-    ) -> tuple[str, int]:
-        self._prof = {}
+        def committed(handles: Sequence[Handle]) -> None:
+            # A shard's WAL files go right after its transaction, before it is reported.
+            if producers.ended is not None:
+                prof.add("delete_wal", producers.ended)
+                producers.ended = None
+            if report is not None:
+                report(handles)
+
         t0 = time.perf_counter()
-        out = super()._commit_shard_rows(shard, app, epoch, want, batches)
-        self._add("total", t0)
-        self._dump(
-            f"commit-shard-{shard}-{epoch}", {"kind": "commit", "where": "task", **self._prof}
+        with timed_produce(prof):
+            super().commit_epoch(dataclasses.replace(request, on_committed=committed))
+        prof.add("total", t0)
+        prof.dump(
+            self.profile_dir,
+            f"commit-driver-{request.epoch}",
+            {"kind": "commit", "where": "driver"},
         )
-        return out
-
-    @override
-    def _producer(self, shard: int) -> Any:
-        t0 = time.perf_counter()
-        producer = super()._producer(shard)
-        self._add("producer", t0)
-        return producer
-
-    @override
-    def _read_markers(self, app: str, shards: Sequence[int]) -> dict[int, int]:
-        t0 = time.perf_counter()
-        found = super()._read_markers(app, shards)
-        self._add("marker", t0)
-        return found
-
-    @override
-    def _transaction(
-        self,
-        producer: Any,
-        app: str,
-        shard: int,
-        epoch: int,
-        body: Callable[[], None],
-    ) -> None:
-        def timed_body() -> None:
-            t1 = time.perf_counter()
-            body()
-            self._add("body", t1)
-
-        t0 = time.perf_counter()
-        super()._transaction(producer, app, shard, epoch, timed_body)
-        self._add("transaction", t0)
-
-    @override
-    def _records(self, batch: pa.RecordBatch, partition: int, first_row: int) -> pa.RecordBatch:
-        t0 = time.perf_counter()
-        records = super()._records(batch, partition, first_row)
-        self._add("records", t0)
-        return records
-
-    # KafkaSink calls it as self._produce_batch(...): an instance method here, to reach _prof.
-    def _produce_batch(  # type: ignore[override]
-        self, producer: Any, batch: pa.RecordBatch
-    ) -> None:
-        t0 = time.perf_counter()
-        KafkaSink._produce_batch(producer, batch)
-        self._add("produce", t0)
-
-    @override
-    def _delete_wal(self, handles: Sequence[KafkaWalHandle]) -> None:
-        t0 = time.perf_counter()
-        super()._delete_wal(handles)
-        self._add("delete_wal", t0)
 
 
 # -- Kafka helpers --------------------------------------------------------------------------
 
 
-def _admin(bootstrap: str) -> Any:
-    from confluent_kafka.admin import AdminClient
-
-    conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": quiet_logger()}
-    return AdminClient(conf)
-
-
 def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
-    from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
-
-    admin = _admin(bootstrap)  # keep it referenced: its futures die with it
-    futures = admin.create_topics(
-        [NewTopic(topic, num_partitions=partitions, replication_factor=1)]
-    )
-    futures[topic].result(timeout=60)
+    """Create ``topic`` (replication 1) and wait until every partition is served."""
+    kafka_readback.create_topic(bootstrap, topic, partitions, timeout_s=60)
     # Wait until every partition's leader serves it: ListOffsets answers only then. (Metadata
     # names a leader a moment before its log exists; an idempotent producer that starts in
     # that moment can get its batches out of sequence: OutOfOrderSequenceException.)
-    from readback import end_offsets as _end_offsets
-
+    admin = admin_client(bootstrap)
     deadline = time.monotonic() + 60
     last = ""
     while time.monotonic() < deadline:
         try:
-            offsets = _end_offsets(bootstrap, topic, isolation="read_uncommitted", timeout_s=10)
+            offsets = topic_ends(admin, topic, "read_uncommitted", 10)
             if len(offsets) == partitions:
                 return
             last = f"{len(offsets)} of {partitions} partitions"
@@ -369,7 +499,7 @@ def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
 def delete_topics(bootstrap: str, topics: Sequence[str]) -> None:
     if not topics:
         return
-    admin = _admin(bootstrap)  # keep it referenced: its futures die with it
+    admin = admin_client(bootstrap)  # keep it referenced: its futures die with it
     futures = admin.delete_topics(list(topics), operation_timeout=60)
     for topic, future in futures.items():
         try:
@@ -378,11 +508,35 @@ def delete_topics(bootstrap: str, topics: Sequence[str]) -> None:
             _bench.log(f"could not delete topic {topic}: {err}")
 
 
-def end_offsets(bootstrap: str, topic: str, isolation: str) -> dict[int, int]:
+def end_offsets(admin: Any, topic: str, isolation: Isolation) -> dict[int, int]:
     """Per partition: the last stable offset (read_committed) or high watermark."""
-    from readback import end_offsets as _end_offsets
+    return topic_ends(admin, topic, isolation, 60.0)
 
-    return _end_offsets(bootstrap, topic, isolation=isolation, timeout_s=60.0)
+
+def settled_ends(
+    admin: Any, topic: str, timeout_s: float = LSO_WAIT_S
+) -> tuple[dict[int, int], dict[int, int], float]:
+    """The last stable offsets and high watermarks of ``topic`` once they agree, and the
+    seconds waited for that.
+
+    Kafka's EndTxn returns once the transaction coordinator has logged the commit, before
+    it has written the commit markers to every partition: right after a commit returns, a
+    partition's last stable offset can still lag its high watermark, and a read_committed
+    reader stopping there would miss committed records. Waits up to ``timeout_s`` for
+    every partition's last stable offset to reach its high watermark; a partition still
+    behind after that holds a transaction left open (the caller reports it).
+    """
+    t0 = time.monotonic()
+    waited = 0.0  # stays 0 when they agree at once
+    while True:
+        # The last stable offsets first: a marker written between the two reads makes
+        # them differ and the loop read again, never agree on a stale high watermark.
+        ends = end_offsets(admin, topic, "read_committed")
+        hwm = end_offsets(admin, topic, "read_uncommitted")
+        if all(e >= hwm.get(p, e) for p, e in ends.items()) or waited > timeout_s:
+            return ends, hwm, waited
+        time.sleep(0.05)
+        waited = time.monotonic() - t0
 
 
 @dataclass
@@ -399,7 +553,8 @@ class Readback:
     bad_ids: int = 0
     open_partitions: int = 0  # last stable offset < high watermark: a transaction left open
     offsets: int = 0  # sum of high watermarks (records + transaction markers + aborted)
-    seconds: float = 0.0
+    seconds: float = 0.0  # the whole read-back, lso_wait_s included
+    lso_wait_s: float = 0.0  # waiting for the last stable offsets to reach the high watermarks
 
     def fingerprint(self) -> tuple[int, ...]:
         return (self.records, self.key_bytes, self.value_bytes, self.key_crc, self.value_crc)
@@ -408,15 +563,21 @@ class Readback:
 def read_back(bootstrap: str, topic: str, rows: int, timeout_s: float = 300.0) -> Readback:
     """Read ``topic`` with read_committed to its last stable offsets; sum what it holds.
 
-    One consumer over all partitions, batched ``consume``; per record only the CRC32s,
-    lengths and the id (from the value's ``{"id":N,`` prefix) in a bitmap of ``rows``.
+    First waits (up to ``LSO_WAIT_S``) until the commit markers are in every partition
+    (:func:`settled_ends`), and logs how long if it had to. Then one consumer over all
+    partitions, batched ``consume``; per record only the CRC32s, lengths and the id (from
+    the value's ``{"id":N,`` prefix) in a bitmap of ``rows``.
     """
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
     t0 = time.perf_counter()
     out = Readback()
-    ends = end_offsets(bootstrap, topic, "read_committed")
-    hwm = end_offsets(bootstrap, topic, "read_uncommitted")
+    ends, hwm, out.lso_wait_s = settled_ends(admin_client(bootstrap), topic)
+    if out.lso_wait_s > 0:
+        _bench.log(
+            f"read_back({topic}): waited {out.lso_wait_s:.2f} s until the last stable offsets "
+            "reached the high watermarks (the commit markers were still being written)"
+        )
     out.offsets = sum(hwm.values())
     out.open_partitions = sum(1 for p, e in ends.items() if e < hwm.get(p, e))
     pending = {p for p, end in ends.items() if end > 0}
@@ -624,6 +785,7 @@ def measure(
             problems.append(f"the feed job saw {extra['task_rows']} rows")
     else:
         extra["readback_s"] = found.seconds
+        extra["lso_wait_s"] = found.lso_wait_s
         extra["offsets"] = found.offsets
         if (found.records, found.distinct) != (rows, rows):
             problems.append(
@@ -635,11 +797,18 @@ def measure(
                 f"key/value lengths or CRCs differ: {found.fingerprint()} != {expected}"
             )
         if found.open_partitions:
-            problems.append(f"{found.open_partitions} partitions hold an open transaction")
+            problems.append(
+                f"{found.open_partitions} partitions hold an open transaction (last stable "
+                f"offset below the high watermark after {found.lso_wait_s:.1f} s of waiting)"
+            )
     if extra.get("wal_left", 0):
         problems.append(f"{extra['wal_left']} WAL files left behind")
     _bench.void_if(problems, m, tag, bench.void)
-    tail = f"  readback {found.seconds:.1f} s" if found is not None else ""
+    tail = ""
+    if found is not None:
+        tail = f"  readback {found.seconds:.1f} s"
+        if found.lso_wait_s:
+            tail += f" (of which {found.lso_wait_s:.2f} s waiting for the commit markers)"
     _bench.log_run(m, tag, width=8, unit="rec/s", tail=tail)
     return m
 
@@ -683,7 +852,7 @@ def profile_run(bench: Bench, mode: str, df: Any, **kw: Any) -> dict[str, Any]:
     for key in ("total", "producer", "marker", "transaction", "body", "records", "produce"):
         out[f"c_{key}"] = total(com, key)
     out["c_delete_wal"] = total(com, "delete_wal")
-    # body = reading (WAL file, or Spark's rows + _records + checksum) + the produce loop;
+    # body = reading (WAL file, or Spark's rows + records + checksum) + the produce loop;
     # transaction - body = begin_transaction + the marker + commit_transaction (the flush).
     out["c_read"] = out["c_body"] - out["c_produce"]
     out["c_commit_txn"] = out["c_transaction"] - out["c_body"]
@@ -727,16 +896,14 @@ def _producer_conf(bench: Bench, **extra: Any) -> dict[str, Any]:
 def single_process(bench: Bench, df: Any, rows: int, expected: tuple[int, ...]) -> dict[str, Any]:
     """Without Spark, in this one Python process: the steps KafkaSink's commit is made of.
 
-    ``records`` KafkaSink._records (Arrow casts); ``checksum`` the replay checksum;
+    ``records`` RecordFormat.encode (Arrow casts); ``checksum`` the replay checksum;
     ``pylist`` to_pylist of the 5 record columns; then producing all records to a fresh
-    topic: ``txn_sink`` KafkaSink._produce_batch in one transaction (what the WAL commit
+    topic: ``txn_sink`` producers.produce_records in one transaction (what the WAL commit
     does per shard, minus reading the WAL); ``txn_lean`` the same transaction with the
     leanest loop (positional produce() of key and value only); ``plain`` a
     non-transactional idempotent producer. All report failed deliveries only.
     """
     from confluent_kafka import Producer
-
-    from txsink.connectors.kafka.sink import _checksum
 
     data = df.select("key", "value").toArrow()
     batches = data.to_batches(max_chunksize=10_000)
@@ -745,11 +912,11 @@ def single_process(bench: Bench, df: Any, rows: int, expected: tuple[int, ...]) 
     )
     out: dict[str, Any] = {"rows": data.num_rows}
     t0 = time.perf_counter()
-    records = [sink._records(b, 0, 0) for b in batches]
+    records = [sink.records.encode(b, 0, 0) for b in batches]
     out["records_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     for r in records:
-        _checksum(r, 2)
+        checksum(r, 2)
     out["checksum_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     for r in records:
@@ -766,7 +933,7 @@ def single_process(bench: Bench, df: Any, rows: int, expected: tuple[int, ...]) 
     def txn_sink(producer: Any, topic: str) -> None:
         producer.begin_transaction()
         for r in records:
-            KafkaSink._produce_batch(producer, _retopic(r, topic))
+            produce_records(producer, _retopic(r, topic))
         producer.commit_transaction(120)
 
     def txn_lean(producer: Any, topic: str) -> None:
@@ -844,7 +1011,7 @@ def single_process(bench: Bench, df: Any, rows: int, expected: tuple[int, ...]) 
 def startup_costs(bench: Bench, n: int = 3, markers: int = 20) -> dict[str, float]:
     """Median ms of the fixed costs each replay commit task (and the WAL driver) pays:
     a new idempotent producer's first delivery, a new transactional producer's
-    init_transactions (``n`` times each), and KafkaSink._marker (AdminClient.list_offsets
+    init_transactions (``n`` times each), and the marker read, Markers.last (list_offsets
     + a consumer on the marker topic; ``markers`` times, with its max and slow calls).
     """
     from confluent_kafka import Producer
@@ -876,10 +1043,11 @@ def startup_costs(bench: Bench, n: int = 3, markers: int = 20) -> dict[str, floa
             key="key",
             marker_topic=bench.marker_topic,
         )
+        shard_markers = Markers(sink.settings)  # what each commit reads its marker with
         for _ in range(markers):
-            sink._driver.markers.clear()
+            shard_markers.clear()
             t0 = time.perf_counter()
-            sink._marker(0, f"bench-{bench.run_id}")
+            shard_markers.last(f"bench-{bench.run_id}", 0)
             marker.append(time.perf_counter() - t0)
     finally:
         delete_topics(bench.bootstrap, [topic])
@@ -1079,10 +1247,10 @@ def single_table(res: Results) -> str:
     s = res.single
     n = s["rows"]
     labels = {
-        "records": "KafkaSink._records: key/value/topic/partition/headers Arrow columns",
-        "checksum": "replay checksum (_checksum, Python per record)",
+        "records": "RecordFormat.encode: key/value/topic/partition/headers Arrow columns",
+        "checksum": "replay checksum (replay.checksum, Python per record)",
         "pylist": "to_pylist() of the 5 record columns",
-        "txn_sink": "produce, 1 transaction, as KafkaSink._produce_batch + commit",
+        "txn_sink": "produce, 1 transaction, as producers.produce_records + commit",
         "txn_lean": "produce, 1 transaction, positional, no per-record callback + commit",
         "plain": "produce, plain idempotent producer, per-record callback + flush",
     }
@@ -1137,7 +1305,7 @@ def reading(res: Results) -> list[str]:
                 c = pr["c_total"]
                 line += (
                     f" In the profile run the commit spent {pr['c_produce'] / c:.0%} in "
-                    f"`KafkaSink._produce_batch` ({_bench.fmt_rate(res.rows / pr['c_produce'])} "
+                    f"`produce_records` ({_bench.fmt_rate(res.rows / pr['c_produce'])} "
                     "records/s: `to_pylist()` of the 5 record columns, a kwargs dict, a "
                     "`produce()` call and a delivery callback per record), "
                     f"{pr['c_marker'] / c:.0%} reading the shard's marker, "
@@ -1200,7 +1368,7 @@ def reading(res: Results) -> list[str]:
                 f"delivers its first record after {s['first_delivery_ms']:.0f} ms (librdkafka "
                 "acquires the producer id first), `init_transactions` on a new transactional "
                 f"producer takes {s['init_transactions_ms']:.0f} ms (median of 3 each), "
-                "`KafkaSink._marker` "
+                "the marker read (`Markers.last`) "
                 f"{s['marker_ms']:.0f} ms (median of {s.get('marker_n', 3):.0f}; a new "
                 "AdminClient for `list_offsets`, then a consumer polled in 0.2 s steps until "
                 "its position passes the transaction's commit marker"
@@ -1283,7 +1451,7 @@ def render(res: Results) -> str:
             precommit_profile_table(res),
             "Commit (same runs; *read* is reading the WAL file, or in replay mode Spark "
             "re-reading the persisted rows plus building the records and the checksum; "
-            "*produce loop* is `KafkaSink._produce_batch`; *commit_transaction* includes "
+            "*produce loop* is `producers.produce_records`; *commit_transaction* includes "
             "`begin_transaction` and the marker record):",
             commit_profile_table(res),
         )
@@ -1329,7 +1497,7 @@ def _versions(bench: Bench) -> dict[str, str]:
             broker = KAFKA_VERSION
         except ImportError:
             pass
-    admin = _admin(bench.bootstrap)
+    admin = admin_client(bench.bootstrap)
     meta = admin.list_topics(timeout=30)
     res = ConfigResource(ResourceType.BROKER, str(next(iter(meta.brokers))))
     configs = admin.describe_configs([res])[res].result(timeout=30)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from _services.common import quiet_logger
 
-from txsink.connectors.kafka.offsets import Isolation, topic_ends
+from txsink.connectors.kafka.offsets import Isolation, settled_ends, topic_ends
 from txsink.connectors.kafka.readback import admin_client
 
 if TYPE_CHECKING:
@@ -51,15 +51,26 @@ def _headers(raw: Any) -> tuple[tuple[str, bytes | None], ...]:
 def end_offsets(
     bootstrap: str, topic: str, *, isolation: Isolation = "read_committed", timeout_s: float = 30.0
 ) -> dict[int, int]:
-    """Per partition, the offset a reader with ``isolation`` can read up to.
+    """Per partition, the offset a reader with ``isolation`` can read up to, once the
+    markers of the transactions committed so far are in every partition.
 
     With ``read_committed`` that is the last stable offset (LSO): records of a still-open
-    transaction lie beyond it, so a reader never waits for a transaction that may not end.
-    The connector's one reader of end offsets answers
-    (:func:`txsink.connectors.kafka.offsets.topic_ends`); ``LookupError`` if the topic is
-    missing.
+    transaction lie beyond it. Right after a commit returns, Kafka may still be writing
+    its markers, so this waits (a few seconds at most) for the LSO to reach the high
+    watermark (:func:`txsink.connectors.kafka.offsets.settled_ends`, the connector's one
+    reader of end offsets); ``LookupError`` if the topic is missing.
     """
-    return topic_ends(admin_client(bootstrap), topic, isolation, timeout_s)
+    admin = admin_client(bootstrap)
+    if isolation == "read_uncommitted":
+        return topic_ends(admin, topic, isolation, timeout_s)
+    stable, _, _ = settled_ends(admin, topic, timeout_s, wait_s=10.0)
+    return stable
+
+
+def open_transactions(bootstrap: str, topic: str, timeout_s: float = 30.0) -> int:
+    """How many partitions of ``topic`` hold a transaction left open (0 when clean)."""
+    stable, high, _ = settled_ends(admin_client(bootstrap), topic, timeout_s, wait_s=10.0)
+    return sum(1 for p, end in high.items() if stable.get(p, 0) < end)
 
 
 def read_topic(

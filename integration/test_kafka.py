@@ -11,7 +11,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from readback import end_offsets, read_topic
+from readback import open_transactions, read_topic
 
 from txsink.connectors.kafka import KafkaSink
 from txsink.contract import EpochCommit
@@ -81,8 +81,7 @@ def test_commit_is_visible_once_and_idempotent(kafka: Any, tmp_path: Path) -> No
     assert sorted(json.loads(r.value)["id"] for r in records) == list(range(300))  # type: ignore[arg-type]
     assert {r.key for r in records} == {f"k{i}".encode() for i in range(7)}
     assert list(sink.list_prepared("app")) == []
-    ends = end_offsets(kafka.bootstrap, topic)
-    assert ends == end_offsets(kafka.bootstrap, topic, isolation="read_uncommitted")
+    assert open_transactions(kafka.bootstrap, topic) == 0
 
 
 def test_oversized_record_is_refused_before_the_decision(kafka: Any, tmp_path: Path) -> None:
@@ -125,9 +124,7 @@ def test_zombie_producer_is_fenced_and_its_transaction_aborted(kafka: Any, tmp_p
     handle = _prepared_one(sink, "app", 0, 0, range(20))
     _commit(sink, 0, [handle])
     assert sorted(_ids(kafka, topic)) == list(range(20))
-    assert end_offsets(kafka.bootstrap, topic) == end_offsets(
-        kafka.bootstrap, topic, isolation="read_uncommitted"
-    )  # no transaction left open
+    assert open_transactions(kafka.bootstrap, topic) == 0
 
 
 def test_marker_read_waits_for_open_transactions_on_the_marker_topic(
@@ -181,9 +178,7 @@ def test_corrupted_wal_is_refused_not_committed(kafka: Any, tmp_path: Path) -> N
     with pytest.raises(CommitError, match="is corrupted"):
         _commit(sink, 0, [handle])
     assert _ids(kafka, topic) == []
-    assert end_offsets(kafka.bootstrap, topic) == end_offsets(
-        kafka.bootstrap, topic, isolation="read_uncommitted"
-    )
+    assert open_transactions(kafka.bootstrap, topic) == 0
 
 
 def test_two_live_writers_sharing_an_id_get_a_clear_error(kafka: Any, tmp_path: Path) -> None:
@@ -262,10 +257,7 @@ def _verdict(kafka: Any, topic: str, wal: Path, rows: int) -> Verdict:
     """Ids read back with read_committed; lingering: WAL files left, plus 1 if a transaction
     is still open on the topic (its last stable offset behind the high watermark)."""
     lingering = len(os.listdir(wal)) if wal.exists() else 0
-    if end_offsets(kafka.bootstrap, topic) != end_offsets(
-        kafka.bootstrap, topic, isolation="read_uncommitted"
-    ):
-        lingering += 1
+    lingering += open_transactions(kafka.bootstrap, topic)
     return count_ids(range(rows), _ids(kafka, topic), lingering=lingering)
 
 
@@ -378,9 +370,7 @@ def test_replay_mode_refuses_a_non_deterministic_replay(
         query.awaitTermination()
     assert sorted(_ids(kafka, topic)) == before  # nothing else was written
     # The refused shard's transaction was aborted, not left open: readers are not held back.
-    assert end_offsets(kafka.bootstrap, topic) == end_offsets(
-        kafka.bootstrap, topic, isolation="read_uncommitted"
-    )
+    assert open_transactions(kafka.bootstrap, topic) == 0
 
 
 # WAL mode is slow here: the default suite covers it in the cross-system coordinator

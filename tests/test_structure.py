@@ -193,3 +193,21 @@ def test_every_registered_connector_brings_its_testing_adapter() -> None:
     for name, adapter in found.items():
         assert isinstance(adapter, ConnectorTesting) and adapter.name == name
         assert adapter.variants, f"{name}: no variant to test"
+
+
+def test_the_architecture_doc_maps_every_module() -> None:
+    """docs/architecture.md's module map (``docs/tools/module_map.py``) names every module,
+    and no module that is gone."""
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    mapped: set[str] = set()
+    folder = ""
+    for line in doc.splitlines():
+        if heading := re.match(r"\*\*`([^`]+/)`\*\*", line):
+            folder = heading.group(1)
+        elif row := re.match(r"\| `([^`]+\.py)` \|", line):
+            mapped.add(folder + row.group(1))
+    on_disk = {str(p.relative_to(ROOT)) for root in (CORE, CONNECTORS) for p in root.rglob("*.py")}
+    assert mapped == on_disk, (
+        f"regenerate the map (python docs/tools/module_map.py): missing "
+        f"{sorted(on_disk - mapped)}, gone {sorted(mapped - on_disk)}"
+    )

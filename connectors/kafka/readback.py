@@ -10,7 +10,7 @@ from typing import Any
 
 from txsink.connectors.kafka.clients import rdkafka_logger
 from txsink.connectors.kafka.errors import has_code
-from txsink.connectors.kafka.offsets import topic_ends
+from txsink.connectors.kafka.offsets import settled_ends
 
 __all__ = ["admin_client", "create_topic", "delete_topic", "read_committed_values"]
 
@@ -28,10 +28,11 @@ def admin_client(bootstrap: str) -> Any:
 
 
 def read_committed_values(bootstrap: str, topic: str, timeout_s: float) -> list[bytes | None]:
-    """Every value a ``read_committed`` reader sees, up to the last stable offsets now."""
+    """Every value a ``read_committed`` reader sees, up to the last stable offsets once the
+    commit markers of the transactions committed so far are in every partition."""
     from confluent_kafka import Consumer, TopicPartition
 
-    ends = topic_ends(admin_client(bootstrap), topic, "read_committed", timeout_s)
+    ends, _, _ = settled_ends(admin_client(bootstrap), topic, timeout_s)
     pending = {p for p, end in ends.items() if end > 0}
     values: list[bytes | None] = []
     if not pending:

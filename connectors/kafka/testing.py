@@ -20,7 +20,7 @@ from typing_extensions import override
 
 from txsink.connectors.kafka import readback
 from txsink.connectors.kafka.clients import rdkafka_logger
-from txsink.connectors.kafka.offsets import topic_ends
+from txsink.connectors.kafka.offsets import settled_ends
 from txsink.connectors.kafka.sink import KafkaSink
 from txsink.testing.adapter import ConnectorTesting
 from txsink.testing.observer import Snapshot, Target, by_epoch
@@ -57,9 +57,11 @@ class KafkaVerifier:
         left = 0
         if self.wal is not None and os.path.isdir(self.wal):
             left += sum(len(files) for _, _, files in os.walk(self.wal))
-        admin = readback.admin_client(self.bootstrap)
-        stable = topic_ends(admin, self.topic, "read_committed", self.timeout_s)
-        high = topic_ends(admin, self.topic, "read_uncommitted", self.timeout_s)
+        # A transaction committed a moment ago may not have its markers everywhere yet:
+        # give them a few seconds before calling a partition's transaction left open.
+        stable, high, _ = settled_ends(
+            readback.admin_client(self.bootstrap), self.topic, self.timeout_s, wait_s=10.0
+        )
         return left + sum(1 for p, end in high.items() if stable.get(p, 0) < end)
 
 

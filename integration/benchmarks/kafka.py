@@ -73,7 +73,7 @@ from txsink.connectors.kafka import replay as kafka_replay
 from txsink.connectors.kafka import wal as kafka_wal
 from txsink.connectors.kafka.clients import KafkaSettings
 from txsink.connectors.kafka.markers import Markers
-from txsink.connectors.kafka.offsets import Isolation, topic_ends
+from txsink.connectors.kafka.offsets import Isolation, settled_ends, topic_ends
 from txsink.connectors.kafka.producers import ShardProducers, produce_records
 from txsink.connectors.kafka.readback import admin_client
 from txsink.connectors.kafka.records import RecordFormat
@@ -513,32 +513,6 @@ def end_offsets(admin: Any, topic: str, isolation: Isolation) -> dict[int, int]:
     return topic_ends(admin, topic, isolation, 60.0)
 
 
-def settled_ends(
-    admin: Any, topic: str, timeout_s: float = LSO_WAIT_S
-) -> tuple[dict[int, int], dict[int, int], float]:
-    """The last stable offsets and high watermarks of ``topic`` once they agree, and the
-    seconds waited for that.
-
-    Kafka's EndTxn returns once the transaction coordinator has logged the commit, before
-    it has written the commit markers to every partition: right after a commit returns, a
-    partition's last stable offset can still lag its high watermark, and a read_committed
-    reader stopping there would miss committed records. Waits up to ``timeout_s`` for
-    every partition's last stable offset to reach its high watermark; a partition still
-    behind after that holds a transaction left open (the caller reports it).
-    """
-    t0 = time.monotonic()
-    waited = 0.0  # stays 0 when they agree at once
-    while True:
-        # The last stable offsets first: a marker written between the two reads makes
-        # them differ and the loop read again, never agree on a stale high watermark.
-        ends = end_offsets(admin, topic, "read_committed")
-        hwm = end_offsets(admin, topic, "read_uncommitted")
-        if all(e >= hwm.get(p, e) for p, e in ends.items()) or waited > timeout_s:
-            return ends, hwm, waited
-        time.sleep(0.05)
-        waited = time.monotonic() - t0
-
-
 @dataclass
 class Readback:
     """What a read_committed reader sees in a topic, summed (order-independent)."""
@@ -572,7 +546,9 @@ def read_back(bootstrap: str, topic: str, rows: int, timeout_s: float = 300.0) -
 
     t0 = time.perf_counter()
     out = Readback()
-    ends, hwm, out.lso_wait_s = settled_ends(admin_client(bootstrap), topic)
+    ends, hwm, out.lso_wait_s = settled_ends(
+        admin_client(bootstrap), topic, 60.0, wait_s=LSO_WAIT_S
+    )
     if out.lso_wait_s > 0:
         _bench.log(
             f"read_back({topic}): waited {out.lso_wait_s:.2f} s until the last stable offsets "

@@ -1,0 +1,52 @@
+"""Print the module map of docs/architecture.md: every module of txsink/ and connectors/,
+its lines and its first docstring line. Run from the repository root:
+
+    python docs/tools/module_map.py > /tmp/map.md
+
+tests/test_structure.py checks that the map in docs/architecture.md names every module.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+CONNECTORS = sorted(
+    p.name for p in (ROOT / "connectors").iterdir() if p.is_dir() and not p.name.startswith("_")
+)
+GROUPS = [
+    ("txsink/", "the core"),
+    ("txsink/cli/", "the command line"),
+    ("txsink/testing/", "the testing toolkit"),
+    ("txsink/_target/", "plumbing shared by connectors"),
+    ("connectors/", "the connectors' namespace package"),
+    *[(f"connectors/{name}/", f"the {name} connector") for name in CONNECTORS],
+]
+
+
+def summary(path: Path) -> str:
+    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    first = doc.strip().split("\n\n")[0].replace("\n", " ")
+    return first.replace("|", "\\|")
+
+
+def rows() -> list[str]:
+    out = []
+    for folder, what in GROUPS:
+        files = sorted(p for p in (ROOT / folder).glob("*.py"))
+        if not files:
+            continue
+        total = sum(len(p.read_text().splitlines()) for p in files)
+        out.append(f"\n**`{folder}`** ({what}, {total} lines)\n")
+        out.append("| module | lines | job |")
+        out.append("|---|---:|---|")
+        for p in files:
+            lines = len(p.read_text().splitlines())
+            out.append(f"| `{p.name}` | {lines} | {summary(p)} |")
+    return out
+
+
+if __name__ == "__main__":
+    sys.stdout.write("\n".join(rows()).lstrip() + "\n")

@@ -1,5 +1,5 @@
 """The Postgres connector's testing adapter: a SQL verifier, an observer view, the pipeline
-factory.
+factory, and the clean-up of a target (its schema, after its prepared transactions).
 
 Registered in :mod:`txsink.connectors.postgres.plugin`. The server comes from
 ``TXSINK_PG_DSN`` (a libpq connection string or URL).

@@ -618,3 +618,27 @@ def test_repeated_transaction_name_is_a_configuration_error(
         sink.prepare(again)
     assert _rows(postgres, f"SELECT count(*) FROM {name}") == [(3,)]
     assert _prepared(postgres, uid) == []
+
+
+def test_adapter_drop_target_rolls_back_prepared_and_drops_the_schema(
+    postgres: Any, tmp_path: Path
+) -> None:
+    """The testing adapter's drop_target: a prepared transaction of the sink (holding a
+    lock on the table) is rolled back first, so the DROP SCHEMA does not wait on it."""
+    import uuid
+
+    from txsink.connectors.postgres.testing import ADAPTER
+
+    env = {"TXSINK_PG_DSN": postgres.dsn}
+    spec = ADAPTER.new_target(tmp_path, f"drop_{uuid.uuid4().hex[:10]}", env)
+    schema, uid = spec["table"].split(".")[0], spec["uid"]
+    sink = ADAPTER.build_sink(spec, env)
+    sink.check(SCHEMA, "app")
+    open_ = sink.begin(TxnId("app", uid, 0, 0, 0, 0), SCHEMA)
+    sink.write(open_, _batch(range(3)))
+    sink.prepare(open_)
+    assert len(_prepared(postgres, uid)) == 1
+    ADAPTER.drop_target(spec, env)
+    assert _prepared(postgres, uid) == []
+    assert _rows(postgres, f"SELECT 1 FROM pg_namespace WHERE nspname = '{schema}'") == []
+    ADAPTER.drop_target(spec, env)  # gone already: nothing to do, no error

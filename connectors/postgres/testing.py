@@ -1,5 +1,5 @@
 """The Postgres connector's testing adapter: a SQL verifier, an observer view, the pipeline
-factory.
+factory, and the clean-up of a target (its schema, after its prepared transactions).
 
 Registered in :mod:`txsink.connectors.postgres.plugin`. The server comes from
 ``TXSINK_PG_DSN`` (a libpq connection string or URL).
@@ -13,14 +13,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from txsink.connectors.postgres.prepared import prepared_gids, rollback_prepared
 from txsink.connectors.postgres.sink import PostgresSink
 from txsink.testing.adapter import ConnectorTesting
 from txsink.testing.observer import Snapshot, Target, by_epoch
 from txsink.testing.verifiers import SinkVerifier
+from txsink.txid import TxnId
 
 __all__ = ["ADAPTER", "DDL", "PostgresTarget", "PostgresTesting", "PostgresVerifier"]
 
 DSN = "TXSINK_PG_DSN"
+#: How long drop_target waits for a lock other sessions hold (best effort: it gives up).
+DROP_LOCK_TIMEOUT = "10s"
 #: The table every test target gets (the columns of the test input).
 DDL = "CREATE TABLE {} (id bigint, key text, amount double precision, payload text)"
 
@@ -68,12 +72,8 @@ class PostgresVerifier:
         app = _app_id(self.log)
         prefix = f"txsink.{app}.{self.uid}." if app else "txsink."
         with psycopg.connect(self.dsn, autocommit=True) as conn:
-            rows = conn.execute(
-                "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() "
-                "AND starts_with(gid, %s)",
-                (prefix,),
-            ).fetchall()
-        return sum(1 for (gid,) in rows if app or f".{self.uid}." in gid)
+            gids = prepared_gids(conn, prefix)
+        return sum(1 for gid in gids if app or f".{self.uid}." in gid)
 
 
 class PostgresTarget:
@@ -163,6 +163,28 @@ class PostgresTesting(ConnectorTesting):
 
     def observer_targets(self, spec: Mapping[str, Any], env: Mapping[str, str]) -> list[Target]:
         return [PostgresTarget(env[DSN], spec["table"])]
+
+    def drop_target(self, spec: Mapping[str, Any], env: Mapping[str, str]) -> None:
+        """Drop the target's schema (``DROP SCHEMA ... CASCADE``), best effort.
+
+        The sink's prepared transactions (any app's, by the uid in their gid) are rolled
+        back first: they hold locks on the table, and the drop would wait on them.
+        """
+        import psycopg
+        from psycopg import sql
+
+        schema = str(spec["table"]).split(".")[0]
+        uid = spec.get("uid", "pg")
+        with (
+            contextlib.suppress(Exception),
+            psycopg.connect(env[DSN], autocommit=True, connect_timeout=5) as conn,
+        ):
+            for gid in prepared_gids(conn, "txsink."):
+                txn = TxnId.try_parse(gid)
+                if txn is not None and txn.uid == uid:
+                    rollback_prepared(conn, gid)
+            conn.execute(sql.SQL("SET lock_timeout = {}").format(sql.Literal(DROP_LOCK_TIMEOUT)))
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
 
 
 ADAPTER = PostgresTesting()

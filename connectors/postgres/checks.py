@@ -1,0 +1,214 @@
+"""What a Postgres sink verifies at start, on the driver, before anything is written.
+
+In order, each failure a :class:`~txsink.errors.ConfigurationError` that names the fix:
+
+1. ``max_prepared_transactions > 0`` (else the server cannot PREPARE TRANSACTION);
+2. the table exists, or is created from the DataFrame's schema (``create_table=True``);
+3. every DataFrame column exists with a type that takes it; every NOT NULL column
+   without a default is in the DataFrame; the upsert key columns are;
+4. upsert: a unique index (or primary key) on exactly the key, which ON CONFLICT needs;
+5. the role may INSERT (and UPDATE, for upsert) into the table;
+6. the progress table exists (created if missing) and the role may use it;
+7. a warning for every prepared transaction older than ``prepared_age_warning_s``:
+   it holds its locks and blocks vacuum until someone finishes it.
+
+The only writes: the table (2, when asked) and the progress table (6).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from txsink.connectors.postgres.prepared import old_prepared
+from txsink.connectors.postgres.progress import ensure_progress_table
+from txsink.connectors.postgres.types import arrow_to_pg_type, compatible
+from txsink.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from txsink.connectors.postgres.tables import Tables
+
+__all__ = ["StartCheck"]
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StartCheck:
+    """The checks of one sink on the driver's connection ``conn``.
+
+    ``tables`` has its schema resolved; ``server`` is the DSN as it may be shown
+    (redacted). The other fields are the sink's options of the same names.
+    """
+
+    conn: psycopg.Connection[Any]
+    tables: Tables
+    uid: str
+    mode: str
+    key: Sequence[str]
+    create_table: bool
+    server: str
+    prepared_age_warning_s: float
+
+    @property
+    def _ctx(self) -> dict[str, Any]:
+        return {"sink_uid": self.uid, "connector": "postgres", "phase": "check"}
+
+    def run(self, schema: pa.Schema) -> None:
+        """Every check, in the order of the module's list, for rows of ``schema``."""
+        import psycopg
+
+        try:
+            self._two_phase_commit()
+            self._columns(schema)
+            if self.mode == "upsert":
+                self._unique_key()
+            self._privileges()
+            ensure_progress_table(self.conn, self.tables, self._ctx)
+            self._warn_old_prepared()
+        except psycopg.errors.InsufficientPrivilege as err:
+            table = self.tables.qualified
+            raise ConfigurationError(
+                f"the connecting role lacks a privilege txsink needs at start: "
+                f"{(err.diag.message_primary or str(err)).strip()}. It needs INSERT (and UPDATE "
+                f"for upsert) on {table}, and CREATE on its schema for the "
+                f"progress table {self.tables.progress!r} (or create that table beforehand)",
+                **self._ctx,
+            ) from err
+
+    def _two_phase_commit(self) -> None:
+        max_prepared = int(self.conn.execute("SHOW max_prepared_transactions").fetchone()[0])  # type: ignore[index]
+        if max_prepared == 0:
+            raise ConfigurationError(
+                f"PostgreSQL at {self.server} has max_prepared_transactions = 0, so "
+                "it cannot PREPARE TRANSACTION (two-phase commit). Set max_prepared_transactions "
+                "to at least the number of Spark partitions times the number of Postgres sinks "
+                "(e.g. 100) in postgresql.conf and restart the server",
+                **self._ctx,
+            )
+
+    def _columns(self, schema: pa.Schema) -> None:
+        table = self.tables.qualified
+        columns = self._table_columns()
+        if columns is None:
+            if not self.create_table:
+                raise ConfigurationError(
+                    f"table {table} does not exist: create it, or pass "
+                    "create_table=True to create it from the DataFrame's schema",
+                    **self._ctx,
+                )
+            self._create(schema)
+            columns = self._table_columns() or {}
+        for field in schema:
+            if field.name not in columns:
+                raise ConfigurationError(
+                    f"table {table} has no column {field.name!r} (the DataFrame "
+                    f"has it): add the column or drop it from the DataFrame before the sink",
+                    column=field.name,
+                    **self._ctx,
+                )
+            pg_type, _ = columns[field.name]
+            if not compatible(field.type, pg_type):
+                raise ConfigurationError(
+                    f"column {field.name!r} of {table} is {pg_type}, which cannot "
+                    f"take the DataFrame's {field.type} (maps to {arrow_to_pg_type(field.type)}): "
+                    "cast the column in Spark or change the table",
+                    column=field.name,
+                    **self._ctx,
+                )
+        for name, (_, required) in columns.items():
+            if required and name not in schema.names:
+                raise ConfigurationError(
+                    f"column {name!r} of {table} is NOT NULL without a default, "
+                    "but the DataFrame has no such column",
+                    column=name,
+                    **self._ctx,
+                )
+        for key in self.key:
+            if key not in schema.names:
+                raise ConfigurationError(
+                    f"upsert key column {key!r} is not in the DataFrame", column=key, **self._ctx
+                )
+
+    def _table_columns(self) -> dict[str, tuple[str, bool]] | None:
+        """Column name -> (type, required: NOT NULL without a default); None: no table."""
+        regclass = self.tables.regclass()
+        rows = self.conn.execute(
+            "SELECT a.attname, format_type(a.atttypid, a.atttypmod), "
+            "a.attnotnull AND NOT a.atthasdef AND a.attidentity = '' AND a.attgenerated = '' "
+            "FROM pg_attribute a WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 "
+            "AND NOT a.attisdropped ORDER BY a.attnum",
+            (regclass,),
+        ).fetchall()
+        if not rows:
+            exists = self.conn.execute("SELECT to_regclass(%s)", (regclass,)).fetchone()
+            if exists is None or exists[0] is None:
+                return None
+        return {str(r[0]): (str(r[1]), bool(r[2])) for r in rows}
+
+    def _create(self, schema: pa.Schema) -> None:
+        from psycopg import sql
+
+        cols = [
+            sql.SQL("{} {}").format(sql.Identifier(f.name), sql.SQL(arrow_to_pg_type(f.type)))
+            for f in schema
+        ]
+        if self.key:
+            cols.append(
+                sql.SQL("PRIMARY KEY ({})").format(
+                    sql.SQL(", ").join(sql.Identifier(k) for k in self.key)
+                )
+            )
+        self.conn.execute(
+            sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(
+                self.tables.ident(), sql.SQL(", ").join(cols)
+            )
+        )
+        _log.info("[uid=%s epoch=None] created table %s", self.uid, self.tables.qualified)
+
+    def _unique_key(self) -> None:
+        rows = self.conn.execute(
+            "SELECT array_agg(a.attname ORDER BY a.attname) FROM pg_index i "
+            "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
+            "WHERE i.indrelid = to_regclass(%s) AND i.indisunique AND i.indpred IS NULL "
+            "GROUP BY i.indexrelid",
+            (self.tables.regclass(),),
+        ).fetchall()
+        if sorted(self.key) not in [sorted(r[0]) for r in rows]:
+            table = self.tables.qualified
+            raise ConfigurationError(
+                f"upsert on {table} needs a unique index or primary key on "
+                f"exactly {list(self.key)} (ON CONFLICT needs it): CREATE UNIQUE INDEX ON "
+                f"{table} ({', '.join(self.key)})",
+                **self._ctx,
+            )
+
+    def _privileges(self) -> None:
+        table = self.tables.qualified
+        for privilege in ["INSERT"] + (["UPDATE"] if self.mode == "upsert" else []):
+            ok = self.conn.execute(
+                "SELECT has_table_privilege(%s, %s)", (self.tables.regclass(), privilege)
+            ).fetchone()[0]  # type: ignore[index]
+            if not ok:
+                raise ConfigurationError(
+                    f"the connecting role lacks {privilege} on {table}: "
+                    f"GRANT {privilege} ON {table} TO <role>",
+                    **self._ctx,
+                )
+
+    def _warn_old_prepared(self) -> None:
+        for gid, age in old_prepared(self.conn, self.prepared_age_warning_s):
+            _log.warning(
+                "[uid=%s epoch=None] prepared transaction %s is %.0f s old: it holds locks and "
+                "blocks vacuum until committed or rolled back (txsink recovery rolls back its "
+                "own; others need ROLLBACK PREPARED by hand)",
+                self.uid,
+                gid,
+                float(age),
+            )

@@ -1,0 +1,57 @@
+"""The server's prepared transactions, by gid: list, commit, roll back, find the old ones.
+
+Every statement runs on an autocommit connection (``COMMIT PREPARED`` cannot run inside
+a transaction block) of the database the transactions were prepared in:
+``pg_prepared_xacts`` shows every database's, and only this one's can be finished here.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import psycopg
+
+__all__ = ["commit_prepared", "old_prepared", "prepared_gids", "rollback_prepared"]
+
+
+def prepared_gids(conn: psycopg.Connection[Any], prefix: str) -> list[str]:
+    """The gids of this database's prepared transactions that start with ``prefix``, sorted."""
+    rows = conn.execute(
+        "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() "
+        "AND starts_with(gid, %s) ORDER BY gid",
+        (prefix,),
+    ).fetchall()
+    return [str(gid) for (gid,) in rows]
+
+
+def commit_prepared(conn: psycopg.Connection[Any], gid: str) -> None:
+    """``COMMIT PREPARED gid``. Raises psycopg's ``UndefinedObject`` when there is no such
+    gid (committed already, or rolled back: only the caller can tell which) and
+    ``ObjectNotInPrerequisiteState`` while another session is finishing it."""
+    from psycopg import sql
+
+    conn.execute(sql.SQL("COMMIT PREPARED {}").format(sql.Literal(gid)))
+
+
+def rollback_prepared(conn: psycopg.Connection[Any], gid: str) -> bool:
+    """``ROLLBACK PREPARED gid``; False when there was no such gid (gone already)."""
+    import psycopg
+    from psycopg import sql
+
+    try:
+        conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
+    except psycopg.errors.UndefinedObject:
+        return False
+    return True
+
+
+def old_prepared(conn: psycopg.Connection[Any], older_than_s: float) -> list[tuple[str, float]]:
+    """(gid, age in seconds) of this database's prepared transactions older than
+    ``older_than_s``, whoever prepared them."""
+    rows = conn.execute(
+        "SELECT gid, extract(epoch FROM now() - prepared) FROM pg_prepared_xacts "
+        "WHERE database = current_database() AND prepared < now() - make_interval(secs => %s)",
+        (older_than_s,),
+    ).fetchall()
+    return [(str(gid), float(age)) for gid, age in rows]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
-import json
 import logging
 import os
 import subprocess
@@ -17,16 +16,9 @@ import pyarrow as pa
 import pytest
 from psycopg import sql
 
-from tests.streaming import (
-    CRASH_MATRIX,
-    fault_spec,
-    is_task_point,
-    kill_driver_at_every_point,
-)
-from txsink.connectors.postgres import PgHandle, PostgresSink, redact_dsn
-from txsink.errors import CommitError, ConfigurationError, EpochAbortedError, WriteError
+from txsink.connectors.postgres import PostgresSink, redact_dsn
+from txsink.errors import ConfigurationError, EpochAbortedError, WriteError
 from txsink.faults import FaultPlan
-from txsink.handles import dump_handle, load_handle
 from txsink.sink import Partitioning
 from txsink.txid import TxnId
 from txsink.verify import Verdict, count_ids
@@ -68,46 +60,21 @@ def _prepared(postgres: Any, uid: str) -> list[str]:
     return [g for (g,) in _rows(postgres, "SELECT gid FROM pg_prepared_xacts") if f".{uid}." in g]
 
 
-def test_phases_commit_from_driver_and_verify(postgres: Any, table: tuple[str, str]) -> None:
+# The sink contract (prepared is invisible, commit from a new driver verified by the
+# progress row, abort idempotent, commit after abort refused) is the contract suite's, run
+# for every connector by integration/test_contract.py; the crash matrix and the kill-driver
+# run are integration/test_matrix.py's.
+
+
+def test_discarded_transaction_rolls_back(postgres: Any, table: tuple[str, str]) -> None:
     name, uid = table
     sink = PostgresSink(postgres.dsn, name, uid=uid)
     sink.check(SCHEMA, "app")
-    txn = TxnId("app", uid, 0, 0, 1, 5)
-    open_ = sink.begin(txn, SCHEMA)
-    sink.write(open_, _batch(range(0, 100)))
-    sink.write(open_, _batch(range(100, 250)))
-    handle = sink.prepare(open_)
-    assert handle.rows == 250
-    assert _rows(postgres, f"SELECT count(*) FROM {name}") == [(0,)]  # prepared: invisible
-    assert _prepared(postgres, uid) == [str(txn)]
-    assert [h.txn for h in sink.list_prepared("app")] == [txn]
-    restored = load_handle(json.loads(json.dumps(dump_handle(handle))))
-    assert isinstance(restored, PgHandle)
-    fresh = PostgresSink(postgres.dsn, name, uid=uid)  # a new driver after a crash
-    fresh.commit(restored)
-    fresh.commit(restored)  # committed already: verified by the progress row
-    assert _rows(postgres, f"SELECT count(*), count(DISTINCT id) FROM {name}") == [(250, 250)]
-    assert _prepared(postgres, uid) == []
-
-
-def test_abort_is_idempotent_and_commit_after_abort_is_an_error(
-    postgres: Any, table: tuple[str, str]
-) -> None:
-    name, uid = table
-    sink = PostgresSink(postgres.dsn, name, uid=uid)
-    sink.check(SCHEMA, "app")
-    open_ = sink.begin(TxnId("app", uid, 0, 0, 0, 0), SCHEMA)
-    sink.write(open_, _batch(range(10)))
-    handle = sink.prepare(open_)
-    sink.abort(handle)
-    sink.abort(handle)
-    assert _prepared(postgres, uid) == []
-    with pytest.raises(CommitError, match="rows are lost"):
-        sink.commit(handle)
     other = sink.begin(TxnId("app", uid, 0, 0, 1, 1), SCHEMA)
     sink.write(other, _batch(range(10)))
     sink.discard(other)  # an unprepared transaction just rolls back
     assert _rows(postgres, f"SELECT count(*) FROM {name}") == [(0,)]
+    assert _prepared(postgres, uid) == []
 
 
 def test_upsert_last_row_of_a_key_wins(postgres: Any) -> None:
@@ -352,33 +319,6 @@ def _pg_coordinator(
 
 
 @pytest.mark.spark
-@pytest.mark.parametrize(("point", "mode", "times"), CRASH_MATRIX)
-def test_streaming_crash_matrix(
-    spark: Any,
-    postgres: Any,
-    table: tuple[str, str],
-    tmp_path: Path,
-    point: str,
-    mode: str,
-    times: int,
-) -> None:
-    from tests.streaming import prepare_input, run_until_done
-
-    name, uid = table
-    prepare_input(tmp_path, 1000)
-    task_point = is_task_point(point)
-    spec = fault_spec(point, mode, times)
-    plan = FaultPlan.parse(spec, str(tmp_path / "faults"))
-    restarts, _ = run_until_done(
-        spark, tmp_path, _pg_coordinator(postgres, tmp_path, name, uid, faults=plan)
-    )
-    assert len(plan.fired()) == len(plan.faults) * times, "the fault never fired"
-    assert restarts == (0 if task_point and times == 1 else restarts or 1)
-    verdict = _verdict(postgres, name, uid, 1000)
-    assert verdict.ok, verdict
-
-
-@pytest.mark.spark
 def test_streaming_upsert_under_crash(spark: Any, postgres: Any, tmp_path: Path) -> None:
     from tests.streaming import prepare_input, run_until_done
 
@@ -435,21 +375,6 @@ def test_streaming_bad_row_aborts_epoch(spark: Any, postgres: Any, tmp_path: Pat
     )
     assert restarts == 0
     assert _verdict(postgres, f"{schema}.t", schema, 1000).ok
-
-
-# Slow: the default suite kills the driver at every point with this sink inside the
-# cross-system coordinator (integration/test_cross_system.py), one child run for all targets.
-@pytest.mark.chaos
-@pytest.mark.slow
-def test_kill_driver_at_every_point(postgres: Any, table: tuple[str, str], tmp_path: Path) -> None:
-    name, uid = table
-    kill_driver_at_every_point(
-        tmp_path,
-        [{"kind": "postgres", "table": name, "uid": uid}],
-        {"TXSINK_TEST_PG_DSN": postgres.dsn},
-    )
-    verdict = _verdict(postgres, name, uid, 3000)
-    assert verdict.ok, verdict
 
 
 def test_no_two_phase_commit_server_is_refused_at_start(tmp_path: Path) -> None:

@@ -48,7 +48,8 @@ except ImportError:  # run as a plain script: python integration/benchmarks/post
     from benchmarks import _bench
 
 from txsink import Coordinator
-from txsink.connectors.postgres.sink import PgHandle, PostgresSink, _OpenTxn
+from txsink.connectors.postgres.copy import OpenTxn
+from txsink.connectors.postgres.sink import PgHandle, PostgresSink
 from txsink.txid import TxnId
 
 JDBC_DRIVER = ("org.postgresql", "postgresql", "42.7.8")
@@ -173,20 +174,20 @@ class ProfiledPostgresSink(PostgresSink):
         self._profile: dict[str, float] = {}
 
     @override
-    def begin(self, txn: TxnId, schema: pa.Schema) -> _OpenTxn:
+    def begin(self, txn: TxnId, schema: pa.Schema) -> OpenTxn:
         t0 = time.perf_counter()
         opened = super().begin(txn, schema)
         self._profile = {"start": t0, "begin": time.perf_counter() - t0, "write": 0.0}
         return opened
 
     @override
-    def write(self, txn: _OpenTxn, batch: pa.RecordBatch) -> None:
+    def write(self, txn: OpenTxn, batch: pa.RecordBatch) -> None:
         t0 = time.perf_counter()
         super().write(txn, batch)
         self._profile["write"] += time.perf_counter() - t0
 
     @override
-    def prepare(self, txn: _OpenTxn) -> PgHandle:
+    def prepare(self, txn: OpenTxn) -> PgHandle:
         t0 = time.perf_counter()
         handle = super().prepare(txn)
         end = time.perf_counter()

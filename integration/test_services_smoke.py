@@ -19,7 +19,6 @@ import psycopg
 import pytest
 from _services.fixtures import KafkaService, PostgresService, RegistryService, S3Service
 from botocore.exceptions import ClientError
-from netproxy import NetProxy
 from psycopg import errors
 from readback import (
     count_prepared,
@@ -30,6 +29,8 @@ from readback import (
     read_topic,
     read_values,
 )
+
+from txsink.testing.netproxy import NetProxy
 
 # -- Kafka ------------------------------------------------------------------------------
 

@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     from confluent_kafka.schema_registry import SchemaRegistryClient
     from mypy_boto3_s3 import S3Client
     from mypy_boto3_s3.type_defs import ObjectIdentifierTypeDef
-    from netproxy import NetProxy
+
+    from txsink.testing.netproxy import NetProxy
 
 Finalizer = Callable[[], None]
 
@@ -42,7 +43,7 @@ def unique(prefix: str, sep: str = "_") -> str:
 
 
 def _proxy_for(host: str, port: int, listen_port: int = 0) -> NetProxy:
-    from netproxy import NetProxy
+    from txsink.testing.netproxy import NetProxy
 
     proxy = NetProxy(host, port, listen_port=listen_port)
     proxy.start()

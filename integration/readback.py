@@ -8,44 +8,18 @@ transactions), and S3 through listings, including unfinished multipart uploads.
 
 from __future__ import annotations
 
-import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from _services.common import quiet_logger
-
 from txsink.connectors.kafka.offsets import Isolation, settled_ends, topic_ends
-from txsink.connectors.kafka.readback import admin_client
+from txsink.connectors.kafka.readback import KafkaRecord, admin_client, read_records
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
 
 # -- Kafka ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class KafkaRecord:
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    headers: tuple[tuple[str, bytes | None], ...]
-    timestamp_ms: int
-
-
-def _headers(raw: Any) -> tuple[tuple[str, bytes | None], ...]:
-    """Normalise librdkafka headers (list of pairs, or dict) to (name, bytes) pairs."""
-    if not raw:
-        return ()
-    pairs = raw.items() if isinstance(raw, dict) else raw
-    return tuple(
-        (str(k), v.encode() if isinstance(v, str) else (bytes(v) if v is not None else None))
-        for k, v in pairs
-    )
 
 
 def end_offsets(
@@ -81,76 +55,9 @@ def read_topic(
     timeout_s: float = 60.0,
     config: dict[str, Any] | None = None,
 ) -> list[KafkaRecord]:
-    """Every record of ``topic`` a reader with ``isolation`` sees, all partitions, in order.
-
-    Reads from the beginning to the end offsets taken at call time (see ``end_offsets``);
-    raises TimeoutError if that end is not reached in ``timeout_s``. No consumer group
-    offsets are committed.
-    """
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
-
-    ends = end_offsets(bootstrap, topic, isolation=isolation, timeout_s=timeout_s)
-    pending = {p for p, end in ends.items() if end > 0}
-    records: list[KafkaRecord] = []
-    if not pending:
-        return records
-    conf: dict[str, Any] = {
-        "bootstrap.servers": bootstrap,
-        "group.id": f"txsink-readback-{uuid.uuid4().hex[:12]}",
-        "isolation.level": isolation,
-        "enable.auto.commit": False,
-        "enable.partition.eof": True,
-        "auto.offset.reset": "earliest",
-        "logger": quiet_logger(),
-    }
-    conf.update(config or {})
-    consumer = Consumer(conf)
-    try:
-        consumer.assign([TopicPartition(topic, p, 0) for p in sorted(pending)])
-        deadline = time.monotonic() + timeout_s
-        while pending:
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"read_topic({topic!r}): partitions {sorted(pending)} did not reach "
-                    f"{ {p: ends[p] for p in pending} } in {timeout_s}s"
-                )
-            msg = consumer.poll(0.5)
-            if msg is None:
-                continue
-            part = msg.partition()
-            err = msg.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    # EOF is reported at the end of what this isolation level can read;
-                    # control records (commit/abort markers) are skipped up to there.
-                    if part is not None and (msg.offset() or 0) >= ends.get(part, 0):
-                        pending.discard(part)
-                    continue
-                raise RuntimeError(f"read_topic({topic!r}): {err}")
-            assert part is not None
-            offset = msg.offset()
-            assert offset is not None
-            if offset >= ends[part]:
-                pending.discard(part)
-                continue
-            headers = _headers(msg.headers())
-            records.append(
-                KafkaRecord(
-                    topic=topic,
-                    partition=part,
-                    offset=offset,
-                    key=msg.key(),
-                    value=msg.value(),
-                    headers=headers,
-                    timestamp_ms=msg.timestamp()[1],
-                )
-            )
-            if offset + 1 >= ends[part]:
-                pending.discard(part)
-    finally:
-        consumer.close()
-    records.sort(key=lambda r: (r.partition, r.offset))
-    return records
+    """Every record of ``topic`` a reader with ``isolation`` sees (the connector's reader,
+    :func:`txsink.connectors.kafka.readback.read_records`)."""
+    return read_records(bootstrap, topic, isolation=isolation, timeout_s=timeout_s, config=config)
 
 
 def read_values(bootstrap: str, topic: str, **kwargs: Any) -> list[bytes | None]:

@@ -6,13 +6,45 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from txsink.connectors.kafka.clients import rdkafka_logger
 from txsink.connectors.kafka.errors import has_code
-from txsink.connectors.kafka.offsets import settled_ends
+from txsink.connectors.kafka.offsets import Isolation, settled_ends, topic_ends
 
-__all__ = ["admin_client", "create_topic", "delete_topic", "read_committed_values"]
+__all__ = [
+    "KafkaRecord",
+    "admin_client",
+    "create_topic",
+    "delete_topic",
+    "read_committed_values",
+    "read_records",
+]
+
+
+@dataclass(frozen=True)
+class KafkaRecord:
+    """One record as a reader gets it."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...]
+    timestamp_ms: int
+
+
+def _headers(raw: Any) -> tuple[tuple[str, bytes | None], ...]:
+    """Normalise librdkafka headers (list of pairs, or dict) to (name, bytes) pairs."""
+    if not raw:
+        return ()
+    pairs = raw.items() if isinstance(raw, dict) else raw
+    return tuple(
+        (str(k), v.encode() if isinstance(v, str) else (bytes(v) if v is not None else None))
+        for k, v in pairs
+    )
 
 
 def _quiet() -> logging.Logger:
@@ -28,50 +60,93 @@ def admin_client(bootstrap: str) -> Any:
 
 
 def read_committed_values(bootstrap: str, topic: str, timeout_s: float) -> list[bytes | None]:
-    """Every value a ``read_committed`` reader sees, up to the last stable offsets once the
-    commit markers of the transactions committed so far are in every partition."""
+    """Every value a ``read_committed`` reader sees (:func:`read_records`)."""
+    return [r.value for r in read_records(bootstrap, topic, timeout_s=timeout_s)]
+
+
+def read_records(
+    bootstrap: str,
+    topic: str,
+    *,
+    isolation: Isolation = "read_committed",
+    timeout_s: float = 60.0,
+    config: dict[str, Any] | None = None,
+) -> list[KafkaRecord]:
+    """Every record of ``topic`` a reader with ``isolation`` sees, all partitions, in order.
+
+    Reads from the beginning to the end offsets as of the call (for ``read_committed``, once
+    the markers of the transactions committed so far are in every partition:
+    :func:`~txsink.connectors.kafka.offsets.settled_ends`); raises TimeoutError if that end
+    is not reached in ``timeout_s``. No consumer group offsets are committed.
+    """
     from confluent_kafka import Consumer, TopicPartition
 
-    ends, _, _ = settled_ends(admin_client(bootstrap), topic, timeout_s)
+    admin = admin_client(bootstrap)
+    if isolation == "read_committed":
+        ends, _, _ = settled_ends(admin, topic, timeout_s, wait_s=10.0)
+    else:
+        ends = topic_ends(admin, topic, isolation, timeout_s)
     pending = {p for p, end in ends.items() if end > 0}
-    values: list[bytes | None] = []
+    records: list[KafkaRecord] = []
     if not pending:
-        return values
+        return records
     conf: dict[str, Any] = {
         "bootstrap.servers": bootstrap,
-        "group.id": f"txsink-chaos-{uuid.uuid4().hex[:12]}",
-        "isolation.level": "read_committed",
+        "group.id": f"txsink-readback-{uuid.uuid4().hex[:12]}",
+        "isolation.level": isolation,
         "enable.auto.commit": False,
         "enable.partition.eof": True,
         "auto.offset.reset": "earliest",
         "logger": _quiet(),
     }
+    conf.update(config or {})
     consumer = Consumer(conf)
     try:
         consumer.assign([TopicPartition(topic, p, 0) for p in sorted(pending)])
         deadline = time.monotonic() + timeout_s
         while pending:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"topic {topic!r}: partitions {sorted(pending)} not read")
+                raise TimeoutError(
+                    f"read_records({topic!r}): partitions {sorted(pending)} did not reach "
+                    f"{ {p: ends[p] for p in pending} } in {timeout_s}s"
+                )
             msg = consumer.poll(0.5)
             if msg is None:
                 continue
-            part, offset, err = msg.partition(), msg.offset() or 0, msg.error()
-            if part is None:
-                continue
+            part = msg.partition()
+            err = msg.error()
             if err is not None:
-                if not has_code(err, "_PARTITION_EOF"):
-                    raise RuntimeError(f"topic {topic!r}: {err}")
-                if offset >= ends.get(part, 0):
-                    pending.discard(part)
+                if has_code(err, "_PARTITION_EOF"):
+                    # EOF is reported at the end of what this isolation level can read;
+                    # control records (commit/abort markers) are skipped up to there.
+                    if part is not None and (msg.offset() or 0) >= ends.get(part, 0):
+                        pending.discard(part)
+                    continue
+                raise RuntimeError(f"read_records({topic!r}): {err}")
+            offset = msg.offset()
+            if part is None or offset is None:
                 continue
-            if offset < ends[part]:
-                values.append(msg.value())
+            if offset >= ends[part]:
+                pending.discard(part)
+                continue
+            headers = _headers(msg.headers())
+            records.append(
+                KafkaRecord(
+                    topic=topic,
+                    partition=part,
+                    offset=offset,
+                    key=msg.key(),
+                    value=msg.value(),
+                    headers=headers,
+                    timestamp_ms=msg.timestamp()[1],
+                )
+            )
             if offset + 1 >= ends[part]:
                 pending.discard(part)
     finally:
         consumer.close()
-    return values
+    records.sort(key=lambda r: (r.partition, r.offset))
+    return records
 
 
 def create_topic(bootstrap: str, topic: str, partitions: int = 2, timeout_s: float = 30.0) -> None:

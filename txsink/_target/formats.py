@@ -258,12 +258,19 @@ def read_table(data: bytes, format: str, compression: str | None = None) -> pa.T
 
     ``compression`` matters for JSON lines and CSV only (``"gzip"``); JSON lines come back
     as JSON types (strings for timestamps, decimals and binary).
+
+    The bytes are in memory already, so Arrow's thread pools are not used: their workers can
+    outlive a short process's last read and abort it at exit (apache/arrow#34314, seen as
+    ``terminate called without an active exception`` after ``txsink demo`` printed its
+    verdict).
     """
     if format == "parquet":
-        return pq.read_table(pa.BufferReader(data))
+        return pq.read_table(pa.BufferReader(data), use_threads=False, pre_buffer=False)
     if compression == "gzip":
         data = gzip.decompress(data)
     if format == "csv":
-        return pacsv.read_csv(pa.BufferReader(data))
+        return pacsv.read_csv(
+            pa.BufferReader(data), read_options=pacsv.ReadOptions(use_threads=False)
+        )
     rows = [json.loads(line) for line in data.decode().splitlines() if line]
     return pa.Table.from_pylist(rows)

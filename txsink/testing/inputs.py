@@ -76,6 +76,11 @@ def input_epochs(folder: str | os.PathLike[str], id_column: str = "id") -> dict[
         key=lambda p: (p.stat().st_mtime, p.name),
     )
     return {
-        i: [int(v) for v in pq.read_table(p, columns=[id_column]).column(0).to_pylist()]
+        i: [
+            int(v)
+            for v in pq.read_table(p, columns=[id_column], use_threads=False, pre_buffer=False)
+            .column(0)
+            .to_pylist()
+        ]
         for i, p in enumerate(files)
     }

@@ -32,13 +32,21 @@ A fault fires ``TIMES`` times (default once) *in total*, across processes and
 restarts: each firing first creates a marker file in the state folder with an
 atomic exclusive create. That is what lets a restarted query get past the
 point it crashed at.
+
+A plan given no state folder makes its own, ``<tmp>/txsink-faults-<pid>-*``, and it
+goes when that process ends (at exit; a folder whose process was killed goes when
+another process makes its next one). The folder derived from ``TXSINK_FAULT`` stays:
+it is what keeps a fault from firing again after the restart it caused.
 """
 
 from __future__ import annotations
 
+import atexit
 import enum
 import hashlib
 import os
+import re
+import shutil
 import signal
 import socket
 import sys
@@ -154,17 +162,66 @@ class Fault:
         return s
 
 
+#: State folders this process made for plans given none: (creator pid, path).
+_OWN_DIRS: list[tuple[int, str]] = []
+_OWN_NAME = re.compile(r"txsink-faults-(\d+)-[a-z0-9_]+")
+
+
+def _own_state_dir() -> str:
+    """A new state folder for a plan given none, removed when this process ends.
+
+    The pid in its name lets the next process that makes one remove the folders of
+    processes that ended without cleaning up (a ``kill-driver`` fault's SIGKILL)."""
+    _remove_orphans()
+    path = tempfile.mkdtemp(prefix=f"txsink-faults-{os.getpid()}-")
+    if not _OWN_DIRS:
+        atexit.register(_remove_own_dirs)
+    _OWN_DIRS.append((os.getpid(), path))
+    return path
+
+
+def _remove_own_dirs() -> None:
+    # A forked child inherits this handler and the list: only the maker removes its folders.
+    for pid, path in _OWN_DIRS:
+        if pid == os.getpid():
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _remove_orphans() -> None:
+    """Remove the own-made state folders of processes that no longer run."""
+    tmp = tempfile.gettempdir()
+    try:
+        names = os.listdir(tmp)
+    except OSError:
+        return
+    for name in names:
+        m = _OWN_NAME.fullmatch(name)
+        if m is not None and not _process_runs(int(m.group(1))):
+            shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
+
+
+def _process_runs(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
 @dataclass(frozen=True)
 class FaultPlan:
     """Faults to inject, and the folder that remembers which already fired.
 
     Picklable: the plan travels to Spark tasks with the coordinator's task.
     For task points on a real cluster, ``state_dir`` must be on a filesystem
-    the executors share with the driver (local mode always does).
+    the executors share with the driver (local mode always does). Without one, the
+    plan makes its own temporary folder, removed when this process ends.
     """
 
     faults: tuple[Fault, ...]
-    state_dir: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="txsink-faults-"))
+    state_dir: str = field(default_factory=_own_state_dir)
 
     @classmethod
     def parse(cls, specs: str, state_dir: str | None = None) -> FaultPlan:

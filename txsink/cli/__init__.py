@@ -8,6 +8,8 @@ The core's commands (``status``, ``inspect``, ``chaos``, and the operator comman
 from __future__ import annotations
 
 import argparse
+import os
+import select
 import sys
 from collections.abc import Callable
 from typing import NamedTuple
@@ -90,6 +92,44 @@ def commands() -> dict[str, Command]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``txsink`` command. Output piped into a reader that stops early
+    (``txsink status --json | head``) ends the command quietly, as a broken pipe ends
+    ``cat``: exit status 141 (128 + SIGPIPE), no traceback."""
+    try:
+        code = _run(argv)
+        sys.stdout.flush()  # inside the try: a buffered tail hits the closed pipe here
+    except BrokenPipeError:
+        if not _silence_closed_streams():
+            raise  # a pipe to something else (a socket, a child) broke: a real error
+        return _BROKEN_PIPE_EXIT
+    return code
+
+
+#: What a shell reports for a command a broken pipe killed (128 + SIGPIPE).
+_BROKEN_PIPE_EXIT = 128 + 13
+
+
+def _silence_closed_streams() -> bool:
+    """Point stdout and stderr at /dev/null if their reader has gone, so neither the rest of
+    the command nor Python's flush at exit writes into the closed pipe; True if one had."""
+    closed = False
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            fd = stream.fileno()
+        except (AttributeError, ValueError, OSError):
+            continue
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        # The write end of a pipe whose read end is closed polls as POLLERR.
+        if any(events & select.POLLERR for _, events in poller.poll(0)):
+            closed = True
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, fd)
+            os.close(devnull)
+    return closed
+
+
+def _run(argv: list[str] | None) -> int:
     table = commands()
     parser = argparse.ArgumentParser(prog="txsink", description="exactly-once sinks for Spark")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -4,6 +4,7 @@ folders fault plans leave in the temporary folder."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -110,3 +111,33 @@ def test_the_folder_of_a_killed_process_goes_with_the_next_plan(
     plan = FaultPlan.parse("during_commit")
     assert not orphan.exists()
     assert derived.is_dir() and live.is_dir() and Path(plan.state_dir).is_dir()
+
+
+@pytest.mark.parametrize(
+    "project", [ROOT, ROOT / "docs/examples/txsink-sqlite"], ids=["txsink", "txsink-sqlite"]
+)
+def test_the_editable_installs_of_dev_warn_nothing(project: Path, tmp_path: Path) -> None:
+    """``./dev`` installs both distributions editable: setuptools builds each wheel with no
+    warning (a deprecated ``project.license`` table printed ~45 lines at every first
+    ``./dev demo``), but for the note ``./dev`` filters with the same PYTHONWARNINGS."""
+    dev_filter = re.search(r'PYTHONWARNINGS="([^"]+)"', (ROOT / "dev").read_text())
+    assert dev_filter is not None
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-W",
+            "error",
+            "-W",
+            dev_filter.group(1),
+            "-c",
+            "import sys, setuptools.build_meta as backend; backend.build_editable(sys.argv[1])",
+            str(tmp_path),
+        ],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert list(tmp_path.glob("*.whl"))

@@ -1,8 +1,10 @@
 """Shared plumbing for the local service processes: paths, ports, pid files, state, logging.
 
-Everything a run writes lives under ``integration/.work/`` (git-ignored) so one ``rm -rf``
-resets it, and everything that is downloaded or built lives under the user cache
-(``~/.cache/txsink-services/``) so a second start on the same machine downloads nothing.
+Everything a run writes lives under ``integration/.work/`` (git-ignored; PostgreSQL's
+cluster, when we are root, under ``/var/lib/txsink-services/<key>/`` with a symlink in
+``.work``), and ``down --purge`` of every service removes all of it; everything that is
+downloaded or built lives under the user cache (``~/.cache/txsink-services/``) so a second
+start on the same machine downloads nothing.
 """
 
 from __future__ import annotations
@@ -26,7 +28,13 @@ from typing import Any
 
 INTEGRATION_DIR = Path(__file__).resolve().parent.parent
 WORK_DIR = Path(os.environ.get("TXSINK_SERVICES_WORK", INTEGRATION_DIR / ".work"))
-ENV_FILE = INTEGRATION_DIR / ".services.env"
+# A second set of servers in a work folder of its own (TXSINK_SERVICES_WORK) keeps its env
+# file there too, so it never replaces the checkout's.
+ENV_FILE = (
+    WORK_DIR / "services.env"
+    if "TXSINK_SERVICES_WORK" in os.environ
+    else INTEGRATION_DIR / ".services.env"
+)
 STATE_FILE = WORK_DIR / "state.json"
 LOCK_FILE = WORK_DIR / ".lock"
 LOG_DIR = WORK_DIR / "logs"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import shutil
 import time
@@ -12,6 +13,7 @@ from typing import Any
 from .base import LocalService
 from .common import (
     ENV_FILE,
+    LOCK_FILE,
     LOG_DIR,
     PID_DIR,
     WORK_DIR,
@@ -30,6 +32,10 @@ from .s3 import S3
 
 SERVICES: dict[str, LocalService] = {s.name: s for s in (Postgres(), Kafka(), S3(), Registry())}
 SECRET_KEYS = {"TXSINK_S3_SECRET_KEY"}
+#: Log files a service's ``up`` writes begin with its name, or with one of these.
+_LOG_PREFIXES = {"s3": ("s3", "minio")}
+#: A cluster started by hand (``integration/cluster.py up``) records itself here.
+_CLUSTER_STATE = WORK_DIR / "cluster" / "state.json"
 
 
 def _select(names: Iterable[str]) -> list[str]:
@@ -113,7 +119,8 @@ def _record_timings(reports: list[StartReport]) -> None:
 
 
 def down(names: Sequence[str] = (), *, purge: bool = False) -> list[str]:
-    """Stop the named services (all by default); with ``purge`` also delete their data."""
+    """Stop the named services (all by default); with ``purge`` also delete their data and
+    logs, and once no service is left, everything ``up`` made: the work folder itself."""
     chosen = _select(names)
     stopped: list[str] = []
     with locked():
@@ -128,15 +135,52 @@ def down(names: Sequence[str] = (), *, purge: bool = False) -> list[str]:
                 log(f"{name}: stop failed: {redact(str(exc))}")
             (PID_DIR / f"{name}.pid").unlink(missing_ok=True)
             if purge:
-                target = WORK_DIR / name
-                if target.is_symlink():  # postgres as root lives outside the checkout
-                    shutil.rmtree(target.resolve(), ignore_errors=True)
-                    target.unlink()
-                shutil.rmtree(target, ignore_errors=True)
+                _purge(name)
                 state.pop(name, None)
         save_state(state)
         _write_env_file(state)
+        everything = purge and not any(name in state for name in SERVICES)
+        if everything:
+            _empty_work_dir()
+    if everything:
+        # After the lock is released: its file goes last, then the folder if nothing else
+        # (a concurrent ``up``) has written to it meanwhile.
+        LOCK_FILE.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            WORK_DIR.rmdir()
     return stopped
+
+
+def _purge(name: str) -> None:
+    """Delete a service's data folder (and, for one kept outside the work folder, the
+    folders made to hold it) and its logs."""
+    target = WORK_DIR / name
+    if target.is_symlink():  # postgres as root lives in /var/lib/txsink-services/<key>/
+        outside = target.resolve()
+        shutil.rmtree(outside, ignore_errors=True)
+        target.unlink()
+        for folder in (outside.parent, outside.parent.parent):  # <key>/, then the root
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only if empty: other checkouts' clusters stay
+    shutil.rmtree(target, ignore_errors=True)
+    for prefix in _LOG_PREFIXES.get(name, (name,)):
+        for path in LOG_DIR.glob(f"{prefix}*"):
+            path.unlink(missing_ok=True)
+
+
+def _empty_work_dir() -> None:
+    """Remove everything in the work folder but the lock (held by the caller): the logs,
+    pid files and state, and a test run's Spark cluster folder, unless a cluster started by
+    hand is recorded there."""
+    for path in WORK_DIR.iterdir():
+        if path == LOCK_FILE:
+            continue
+        if path == _CLUSTER_STATE.parent and _CLUSTER_STATE.exists():
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
 
 
 def status() -> list[tuple[str, str, dict[str, str]]]:

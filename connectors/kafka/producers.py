@@ -63,6 +63,7 @@ class ShardProducers:
             ) from err
         self._producers[shard] = producer
         self.markers.forget(shard)  # read it again under the new producer epoch
+        self.settings.reachable()
         return producer
 
     def init_all(self) -> None:
@@ -116,6 +117,7 @@ class ShardProducers:
                 self._drop(shard)
             raise
         self.markers.remember(shard, epoch)
+        self.settings.reachable()
         self._warn_if_slow(shard, epoch, time.monotonic() - started)
 
     def _drop(self, shard: int) -> None:

@@ -97,14 +97,18 @@ class OutageFilter(logging.Filter):
             self._open = None
         if failure is None:
             return
-        self.logger.info(
+        # Past the library logger's own level (ERROR, say): the end of an outage is news.
+        record = self.logger.makeRecord(
+            self.logger.name,
+            logging.INFO,
+            __file__,
+            0,
             "%s%s reachable again after %s (%d more failure line(s) held back)",
-            self._prefix(),
-            failure.who,
-            seconds_text(self.clock() - since),
-            held,
+            (self._prefix(), failure.who, seconds_text(self.clock() - since), held),
+            None,
             extra={_OWN: True, "txsink_uid": self.uid, "txsink_epoch": None},
         )
+        self.logger.handle(record)
 
     def _tag(self, record: logging.LogRecord) -> None:
         """The sink uid on every record, as txsink's own records carry it."""

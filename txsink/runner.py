@@ -32,7 +32,7 @@ class RunReport:
     runs: int = 0
     exit_codes: list[int] = field(default_factory=list)
     #: Why each run ended, as its restart line says it (empty for a run that finished).
-    endings: list[str] = field(default_factory=list)
+    endings: list[str] = field(default_factory=list, repr=False)
     seconds: float = 0.0
     finished: bool = False
 

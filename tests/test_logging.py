@@ -48,7 +48,7 @@ for epoch in (0, 1, 2, 2):
 
 COMMITTED = re.compile(
     r"txsink: \[mem epoch (\d)\] committed: mem 6 rows "
-    r"\((recover \d+ ms, )?precommit \d+ ms, decide \d+ ms, commit \d+ ms\)"
+    r"\(precommit \d+ ms, decide \d+ ms, commit \d+ ms\)"
 )
 
 
@@ -115,7 +115,7 @@ def test_texts() -> None:
             {"orders": 1200, "pg": 1},
             {"recover": 0.001, "precommit": 1.21, "decide": 0.006, "commit": 0.03},
         )
-        == "orders 1,200 rows, pg 1 row (precommit 1.2 s, decide 6 ms, commit 30 ms)"
+        == "orders 1,200 rows, pg 1 row (recover 1 ms, precommit 1.2 s, decide 6 ms, commit 30 ms)"
     )
     long = "word " * 100
     cut = one_line(f"\n  {long}\nsecond line", 60)
@@ -154,6 +154,10 @@ def test_every_abort_is_told_once_by_the_core(
         assert len(told) == 1, [r.getMessage() for r in told]
         assert told[0].name == "txsink.coordinator" and told[0].levelno == logging.INFO
         assert "aborted " + name in told[0].getMessage()
+    committed = [
+        r.getMessage() for r in caplog.records if "] committed: mem 6 rows" in r.getMessage()
+    ]
+    assert len(committed) == 1 and "(recover " in committed[0], committed  # recovery had work
     recovery = [r for r in caplog.records if "the previous run did not finish" in r.getMessage()]
     assert len(recovery) == 1 and recovery[0].levelno == logging.WARNING
     assert "1 prepared transaction(s) of epoch 1 no decision names" in recovery[0].getMessage()

@@ -276,7 +276,7 @@ class Coordinator:
         timings: dict[str, float] = {}
         # Step 1
         t0 = time.monotonic()
-        self._recover_if_needed(app_id, data=data, epoch=epoch)
+        recovered = self._recover_if_needed(app_id, data=data, epoch=epoch)
         timings["recover"] = time.monotonic() - t0
         # Step 2
         if self._already_committed(epoch):
@@ -307,9 +307,10 @@ class Coordinator:
             raise
         timings["commit"] = time.monotonic() - t0
         count = sum(len(hs) for hs in handles.values())
+        shown = {k: v for k, v in timings.items() if recovered or k != "recover"}
         self._log.bind(epoch=epoch).info(
             "committed: %s",
-            committed_text(rows, timings),
+            committed_text(rows, shown),
             extra={"txsink_rows": rows, "txsink_seconds": timings, "txsink_handles": count},
         )
         return EpochResult(epoch, "committed", round_, rows, count, timings)
@@ -318,13 +319,15 @@ class Coordinator:
 
     def _recover_if_needed(
         self, app_id: str, data: EpochData | None = None, epoch: int | None = None
-    ) -> None:
+    ) -> bool:
+        """Recover if needed; whether recovery had anything to do."""
         self._bind(app_id)
         if not self._needs_recovery:
-            return
+            return False
         # The same plan and execution an operator's recover() runs.
-        self._recovery.execute(self._recovery.plan(app_id), data, epoch)
+        done = self._recovery.execute(self._recovery.plan(app_id), data, epoch)
         self._needs_recovery = False
+        return bool(done)
 
     # -- step 2: skip ----------------------------------------------------------------
 

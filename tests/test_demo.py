@@ -8,6 +8,8 @@ crash point from a clean state.
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +19,7 @@ import pytest
 from tests.streaming import EVERY_POINT_ONCE
 from txsink.connectors.files.demo import run_demo
 from txsink.faults import CrashPoint
+from txsink.testing.inputs import make_input
 
 pytestmark = pytest.mark.chaos
 
@@ -75,7 +78,104 @@ def test_demo_command_prints_one_json_verdict(tmp_path: Path) -> None:
         0,
     )
     assert last["restarts"] == 1
-    assert "restarting" in proc.stderr and "recovery finishes decided epoch" in proc.stderr
+    err = proc.stderr
+    assert (
+        "txsink demo: query run 1 ended (killed by SIGKILL) after fault "
+        "after_decision:kill-driver at epoch=0: killing the driver (pid "
+    ) in err, err
+    assert (
+        "txsink: WARNING [demo] recovery: the previous run did not finish: epoch 0 is decided "
+        "but not committed (commit it)"
+    ) in err, err
+    assert "txsink: [demo epoch 0] recovery: committed demo epoch 0 (2 handle(s))" in err, err
+    assert "txsink: [demo epoch 0] already committed: Spark's replay skipped" in err, err
+    assert re.search(r"txsink: \[demo epoch 1\] committed: demo 1,500 rows \(precommit ", err)
+
+
+def test_kill_worker_demo_names_what_happened(tmp_path: Path) -> None:
+    """The parent's output names the killed worker (partition, pid), the abort of the
+    failed attempt's transactions, a clean failure line and why the run was restarted."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "txsink.cli",
+            "demo",
+            "--rows",
+            "2000",
+            "--files",
+            "2",
+            "--workdir",
+            str(tmp_path / "w"),
+            "--crash",
+            "after_precommit:kill-worker#1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    err = proc.stderr
+    assert proc.returncode == 0, err[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["ok"]
+    fault = re.search(
+        r"^  txsink: injecting fault after_precommit:kill-worker#1 at epoch=0 partition=1: "
+        r"killing this task's Python worker \(pid (\d+)\)",
+        err,
+        re.M,
+    )
+    assert fault, err
+    # The killed attempt prepared before it died: the failed round's abort names it.
+    assert re.search(
+        r"^  txsink: \[demo epoch 0\] aborted txsink\.[\w-]+\.demo\.e0\.r0\.p1\.a\d+: "
+        r"the pre-commit of epoch 0 round 0 failed$",
+        err,
+        re.M,
+    ), err
+    failed = [line for line in err.splitlines() if line.startswith("  txsink: query failed: ")]
+    assert len(failed) == 1, err
+    assert failed[0].startswith(
+        "  txsink: query failed: EpochAbortedError: [epoch=0, phase=precommit] epoch 0 aborted, "
+        "nothing of it is visible: Spark job failed: "
+    ), failed
+    assert "Python worker exited unexpectedly" in failed[0] and "Python Proxy" not in err
+    assert failed[0].endswith(("…", ".")), failed
+    assert (
+        "txsink demo: query run 1 ended (exit code 1) after fault after_precommit:kill-worker#1 "
+        f"at epoch=0 partition=1: killing this task's Python worker (pid {fault.group(1)}); "
+        "restarting"
+    ) in err, err
+    assert re.search(r"^  txsink: \[demo epoch 0\] committed: demo 1,000 rows", err, re.M), err
+
+
+def test_a_default_streaming_run_prints_one_line_per_epoch(tmp_path: Path) -> None:
+    """The generic pipeline, logging unconfigured: txsink's own output is exactly one line
+    per epoch; with TXSINK_LOG=off, nothing."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TXSINK_LOG", "TXSINK_FAULT")}
+
+    def run(name: str, **more: str) -> subprocess.CompletedProcess[str]:
+        workdir = tmp_path / name
+        make_input(workdir / "input", 900, 3)
+        spec = {"kind": "files", "path": str(workdir / "out"), "uid": "out"}
+        args = json.dumps({"workdir": str(workdir), "sinks": [spec]})
+        return subprocess.run(
+            [sys.executable, "-m", "txsink.runner", "txsink.testing.pipelines:run_stream", args],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=True,
+            env={**env, **more},
+        )
+
+    done = run("default")
+    ours = [line for line in done.stderr.splitlines() if line.startswith("txsink")]
+    assert [re.sub(r"\(precommit .*\)$", "(...)", line) for line in ours] == [
+        f"txsink: [out epoch {e}] committed: out 300 rows (...)" for e in range(3)
+    ], done.stderr[-3000:]
+    assert "txsink" not in done.stdout
+    quiet = run("quiet", TXSINK_LOG="off")
+    said = (quiet.stderr + quiet.stdout).splitlines()
+    assert not [line for line in said if line.startswith("txsink")], quiet.stderr[-3000:]
 
 
 def test_status_command_reads_the_demo_log(tmp_path: Path) -> None:

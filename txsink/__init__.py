@@ -9,6 +9,7 @@ Quick use::
     df.writeStream.foreachBatch(coordinator).option("checkpointLocation", ...).start()
 """
 
+from txsink._logging import configure_logging
 from txsink._version import __version__
 from txsink.coordinator import Coordinator, EpochResult
 from txsink.errors import (
@@ -59,6 +60,7 @@ __all__ = [
     "UnsupportedQueryError",
     "WriteError",
     "__version__",
+    "configure_logging",
     "open_log",
     "register_handle",
 ]

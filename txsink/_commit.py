@@ -1,21 +1,27 @@
-"""Commit one sink's share of a decided epoch: the one place that calls ``commit_epoch``.
+"""Finish transactions either way: the one place that calls ``commit_epoch``, and the one
+place that calls ``abort``.
 
-Used by the coordinator's step 5 and by recovery, so both wrap the hook the same way:
-a sink that commits from data gets the epoch's rows or a clear refusal, and any
-failure comes out as a :class:`~txsink.errors.TxsinkError` naming the sink, the epoch
-and the phase (the decision stands either way; the next run retries).
+:func:`commit_share` is used by the coordinator's step 5 and by recovery, so both wrap the
+hook the same way: a sink that commits from data gets the epoch's rows or a clear refusal,
+and any failure comes out as a :class:`~txsink.errors.TxsinkError` naming the sink, the
+epoch and the phase (the decision stands either way; the next run retries).
+:func:`abort_one` is used for every abort (a failed pre-commit, unused attempts, recovery,
+a fenced driver, a renamed uid), so each aborted transaction is told once, in one line of
+the same form, whatever the connector: connectors never log their own aborts.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from txsink._logging import EpochLogger
 from txsink.contract import EpochCommit, EpochData, SinkContract
 from txsink.errors import CommitError, TxsinkError
 from txsink.handles import Handle
 
-__all__ = ["commit_share"]
+__all__ = ["abort_one", "commit_share"]
 
 
 def commit_share(
@@ -61,3 +67,32 @@ def commit_share(
             phase="commit",
             connector=sink.connector,
         ) from err
+
+
+def abort_one(
+    sink: SinkContract[Any, Any],
+    handle: Handle,
+    why: str,
+    *,
+    log: EpochLogger,
+    by: str = "",
+    level: int = logging.INFO,
+    best_effort: bool = False,
+) -> bool:
+    """``sink.abort(handle)``, then one line: ``[by: ]aborted <txn>: <why>``.
+
+    ``best_effort``: a failing abort is logged as a WARNING and ``False`` returned, not
+    raised (recovery aborts the transaction later). Returns whether it was aborted.
+    """
+    txn = handle.txn
+    line = log.bind(uid=sink.uid, epoch=txn.epoch)
+    lead = f"{by}: " if by else ""
+    try:
+        sink.abort(handle)
+    except Exception as err:
+        if not best_effort:
+            raise
+        line.warning("%scould not abort %s (recovery retries it): %s", lead, txn, err)
+        return False
+    line.log(level, "%saborted %s: %s", lead, txn, why)
+    return True

@@ -1,16 +1,49 @@
-"""Logging with the epoch and sink uid in every record.
+"""Logging: the epoch and sink uid in every record, and what txsink prints by itself.
 
-Records carry ``txsink_epoch`` and ``txsink_uid`` as attributes (for
-structured handlers) and as a ``[uid=… epoch=…]`` prefix (for plain ones).
+Records carry ``txsink_epoch`` and ``txsink_uid`` as attributes (for structured
+handlers) and as a ``[uid=… epoch=…]`` prefix (for plain ones).
+
+When the user has configured no logging (no handler on the root logger nor on the
+``txsink`` logger), the first coordinator of the process attaches one handler to the
+``txsink`` logger (:func:`install_console`): one line per record on stderr, at INFO, as
+``txsink: [demo epoch 3] committed: demo 1,200 rows (precommit 1.2 s, ...)`` (the level
+is named from WARNING up). Any logging configuration of the user's wins, even one made
+later: the handler then stays silent and the records go to the user's handlers alone.
+``TXSINK_LOG=off|error|warning|info|debug`` or :func:`configure_logging` silence or
+redirect it.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import MutableMapping
-from typing import Any
+import os
+import sys
+from collections.abc import Mapping, MutableMapping
+from typing import Any, TextIO
 
-__all__ = ["EpochLogger", "get_logger"]
+__all__ = [
+    "ENV_VAR",
+    "ConsoleHandler",
+    "EpochLogger",
+    "committed_text",
+    "configure_logging",
+    "get_logger",
+    "install_console",
+    "one_line",
+    "seconds_text",
+]
+
+#: The switch of txsink's own output: ``off``, ``error``, ``warning``, ``info`` or ``debug``.
+ENV_VAR = "TXSINK_LOG"
+_OFF = logging.CRITICAL + 10
+_LEVELS = {
+    "off": _OFF,
+    "error": logging.ERROR,
+    "warning": logging.WARNING,
+    "info": logging.INFO,
+    "debug": logging.DEBUG,
+}
+_ROOT = "txsink"
 
 
 class EpochLogger(logging.LoggerAdapter[logging.Logger]):
@@ -23,7 +56,7 @@ class EpochLogger(logging.LoggerAdapter[logging.Logger]):
         extra = dict(self.extra or {})
         extra.update(kwargs.get("extra") or {})
         kwargs["extra"] = extra
-        return f"[uid={extra['txsink_uid']} epoch={extra['txsink_epoch']}] {msg}", kwargs
+        return f"{_prefix(extra['txsink_uid'], extra['txsink_epoch'])}{msg}", kwargs
 
     def bind(self, *, uid: str | None = None, epoch: int | None = None) -> EpochLogger:
         extra = self.extra or {}
@@ -36,3 +69,148 @@ class EpochLogger(logging.LoggerAdapter[logging.Logger]):
 
 def get_logger(name: str, *, uid: str | None = None, epoch: int | None = None) -> EpochLogger:
     return EpochLogger(logging.getLogger(name), uid, epoch)
+
+
+def _prefix(uid: object, epoch: object) -> str:
+    return f"[uid={uid} epoch={epoch}] "
+
+
+# -- the text of the per-epoch line ------------------------------------------------------
+
+
+def seconds_text(seconds: float) -> str:
+    """A phase's duration for a person: ``8 ms``, ``1.2 s``, ``75 s``."""
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
+
+
+def committed_text(rows: Mapping[str, int], seconds: Mapping[str, float]) -> str:
+    """``orders 1,200 rows, pg 1,200 rows (precommit 1.2 s, decide 6 ms, commit 30 ms)``:
+    the rows per sink uid, then each phase in ``seconds``."""
+    counts = ", ".join(f"{uid} {n:,} row{'' if n == 1 else 's'}" for uid, n in rows.items())
+    phases = [f"{phase} {seconds_text(value)}" for phase, value in seconds.items()]
+    return f"{counts} ({', '.join(phases)})" if phases else counts
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """The first non-empty line of ``text``, cut at a word before ``limit`` characters
+    with an ellipsis (never mid-word)."""
+    line = next((part.strip() for part in text.splitlines() if part.strip()), "")
+    if len(line) <= limit:
+        return line
+    cut = line[: limit - 1]
+    space = cut.rfind(" ")
+    return (cut[:space] if space > limit // 2 else cut).rstrip(" ,;:") + "…"
+
+
+# -- txsink's own output -----------------------------------------------------------------
+
+
+class _ConsoleFormatter(logging.Formatter):
+    """``txsink: [uid epoch N] message``; ``txsink: WARNING [uid] message`` from WARNING up."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = record.getMessage()
+        uid = getattr(record, "txsink_uid", None)
+        epoch = getattr(record, "txsink_epoch", None)
+        if hasattr(record, "txsink_uid"):
+            text = text.removeprefix(_prefix(uid, epoch))
+        where = " ".join(p for p in (uid, None if epoch is None else f"epoch {epoch}") if p)
+        level = "" if record.levelno == logging.INFO else f"{record.levelname} "
+        line = f"txsink: {level}{f'[{where}] ' if where else ''}{text}"
+        if record.exc_info and record.exc_info[1] is not None:
+            err = record.exc_info[1]
+            line += f" ({one_line(f'{type(err).__name__}: {err}')})"
+        return line
+
+
+class ConsoleHandler(logging.Handler):
+    """txsink's own output: one line per record, to ``stream`` (default: stderr, as it is
+    at each record). The automatic one (``explicit=False``) stays silent once the user has
+    configured logging (a handler on the root logger or on ``txsink``)."""
+
+    def __init__(
+        self, stream: TextIO | None = None, *, level: int = logging.INFO, explicit: bool = False
+    ) -> None:
+        super().__init__(level)
+        self.explicit = explicit
+        self._stream = stream
+        self.setFormatter(_ConsoleFormatter())
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not self.explicit and _user_configured():
+            return False
+        return bool(super().filter(record))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            stream = self._stream or sys.stderr
+            stream.write(self.format(record) + "\n")
+            stream.flush()
+        except Exception:
+            self.handleError(record)
+
+
+def _user_configured() -> bool:
+    handlers = (*logging.getLogger().handlers, *logging.getLogger(_ROOT).handlers)
+    return any(not isinstance(h, ConsoleHandler) for h in handlers)
+
+
+#: Whether this process has chosen its console output (at most once automatically).
+_chosen: list[bool] = []
+
+
+def install_console(default: str = "info") -> None:
+    """txsink's output when the user configured no logging; once per process.
+
+    Called by the first coordinator (and by the ``txsink`` command, with
+    ``default="warning"``: its commands print what they did themselves). ``TXSINK_LOG``
+    chooses the level; ``default`` applies without it. Adds nothing if the user's
+    logging is configured.
+    """
+    if _chosen:
+        return
+    _chosen.append(True)
+    if _user_configured():
+        return
+    text = os.environ.get(ENV_VAR, "").strip().lower()
+    level = _LEVELS.get(text or default, _LEVELS[default])
+    _attach(ConsoleHandler(level=level), level, force=False)
+    if text and text not in _LEVELS:
+        logging.getLogger(_ROOT).warning(
+            "%s=%r is not one of %s: printing from %s up",
+            ENV_VAR,
+            text,
+            ", ".join(_LEVELS),
+            logging.getLevelName(level),
+        )
+
+
+def configure_logging(level: str | int = "info", *, stream: TextIO | None = None) -> None:
+    """Choose what txsink prints by itself, and where.
+
+    ``level``: ``"off"``, ``"error"``, ``"warning"``, ``"info"`` (the default: one line
+    per epoch, recovery actions and aborts) or ``"debug"``, or a :mod:`logging` level;
+    ``stream``: a text stream (default: stderr). It replaces ``TXSINK_LOG`` and prints
+    even when logging is configured otherwise; with your own handlers, set the level of
+    the ``txsink`` logger in your configuration instead.
+    """
+    if isinstance(level, str):
+        if level.lower() not in _LEVELS:
+            raise ValueError(f"level {level!r}: expected one of {', '.join(_LEVELS)}")
+        level = _LEVELS[level.lower()]
+    _chosen.append(True)
+    _attach(ConsoleHandler(stream, level=level, explicit=True), level, force=True)
+
+
+def _attach(handler: ConsoleHandler, level: int, *, force: bool) -> None:
+    """Replace txsink's console handler (an ``off`` one still takes the records, so that
+    Python's last-resort handler does not print WARNINGs) and set the ``txsink`` logger's
+    level to it: always when ``force``d, else only if the user left it unset."""
+    logger = logging.getLogger(_ROOT)
+    for old in [h for h in logger.handlers if isinstance(h, ConsoleHandler)]:
+        logger.removeHandler(old)
+    logger.addHandler(handler)
+    if level < _OFF and (force or logger.level == logging.NOTSET):
+        logger.setLevel(level)

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import functools
 import pickle
+import re
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import pyarrow as pa
 
+from txsink._logging import one_line
 from txsink.contract import Partitioning, TaskInfo
 from txsink.errors import (
     ConfigurationError,
@@ -32,6 +34,7 @@ __all__ = [
     "SparkEpochData",
     "arrow_schema",
     "check_query_mode",
+    "failure_text",
     "partitioned",
     "streaming_query_id",
 ]
@@ -45,6 +48,8 @@ _REFUSED_EXECUTIONS = {
 }
 _RESULT_SCHEMA = pa.schema([("partition", pa.int64()), ("result", pa.binary())])
 _RESULT_DDL = "partition long, result binary"
+#: A Java exception's class name inside a JVM message ("org.apache.spark.SparkException: ").
+_JAVA_CLASS = re.compile(r"\b(?:[a-z][\w$]*\.)+[A-Z][\w$]*(?:Exception|Error): ")
 
 
 def streaming_query_id(df: DataFrame) -> str | None:
@@ -146,3 +151,17 @@ def _run_task(
     yield pa.RecordBatch.from_pydict(
         {"partition": [info.partition], "result": [pickle.dumps(outcome)]}, schema=_RESULT_SCHEMA
     )
+
+
+def failure_text(err: BaseException) -> str | None:
+    """One line for a failed Spark call: the JVM exception's own message (not py4j's "An
+    error occurred while calling o73.collectToPython"), without Java class names, cut at a
+    word. ``None`` when ``err`` carries no JVM exception."""
+    java = getattr(err, "java_exception", None)
+    if java is None:
+        return None
+    try:
+        message = str(java.getMessage() or java.toString())
+    except Exception:  # the JVM is gone: nothing better to say than py4j's own text
+        return None
+    return "Spark job failed: " + one_line(_JAVA_CLASS.sub("", message), 300)

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, final
 
 from txsink import _spark
-from txsink._commit import commit_share
-from txsink._logging import get_logger
+from txsink._commit import abort_one, commit_share
+from txsink._logging import committed_text, get_logger, install_console
 from txsink._task import Precommit, TaskPlan, collect_acks, precommit_job
 from txsink.contract import EpochData, SinkContract
 from txsink.errors import (
@@ -143,6 +143,7 @@ class Coordinator:
         self._checked_schema: pa.Schema | None = None
         self._needs_recovery = True
         self._last_committed: int | None = None
+        install_console()  # one line per epoch on stderr, unless logging is configured
         self._log = get_logger(__name__, uid="+".join(uids))
         self._recovery = Recovery(
             self.log,
@@ -275,11 +276,11 @@ class Coordinator:
         timings: dict[str, float] = {}
         # Step 1
         t0 = time.monotonic()
-        self._recover_if_needed(app_id, data=data, epoch=epoch)
+        recovered = self._recover_if_needed(app_id, data=data, epoch=epoch)
         timings["recover"] = time.monotonic() - t0
         # Step 2
         if self._already_committed(epoch):
-            self._log.bind(epoch=epoch).info("epoch already committed: replay skipped")
+            self._log.bind(epoch=epoch).info("already committed: Spark's replay skipped")
             return EpochResult(epoch, "skipped")
         try:
             # Step 3
@@ -306,11 +307,11 @@ class Coordinator:
             raise
         timings["commit"] = time.monotonic() - t0
         count = sum(len(hs) for hs in handles.values())
+        shown = {k: v for k, v in timings.items() if recovered or k != "recover"}
         self._log.bind(epoch=epoch).info(
-            "epoch committed: %d handles, rows %s, seconds %s",
-            count,
-            rows,
-            {k: round(v, 3) for k, v in timings.items()},
+            "committed: %s",
+            committed_text(rows, shown),
+            extra={"txsink_rows": rows, "txsink_seconds": timings, "txsink_handles": count},
         )
         return EpochResult(epoch, "committed", round_, rows, count, timings)
 
@@ -318,13 +319,15 @@ class Coordinator:
 
     def _recover_if_needed(
         self, app_id: str, data: EpochData | None = None, epoch: int | None = None
-    ) -> None:
+    ) -> bool:
+        """Recover if needed; whether recovery had anything to do."""
         self._bind(app_id)
         if not self._needs_recovery:
-            return
+            return False
         # The same plan and execution an operator's recover() runs.
-        self._recovery.execute(self._recovery.plan(app_id), data, epoch)
+        done = self._recovery.execute(self._recovery.plan(app_id), data, epoch)
         self._needs_recovery = False
+        return bool(done)
 
     # -- step 2: skip ----------------------------------------------------------------
 
@@ -375,7 +378,7 @@ class Coordinator:
             self._recovery.abort_attempts(app_id, epoch, round_=round_, best_effort=True)
             if isinstance(err, EpochAbortedError) or not isinstance(err, Exception):
                 raise
-            raise EpochAbortedError.wrapping(epoch, err) from err
+            raise EpochAbortedError.wrapping(epoch, err, _spark.failure_text(err)) from err
         self._fire(CrashPoint.BEFORE_DECISION, epoch)
         return handles, rows
 
@@ -404,7 +407,7 @@ class Coordinator:
         self._needs_recovery = True
         for sink in self.sinks:
             for handle in handles[sink.uid]:
-                sink.abort(handle)
+                abort_one(sink, handle, f"this driver lost epoch {epoch}", log=self._log)
         raise FencedError(
             f"this driver lost epoch {epoch} (its round {round_}): {why}. Its transactions "
             "were aborted; the other driver's decision stands. Another query is writing "

@@ -172,18 +172,23 @@ class EpochAbortedError(TxsinkError):
         )
 
     @classmethod
-    def wrapping(cls, epoch: int, err: Exception) -> EpochAbortedError:
-        """The epoch's abort caused by ``err`` (a Spark failure's message is cut to its first
-        line: a JVM stack trace follows it)."""
+    def wrapping(cls, epoch: int, err: Exception, text: str | None = None) -> EpochAbortedError:
+        """The epoch's abort caused by ``err``, told by ``text`` (default: the first line of
+        ``err``, as a JVM stack trace follows a Spark failure's message)."""
         if isinstance(err, TxsinkError):
             return cls(
                 f"epoch {epoch} aborted, nothing of it is visible: {err.message}",
                 causes=[err],
                 **err.context,
             )
-        text = str(err).strip()
-        first = f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"[:500]
-        return cls(f"epoch {epoch} aborted, nothing of it is visible: {first}", epoch=epoch)
+        if text is None:
+            lines = str(err).strip().splitlines()
+            text = f"{type(err).__name__}: {lines[0] if lines else ''}"[:500]
+        return cls(
+            f"epoch {epoch} aborted, nothing of it is visible: {text}",
+            epoch=epoch,
+            phase="precommit",
+        )
 
 
 class FencedError(TxsinkError):

@@ -59,6 +59,7 @@ from txsink.errors import ConfigurationError, InjectedFault
 __all__ = [
     "DRIVER_POINTS",
     "EXECUTOR_MAIN_CLASSES",
+    "FAULT_LINE",
     "TASK_POINTS",
     "CrashPoint",
     "Fault",
@@ -84,6 +85,10 @@ class FaultMode(enum.StrEnum):
     KILL_EXECUTOR = "kill-executor"
     KILL_DRIVER = "kill-driver"
 
+
+#: How the stderr line of a firing fault begins; :mod:`txsink.runner` reads it as the cause
+#: of a run's end.
+FAULT_LINE = "txsink: injecting fault "
 
 TASK_POINTS = frozenset({CrashPoint.BEFORE_PRECOMMIT, CrashPoint.AFTER_PRECOMMIT})
 DRIVER_POINTS = frozenset(CrashPoint) - TASK_POINTS
@@ -270,16 +275,14 @@ class FaultPlan:
             if not self._claim(index, fault):
                 continue
             where = f"epoch={epoch}" + (f" partition={partition}" if partition is not None else "")
+            remote = driver_host is not None and driver_host != socket.gethostname()
+            victim, action = _victim(fault, executor, driver_pid, remote)
             print(
-                f"txsink: injecting fault {fault} at {where} (state: {self.state_dir})",
+                f"{FAULT_LINE}{fault} at {where}: {action} (state: {self.state_dir})",
                 file=sys.stderr,
                 flush=True,
             )
-            if (
-                fault.mode is FaultMode.KILL_DRIVER
-                and driver_host is not None
-                and driver_host != socket.gethostname()
-            ):
+            if fault.mode is FaultMode.KILL_DRIVER and remote:
                 raise InjectedFault(
                     f"injected fault {fault}: this task runs on {socket.gethostname()}, the "
                     f"driver on {driver_host}; a task can only kill a driver on its own host "
@@ -296,14 +299,9 @@ class FaultPlan:
                 # The executor's death takes its task down; this worker goes with it rather
                 # than linger as an orphan.
                 os.kill(executor, signal.SIGKILL)
-                pid = os.getpid()
-            elif fault.mode is FaultMode.KILL_WORKER:
-                pid = os.getpid()
-            else:
-                pid = driver_pid or os.getpid()
-            os.kill(pid, signal.SIGKILL)
+            os.kill(victim, signal.SIGKILL)
             time.sleep(120)  # a task that killed its driver waits to be torn down with it
-            raise InjectedFault(f"injected fault {fault}: process {pid} did not die")
+            raise InjectedFault(f"injected fault {fault}: process {victim} did not die")
 
     def fired(self) -> list[str]:
         """Marker names of the faults that fired so far."""
@@ -325,6 +323,23 @@ class FaultPlan:
             os.close(fd)
             return True
         return False
+
+
+def _victim(
+    fault: Fault, executor: int | None, driver_pid: int | None, remote: bool
+) -> tuple[int, str]:
+    """The process a fault kills, and what the fault line says it does."""
+    me = os.getpid()
+    if fault.mode is FaultMode.RAISE:
+        return me, "raising InjectedFault"
+    if fault.mode is FaultMode.KILL_DRIVER and remote:
+        return me, "the driver runs on another host: raising InjectedFault instead"
+    if executor is not None:
+        return me, f"killing the executor JVM (pid {executor}) and this Python worker (pid {me})"
+    if fault.mode is FaultMode.KILL_WORKER:
+        return me, f"killing this task's Python worker (pid {me})"
+    pid = driver_pid or me
+    return pid, f"killing the driver (pid {pid})"
 
 
 def _executor_pid(fault: Fault, epoch: int, partition: int | None, point: CrashPoint) -> int | None:

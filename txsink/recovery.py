@@ -20,107 +20,22 @@ A plan is a list of :class:`RecoveryAction`, in execution order:
 
 from __future__ import annotations
 
-import enum
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from txsink._commit import commit_share
+from txsink._actions import ABORTS, ActionKind, RecoveryAction, decided, on_handle, summary
+from txsink._commit import abort_one, commit_share
 from txsink._logging import EpochLogger
 from txsink.contract import EpochData, SinkContract
 from txsink.errors import CheckpointMismatchError, NonRestoredStateError, StateError
 from txsink.faults import CrashPoint
-from txsink.handles import Handle, load_handle
 from txsink.log import EpochDecision, TxLog
 
 __all__ = ["ActionKind", "Recovery", "RecoveryAction"]
 
 AnySink = SinkContract[Any, Any]
-
-
-class ActionKind(enum.StrEnum):
-    """One kind of recovery step; the value is its name in plans and CLI output."""
-
-    COMMIT = "commit"
-    MARK_COMMITTED = "mark_committed"
-    SKIP_NOT_RESTORED = "skip_not_restored"
-    ABORT_NOT_RESTORED = "abort_not_restored"
-    VOID = "void"
-    ABORT = "abort"
-    ABORT_PRUNED = "abort_pruned"
-
-
-_ABORTS = (ActionKind.ABORT, ActionKind.ABORT_PRUNED, ActionKind.ABORT_NOT_RESTORED)
-
-#: (dry run, done) verbs per kind, for one line per action.
-_VERBS: dict[ActionKind, tuple[str, str]] = {
-    ActionKind.COMMIT: ("would commit", "committed"),
-    ActionKind.MARK_COMMITTED: ("would mark committed", "marked committed"),
-    ActionKind.SKIP_NOT_RESTORED: ("would skip (not restored)", "skipped (not restored)"),
-    ActionKind.ABORT_NOT_RESTORED: ("would abort (not restored)", "aborted (not restored)"),
-    ActionKind.VOID: ("would void", "voided"),
-    ActionKind.ABORT: ("would abort", "aborted"),
-    ActionKind.ABORT_PRUNED: ("would abort", "aborted"),
-}
-
-
-@dataclass(frozen=True)
-class RecoveryAction:
-    """One step of a recovery plan.
-
-    ``handles`` are the loaded handles the step acts on: a sink's decided handles of the
-    epoch for ``commit`` (possibly none: its share of the epoch is empty), one for the
-    aborts; none for ``void``, ``mark_committed`` and ``skip_not_restored``, which cannot
-    load handles of a sink that is not configured. ``not_restored`` lists the sink uids
-    a ``mark_committed`` records as not restored.
-    """
-
-    kind: ActionKind
-    epoch: int
-    round: int | None = None
-    sink_uid: str | None = None
-    txn: str | None = None
-    reason: str = ""
-    handles: tuple[Handle, ...] = ()
-    not_restored: tuple[str, ...] = ()
-
-    def describe(self, *, done: bool) -> str:
-        """One line: ``would abort pg txsink.app.pg.e3.r0.p1.a7: epoch 3 round 0 is ...``."""
-        verb = _VERBS[self.kind][1 if done else 0]
-        what = self.txn or ""
-        if self.kind is ActionKind.VOID:
-            what = f"round {self.round} of epoch {self.epoch}"
-        elif self.kind is ActionKind.MARK_COMMITTED:
-            what = f"epoch {self.epoch} (round {self.round})"
-            if self.not_restored:
-                what += f", not restored: {', '.join(self.not_restored)}"
-        elif self.kind is ActionKind.COMMIT:
-            names = ", ".join(str(h.txn) for h in self.handles[:3])
-            more = f", +{len(self.handles) - 3} more" if len(self.handles) > 3 else ""
-            what = f"epoch {self.epoch} ({len(self.handles)} handle(s){': ' if names else ''}"
-            what += f"{names}{more})"
-        elif self.kind is ActionKind.SKIP_NOT_RESTORED:
-            what = f"epoch {self.epoch}"
-        parts = [verb]
-        if self.sink_uid is not None:
-            parts.append(self.sink_uid)
-        parts.append(what)
-        line = " ".join(p for p in parts if p)
-        return f"{line}: {self.reason}" if self.reason else line
-
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-able form (no handle data: it may name buckets, paths or upload ids)."""
-        return {
-            "kind": str(self.kind),
-            "epoch": self.epoch,
-            "round": self.round,
-            "sink_uid": self.sink_uid,
-            "txn": self.txn,
-            "txns": [str(h.txn) for h in self.handles],
-            "reason": self.reason,
-            "handles": len(self.handles),
-            "not_restored": list(self.not_restored),
-        }
 
 
 class Recovery:
@@ -213,15 +128,15 @@ class Recovery:
         why = f"decided epoch {epoch} round {round_}"
         actions = [
             RecoveryAction(
-                ActionKind.COMMIT, epoch, round_, s.uid, None, why, _decided(decision, s.uid)
+                ActionKind.COMMIT, epoch, round_, s.uid, None, why, decided(decision, s.uid)
             )
             for s in self.sinks
         ]
         for uid in missing:
             if uid in retired:
                 actions += [
-                    _on_handle(ActionKind.ABORT_NOT_RESTORED, uid, h, f"{why}, sink retired")
-                    for h in _decided(decision, uid)
+                    on_handle(ActionKind.ABORT_NOT_RESTORED, uid, h, f"{why}, sink retired")
+                    for h in decided(decision, uid)
                 ]
             else:
                 n = len(decision.handles[uid])
@@ -272,7 +187,7 @@ class Recovery:
                     continue
                 if floor is not None and txn.epoch < floor:
                     why = "its epoch's records were pruned after it committed"
-                    actions.append(_on_handle(ActionKind.ABORT_PRUNED, sink.uid, handle, why))
+                    actions.append(on_handle(ActionKind.ABORT_PRUNED, sink.uid, handle, why))
                     continue
                 if txn.epoch not in decisions:
                     decisions[txn.epoch] = self.log.decision(txn.epoch)
@@ -289,13 +204,13 @@ class Recovery:
                             )
                         )
                     why = f"epoch {txn.epoch} round {txn.round} is undecided"
-                    actions.append(_on_handle(ActionKind.ABORT, sink.uid, handle, why))
+                    actions.append(on_handle(ActionKind.ABORT, sink.uid, handle, why))
                 elif name not in decision.txn_names():
                     why = f"an attempt decided epoch {txn.epoch} round {decision.round} did not use"
-                    actions.append(_on_handle(ActionKind.ABORT, sink.uid, handle, why))
+                    actions.append(on_handle(ActionKind.ABORT, sink.uid, handle, why))
                 elif retired and self._given_up(txn.epoch, sink.uid):
                     why = f"decided epoch {txn.epoch} committed without it (not restored)"
-                    actions.append(_on_handle(ActionKind.ABORT_NOT_RESTORED, sink.uid, handle, why))
+                    actions.append(on_handle(ActionKind.ABORT_NOT_RESTORED, sink.uid, handle, why))
                 elif (sink.uid, txn.epoch) not in recommitted:
                     # Commit what the decision recorded, never the listed stand-in (it may
                     # not carry everything a commit needs): the sink's whole share again.
@@ -308,7 +223,7 @@ class Recovery:
                             sink.uid,
                             None,
                             f"committed epoch {txn.epoch}, {name} still prepared",
-                            _decided(decision, sink.uid),
+                            decided(decision, sink.uid),
                         )
                     )
         return actions
@@ -340,14 +255,13 @@ class Recovery:
                     continue
                 if round_ is not None and txn.round != round_:
                     continue
-                log = self._log.bind(uid=sink.uid, epoch=epoch)
-                log.info("aborting attempt %s", txn)
-                try:
-                    sink.abort(handle)
-                except Exception as err:
-                    if not best_effort:
-                        raise
-                    log.warning("could not abort %s: %s", txn, err)
+                why = (
+                    f"the pre-commit of epoch {epoch} round {txn.round} failed"
+                    if round_ is not None
+                    else f"an attempt the decision of epoch {epoch} did not use (a retried or "
+                    "speculative task)"
+                )
+                abort_one(sink, handle, why, log=self._log, best_effort=best_effort)
 
     # -- execute -----------------------------------------------------------------------
 
@@ -356,22 +270,24 @@ class Recovery:
         actions: list[RecoveryAction],
         data: EpochData | None = None,
         current: int | None = None,
+        *,
+        announce: bool = True,
     ) -> list[RecoveryAction]:
         """Run a plan in order; returns what was done (a lost void changes the plan).
 
         ``data`` is the rows of epoch ``current`` when this runs inside its replay
         (sinks that commit from data need them). ``during_recovery`` fires after the
         first unit of each finished epoch became visible, or, when no epoch needed
-        finishing, after the first other commit or abort.
+        finishing, after the first other commit or abort. ``announce``: say first, in
+        one WARNING, what the plan finds unfinished.
         """
         run = _Run(data, current, {a.epoch for a in actions if a.kind is ActionKind.MARK_COMMITTED})
+        if actions and announce:
+            # One WARNING per recovery with work to do: the previous run stopped (or a
+            # task attempt was left) mid-protocol. Each action then says itself, at INFO.
+            self._log.warning("recovery: %s", summary(actions))
         done: list[RecoveryAction] = []
         for planned in actions:
-            if planned.epoch in run.finishing and planned.epoch not in run.announced:
-                run.announced.add(planned.epoch)
-                self._log.bind(epoch=planned.epoch).warning(
-                    "recovery finishes decided epoch %d (round %s)", planned.epoch, planned.round
-                )
             if planned.kind is ActionKind.VOID:
                 done += self._void(planned, run)
                 continue
@@ -384,14 +300,21 @@ class Recovery:
         """Void an undecided round; if a zombie decided it meanwhile, finish its epoch."""
         epoch, round_ = action.epoch, action.round or 0
         decision = self.log.void(epoch, round_, "aborted by recovery")
+        log = self._log.bind(epoch=epoch)
         if decision is None:
+            log.info("recovery: %s", action.describe(done=True))
             return [action]
         run.lost[(epoch, round_)] = decision
-        self._log.bind(epoch=epoch).warning("round %d was decided meanwhile: finishing it", round_)
+        log.warning(
+            "recovery: round %d of epoch %d was decided meanwhile by another driver: finishing it",
+            round_,
+            epoch,
+        )
         if self.log.committed(epoch) is not None:
             return []
         plan = self.plan_finish(decision, self.allow_non_restored_state)
-        return self.execute(plan, run.data if epoch == run.current else None, run.current)
+        data = run.data if epoch == run.current else None
+        return self.execute(plan, data, run.current, announce=False)
 
     def _run_action(self, action: RecoveryAction, run: _Run) -> RecoveryAction | None:
         """Do one planned step (never a void); returns what was done (``None``: nothing)."""
@@ -400,20 +323,20 @@ class Recovery:
         if kind is ActionKind.MARK_COMMITTED:
             if action.not_restored:
                 log.warning(
-                    "epoch %d committed WITHOUT sink uid(s) %s: their decided rows of this "
-                    "epoch are not written (allow_non_restored_state)",
+                    "recovery: epoch %d committed WITHOUT sink uid(s) %s: their decided rows "
+                    "of this epoch are not written (allow_non_restored_state)",
                     epoch,
                     list(action.not_restored),
                 )
             self.log.mark_committed(epoch, action.round or 0, not_restored=action.not_restored)
-            log.info("recovery finished decided epoch %d", epoch)
+            log.info("recovery: %s", action.describe(done=True))
             return action
         if kind is ActionKind.SKIP_NOT_RESTORED:
-            log.warning("recovery skips decided handles of unconfigured sink %s", action.sink_uid)
+            log.warning("recovery: %s", action.describe(done=True))
             return action
         sink = self._sink(action.sink_uid)
         lost = run.lost.get((epoch, action.round or 0))
-        if kind in _ABORTS and lost is not None and action.txn in lost.txn_names():
+        if kind in ABORTS and lost is not None and action.txn in lost.txn_names():
             # Its round was decided between our scan and the void, and its epoch finished
             # by _void: it is committed, never to be aborted.
             if (sink.uid, epoch) in run.committed:
@@ -425,20 +348,19 @@ class Recovery:
                 sink.uid,
                 None,
                 "decided by another driver meanwhile",
-                _decided(lost, sink.uid),
+                decided(lost, sink.uid),
             )
             kind = action.kind
-        if kind in _ABORTS:
-            level = log.warning if kind is ActionKind.ABORT_NOT_RESTORED else log.info
-            level("recovery aborts %s (%s)", action.txn, action.reason)
-            sink.abort(action.handles[0])
+        if kind in ABORTS:
+            given_up = kind is ActionKind.ABORT_NOT_RESTORED
+            why = f"{action.reason} (not restored)" if given_up else action.reason
+            level = logging.WARNING if given_up else logging.INFO
+            abort_one(sink, action.handles[0], why, log=self._log, by="recovery", level=level)
             if not run.finishing and not run.fired:
                 run.fired.add(epoch)
                 self._fire(CrashPoint.DURING_RECOVERY, epoch)
             return action
         if kind is ActionKind.COMMIT:
-            if action.handles:
-                log.warning("recovery commits %d decided handle(s)", len(action.handles))
             commit_share(
                 sink,
                 epoch,
@@ -447,6 +369,7 @@ class Recovery:
                 on_committed=lambda _handles: self._committed(epoch, run),
             )
             run.committed.add((sink.uid, epoch))
+            log.info("recovery: %s", action.describe(done=True, names=False))
         return action
 
     def _committed(self, epoch: int, run: _Run) -> None:
@@ -471,16 +394,6 @@ class _Run:
     data: EpochData | None
     current: int | None
     finishing: set[int]
-    announced: set[int] = field(default_factory=set)
     fired: set[int] = field(default_factory=set)
     lost: dict[tuple[int, int], EpochDecision] = field(default_factory=dict)
     committed: set[tuple[str, int]] = field(default_factory=set)
-
-
-def _on_handle(kind: ActionKind, uid: str, handle: Handle, why: str) -> RecoveryAction:
-    txn = handle.txn
-    return RecoveryAction(kind, txn.epoch, txn.round, uid, str(txn), why, (handle,))
-
-
-def _decided(decision: EpochDecision, uid: str) -> tuple[Handle, ...]:
-    return tuple(load_handle(doc, sink_uid=uid) for doc in decision.handles.get(uid, []))

@@ -16,7 +16,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["RunReport", "run_until_done"]
+from txsink._logging import one_line
+from txsink.faults import FAULT_LINE
+
+__all__ = ["FAILED_LINE", "RunReport", "describe_exit", "run_until_done"]
+
+#: How a pipeline's line about its failed query begins (:mod:`txsink.testing.pipelines`).
+FAILED_LINE = "txsink: query failed: "
 
 
 @dataclass
@@ -25,6 +31,8 @@ class RunReport:
 
     runs: int = 0
     exit_codes: list[int] = field(default_factory=list)
+    #: Why each run ended, as its restart line says it (empty for a run that finished).
+    endings: list[str] = field(default_factory=list, repr=False)
     seconds: float = 0.0
     finished: bool = False
 
@@ -50,11 +58,17 @@ def run_until_done(
     on_line: Callable[[str], None] | None = None,
     on_restart: Callable[[int, int], None] | None = None,
     timeout: float = 900.0,
+    say: Callable[[str], None] | None = None,
+    label: str = "query run",
 ) -> RunReport:
     """Run ``cmd`` until it exits 0, at most ``max_runs`` times.
 
     ``on_line`` receives every line the child prints (stdout and stderr merged);
-    ``on_restart(run, exit_code)`` is called before each restart.
+    ``on_restart(run, exit_code)`` is called before each restart. ``say``, when given,
+    is told the run as a person reads it: each ``txsink:`` line of the child, indented,
+    and before each restart one line naming why the run ended, e.g. ``query run 1 ended
+    (killed by SIGKILL) after fault after_decision:kill-driver at epoch=0: killing the
+    driver (pid 4242); restarting`` (``label`` starts it).
     """
     report = RunReport()
     start = time.monotonic()
@@ -74,21 +88,51 @@ def run_until_done(
         # A watchdog, so a child that hangs silently is ended too.
         watchdog = threading.Timer(timeout, proc.kill)
         watchdog.start()
+        seen = _Ending()
         try:
-            for line in proc.stdout:
+            for raw in proc.stdout:
+                line = raw.rstrip("\n")
+                seen.read(line)
+                if say is not None and line.startswith("txsink:"):
+                    say("  " + line)
                 if on_line is not None:
-                    on_line(line.rstrip("\n"))
+                    on_line(line)
             code = proc.wait()
         finally:
             watchdog.cancel()
         report.exit_codes.append(code)
         if code == 0:
             report.finished = True
+            report.endings.append("")
             break
-        if on_restart is not None and report.runs < max_runs:
-            on_restart(report.runs, code)
+        report.endings.append(f"{label} {report.runs} ended ({describe_exit(code)}){seen}")
+        if report.runs < max_runs:
+            if on_restart is not None:
+                on_restart(report.runs, code)
+            if say is not None:
+                say(f"{report.endings[-1]}; restarting")
     report.seconds = time.monotonic() - start
     return report
+
+
+@dataclass
+class _Ending:
+    """What a run's lines say about why it ended: its last injected fault, else its
+    query's failure."""
+
+    fault: str = ""
+    failure: str = ""
+
+    def read(self, line: str) -> None:
+        if line.startswith(FAULT_LINE):
+            self.fault = line.removeprefix(FAULT_LINE).split(" (state: ")[0]
+        elif line.startswith(FAILED_LINE):
+            self.failure = line.removeprefix(FAILED_LINE)
+
+    def __str__(self) -> str:
+        if self.fault:
+            return f" after fault {self.fault}"
+        return f": {one_line(self.failure, 160)}" if self.failure else ""
 
 
 def python_module_cmd(module: str, *args: str) -> list[str]:

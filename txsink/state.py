@@ -51,7 +51,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from txsink._commit import abort_one
 from txsink._json import dumps_record
+from txsink._logging import get_logger
 from txsink.contract import SinkContract
 from txsink.errors import StateError
 from txsink.log import TxLog, open_log
@@ -299,7 +301,8 @@ def _abort_lingering(sink: AnySink, old: str, app_id: str, dry_run: bool) -> lis
     old_sink = _as_old(sink, old)
     lingering = list(old_sink.list_prepared(app_id))
     if not dry_run:
+        log = get_logger(__name__, uid=old)
         for handle in lingering:
-            old_sink.abort(handle)
+            abort_one(old_sink, handle, f"its sink uid is renamed to {sink.uid}", log=log)
     verb = "would abort" if dry_run else "aborted"
     return [f"{sink!r}: {verb} {len(lingering)} lingering transaction(s) of uid {old!r}"]

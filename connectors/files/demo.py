@@ -1,16 +1,16 @@
 """``txsink demo``: exactly-once into local files, with an optional crash.
 
 The parent process writes a deterministic input (Parquet files), then runs
-the streaming query in a child process under :mod:`txsink.runner`, which
-restarts it after every crash, and finally reads the output back through the
-epoch manifests and prints one JSON line with the verdict.
+the streaming query (:func:`txsink.testing.pipelines.run_stream` with one files
+sink) in a child process under :mod:`txsink.runner`, which restarts it after
+every crash and says why each run ended, and finally reads the output back
+through the epoch manifests and prints one JSON line with the verdict.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import shutil
 import sys
@@ -20,48 +20,9 @@ from typing import Any
 
 from txsink.cli import Command
 from txsink.faults import CrashPoint, Fault, FaultMode, FaultPlan
-from txsink.localspark import local_spark
-from txsink.testing.inputs import INPUT_SCHEMA, make_input
+from txsink.testing.inputs import make_input
 
 __all__ = ["COMMAND", "main", "run_demo"]
-
-
-def run_query(workdir: Path, partitions: int, fmt: str) -> None:
-    """The child: one streaming query, ``availableNow``, until the input is processed."""
-    from txsink import Coordinator
-    from txsink.connectors.files import FilesSink
-
-    logging.basicConfig(
-        level=logging.WARNING, stream=sys.stdout, format="txsink: %(levelname)s %(message)s"
-    )
-    logging.getLogger("txsink").setLevel(logging.INFO)
-    spark = local_spark(f"local[{partitions}]", "txsink-demo")
-    coordinator = Coordinator(
-        [
-            FilesSink(workdir / "output", uid="demo", format=fmt)  # type: ignore[arg-type]
-        ],
-        log=str(workdir / "txlog"),
-    )
-    query = (
-        spark.readStream.schema(INPUT_SCHEMA)
-        .option("maxFilesPerTrigger", 1)
-        .parquet(str(workdir / "input"))
-        .repartition(partitions)
-        .writeStream.foreachBatch(coordinator)
-        .option("checkpointLocation", str(workdir / "checkpoint"))
-        .trigger(availableNow=True)
-        .start()
-    )
-    try:
-        query.awaitTermination()
-    except Exception as err:
-        # One readable line for the runner's progress; the full trace goes to the log.
-        logging.getLogger("txsink.demo").debug("query failed", exc_info=True)
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        print(f"txsink: query failed: {type(err).__name__}: {first[:300]}", flush=True)
-        spark.stop()
-        raise SystemExit(1) from None
-    spark.stop()
 
 
 def fault_plan_for(crash: str | None) -> str:
@@ -93,7 +54,7 @@ def run_demo(
     echo: bool = True,
 ) -> dict[str, Any]:
     from txsink.connectors.files.testing import verify_files
-    from txsink.runner import describe_exit, python_module_cmd, run_until_done
+    from txsink.runner import python_module_cmd, run_until_done
 
     started = time.monotonic()
     shutil.rmtree(workdir, ignore_errors=True)
@@ -113,28 +74,14 @@ def run_demo(
         f"txsink demo: {rows} rows in {files} input files -> {workdir / 'output'}"
         + (f", injecting {plan}" if plan else "")
     )
-
-    def on_line(line: str) -> None:
-        if line.startswith("txsink:"):
-            say("  " + line)
-
+    # The child is the generic pipeline every chaos run uses, with one files sink.
+    spec = {"kind": "files", "path": str(workdir / "output"), "uid": "demo", "format": fmt}
+    args = {"workdir": str(workdir), "sinks": [spec], "partitions": partitions}
     report = run_until_done(
-        python_module_cmd(
-            "txsink.connectors.files.demo",
-            "--child",
-            "--workdir",
-            str(workdir),
-            "--partitions",
-            str(partitions),
-            "--format",
-            fmt,
-        ),
+        python_module_cmd("txsink.runner", "txsink.testing.pipelines:run_stream", json.dumps(args)),
         env=env,
         max_runs=max_runs,
-        on_line=on_line,
-        on_restart=lambda run, code: say(
-            f"txsink demo: query run {run} ended ({describe_exit(code)}); restarting"
-        ),
+        say=lambda line: say(line if line.startswith("  ") else f"txsink demo: {line}"),
     )
     verdict = verify_files(workdir / "output", range(rows))
     fired = FaultPlan.parse(plan, str(workdir / "faults")).fired() if plan else []
@@ -177,7 +124,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="input, output, txsink log and checkpoint (default .txsink-demo)",
     )
     parser.add_argument("--max-runs", type=int, default=10, help="give up after this many runs")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -188,9 +134,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def demo_command(args: argparse.Namespace) -> int:
-    if getattr(args, "child", False):
-        run_query(args.workdir.resolve(), args.partitions, args.format)
-        return 0
     if args.crash:
         try:
             fault_plan_for(args.crash)

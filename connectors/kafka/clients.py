@@ -1,6 +1,6 @@
 """How the Kafka connector's clients are built: one sink's settings (brokers, identity,
 timeouts) shared by its admin client, its marker consumer and its transactional
-producers, and the logger librdkafka reports to.
+producers, and the logger librdkafka reports to (rate-limited: one WARNING per outage).
 
 :class:`KafkaSettings` is plain data: it is pickled into replay commit tasks with the
 sink, and its ``producer_config`` (TLS/SASL secrets) is kept out of ``repr``.
@@ -13,7 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ENFORCED", "KafkaSettings", "rdkafka_logger"]
+from txsink._outages import Failure, OutageFilter
+
+__all__ = ["ENFORCED", "KafkaSettings", "outages", "rdkafka_logger"]
 
 #: Producer settings the connector's guarantee depends on; a conflicting setting is refused.
 ENFORCED: dict[str, Any] = {"enable.idempotence": True, "acks": "all"}
@@ -29,11 +31,45 @@ DEFAULT_TXN_TIMEOUT_MS = 60_000
 _CLIENT_PREFIXES = ("security.", "ssl.", "sasl.", "client.", "socket.")
 
 
+_LIBRDKAFKA = "txsink.connectors.kafka.librdkafka"
+#: librdkafka's log facilities (its codes, not its text) for a broker connection failing.
+_CONNECTION_FACILITIES = frozenset({"FAIL", "REQTMOUT"})
+#: One outage filter per sink uid and process: its clients share it.
+_OUTAGES: dict[str, OutageFilter] = {}
+
+
+def outages(uid: str) -> OutageFilter:
+    """The outage filter on the librdkafka logger of sink ``uid``'s clients in this process:
+    one WARNING per outage instead of a line per refused connection, and one line when
+    the sink's next operation succeeds (:meth:`KafkaSettings.reachable`)."""
+    found = _OUTAGES.get(uid)
+    if found is None:
+        logger = rdkafka_logger(f"{_LIBRDKAFKA}.{uid}")
+        found = _OUTAGES.setdefault(uid, OutageFilter(logger, _connection_failure, uid=uid))
+    return found
+
+
+def _connection_failure(record: logging.LogRecord) -> Failure | None:
+    """A librdkafka record (``fac``, client name, text) about a broker connection failing:
+    the broker and the reason, e.g. ``127.0.0.1:59092``, ``Connection refused``."""
+    args = record.args if isinstance(record.args, tuple) else ()
+    if len(args) != 3 or args[0] not in _CONNECTION_FACILITIES:
+        return None
+    # "[thrd:127.0.0.1:59092/1]: 127.0.0.1:59092/1: Connect to ipv4#127.0.0.1:59092 failed:
+    # Connection refused (after 0ms in state CONNECT)"
+    broker, _, reason = str(args[2]).rpartition("]: ")[2].partition(": ")
+    if reason.startswith("Connect to ") and " failed: " in reason:
+        reason = reason.split(" failed: ", 1)[1]
+    reason = reason.split(" (after ", 1)[0]
+    return Failure(f"Kafka broker {broker.split('/')[0]}", reason or str(args[2]))
+
+
 def rdkafka_logger(name: str, *, silent: bool = False) -> logging.Logger:
     """The logger a librdkafka client reports to (``logger`` in its config).
 
     librdkafka prints every refused connection to stderr by default. The sink's clients
-    pass only ERRORs on; ``silent`` drops everything (the read-back helpers of tests).
+    pass only ERRORs on (through :func:`outages`); ``silent`` drops everything (the
+    read-back helpers of tests).
     """
     logger = logging.getLogger(name)
     if silent:
@@ -71,6 +107,10 @@ class KafkaSettings:
     def txn_timeout_ms(self) -> int:
         return int(self.producer_config.get("transaction.timeout.ms", DEFAULT_TXN_TIMEOUT_MS))
 
+    def reachable(self) -> None:
+        """An operation on the brokers succeeded: an outage of this sink's clients ended."""
+        outages(self.uid).ended()
+
     def context(self, phase: str | None = None, **more: Any) -> dict[str, Any]:
         """The error context every error of this sink carries."""
         ctx: dict[str, Any] = {"sink_uid": self.uid, "connector": "kafka"}
@@ -84,7 +124,7 @@ class KafkaSettings:
         (TLS/SASL) of ``producer_config``; producer tuning does not matter there."""
         conf = {k: v for k, v in self.producer_config.items() if k.startswith(_CLIENT_PREFIXES)}
         conf["bootstrap.servers"] = self.bootstrap_servers
-        conf["logger"] = rdkafka_logger("txsink.connectors.kafka.librdkafka")
+        conf["logger"] = outages(self.uid).logger
         return conf
 
     def producer_conf(self, shard: int, on_delivery: Callable[[Any, Any], None]) -> dict[str, Any]:
@@ -97,7 +137,7 @@ class KafkaSettings:
             **ENFORCED,
             "bootstrap.servers": self.bootstrap_servers,
             "transactional.id": self.transactional_id(shard),
-            "logger": rdkafka_logger("txsink.connectors.kafka.librdkafka"),
+            "logger": outages(self.uid).logger,
             "delivery.report.only.error": True,
             "on_delivery": on_delivery,
         }

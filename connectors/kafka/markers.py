@@ -145,6 +145,7 @@ class Markers:
                     found[shard] = int(json.loads(msg.value() or b"{}")["epoch"])
         finally:
             consumer.close()
+        s.reachable()
         return found
 
     def _end(self, isolation: Isolation) -> int:

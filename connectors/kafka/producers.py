@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -23,13 +22,12 @@ from typing import Any
 
 import pyarrow as pa
 
+from txsink._logging import get_logger
 from txsink.connectors.kafka.clients import ENFORCED, KafkaSettings
 from txsink.connectors.kafka.errors import commit_error
 from txsink.connectors.kafka.markers import Markers
 
 __all__ = ["ShardProducers", "fence", "produce_records"]
-
-_log = logging.getLogger(__name__)
 
 
 class ShardProducers:
@@ -63,6 +61,7 @@ class ShardProducers:
             ) from err
         self._producers[shard] = producer
         self.markers.forget(shard)  # read it again under the new producer epoch
+        self.settings.reachable()
         return producer
 
     def init_all(self) -> None:
@@ -116,6 +115,7 @@ class ShardProducers:
                 self._drop(shard)
             raise
         self.markers.remember(shard, epoch)
+        self.settings.reachable()
         self._warn_if_slow(shard, epoch, time.monotonic() - started)
 
     def _drop(self, shard: int) -> None:
@@ -138,13 +138,11 @@ class ShardProducers:
     def _warn_if_slow(self, shard: int, epoch: int, elapsed: float) -> None:
         uid, limit = self.settings.uid, self.settings.txn_timeout_s
         if elapsed > limit / 2:
-            _log.warning(
-                "[uid=%s epoch=%s] Kafka shard %s: the commit transaction took %.1fs, over half "
+            get_logger(__name__, uid=uid, epoch=epoch).warning(
+                "Kafka shard %s: the commit transaction took %.1fs, over half "
                 "of transaction.timeout.ms (%.0fs); the broker aborts longer ones and the commit "
                 "would then fail on every retry. Raise transaction.timeout.ms (up to the "
                 "broker's transaction.max.timeout.ms) or use more shards",
-                uid,
-                epoch,
                 shard,
                 elapsed,
                 limit,

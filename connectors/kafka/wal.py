@@ -16,7 +16,6 @@ The folder must be shared by the driver and every executor.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import shutil
 import zlib
@@ -29,6 +28,7 @@ from typing import Any, ClassVar
 import pyarrow as pa
 
 from txsink._fs import fsync_dir
+from txsink._logging import get_logger
 from txsink.connectors.kafka.producers import ShardProducers, produce_records
 from txsink.connectors.kafka.records import RECORD_SCHEMA
 from txsink.contract import EpochCommit
@@ -38,7 +38,6 @@ from txsink.txid import TxnId
 
 __all__ = ["KafkaWalHandle", "OpenWal", "WalFolder"]
 
-_log = logging.getLogger(__name__)
 _FILE = "records.arrow"
 
 
@@ -163,11 +162,9 @@ class WalFolder:
             # them lost.
             marker = producers.markers.reread(app, shard)
             if marker is not None and marker >= epoch:
-                _log.info(
-                    "[uid=%s epoch=%s] Kafka shard %s: epoch already committed by another "
-                    "driver (marker: epoch %s); nothing to do",
-                    uid,
-                    epoch,
+                get_logger(__name__, uid=uid, epoch=epoch).info(
+                    "Kafka shard %s: epoch already committed by another driver (marker: "
+                    "epoch %s); nothing to do",
                     shard,
                     marker,
                 )

@@ -316,10 +316,8 @@ class S3Sink(TwoPhaseCommitSink[multipart.OpenUploads, S3Handle]):
 
     @override
     def abort(self, handle: S3Handle) -> None:
+        # Not logged here: the core tells every abort, once, the same way for every sink.
         multipart.abort(self._target, handle)
-        self._target.log(handle.txn.epoch).info(
-            "aborted %s (%d upload(s))", handle.txn, len(handle.objects)
-        )
 
     @override
     def list_prepared(self, app_id: str) -> Iterator[S3Handle]:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from txsink import registry
+from txsink._logging import install_console
 from txsink.errors import TxsinkError
 
 __all__ = ["Command", "commands", "log_location_help", "main"]
@@ -136,6 +137,8 @@ def _run(argv: list[str] | None) -> int:
     for name, command in table.items():
         command.add_arguments(sub.add_parser(name, help=command.help))
     args = parser.parse_args(argv)
+    # The commands print what they did; txsink's own lines only from WARNING up here.
+    install_console(default="warning")
     try:
         return table[args.command].run(args)
     except TxsinkError as err:

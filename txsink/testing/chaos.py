@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import statistics
 import sys
@@ -191,7 +192,7 @@ def run_chaos(
     shutil.rmtree(state, ignore_errors=True)
     say = on_progress or (lambda _line: None)
 
-    from txsink.runner import describe_exit, run_until_done
+    from txsink.runner import run_until_done
 
     child_env = dict(os.environ)
     child_env.update(env or {})
@@ -206,13 +207,13 @@ def run_chaos(
     seen: set[int] = set()
 
     def on_line(line: str) -> None:
-        if line.startswith("txsink:"):
-            say("  " + line)
+        told = _TOLD_COMMIT.match(line)
+        if told:  # the child said it itself (txsink's default output)
+            seen.add(int(told.group(1)))
         _report_commits(log_location, seen, say)
 
-    def on_restart(run: int, code: int) -> None:
+    def on_restart(_run: int, _code: int) -> None:
         _report_commits(log_location, seen, say)
-        say(f"run {run} ended ({describe_exit(code)}); restarting")
 
     say(f"chaos: {pipeline} under {chaos}")
     runner = run_until_done(
@@ -222,6 +223,8 @@ def run_chaos(
         on_line=on_line,
         on_restart=on_restart,
         timeout=timeout,
+        say=say,
+        label="run",
     )
     _report_commits(log_location, seen, say)
     fired = _fired(state)
@@ -257,6 +260,10 @@ def run_chaos(
         f"{report.violations} violation(s), recovery max {_fmt_s(report.recovery_max)}"
     )
     return report
+
+
+#: txsink's own line for a committed epoch (see txsink._logging): the child told it already.
+_TOLD_COMMIT = re.compile(r"txsink: \[[^\]]* epoch (\d+)\] committed: ")
 
 
 def _fired(state: Path) -> list[tuple[str, float]]:

@@ -15,15 +15,16 @@ from environment variables (``TXSINK_PG_DSN``, ``TXSINK_KAFKA_BOOTSTRAP``,
 
 from __future__ import annotations
 
-import logging
 import sys
 from pathlib import Path
 from typing import Any
 
+from txsink._logging import one_line
+from txsink.runner import FAILED_LINE
 from txsink.testing.adapter import build_sink
 from txsink.testing.inputs import INPUT_SCHEMA
 
-__all__ = ["SCHEMA", "build_sink", "run_stream"]
+__all__ = ["SCHEMA", "build_sink", "failure_line", "run_stream"]
 
 #: The schema of the input files (:func:`txsink.testing.inputs.make_input`).
 SCHEMA = INPUT_SCHEMA
@@ -41,25 +42,32 @@ def run_stream(
     ``log``: the txsink log's location (default ``workdir/txlog``), e.g. an ``s3://`` URL.
     ``master``: a Spark master URL (default ``local[partitions]``), e.g. ``spark://host:port``;
     further settings for it can come from ``PYSPARK_SUBMIT_ARGS``.
-    A failed query prints one ``txsink: query failed: ...`` line and exits with code 1.
+    It prints what txsink prints by default (one line per epoch; see docs/logging.md). A
+    failed query prints one ``txsink: query failed: ...`` line, the txsink error's own
+    message when the failure is one, and exits with code 1.
     """
     from txsink import Coordinator
     from txsink.localspark import local_spark
 
-    logging.basicConfig(
-        level=logging.WARNING, stream=sys.stdout, format="txsink: %(levelname)s %(message)s"
-    )
-    logging.getLogger("txsink").setLevel(logging.INFO)
     spark = local_spark(master or f"local[{partitions}]", "txsink-pipeline")
     coordinator = Coordinator(
         [build_sink(s) for s in sinks], log=log or str(Path(workdir, "txlog"))
     )
+    failures: list[Exception] = []
+
+    def epoch(df: Any, batch_id: int) -> None:
+        try:
+            coordinator(df, batch_id)
+        except Exception as err:  # remembered for the failure line; Spark gets it as is
+            failures.append(err)
+            raise
+
     query = (
         spark.readStream.schema(SCHEMA)
         .option("maxFilesPerTrigger", 1)
         .parquet(str(Path(workdir, "input")))
         .repartition(partitions)
-        .writeStream.foreachBatch(coordinator)
+        .writeStream.foreachBatch(epoch)
         .option("checkpointLocation", str(Path(workdir, "checkpoint")))
         .trigger(availableNow=True)
         .start()
@@ -67,8 +75,14 @@ def run_stream(
     try:
         query.awaitTermination()
     except Exception as err:
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        print(f"txsink: query failed: {type(err).__name__}: {first[:300]}", flush=True)
+        cause = failures[-1] if failures else err
+        print(f"{FAILED_LINE}{failure_line(cause)}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
     finally:
         spark.stop()
+
+
+def failure_line(err: BaseException) -> str:
+    """``Type: message`` in one line, cut at a word (Spark's wrapping and JVM traces left
+    out)."""
+    return one_line(f"{type(err).__name__}: {err}", 400)

@@ -6,6 +6,7 @@ Quick use::
     from txsink.connectors.files import FilesSink
 
     coordinator = Coordinator([FilesSink("/data/out", uid="events")], log="/data/txlog")
+    coordinator.check(df)   # before the start: every sink's checks, against its target
     df.writeStream.foreachBatch(coordinator).option("checkpointLocation", ...).start()
 """
 
@@ -30,7 +31,7 @@ from txsink.errors import (
 from txsink.faults import CrashPoint, Fault, FaultMode, FaultPlan
 from txsink.handles import Handle, register_handle
 from txsink.log import TxLog, open_log
-from txsink.sink import TwoPhaseCommitSink
+from txsink.sink import TwoPhaseCommitSink, check
 from txsink.txid import TxnId
 
 __all__ = [
@@ -59,6 +60,7 @@ __all__ = [
     "UnsupportedQueryError",
     "WriteError",
     "__version__",
+    "check",
     "open_log",
     "register_handle",
 ]

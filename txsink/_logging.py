@@ -6,11 +6,12 @@ structured handlers) and as a ``[uid=… epoch=…]`` prefix (for plain ones).
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import MutableMapping
+from collections.abc import Iterator, MutableMapping
 from typing import Any
 
-__all__ = ["EpochLogger", "get_logger"]
+__all__ = ["EpochLogger", "failures_logged", "get_logger", "log_failure"]
 
 
 class EpochLogger(logging.LoggerAdapter[logging.Logger]):
@@ -36,3 +37,32 @@ class EpochLogger(logging.LoggerAdapter[logging.Logger]):
 
 def get_logger(name: str, *, uid: str | None = None, epoch: int | None = None) -> EpochLogger:
     return EpochLogger(logging.getLogger(name), uid, epoch)
+
+
+def log_failure(logger: EpochLogger, err: BaseException, *, epoch: int | None = None) -> None:
+    """Log ``err`` at ERROR on one line, with its context, once: before it is raised on to
+    Spark, which wraps it in a long JVM trace. An error already logged (by an inner entry
+    point) is not logged again."""
+    if getattr(err, "_txsink_logged", False):
+        return
+    text = " ".join(str(err).split())
+    if not hasattr(err, "sink_uid"):  # not a txsink error: its first line is enough
+        first = str(err).strip().splitlines()
+        text = (first[0] if first else "")[:500]
+    uid = getattr(err, "sink_uid", None)
+    logger.bind(uid=uid, epoch=getattr(err, "epoch", None) or epoch).error(
+        "%s: %s", type(err).__name__, text
+    )
+    with contextlib.suppress(AttributeError):  # an exception type without a __dict__
+        err._txsink_logged = True  # type: ignore[attr-defined]
+
+
+@contextlib.contextmanager
+def failures_logged(logger: EpochLogger, *, epoch: int | None = None) -> Iterator[None]:
+    """Around an entry point Spark calls: an exception leaving it is logged once
+    (:func:`log_failure`) and raised on."""
+    try:
+        yield
+    except Exception as err:
+        log_failure(logger, err, epoch=epoch)
+        raise

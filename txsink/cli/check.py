@@ -53,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check_command(args: argparse.Namespace) -> int:
-    spark = None
+    spark = None  # a session this command started (and stops)
     try:
         coordinator, df = load_checked(args.pipeline, args.log)
         if args.schema is not None:
@@ -92,14 +92,22 @@ def check_command(args: argparse.Namespace) -> int:
 
 
 def _empty_frame(ddl: str) -> tuple[Any, Any]:
-    """A local Spark session and an empty DataFrame of the schema ``ddl``."""
+    """An empty DataFrame of the schema ``ddl``, in the active Spark session (the pipeline
+    may have made one) or a local one; that local session is returned (to be stopped)."""
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
     from txsink.localspark import local_spark
 
-    spark = local_spark("local[1]", "txsink-check")
+    if SparkContext._active_spark_context is not None:  # the pipeline's own session
+        spark, started = SparkSession.builder.getOrCreate(), None
+    else:
+        spark = started = local_spark("local[1]", "txsink-check")
     try:
-        return spark, spark.createDataFrame([], schema=ddl)
+        return started, spark.createDataFrame([], schema=ddl)
     except Exception as err:  # Spark's ParseException, with its own long message
-        spark.stop()
+        if started is not None:
+            started.stop()
         first = str(err).strip().splitlines()
         raise ConfigurationError(
             f"--schema {ddl!r} is not a Spark DDL schema ({first[0] if first else err}): "

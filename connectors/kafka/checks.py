@@ -48,9 +48,8 @@ def check_brokers(settings: KafkaSettings, topic: str | None, ctx: dict[str, Any
         meta = admin.list_topics(timeout=settings.timeout_s)
         if topic is not None and topic not in meta.topics:
             raise ConfigurationError(
-                f"topic {topic!r} does not exist at {settings.bootstrap_servers}: create it "
-                "(txsink does not create data topics, their partitions and retention are "
-                "yours to choose)",
+                f"topic {topic!r} does not exist: create it (txsink does not create data "
+                "topics, their partitions and retention are yours to choose)",
                 **ctx,
             )
         doing = "read the brokers' transaction.max.timeout.ms"

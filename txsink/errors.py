@@ -174,7 +174,8 @@ class EpochAbortedError(TxsinkError):
     @classmethod
     def wrapping(cls, epoch: int, err: Exception) -> EpochAbortedError:
         """The epoch's abort caused by ``err`` (a Spark failure's message is cut to its first
-        line: a JVM stack trace follows it)."""
+        line: a JVM stack trace follows it; a failed Python task, Spark's condition
+        ``PYTHON_EXCEPTION``, is told by its traceback's last line: the task's own error)."""
         if isinstance(err, TxsinkError):
             return cls(
                 f"epoch {epoch} aborted, nothing of it is visible: {err.message}",
@@ -183,7 +184,21 @@ class EpochAbortedError(TxsinkError):
             )
         text = str(err).strip()
         first = f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"[:500]
+        task_error = _python_task_error(err)
+        if task_error:
+            first = f"a task failed: {task_error}"[:1000]
         return cls(f"epoch {epoch} aborted, nothing of it is visible: {first}", epoch=epoch)
+
+
+def _python_task_error(err: Exception) -> str | None:
+    """The last line of a failed Python task's traceback (``Type: message``), from a Spark
+    error of condition ``PYTHON_EXCEPTION``; None for any other error."""
+    condition = getattr(err, "getCondition", None)
+    params = getattr(err, "getMessageParameters", None)
+    if not callable(condition) or not callable(params) or condition() != "PYTHON_EXCEPTION":
+        return None
+    lines = [line for line in str((params() or {}).get("traceback", "")).splitlines() if line]
+    return lines[-1].strip() if lines else None
 
 
 class FencedError(TxsinkError):

@@ -87,7 +87,7 @@ def test_postgres_missing_table(
 
 @pytest.mark.postgres
 def test_postgres_missing_schema_with_create_table(
-    spark: Any, tmp_path: Path, postgres: Any
+    spark: Any, tmp_path: Path, postgres: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The docs' own ``"sales.orders"`` on a server without schema ``sales``: a clean
     ConfigurationError saying to create the schema, not psycopg's InvalidSchemaName."""
@@ -102,6 +102,8 @@ def test_postgres_missing_schema_with_create_table(
     with postgres.connect() as conn:
         found = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (missing,))
         assert found.fetchone() is None  # nothing created
+    made = f"PostgresSink({postgres.dsn!r}, '{missing}.orders', 'orders', create_table=True)"
+    assert _cli(tmp_path, capsys, made) == [f"txsink check: {err}"]
 
 
 @pytest.mark.postgres
@@ -241,7 +243,9 @@ def _s3_options(s3: Any, endpoint: str | None = None) -> dict[str, Any]:
 
 
 @pytest.mark.s3
-def test_s3_unreachable_endpoint(spark: Any, tmp_path: Path, s3: Any) -> None:
+def test_s3_unreachable_endpoint(
+    spark: Any, tmp_path: Path, s3: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
     endpoint = f"http://127.0.0.1:{_closed_port()}"
     sink = S3Sink("s3://orders/out", "orders", client_options=_s3_options(s3, endpoint))
     err = _check(spark, tmp_path, sink)
@@ -252,6 +256,18 @@ def test_s3_unreachable_endpoint(spark: Any, tmp_path: Path, s3: Any) -> None:
         "network and the server"
     )
     assert s3.secret_key not in err.message
+    options = {
+        "endpoint_url": endpoint,
+        "region_name": s3.region,
+        "aws_access_key_id": s3.access_key,
+        "aws_secret_access_key": s3.secret_key,
+    }
+    lines = _cli(
+        tmp_path, capsys, f"S3Sink('s3://orders/out', 'orders', client_options={options!r})"
+    )
+    assert len(lines) == 1
+    assert lines[0].startswith("txsink check: [sink_uid=orders, phase=check, connector=s3] ")
+    assert "The endpoint cannot be reached" in lines[0] and s3.secret_key not in lines[0]
 
 
 @pytest.mark.s3

@@ -10,6 +10,7 @@ Quick use::
     df.writeStream.foreachBatch(coordinator).option("checkpointLocation", ...).start()
 """
 
+from txsink._precheck import CheckResult
 from txsink._version import __version__
 from txsink.coordinator import Coordinator, EpochResult
 from txsink.errors import (
@@ -35,6 +36,7 @@ from txsink.sink import TwoPhaseCommitSink, check
 from txsink.txid import TxnId
 
 __all__ = [
+    "CheckResult",
     "CheckpointMismatchError",
     "CommitError",
     "ConfigurationError",

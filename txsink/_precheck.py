@@ -14,6 +14,9 @@ every query run still runs the sinks' part (:func:`check_sinks`). In order:
 
 Nothing is bound or written here except what a sink's ``check`` hook creates (a missing
 output folder, a Postgres progress table, a Kafka marker topic, as at the first batch).
+Not known before the start, so checked at the first batch only: the trigger and
+``asyncProgressTrackingEnabled`` (options of ``writeStream``, not of the DataFrame), and
+the query id of a checkpoint that is not a local path.
 """
 
 from __future__ import annotations

@@ -21,11 +21,12 @@ the query id of a checkpoint that is not a local path.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from txsink import _spark
 from txsink.errors import CheckpointMismatchError, ConfigurationError, LogError, TxsinkError
@@ -48,6 +49,8 @@ __all__ = [
     "no_app_error",
     "run_checks",
 ]
+
+T = TypeVar("T")
 
 #: The app id the sinks are checked as when the query is new (Spark names it at start).
 NEW_APP = "new-query"
@@ -157,57 +160,42 @@ def run_checks(
     """
     results: list[CheckResult] = []
 
-    def run(what: str, check: Callable[[], str]) -> bool:
+    def run(what: str, check: Callable[[], tuple[T, str]]) -> T | None:
+        """Run one check: its value (None if it failed), its result recorded."""
         try:
-            results.append(CheckResult(what, check()))
+            value, detail = check()
         except TxsinkError as err:
             results.append(CheckResult(what, error=err.with_context(phase="check")))
-            return False
-        return True
+            return None
+        results.append(CheckResult(what, detail))
+        return value
 
-    schema_box: list[pa.Schema] = []
-
-    def schema() -> str:
-        schema_box.append(_spark.arrow_schema(df))
-        return ", ".join(f"{f.name} {f.type}" for f in schema_box[0])
-
-    if not run("schema", schema):
+    arrow = run("schema", lambda: _schema(df))
+    if arrow is None:
         return results  # nothing else can be checked without it
-    app_box: list[_App] = []
-
-    def app() -> str:
-        app_box.append(_app(app_id, checkpoint))
-        return app_box[0].source
-
-    run("app", app)
-    known = app_box[0] if app_box else _App(app_id, "")
-    owner_box: list[str | None] = []
-
-    def log_check() -> str:
-        is_streaming = df.isStreaming if streaming is None else streaming
-        owner, detail = _log(log, known, from_savepoint, streaming=is_streaming)
-        owner_box.append(owner)
-        return detail
-
-    run("log", log_check)
-    owner = owner_box[0] if owner_box else None
+    known = run("app", lambda: _app(app_id, checkpoint)) or _App(app_id, "")
+    is_streaming = df.isStreaming if streaming is None else streaming
+    owner = run("log", lambda: _log(log, known, from_savepoint, streaming=is_streaming))
     as_app = known.id or (None if known.new else owner) or NEW_APP
-
-    def partitioning() -> str:
-        part = _spark.required_partitioning(
-            [s.required_partitioning() for s in sinks], schema_box[0].names
-        )
-        return "any" if part is None else f"by {list(part.columns)}"
-
-    run("partitioning", partitioning)
+    run("partitioning", lambda: _partitioning(sinks, arrow))
     for sink in sinks:
-
-        def hook(sink: SinkContract[Any, Any] = sink) -> str:
-            check_sink(sink, schema_box[0], as_app)
-            return f"{sink!r} as app {as_app!r}"
-
-        run(f"sink {sink.uid}", hook)
+        run(f"sink {sink.uid}", functools.partial(_sink, sink, arrow, as_app))
     return results
+
+
+def _schema(df: DataFrame) -> tuple[pa.Schema, str]:
+    arrow = _spark.arrow_schema(df)
+    return arrow, ", ".join(f"{f.name} {f.type}" for f in arrow)
+
+
+def _partitioning(sinks: Sequence[SinkContract[Any, Any]], arrow: pa.Schema) -> tuple[None, str]:
+    part = _spark.required_partitioning([s.required_partitioning() for s in sinks], arrow.names)
+    return None, "any" if part is None else f"by {list(part.columns)}"
+
+
+def _sink(sink: SinkContract[Any, Any], arrow: pa.Schema, app_id: str) -> tuple[None, str]:
+    check_sink(sink, arrow, app_id)
+    return None, f"{sink!r} as app {app_id!r}"
 
 
 def check_or_raise(
@@ -236,7 +224,12 @@ def check_or_raise(
     return results
 
 
-def _app(app_id: str | None, checkpoint: str | os.PathLike[str] | None) -> _App:
+def _app(app_id: str | None, checkpoint: str | os.PathLike[str] | None) -> tuple[_App, str]:
+    found = _find_app(app_id, checkpoint)
+    return found, found.source
+
+
+def _find_app(app_id: str | None, checkpoint: str | os.PathLike[str] | None) -> _App:
     if app_id is not None:
         return _App(app_id, f"{app_id} (app_id=)")
     if checkpoint is None:

@@ -11,6 +11,8 @@ import logging
 from collections.abc import Iterator, MutableMapping
 from typing import Any
 
+from txsink.errors import TxsinkError
+
 __all__ = ["EpochLogger", "failures_logged", "get_logger", "log_failure"]
 
 
@@ -45,14 +47,13 @@ def log_failure(logger: EpochLogger, err: BaseException, *, epoch: int | None = 
     point) is not logged again."""
     if getattr(err, "_txsink_logged", False):
         return
-    text = " ".join(str(err).split())
-    if not hasattr(err, "sink_uid"):  # not a txsink error: its first line is enough
+    if isinstance(err, TxsinkError):
+        text = " ".join(str(err).split())
+        uid, epoch = err.sink_uid, err.epoch if err.epoch is not None else epoch
+    else:  # not a txsink error: its first line is enough (a JVM trace may follow)
         first = str(err).strip().splitlines()
-        text = (first[0] if first else "")[:500]
-    uid = getattr(err, "sink_uid", None)
-    logger.bind(uid=uid, epoch=getattr(err, "epoch", None) or epoch).error(
-        "%s: %s", type(err).__name__, text
-    )
+        text, uid = (first[0] if first else "")[:500], None
+    logger.bind(uid=uid, epoch=epoch).error("%s: %s", type(err).__name__, text)
     with contextlib.suppress(AttributeError):  # an exception type without a __dict__
         err._txsink_logged = True  # type: ignore[attr-defined]
 

@@ -6,10 +6,12 @@ Quick use::
     from txsink.connectors.files import FilesSink
 
     coordinator = Coordinator([FilesSink("/data/out", uid="events")], log="/data/txlog")
+    coordinator.check(df)   # before the start: every sink's checks, against its target
     df.writeStream.foreachBatch(coordinator).option("checkpointLocation", ...).start()
 """
 
 from txsink._logging import configure_logging
+from txsink._precheck import CheckResult
 from txsink._version import __version__
 from txsink.coordinator import Coordinator, EpochResult
 from txsink.errors import (
@@ -31,10 +33,11 @@ from txsink.errors import (
 from txsink.faults import CrashPoint, Fault, FaultMode, FaultPlan
 from txsink.handles import Handle, register_handle
 from txsink.log import TxLog, open_log
-from txsink.sink import TwoPhaseCommitSink
+from txsink.sink import TwoPhaseCommitSink, check
 from txsink.txid import TxnId
 
 __all__ = [
+    "CheckResult",
     "CheckpointMismatchError",
     "CommitError",
     "ConfigurationError",
@@ -60,6 +63,7 @@ __all__ = [
     "UnsupportedQueryError",
     "WriteError",
     "__version__",
+    "check",
     "configure_logging",
     "open_log",
     "register_handle",

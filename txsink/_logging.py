@@ -15,10 +15,11 @@ redirect it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any, TextIO
 
 __all__ = [
@@ -27,8 +28,10 @@ __all__ = [
     "EpochLogger",
     "committed_text",
     "configure_logging",
+    "failures_logged",
     "get_logger",
     "install_console",
+    "log_failure",
     "one_line",
     "seconds_text",
 ]
@@ -214,3 +217,35 @@ def _attach(handler: ConsoleHandler, level: int, *, force: bool) -> None:
     logger.addHandler(handler)
     if level < _OFF and (force or logger.level == logging.NOTSET):
         logger.setLevel(level)
+
+
+# -- errors, logged once before Spark wraps them ------------------------------------------
+
+
+def log_failure(logger: EpochLogger, err: BaseException, *, epoch: int | None = None) -> None:
+    """Log ``err`` at ERROR on one line, with its context, once: before it is raised on to
+    Spark, which wraps it in a long JVM trace. An error already logged (by an inner entry
+    point) is not logged again."""
+    from txsink.errors import TxsinkError
+
+    if getattr(err, "_txsink_logged", False):
+        return
+    if isinstance(err, TxsinkError):
+        text = " ".join(str(err).split())
+        uid, epoch = err.sink_uid, err.epoch if err.epoch is not None else epoch
+    else:  # not a txsink error: its first line is enough (a JVM trace may follow)
+        text, uid = one_line(str(err), 500), None
+    logger.bind(uid=uid, epoch=epoch).error("%s: %s", type(err).__name__, text)
+    with contextlib.suppress(AttributeError):  # an exception type without a __dict__
+        err._txsink_logged = True  # type: ignore[attr-defined]
+
+
+@contextlib.contextmanager
+def failures_logged(logger: EpochLogger, *, epoch: int | None = None) -> Iterator[None]:
+    """Around an entry point Spark calls: an exception leaving it is logged once
+    (:func:`log_failure`) and raised on."""
+    try:
+        yield
+    except Exception as err:
+        log_failure(logger, err, epoch=epoch)
+        raise

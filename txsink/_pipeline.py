@@ -1,9 +1,12 @@
 """Load a user's sinks for the operator commands (``--pipeline FILE.py:FUNC``).
 
 Operator commands that reach the targets (list lingering transactions, commit or abort
-them) need the sinks configured exactly as the pipeline configures them: the same uids,
-connection settings and credentials. Rather than a second configuration format that could
-drift from the code, they import the pipeline's own factory function.
+them, check them before a start) need the sinks configured exactly as the pipeline
+configures them: the same uids, connection settings and credentials. Rather than a second
+configuration format that could drift from the code, they import the pipeline's own
+factory function. It returns a Coordinator, a sink or a list of sinks; or a pair of one
+of these and the DataFrame the query writes (``txsink check`` takes its schema; the
+other commands ignore it).
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ from typing import Any
 from txsink.contract import SinkContract
 from txsink.coordinator import Coordinator
 from txsink.errors import ConfigurationError
+from txsink.sink import TwoPhaseCommitSink
 
-__all__ = ["load_coordinator", "load_sinks"]
+__all__ = ["load_checked", "load_coordinator", "load_sinks"]
 
 
 def _function(spec: str) -> Any:
@@ -51,7 +55,18 @@ def load_sinks(spec: str) -> list[SinkContract[Any, Any]]:
     return _sinks_of(_function(spec)(), spec)
 
 
+def _split(made: Any) -> tuple[Any, Any]:
+    """(pipeline, DataFrame or None) of what the function returned."""
+    if isinstance(made, tuple) and len(made) == 2 and not isinstance(made[1], SinkContract):
+        from pyspark.sql import DataFrame
+
+        if isinstance(made[1], DataFrame):
+            return made[0], made[1]
+    return made, None
+
+
 def _sinks_of(made: Any, spec: str) -> list[SinkContract[Any, Any]]:
+    made, _df = _split(made)
     if isinstance(made, Coordinator):
         return list(made.sinks)
     if isinstance(made, SinkContract):
@@ -67,7 +82,31 @@ def _sinks_of(made: Any, spec: str) -> list[SinkContract[Any, Any]]:
 def load_coordinator(spec: str, log: str) -> Coordinator:
     """The pipeline's sinks in a coordinator over ``log`` (a returned coordinator's own
     options, e.g. ``allow_non_restored_state`` and ``retired``, are kept)."""
-    made = _function(spec)()
+    return _over_log(_split(_function(spec)())[0], spec, log)
+
+
+def load_checked(spec: str, log: str | None) -> tuple[Coordinator, Any]:
+    """The coordinator the query runs (over ``log`` if given) and the DataFrame the
+    function returned with it (None if it returned none), for ``txsink check``.
+
+    A sink returned alone is the drop-in ``foreachBatch(sink)``: it needs ``log=`` (or
+    ``log``), as at its first batch.
+    """
+    made, df = _split(_function(spec)())
+    if log is not None:
+        return _over_log(made, spec, log), df
+    if isinstance(made, Coordinator):
+        return made, df
+    if isinstance(made, TwoPhaseCommitSink):
+        return made.coordinator(), df
+    _sinks_of(made, spec)  # refuses what is not a pipeline
+    raise ConfigurationError(
+        f"--pipeline {spec!r} returned sinks without a txsink log: pass --log, or return "
+        "the Coordinator the query runs"
+    )
+
+
+def _over_log(made: Any, spec: str, log: str) -> Coordinator:
     if isinstance(made, Coordinator):
         return Coordinator(
             made.sinks,

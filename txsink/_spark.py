@@ -36,6 +36,7 @@ __all__ = [
     "check_query_mode",
     "failure_text",
     "partitioned",
+    "required_partitioning",
     "streaming_query_id",
 ]
 
@@ -57,13 +58,17 @@ def streaming_query_id(df: DataFrame) -> str | None:
 
     It is stored in the checkpoint, so it survives restarts (unlike the run id).
     """
+    query_id: str | None = _spark_context(df).getLocalProperty("sql.streaming.queryId")
+    return query_id
+
+
+def _spark_context(df: DataFrame) -> Any:
     try:
-        sc = df.sparkSession.sparkContext
+        return df.sparkSession.sparkContext
     except Exception as err:  # Spark Connect DataFrames have no SparkContext
         raise ConfigurationError(
             "txsink needs classic PySpark (a SparkContext); Spark Connect is not supported"
         ) from err
-    return sc.getLocalProperty("sql.streaming.queryId")
 
 
 def check_query_mode(df: DataFrame, query_id: str) -> None:
@@ -83,24 +88,52 @@ def check_query_mode(df: DataFrame, query_id: str) -> None:
 
 
 def arrow_schema(df: DataFrame) -> pa.Schema:
+    """The DataFrame's schema as the sinks see it (Arrow, in the session's time zone)."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
+    _spark_context(df)  # classic PySpark, or a clean ConfigurationError
     tz = df.sparkSession.conf.get("spark.sql.session.timeZone")
-    return to_arrow_schema(df.schema, timezone=tz)
+    try:
+        return to_arrow_schema(df.schema, timezone=tz)
+    except (TypeError, ValueError) as err:  # a Spark type Arrow cannot carry
+        raise ConfigurationError(
+            f"the DataFrame's schema cannot be written through Arrow: {err}. Cast or drop that "
+            "column before the sink (e.g. to a string with to_json)",
+            phase="check",
+        ) from err
+
+
+def required_partitioning(
+    wanted: Iterable[Partitioning | None], columns: Iterable[str] | None = None
+) -> Partitioning | None:
+    """The one partitioning the sinks need (None: any), checked: the sinks agree, and its
+    columns are among ``columns`` (the DataFrame's, when given)."""
+    parts = set(wanted) - {None}
+    if len(parts) > 1:
+        raise ConfigurationError(
+            f"sinks of one coordinator need different partitioning {sorted(map(str, parts))}: "
+            "use the same key (and shard count) for all of them, or separate coordinators",
+            phase="check",
+        )
+    part = parts.pop() if parts else None
+    if part is not None and columns is not None:
+        have = set(columns)
+        missing = [c for c in part.columns if c not in have]
+        if missing:
+            raise ConfigurationError(
+                f"the sinks partition each epoch by {list(part.columns)}, but the DataFrame "
+                f"has no column {missing[0]!r}: add it, or change the sinks' key (upsert key, "
+                "shard_by)",
+                column=missing[0],
+                phase="check",
+            )
+    return part
 
 
 def partitioned(df: DataFrame, wanted: Iterable[Partitioning | None]) -> DataFrame:
     """Repartition as the sinks require (upsert keys, Kafka shards), if any."""
-    parts = set(wanted) - {None}
-    if not parts:
-        return df
-    if len(parts) > 1:
-        raise ConfigurationError(
-            f"sinks of one coordinator need different partitioning {sorted(map(str, parts))}: "
-            "use the same key (and shard count) for all of them, or separate coordinators"
-        )
-    part = parts.pop()
-    if part is None:  # pragma: no cover - removed above
+    part = required_partitioning(wanted)
+    if part is None:
         return df
     if part.num_partitions is not None:
         return df.repartition(part.num_partitions, *part.columns)

@@ -83,13 +83,10 @@ def run_partition(
                     txn_id = TxnId(
                         plan.app_id, sink.uid, plan.epoch, plan.round, partition, attempt
                     )
-                    txn = open_txns[sink.uid] = sink.begin(txn_id, batch.schema)
-                try:
+                    with _hook(sink, "begin"):
+                        txn = open_txns[sink.uid] = sink.begin(txn_id, batch.schema)
+                with _hook(sink, "write"):
                     sink.write(txn, batch)
-                except TxsinkError as err:
-                    raise err.with_context(
-                        sink_uid=sink.uid, connector=sink.connector, phase="write"
-                    ) from None
             rows += batch.num_rows
         plan.fire(CrashPoint.BEFORE_PRECOMMIT, partition)
         acks = []
@@ -99,12 +96,8 @@ def run_partition(
                 acks.append(Ack(sink.uid, partition, attempt, None, 0, 0))
                 continue
             try:
-                handle = sink.prepare(txn)
-            except TxsinkError as err:
-                open_txns[sink.uid] = txn
-                raise err.with_context(
-                    sink_uid=sink.uid, connector=sink.connector, phase="prepare"
-                ) from None
+                with _hook(sink, "prepare"):
+                    handle = sink.prepare(txn)
             except BaseException:
                 open_txns[sink.uid] = txn
                 raise
@@ -123,6 +116,26 @@ def run_partition(
     except BaseException:
         _discard_all(plan, open_txns)
         raise
+
+
+@contextlib.contextmanager
+def _hook(sink: SinkContract[Any, Any], phase: str) -> Iterator[None]:
+    """Around a sink's hook: its txsink errors get the sink's context; any other exception
+    (a connector's gap) becomes a RetryableError with that context, so Spark retries the
+    task as before, and the failure, if it stays, names the sink and the phase."""
+    try:
+        yield
+    except TxsinkError as err:
+        raise err.with_context(sink_uid=sink.uid, connector=sink.connector, phase=phase) from None
+    except Exception as err:
+        text = str(err).strip().splitlines()
+        raise RetryableError(
+            f"{phase} failed with {type(err).__name__}: {text[0] if text else ''}. Fix the "
+            "cause it names; Spark retries the task",
+            sink_uid=sink.uid,
+            connector=sink.connector,
+            phase=phase,
+        ) from err
 
 
 def _discard_all(plan: TaskPlan, open_txns: dict[str, Any]) -> None:

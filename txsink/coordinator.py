@@ -29,18 +29,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, final
 
-from txsink import _spark
+from txsink import _precheck, _spark
 from txsink._commit import abort_one, commit_share
-from txsink._logging import committed_text, get_logger, install_console
+from txsink._logging import committed_text, failures_logged, get_logger, install_console
+from txsink._precheck import CheckResult
 from txsink._task import Precommit, TaskPlan, collect_acks, precommit_job
 from txsink.contract import EpochData, SinkContract
-from txsink.errors import (
-    CheckpointMismatchError,
-    ConfigurationError,
-    EpochAbortedError,
-    FencedError,
-    TxsinkError,
-)
+from txsink.errors import EpochAbortedError, FencedError
 from txsink.faults import CrashPoint, FaultPlan
 from txsink.handles import Handle, dump_handle
 from txsink.log import LogStore, TxLog, open_log
@@ -80,20 +75,12 @@ class Coordinator:
         allow_non_restored_state: start even if the log holds pending handles
             for a sink uid that is not configured any more (they are skipped
             and reported in the epoch's committed record).
-        retired: sinks removed from the pipeline, kept only so recovery can clean
-            up after them. They are never written: no pre-commit, no commit of a
-            new epoch. Recovery aborts their lingering prepared transactions (which
-            would otherwise hold Postgres locks, S3 multipart uploads or WAL files
-            forever: a sink simply left out is never listed again). Their decided
-            but uncommitted handles are aborted only with
-            ``allow_non_restored_state=True``, recorded in the epoch's
-            ``committed.json`` as ``not_restored`` and logged as a WARNING.
-            The trade-off: that epoch's rows then exist in the other targets and
-            never in the retired one — the one place where atomicity across
-            targets is given up, on purpose and on record. Without the flag the
-            coordinator raises :class:`~txsink.errors.NonRestoredStateError`, and
-            keeping the sink configured one more run (recovery commits the
-            decision) is the lossless way out.
+        retired: sinks removed from the pipeline, kept only so recovery can clean up after
+            them (never written): their lingering prepared transactions are aborted; their
+            decided but uncommitted handles only with ``allow_non_restored_state=True``,
+            recorded as ``not_restored`` (the one place where atomicity across targets is
+            given up, on purpose and on record), else
+            :class:`~txsink.errors.NonRestoredStateError`. See docs/operations.md.
         retain_epochs: how many epochs of records the log keeps.
         faults: a fault plan, its text form, or ``None`` to read ``TXSINK_FAULT``.
         from_savepoint: a savepoint (``txsink savepoint create``) to start from: on
@@ -158,22 +145,22 @@ class Coordinator:
 
     @final
     def __call__(self, df: DataFrame, batch_id: int) -> None:
-        """``foreachBatch`` entry point: run epoch ``batch_id`` over ``df``."""
-        query_id = _spark.streaming_query_id(df)
-        app_id = self.app_id or query_id
-        if app_id is None:
-            raise ConfigurationError(
-                "txsink.Coordinator was called outside a streaming query's foreachBatch and "
-                "without app_id: pass app_id=..., or use coordinator.write(df) for a static "
-                "DataFrame"
-            )
-        if query_id is not None and query_id not in self._checked_queries:
-            _spark.check_query_mode(df, query_id)
-            self._checked_queries.add(query_id)
-            self._needs_recovery = True  # a new query run: recover before its first epoch
-        self._bind(app_id)  # the log's own checks come before the sinks'
-        self._check_schema(df, app_id)
-        self._run_spark_epoch(int(batch_id), df, app_id)
+        """``foreachBatch`` entry point: run epoch ``batch_id`` over ``df``.
+
+        A failure is logged once at ERROR (one line, with its context) before it goes
+        to Spark, which wraps it in a JVM trace; the same for :meth:`write`."""
+        with failures_logged(self._log, epoch=int(batch_id)):
+            query_id = _spark.streaming_query_id(df)
+            app_id = self.app_id or query_id
+            if app_id is None:
+                raise _precheck.no_app_error()
+            if query_id is not None and query_id not in self._checked_queries:
+                _spark.check_query_mode(df, query_id)
+                self._checked_queries.add(query_id)
+                self._needs_recovery = True  # a new query run: recover before its first epoch
+            self._bind(app_id)  # the log's own checks come before the sinks'
+            self._check_schema(df, app_id)
+            self._run_spark_epoch(int(batch_id), df, app_id)
 
     @final
     def write(self, df: DataFrame, epoch: int | None = None) -> EpochResult:
@@ -182,14 +169,43 @@ class Coordinator:
         Re-running the same call with the same explicit ``epoch`` after a crash
         writes nothing twice; without ``epoch`` every call is a new epoch.
         """
-        app_id = self.app_id or self._app_from_log()
-        self._bind(app_id)
-        self._check_schema(df, app_id)
-        if epoch is None:
-            self._recover_if_needed(app_id)
-            last = self.log.last_committed()
-            epoch = 0 if last is None else last + 1
-        return self._run_spark_epoch(epoch, df, app_id)
+        with failures_logged(self._log, epoch=epoch):
+            app_id = self.app_id or self._app_from_log()
+            self._bind(app_id)
+            self._check_schema(df, app_id)
+            if epoch is None:
+                self._recover_if_needed(app_id)
+                last = self.log.last_committed()
+                epoch = 0 if last is None else last + 1
+            return self._run_spark_epoch(epoch, df, app_id)
+
+    @final
+    def check(
+        self, df: DataFrame, *, checkpoint: str | os.PathLike[str] | None = None
+    ) -> list[CheckResult]:
+        """Check the pipeline before ``start()``: what its first batch would refuse, now.
+
+        ``df``: the DataFrame the query writes (streaming or static). Every sink's
+        start-up check runs against its real target with ``df``'s schema, and the
+        coordinator's own (the log, the app, the partitioning: :mod:`txsink._precheck`).
+        Nothing is bound or written but what a sink's check creates.
+
+        The app id: ``app_id=``, else the query id in ``checkpoint``'s ``metadata`` (the
+        query's ``checkpointLocation``, a local path); a checkpoint without one is a new
+        query. Without ``checkpoint`` the log's app is not compared, and the sinks are
+        checked as the log's app (a restart) or, on an empty log, as ``"new-query"``.
+
+        Returns every check with what it found. Raises the first failure (its context
+        and message name the sink, the phase and the fix), the others as its notes.
+        """
+        return _precheck.check_or_raise(
+            df,
+            log=self.log,
+            sinks=self.sinks,
+            app_id=self.app_id,
+            checkpoint=checkpoint,
+            from_savepoint=self.from_savepoint,
+        )
 
     @final
     def recovery_plan(self, app_id: str | None = None) -> list[RecoveryAction]:
@@ -336,15 +352,7 @@ class Coordinator:
             self._last_committed = self.log.last_committed()
         last = self._last_committed
         if last is not None and epoch < last:
-            raise CheckpointMismatchError(
-                f"epoch {epoch} was asked for, but the txsink log at {self.log.location} has "
-                f"already committed epoch {last}: the Spark checkpoint was reset or restored "
-                "from an older copy while the txsink log was kept (or write() was given an "
-                "epoch lower than the log's last), so epoch numbers no longer name the same "
-                "rows. Restore the matching checkpoint, or start the query with a new "
-                "checkpoint AND a new txsink log (and a new output folder or sink uid)",
-                epoch=epoch,
-            )
+            raise _precheck.checkpoint_reset_error(self.log.location, epoch, last)
         if last is not None and epoch > last + 1:
             self._log.bind(epoch=epoch).warning(
                 "the txsink log's last committed epoch is %d: epochs in between were not "
@@ -467,22 +475,14 @@ class Coordinator:
         self._restore_once()
         meta = self.log.meta()
         if meta is None:
-            raise ConfigurationError(
-                f"the txsink log at {self.log.location} is empty and no app_id was given: "
-                "pass app_id=... for a one-shot write"
-            )
+            raise _precheck.empty_log_error(self.log.location)
         return str(meta["app_id"])
 
     def _check_schema(self, df: DataFrame, app_id: str) -> None:
         schema = _spark.arrow_schema(df)
         if self._checked_schema is not None and schema.equals(self._checked_schema):
             return
-        for sink in self.sinks:
-            try:
-                sink.check(schema, app_id)
-            except TxsinkError as err:
-                err.with_context(sink_uid=sink.uid, phase="check", connector=sink.connector)
-                raise
+        _precheck.check_sinks(self.sinks, schema, app_id)
         self._checked_schema = schema
 
     def _fire(self, point: CrashPoint, epoch: int) -> None:

@@ -173,15 +173,20 @@ class EpochAbortedError(TxsinkError):
 
     @classmethod
     def wrapping(cls, epoch: int, err: Exception, text: str | None = None) -> EpochAbortedError:
-        """The epoch's abort caused by ``err``, told by ``text`` (default: the first line of
-        ``err``, as a JVM stack trace follows a Spark failure's message)."""
+        """The epoch's abort caused by ``err``. A failed Python task (Spark's condition
+        ``PYTHON_EXCEPTION``) is told by the last line of its traceback, the task's own
+        error; anything else by ``text`` (default: the first line of ``err``, as a JVM stack
+        trace follows a Spark failure's message)."""
         if isinstance(err, TxsinkError):
             return cls(
                 f"epoch {epoch} aborted, nothing of it is visible: {err.message}",
                 causes=[err],
                 **err.context,
             )
-        if text is None:
+        task_error = _python_task_error(err)
+        if task_error:
+            text = f"a task failed: {task_error}"[:1000]
+        elif text is None:
             lines = str(err).strip().splitlines()
             text = f"{type(err).__name__}: {lines[0] if lines else ''}"[:500]
         return cls(
@@ -189,6 +194,17 @@ class EpochAbortedError(TxsinkError):
             epoch=epoch,
             phase="precommit",
         )
+
+
+def _python_task_error(err: Exception) -> str | None:
+    """The last line of a failed Python task's traceback (``Type: message``), from a Spark
+    error of condition ``PYTHON_EXCEPTION``; None for any other error."""
+    condition = getattr(err, "getCondition", None)
+    params = getattr(err, "getMessageParameters", None)
+    if not callable(condition) or not callable(params) or condition() != "PYTHON_EXCEPTION":
+        return None
+    lines = [line for line in str((params() or {}).get("traceback", "")).splitlines() if line]
+    return lines[-1].strip() if lines else None
 
 
 class FencedError(TxsinkError):

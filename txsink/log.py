@@ -165,13 +165,16 @@ class TxLog:
         self.store.create("meta.json", dumps_record(doc))
         meta = self.meta()
         if meta is None or meta.get("app_id") != app_id:
-            owner = None if meta is None else meta.get("app_id")
-            raise CheckpointMismatchError(
-                f"the txsink log at {self.location} belongs to app {owner!r}, but this query "
-                f"runs as app {app_id!r}. The Spark checkpoint location (and so the query id) "
-                "changed while the txsink log was kept. Use a new txsink log for a new "
-                f"checkpoint, or pass app_id={owner!r} to keep writing this log's history"
-            )
+            raise self.app_mismatch(None if meta is None else meta.get("app_id"), app_id)
+
+    def app_mismatch(self, owner: object, app_id: str) -> CheckpointMismatchError:
+        """The error for a query of app ``app_id`` on this log, which belongs to ``owner``."""
+        return CheckpointMismatchError(
+            f"the txsink log at {self.location} belongs to app {owner!r}, but this query "
+            f"runs as app {app_id!r}. The Spark checkpoint location (and so the query id) "
+            "changed while the txsink log was kept. Use a new txsink log for a new "
+            f"checkpoint, or pass app_id={owner!r} to keep writing this log's history"
+        )
 
     # -- epochs ------------------------------------------------------------------------
 

@@ -3,23 +3,35 @@
 The hooks and their contracts are in :mod:`txsink.contract`; this module only adds
 what makes a sink usable on its own, which needs the coordinator (so the contract
 module stays free of it, and the coordinator depends on the contract, not the
-reverse).
+reverse): ``foreachBatch(sink)``, and :func:`check` of a coordinator or such a sink
+before the query starts.
 """
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from txsink._logging import failures_logged, get_logger
 from txsink.contract import EpochCommit, EpochData, Partitioning, SinkContract, TaskInfo
 from txsink.coordinator import Coordinator
+from txsink.errors import ConfigurationError
 from txsink.handles import Handle
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
+    from txsink._precheck import CheckResult
     from txsink.log import LogStore
 
-__all__ = ["EpochCommit", "EpochData", "Partitioning", "TaskInfo", "TwoPhaseCommitSink"]
+__all__ = [
+    "EpochCommit",
+    "EpochData",
+    "Partitioning",
+    "TaskInfo",
+    "TwoPhaseCommitSink",
+    "check",
+]
 
 T = TypeVar("T")
 H = TypeVar("H", bound=Handle)
@@ -43,17 +55,29 @@ class TwoPhaseCommitSink(SinkContract[T, H]):
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         """``foreachBatch`` entry point for a sink used on its own (needs ``log=``)."""
+        with failures_logged(get_logger(__name__, uid=self.uid), epoch=int(batch_id)):
+            coordinator = self.coordinator()
+        coordinator(df, batch_id)  # logs its own failures
+
+    def coordinator(self) -> Coordinator:
+        """The one-sink coordinator of the drop-in use (made on first use, from ``log=``).
+
+        Raises :class:`~txsink.errors.ConfigurationError` for a sink without ``log=``.
+        """
         if self._coordinator is None:
             if self._log_location is None:
-                raise TypeError(
+                raise ConfigurationError(
                     f"{type(self).__name__}(uid={self.uid!r}) was used as foreachBatch(sink) "
                     "without log=...: pass log='<path or URL of the txsink log>' or wrap it "
-                    "in txsink.Coordinator([sink], log=...)"
+                    "in txsink.Coordinator([sink], log=...)",
+                    sink_uid=self.uid,
+                    phase="check",
+                    connector=self.connector,
                 )
             self._coordinator = Coordinator(
                 [self], log=self._log_location, **self._coordinator_options
             )
-        self._coordinator(df, batch_id)
+        return self._coordinator
 
     def __getstate__(self) -> dict[str, Any]:
         # Sinks travel to executors inside the task closure; the coordinator and the log
@@ -62,3 +86,25 @@ class TwoPhaseCommitSink(SinkContract[T, H]):
         state["_coordinator"] = None
         state["_log_location"] = None
         return state
+
+
+def check(
+    df: DataFrame,
+    pipeline: Coordinator | TwoPhaseCommitSink[Any, Any],
+    *,
+    checkpoint: str | os.PathLike[str] | None = None,
+) -> list[CheckResult]:
+    """Check a pipeline before ``start()``: ``txsink.check(df, coordinator_or_sink)``.
+
+    ``pipeline`` is what the query passes to ``foreachBatch``: a
+    :class:`~txsink.Coordinator`, or a sink used on its own (which needs ``log=``: one
+    without it raises the :class:`~txsink.errors.ConfigurationError` its first batch
+    would). Runs :meth:`Coordinator.check`: returns the checks, raises the first failure.
+    """
+    if isinstance(pipeline, TwoPhaseCommitSink):
+        pipeline = pipeline.coordinator()
+    if not isinstance(pipeline, Coordinator):
+        raise TypeError(
+            f"txsink.check() takes a Coordinator or a sink, got {type(pipeline).__name__}"
+        )
+    return pipeline.check(df, checkpoint=checkpoint)

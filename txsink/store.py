@@ -87,6 +87,11 @@ class FileStore:
             return self._path(key).read_bytes()
         except FileNotFoundError:
             return None
+        except OSError as err:  # a file where a folder should be, no permission
+            raise LogError(
+                f"cannot read {key} under {self.root}: {err.strerror or err}; check that "
+                f"{self.root} is a folder this process can read",
+            ) from err
 
     def list(self, prefix: str) -> list[str]:
         base = self._path(prefix.rstrip("/")) if prefix.endswith("/") else self._path(prefix).parent

@@ -199,10 +199,11 @@ class AvroEncoder:
                 "compatibly (add fields with defaults) or change the subject's compatibility",
                 **ctx,
             ) from err
-        except (OSError, ValueError, TypeError) as err:
+        except Exception as err:  # unreachable (the HTTP client's own types), bad schema
             raise ConfigurationError(
                 f"cannot use Schema Registry at {self.url} for the {self.field} of topic "
-                f"{topic!r}: {type(err).__name__}: {err}",
+                f"{topic!r}: {type(err).__name__}: {err}. Check the registry's url (and that "
+                "it runs and is reachable) and the schema",
                 **ctx,
             ) from err
 

@@ -15,9 +15,10 @@ from typing import Any
 import pyarrow as pa
 
 from txsink.connectors.kafka.clients import KafkaSettings
+from txsink.connectors.kafka.errors import check_error
 from txsink.connectors.kafka.markers import ensure_marker_topic
 from txsink.connectors.kafka.records import RecordFormat
-from txsink.errors import ConfigurationError, RetryableError
+from txsink.errors import ConfigurationError
 
 __all__ = ["MIN_TXN_TIMEOUT_MS", "check_avro", "check_brokers", "check_columns"]
 
@@ -38,23 +39,25 @@ def check_columns(schema: pa.Schema, fmt: RecordFormat, ctx: dict[str, Any]) -> 
 def check_brokers(settings: KafkaSettings, topic: str | None, ctx: dict[str, Any]) -> None:
     """The brokers answer, ``topic`` exists, the transaction timeout fits, the marker
     topic is there and compacted."""
+    from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient(settings.client_config())
+    doing = "list the topics"
     try:
+        admin = AdminClient(settings.client_config())
         meta = admin.list_topics(timeout=settings.timeout_s)
-    except Exception as err:
-        raise RetryableError(
-            f"cannot reach Kafka at {settings.bootstrap_servers}: {err}", **ctx
-        ) from err
-    if topic is not None and topic not in meta.topics:
-        raise ConfigurationError(
-            f"topic {topic!r} does not exist: create it (txsink does not create data "
-            "topics, their partitions and retention are yours to choose)",
-            **ctx,
-        )
-    _check_transaction_timeout(admin, meta, settings, ctx)
-    ensure_marker_topic(admin, meta, settings, ctx)
+        if topic is not None and topic not in meta.topics:
+            raise ConfigurationError(
+                f"topic {topic!r} does not exist: create it (txsink does not create data "
+                "topics, their partitions and retention are yours to choose)",
+                **ctx,
+            )
+        doing = "read the brokers' transaction.max.timeout.ms"
+        _check_transaction_timeout(admin, meta, settings, ctx)
+        doing = f"check the marker topic {settings.marker_topic!r}"
+        ensure_marker_topic(admin, meta, settings, ctx)
+    except KafkaException as err:
+        raise check_error(err.args[0], settings, doing) from err
 
 
 def _check_transaction_timeout(

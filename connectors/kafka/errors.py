@@ -7,6 +7,12 @@
     retriable, or _TIMED_OUT                                   -> RetryableError
     anything else at commit                                    -> CommitError
 
+At the start-up check (:func:`check_error`, and :func:`commit_error` with
+``phase="check"``) every failure is a ConfigurationError with its fix: brokers that
+cannot be reached (_TRANSPORT, _TIMED_OUT, _ALL_BROKERS_DOWN, _RESOLVE), refused
+credentials or ACLs (_AUTHENTICATION, SASL_AUTHENTICATION_FAILED, *_AUTHORIZATION_FAILED),
+TLS (_SSL), anything else with its code.
+
 Each text says what to do; a transaction that ran close to ``transaction.timeout.ms``
 says that the broker aborted it, and a failed ``init_transactions`` what the brokers
 need for transactions.
@@ -20,7 +26,7 @@ from typing import Any
 from txsink.connectors.kafka.clients import KafkaSettings
 from txsink.errors import CommitError, ConfigurationError, FencedError, RetryableError, TxsinkError
 
-__all__ = ["commit_error", "error_code", "has_code"]
+__all__ = ["check_error", "commit_error", "error_code", "has_code"]
 
 _FENCED = ("_FENCED", "PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH")
 #: Codes of a failed ``init_transactions`` that mean "the brokers cannot do transactions".
@@ -29,6 +35,16 @@ _NO_TRANSACTIONS = (
     "COORDINATOR_NOT_AVAILABLE",
     "_UNSUPPORTED_FEATURE",
     "UNSUPPORTED_VERSION",
+)
+#: Codes that mean "the brokers cannot be reached from here".
+_UNREACHABLE = ("_TRANSPORT", "_TIMED_OUT", "_ALL_BROKERS_DOWN", "_RESOLVE")
+_DENIED = (
+    "_AUTHENTICATION",
+    "SASL_AUTHENTICATION_FAILED",
+    "TOPIC_AUTHORIZATION_FAILED",
+    "CLUSTER_AUTHORIZATION_FAILED",
+    "GROUP_AUTHORIZATION_FAILED",
+    "TRANSACTIONAL_ID_AUTHORIZATION_FAILED",
 )
 
 
@@ -44,6 +60,29 @@ def has_code(err: Any, *names: str) -> bool:
     return int(err.code()) in {error_code(name) for name in names}
 
 
+def check_error(err: Any, settings: KafkaSettings, doing: str) -> ConfigurationError:
+    """The start-up check's error for the ``KafkaError`` ``err`` met while ``doing``."""
+    ctx = settings.context("check")
+    what = f"cannot {doing} at {settings.bootstrap_servers}: {err.str()} ({err.name()})"
+    if has_code(err, *_UNREACHABLE):
+        fix = (
+            "the brokers cannot be reached: check bootstrap_servers, that the brokers run "
+            "and that their advertised listeners are reachable from the driver and executors"
+        )
+    elif has_code(err, *_DENIED):
+        fix = (
+            "the brokers refused the credentials or the ACLs: check the SASL/TLS settings in "
+            "producer_config, and grant DESCRIBE and WRITE on the topics, CREATE on the "
+            "marker topic, WRITE on TransactionalId "
+            f"{settings.prefix}-{settings.uid}-*, DESCRIBE_CONFIGS on the cluster"
+        )
+    elif has_code(err, "_SSL"):
+        fix = "the TLS handshake failed: check ssl.* in producer_config and the brokers' certs"
+    else:
+        fix = "fix what the brokers say, then start again"
+    return ConfigurationError(f"{what}; {fix}", **ctx)
+
+
 def commit_error(
     err: Any,
     settings: KafkaSettings,
@@ -53,13 +92,18 @@ def commit_error(
     delivery: Sequence[str] = (),
     elapsed: float = 0.0,
     init: bool = False,
+    phase: str = "commit",
 ) -> TxsinkError:
     """The txsink error for the ``KafkaError`` ``err`` of ``shard``'s producer.
 
     ``delivery``: the first failed delivery of the transaction, if any; ``elapsed``: how
-    long the transaction ran; ``init``: ``err`` came from ``init_transactions``.
+    long the transaction ran; ``init``: ``err`` came from ``init_transactions``;
+    ``phase="check"``: from the start-up check (a ConfigurationError then).
     """
-    ctx = settings.context("commit", epoch=epoch)
+    if phase == "check" and not (init and has_code(err, *_NO_TRANSACTIONS)):
+        tid = settings.transactional_id(shard)
+        return check_error(err, settings, f"initialise the transactional producer {tid!r}")
+    ctx = settings.context(phase, epoch=epoch)
     tid = settings.transactional_id(shard)
     detail = f"{err.str()}" + (f"; first delivery error: {delivery[0]}" if delivery else "")
     if elapsed >= 0.9 * settings.txn_timeout_s:
@@ -89,6 +133,8 @@ def commit_error(
             "coordinator, i.e. transaction.state.log.replication.factor and "
             "transaction.state.log.min.isr no larger than the number of live brokers"
         )
+    if phase == "check":
+        return ConfigurationError(f"Kafka shard {shard}: {detail}", **ctx)
     if err.retriable() or has_code(err, "_TIMED_OUT"):
         return RetryableError(f"Kafka shard {shard}: {detail}", **ctx)
     return CommitError(

@@ -42,8 +42,9 @@ class ShardProducers:
         self._producers: dict[int, Any] = {}
         self._delivery_errors: dict[int, list[str]] = {}
 
-    def get(self, shard: int) -> Any:
-        """``shard``'s producer, created and ``init_transactions``-ed on first use."""
+    def get(self, shard: int, phase: str = "commit") -> Any:
+        """``shard``'s producer, created and ``init_transactions``-ed on first use (a
+        failure is an error of ``phase``)."""
         from confluent_kafka import KafkaException, Producer
 
         producer = self._producers.get(shard)
@@ -57,20 +58,20 @@ class ShardProducers:
             producer.init_transactions(self.settings.timeout_s)
         except KafkaException as err:
             raise commit_error(
-                err.args[0], self.settings, epoch=None, shard=shard, init=True
+                err.args[0], self.settings, epoch=None, shard=shard, init=True, phase=phase
             ) from err
         self._producers[shard] = producer
         self.markers.forget(shard)  # read it again under the new producer epoch
         self.settings.reachable()
         return producer
 
-    def init_all(self) -> None:
+    def init_all(self, phase: str = "commit") -> None:
         """Initialise every shard's producer now: fences zombies and aborts any transaction
         they left open, so ``read_committed`` readers are not held back. In parallel: each
         ``init_transactions`` waits on the broker (GIL released)."""
         shards = self.settings.shards
         with ThreadPoolExecutor(max_workers=min(8, shards)) as pool:
-            list(pool.map(self.get, range(shards)))
+            list(pool.map(functools.partial(self.get, phase=phase), range(shards)))
 
     def close(self) -> None:
         for producer in self._producers.values():

@@ -150,7 +150,11 @@ def read_records(
 
 
 def create_topic(bootstrap: str, topic: str, partitions: int = 2, timeout_s: float = 30.0) -> None:
-    """Create ``topic`` (replication 1) unless it exists."""
+    """Create ``topic`` (replication 1) unless it exists, and wait until the brokers'
+    metadata lists it (the controller accepts a topic before every broker knows it, and a
+    sink's start-up check right after would find no such topic)."""
+    import time
+
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
@@ -161,6 +165,13 @@ def create_topic(bootstrap: str, topic: str, partitions: int = 2, timeout_s: flo
     except KafkaException as err:
         if not has_code(err.args[0], "TOPIC_ALREADY_EXISTS"):
             raise
+    deadline = time.monotonic() + timeout_s
+    while (found := admin.list_topics(timeout=timeout_s).topics.get(topic)) is None or (
+        found.error is not None
+    ):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"create_topic({topic!r}): created, but not in the metadata")
+        time.sleep(0.05)
 
 
 def delete_topic(bootstrap: str, topic: str, timeout_s: float = 30.0) -> None:

@@ -243,7 +243,7 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
         checks.check_avro(schema, self.records, ctx)
         # Fence zombies and abort the transactions they left open, so read_committed
         # readers are not held back by a crashed run.
-        self._producers.init_all()
+        self._producers.init_all(phase="check")
         if self.mode == "replay":  # tasks produce; the driver's producers only fenced
             self._producers.close()
 

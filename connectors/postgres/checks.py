@@ -97,6 +97,7 @@ class StartCheck:
         table = self.tables.qualified
         columns = self._table_columns()
         if columns is None:
+            self._schema_exists()
             if not self.create_table:
                 raise ConfigurationError(
                     f"table {table} does not exist: create it, or pass "
@@ -151,6 +152,21 @@ class StartCheck:
             if exists is None or exists[0] is None:
                 return None
         return {str(r[0]): (str(r[1]), bool(r[2])) for r in rows}
+
+    def _schema_exists(self) -> None:
+        """The table's schema exists: ``create_table`` creates a table, never its schema."""
+        from psycopg import sql
+
+        name = self.tables.schema
+        found = self.conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (name,))
+        if name is not None and found.fetchone() is None:
+            raise ConfigurationError(
+                f"schema {name!r} of table {self.tables.qualified} does not exist: create it "
+                f"(CREATE SCHEMA {sql.Identifier(name).as_string(None)}) and the table, or "
+                "pass create_table=True once the schema exists (it creates the table, not "
+                "its schema); or name an existing schema in table=",
+                **self._ctx,
+            )
 
     def _create(self, schema: pa.Schema) -> None:
         from psycopg import sql

@@ -9,6 +9,12 @@ psycopg errors are mapped by SQLSTATE class, never by message text::
                               lock timeout -> RetryableError (Spark may retry the task)
     anything else             TxsinkError
 
+At the start-up check (:func:`check_error`) every failure is a ConfigurationError with
+its fix: nothing retries a check, and nothing was written. A failed connection
+(:func:`connect_error`) carries no SQLSTATE (libpq reports none before a session
+exists): at the check it is a ConfigurationError naming the server and what to verify,
+in a task a RetryableError.
+
 A DSN may carry a password: it is shown only through :func:`redact_dsn`.
 """
 
@@ -17,10 +23,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from txsink.errors import RetryableError, TxsinkError, WriteError
+from txsink.errors import ConfigurationError, RetryableError, TxsinkError, WriteError
 from txsink.txid import TxnId
 
-__all__ = ["copy_position", "map_error", "redact_dsn"]
+__all__ = ["check_error", "connect_error", "copy_position", "map_error", "redact_dsn"]
 
 _COPY_LINE = re.compile(r"\bline (\d+)")
 _COPY_COLUMN = re.compile(r"column (\S+?):")
@@ -50,27 +56,18 @@ def copy_position(context: str) -> tuple[int | None, str | None]:
 
 
 def map_error(
-    err: BaseException, txn: TxnId, *, sink_uid: str, table: str, phase: str
+    err: BaseException, txn: TxnId | None, *, sink_uid: str, table: str, phase: str
 ) -> TxsinkError:
-    """``err``, raised in ``phase`` of transaction ``txn`` writing ``table``, as a txsink
-    error naming the sink, epoch, partition and phase (a txsink error gets what it lacks)."""
+    """``err``, raised in ``phase`` of transaction ``txn`` (None: of no one transaction)
+    writing ``table``, as a txsink error naming the sink, epoch, partition and phase (a
+    txsink error gets what it lacks)."""
     import psycopg
 
+    ctx: dict[str, Any] = {"sink_uid": sink_uid, "phase": phase, "connector": "postgres"}
+    if txn is not None:
+        ctx.update(epoch=txn.epoch, partition=txn.partition)
     if isinstance(err, TxsinkError):
-        return err.with_context(
-            sink_uid=sink_uid,
-            partition=txn.partition,
-            epoch=txn.epoch,
-            phase=phase,
-            connector="postgres",
-        )
-    ctx: dict[str, Any] = {
-        "sink_uid": sink_uid,
-        "epoch": txn.epoch,
-        "partition": txn.partition,
-        "phase": phase,
-        "connector": "postgres",
-    }
+        return err.with_context(**ctx)
     if not isinstance(err, psycopg.Error):
         return WriteError(f"{type(err).__name__}: {err}", **ctx)
     state = err.sqlstate or ""
@@ -86,6 +83,55 @@ def map_error(
             column=diag.column_name or copy_column,
             **ctx,
         )
-    if state[:2] in ("08", "53", "57") or state in ("40001", "40P01", "55P03"):
+    lost = isinstance(err, psycopg.OperationalError) and not state  # no session: no SQLSTATE
+    if lost or state[:2] in ("08", "53", "57") or state in ("40001", "40P01", "55P03"):
         return RetryableError(f"transient PostgreSQL error (SQLSTATE {state}): {summary}", **ctx)
     return TxsinkError(f"PostgreSQL error (SQLSTATE {state}): {summary}", **ctx)
+
+
+def _first_line(err: BaseException) -> str:
+    """The first line of a psycopg error (libpq's own text: host and port, never the
+    password; the later lines are hints like "Is the server running...")."""
+    diag = getattr(err, "diag", None)
+    primary = getattr(diag, "message_primary", None) if diag is not None else None
+    text = (primary or str(err)).strip().splitlines()
+    return text[0] if text else type(err).__name__
+
+
+def connect_error(err: BaseException, server: str, ctx: dict[str, Any]) -> TxsinkError:
+    """A failed ``psycopg.connect`` to ``server`` (a redacted DSN): at the check (``ctx``'s
+    phase) a ConfigurationError with the fix, elsewhere a RetryableError."""
+    what = f"cannot connect to PostgreSQL at {server}: {_first_line(err)}"
+    if ctx.get("phase") == "check":
+        return ConfigurationError(
+            f"{what}. Check that the server is running and reachable at that host and port "
+            "(firewall, network), and that the dsn's user, password and dbname are right",
+            **ctx,
+        )
+    return RetryableError(what, **ctx)
+
+
+def check_error(err: BaseException, *, server: str, table: str, ctx: dict[str, Any]) -> TxsinkError:
+    """A psycopg error of the start-up check as a ConfigurationError, by SQLSTATE."""
+    if isinstance(err, TxsinkError):
+        return err.with_context(**ctx)
+    state = getattr(err, "sqlstate", None) or ""
+    summary = _first_line(err)
+    if state == "3F000":  # invalid_schema_name
+        fix = "create the schema (CREATE SCHEMA ...), or name an existing one in table="
+    elif state == "42501":  # insufficient_privilege
+        fix = (
+            f"grant the connecting role INSERT (and UPDATE for upsert) on {table}, and CREATE "
+            "on its schema for the progress table (or create that table beforehand)"
+        )
+    elif state[:2] in ("08", "57") or not state:  # connection lost, server shutting down
+        return connect_error(err, server, ctx)
+    elif state[:2] == "53":  # insufficient resources: too many connections, disk full
+        fix = "the server is out of a resource (connections, disk, memory): free it, then start"
+    else:
+        fix = "fix what the server says, then start again"
+    return ConfigurationError(
+        f"PostgreSQL at {server} refused the start-up check of {table} (SQLSTATE {state}): "
+        f"{summary}. {fix[0].upper()}{fix[1:]}",
+        **ctx,
+    )

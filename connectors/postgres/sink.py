@@ -33,7 +33,7 @@ from typing_extensions import override
 
 from txsink.connectors.postgres.checks import StartCheck
 from txsink.connectors.postgres.copy import OpenTxn, start_copy
-from txsink.connectors.postgres.errors import map_error, redact_dsn
+from txsink.connectors.postgres.errors import check_error, connect_error, map_error, redact_dsn
 from txsink.connectors.postgres.prepared import (
     commit_prepared,
     prepared_gids,
@@ -47,7 +47,7 @@ from txsink.connectors.postgres.progress import (
 )
 from txsink.connectors.postgres.tables import Tables, split_table
 from txsink.connectors.postgres.upsert import create_stage, merge_stage
-from txsink.errors import CommitError, RetryableError, TxsinkError
+from txsink.errors import CommitError, TxsinkError
 from txsink.handles import Handle, register_handle
 from txsink.log import LogStore
 from txsink.sink import Partitioning, TwoPhaseCommitSink
@@ -142,23 +142,22 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, PgHandle]):
 
     # -- connections ---------------------------------------------------------------
 
-    def _connect(self, *, autocommit: bool) -> psycopg.Connection[Any]:
+    def _connect(self, *, autocommit: bool, phase: str | None = None) -> psycopg.Connection[Any]:
+        """A connection; a failure is a RetryableError (a ConfigurationError at the check)."""
         import psycopg
 
         try:
             conn = psycopg.connect(self.dsn, autocommit=autocommit, **self.connect_kwargs)
         except psycopg.OperationalError as err:
-            raise RetryableError(
-                f"cannot connect to PostgreSQL at {redact_dsn(self.dsn)}: "
-                f"{str(err).strip().splitlines()[0] if str(err).strip() else err!r}",
-                sink_uid=self.uid,
-                connector="postgres",
-            ) from err
+            ctx: dict[str, Any] = {"sink_uid": self.uid, "connector": "postgres"}
+            if phase is not None:
+                ctx["phase"] = phase
+            raise connect_error(err, redact_dsn(self.dsn), ctx) from err
         return conn
 
-    def _driver(self) -> psycopg.Connection[Any]:
+    def _driver(self, phase: str | None = None) -> psycopg.Connection[Any]:
         if self._driver_conn is None or self._driver_conn.closed:
-            self._driver_conn = self._connect(autocommit=True)
+            self._driver_conn = self._connect(autocommit=True, phase=phase)
         return self._driver_conn
 
     @override
@@ -167,7 +166,7 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, PgHandle]):
         state["_driver_conn"] = None  # connections do not travel to executors
         return state
 
-    def _map(self, err: BaseException, txn: TxnId, *, phase: str) -> TxsinkError:
+    def _map(self, err: BaseException, txn: TxnId | None, *, phase: str) -> TxsinkError:
         return map_error(err, txn, sink_uid=self.uid, table=self.qualified_table, phase=phase)
 
     # -- driver: start -------------------------------------------------------------
@@ -177,7 +176,7 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, PgHandle]):
         import psycopg
 
         try:
-            conn = self._driver()
+            conn = self._driver("check")
             if self.schema is None:
                 # Resolved once, on the driver: the executors get it with the pickled sink.
                 self.schema = str(conn.execute("SELECT current_schema()").fetchone()[0])  # type: ignore[index]
@@ -191,15 +190,12 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, PgHandle]):
                 server=redact_dsn(self.dsn),
                 prepared_age_warning_s=self.prepared_age_warning_s,
             ).run(schema)
-        except psycopg.OperationalError as err:
-            self._driver_conn = None
-            raise RetryableError(
-                f"PostgreSQL at {redact_dsn(self.dsn)} failed during the start-up check: "
-                f"{(err.diag.message_primary or str(err)).strip()}",
-                sink_uid=self.uid,
-                connector="postgres",
-                phase="check",
-            ) from err
+        except psycopg.Error as err:
+            if isinstance(err, psycopg.OperationalError):
+                self._driver_conn = None
+            ctx = {"sink_uid": self.uid, "connector": "postgres", "phase": "check"}
+            server = redact_dsn(self.dsn)
+            raise check_error(err, server=server, table=self.qualified_table, ctx=ctx) from err
 
     @override
     def required_partitioning(self) -> Partitioning | None:
@@ -211,7 +207,11 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, PgHandle]):
 
     @override
     def begin(self, txn: TxnId, schema: pa.Schema) -> OpenTxn:
-        conn = self._connect(autocommit=False)
+        try:
+            conn = self._connect(autocommit=False)
+        except TxsinkError as err:
+            self._map(err, txn, phase="begin")  # fills in the epoch, partition and phase
+            raise
         try:
             conn.tpc_begin(str(txn))
             self._set_timeouts(conn)
@@ -302,8 +302,14 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, PgHandle]):
     @override
     def finish_epoch(self, epoch: int, handles: Sequence[PgHandle]) -> None:
         # Progress rows only need to outlive recovery of the latest epochs.
+        import psycopg
+
         if handles:
-            prune_progress(self._driver(), self.tables, handles[0].txn.app, self.uid, epoch)
+            try:
+                prune_progress(self._driver(), self.tables, handles[0].txn.app, self.uid, epoch)
+            except psycopg.Error as err:
+                self._driver_conn = None
+                raise self._map(err, handles[0].txn, phase="commit") from err
 
     @override
     def abort(self, handle: PgHandle) -> None:
@@ -317,7 +323,14 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, PgHandle]):
 
     @override
     def list_prepared(self, app_id: str) -> Iterator[PgHandle]:
-        for gid in prepared_gids(self._driver(), f"txsink.{app_id}.{self.uid}."):
+        import psycopg
+
+        try:
+            gids = prepared_gids(self._driver(), f"txsink.{app_id}.{self.uid}.")
+        except psycopg.Error as err:
+            self._driver_conn = None
+            raise self._map(err, None, phase="recover") from err
+        for gid in gids:
             txn = TxnId.try_parse(gid)
             if txn is not None and txn.belongs_to(app_id, self.uid):
                 yield PgHandle(txn=txn)

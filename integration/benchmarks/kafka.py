@@ -270,9 +270,9 @@ class ProfiledShardProducers(ShardProducers):
         self.ended: float | None = None
 
     @override
-    def get(self, shard: int) -> Any:
+    def get(self, shard: int, phase: str = "commit") -> Any:
         t0 = time.perf_counter()
-        producer = super().get(shard)
+        producer = super().get(shard, phase)
         self.profile.add("producer", t0)
         return producer
 

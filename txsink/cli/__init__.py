@@ -1,7 +1,7 @@
 """The ``txsink`` command line: one table of commands.
 
-The core's commands (``status``, ``inspect``, ``chaos``, and the operator commands
-``savepoint``, ``state``, ``recover`` and ``abort``) and those connectors register
+The core's commands (``status``, ``inspect``, ``check``, ``chaos``, and the operator
+commands ``savepoint``, ``state``, ``recover`` and ``abort``) and those connectors register
 (``demo``, by the files connector) through :mod:`txsink.registry`.
 """
 
@@ -37,7 +37,7 @@ def log_location_help(what: str = "the txsink log") -> str:
 
 
 def _core() -> dict[str, Command]:
-    from txsink.cli import chaos, inspect, operate, state, status
+    from txsink.cli import chaos, check, inspect, operate, state, status
 
     return {
         "status": Command(
@@ -47,6 +47,11 @@ def _core() -> dict[str, Command]:
             "write an HTML report (and optionally a CSV table) of a txsink log",
             inspect.add_arguments,
             inspect.inspect_command,
+        ),
+        "check": Command(
+            "check a pipeline before it starts: every sink against its target, the log",
+            check.add_arguments,
+            check.check_command,
         ),
         "savepoint": Command(
             "create or restore a savepoint of the txsink log (and checkpoint)",

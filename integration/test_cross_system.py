@@ -151,11 +151,16 @@ def test_crash_mid_commit_shows_part_of_an_epoch_until_the_restart(
     epoch1 = report.epochs[1]
     # Every guaranteed target shows epoch 1 in the end; the first sink showed part of it
     # during the pause, so the skew and its partial window span the pause.
-    first = next(iter(cross.targets.values())).observer_targets()[0].name
+    first_views = [t.name for t in next(iter(cross.targets.values())).observer_targets()]
+    first = first_views[0]
     skew, partial = epoch1.skew, epoch1.partial_seconds(first)
     assert skew is not None and skew >= 0.5, report.table()
     assert partial is not None and partial >= 0.5, report.table()
-    assert min(epoch1.first_seen, key=epoch1.first_seen.__getitem__) == first
+    # The earliest sighting is one of the first sink's views: its guaranteed view or a
+    # boundary view of the same target (a read_uncommitted reader can see the committed
+    # shard a poll before the read_committed one does; both are that sink's target).
+    earliest = min(epoch1.first_seen, key=epoch1.first_seen.__getitem__)
+    assert earliest in first_views, report.table()
 
 
 def test_kill_driver_at_every_point(cross: Cross, skew_log: SkewLog) -> None:

@@ -190,6 +190,20 @@ def pages(root: Path = ROOT) -> list[Page]:
     return [p for p in found if p.blocks]
 
 
+def pages_to_run(*, servers: bool, root: Path = ROOT) -> list[Page]:
+    """The pages with a block to run: those that need servers (integration/), or the others."""
+    return [
+        p
+        for p in pages(root)
+        if any(b.skip is None for b in p.blocks) and bool(p.services) == servers
+    ]
+
+
+def run_slow(config: Any) -> bool:
+    """The suite's ``--run-slow`` (or ``TXSINK_SLOW=1``): also the blocks that need ``slow``."""
+    return bool(config.getoption("--run-slow")) or os.environ.get("TXSINK_SLOW") == "1"
+
+
 # -- comparing outputs --------------------------------------------------------------------
 
 
@@ -337,6 +351,7 @@ class PythonSession:
         ready, _, _ = select.select([self.answers], [], [], timeout)
         line = self.answers.readline() if ready else ""
         if not line:
+            _stop(self.proc)
             self.close()
             why = "timed out" if not ready else "the interpreter died"
             return f"{why} (after {timeout:.0f} s at most); see {self.log}", ""

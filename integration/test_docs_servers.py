@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import docblocks
+from tests import docblocks, docrun
 
 
 def _param(page: docblocks.Page) -> object:
@@ -36,8 +36,8 @@ def services_env(request: pytest.FixtureRequest, services: frozenset[str]) -> di
 def test_page_runs_against_the_test_servers(
     page: docblocks.Page, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    env = docblocks.docs_env(services_env(request, page.services))
-    docblocks.check_page(page, tmp_path, env, slow=docblocks.run_slow(request.config))
+    env = docrun.docs_env(services_env(request, page.services))
+    docrun.check_page(page, tmp_path, env, slow=docblocks.run_slow(request.config))
 
 
 @pytest.mark.postgres
@@ -51,7 +51,7 @@ def test_a_page_gets_its_servers_variables(tmp_path: Path, request: pytest.Fixtu
         "servers.md",
     )
     assert page.services == {"postgres"}
-    without = docblocks.run_page(page, tmp_path / "a", docblocks.docs_env(base={"PATH": ""}))
+    without = docrun.run_page(page, tmp_path / "a", docrun.docs_env(base={"PATH": ""}))
     assert [o.status for o in without] == ["failed"] and "KeyError" in without[0].detail
-    env = docblocks.docs_env(services_env(request, page.services))
-    assert [o.status for o in docblocks.run_page(page, tmp_path / "b", env)] == ["passed"]
+    env = docrun.docs_env(services_env(request, page.services))
+    assert [o.status for o in docrun.run_page(page, tmp_path / "b", env)] == ["passed"]

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tests import docblocks
-from tests.docblocks import Block, DocsError, matches, parse, run_page
+from tests import docblocks, docrun
+from tests.docblocks import Block, DocsError, matches, parse
+from tests.docrun import run_page
 
 FENCE = "```"
 
@@ -25,9 +26,7 @@ def md(text: str) -> str:
 def test_page_runs_as_written(
     page: docblocks.Page, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    docblocks.check_page(
-        page, tmp_path, docblocks.docs_env(), slow=docblocks.run_slow(request.config)
-    )
+    docrun.check_page(page, tmp_path, docrun.docs_env(), slow=docblocks.run_slow(request.config))
 
 
 # -- the pages ----------------------------------------------------------------------------
@@ -150,12 +149,12 @@ def test_ellipsis_is_any_text_in_a_line_or_any_lines() -> None:
 # -- running ------------------------------------------------------------------------------
 
 
-def run(text: str, tmp_path: Path, *, slow: bool = False) -> list[docblocks.Outcome]:
+def run(text: str, tmp_path: Path, *, slow: bool = False) -> list[docrun.Outcome]:
     page = parse(md(text), "t.md")
-    return run_page(page, tmp_path, docblocks.docs_env(), slow=slow, timeout=60)
+    return run_page(page, tmp_path, docrun.docs_env(), slow=slow, timeout=60)
 
 
-def statuses(outcomes: list[docblocks.Outcome]) -> list[str]:
+def statuses(outcomes: list[docrun.Outcome]) -> list[str]:
     return [o.status for o in outcomes]
 
 
@@ -252,7 +251,7 @@ def test_the_venv_comes_first_and_repo_blocks_run_in_the_repository(tmp_path: Pa
     page = f"""
 ~~~console
 $ command -v python
-{docblocks.venv_bin()}/python
+{docrun.venv_bin()}/python
 ~~~
 
 <!-- cwd: repo -->
@@ -265,14 +264,14 @@ test -f pyproject.toml && test -d docs
 
 def test_a_block_that_hangs_times_out(tmp_path: Path) -> None:
     page = parse(md("~~~python\nimport time\ntime.sleep(60)\n~~~\n"), "t.md")
-    outcomes = run_page(page, tmp_path, docblocks.docs_env(), timeout=1)
+    outcomes = run_page(page, tmp_path, docrun.docs_env(), timeout=1)
     assert statuses(outcomes) == ["failed"] and "timed out" in outcomes[0].detail
 
 
 def test_check_page_raises_with_the_summary(tmp_path: Path) -> None:
     page = parse(md("~~~bash\nexit 3\n~~~\n"), "t.md")
     with pytest.raises(AssertionError, match=r"t.md: a block failed\nfailed .* t.md:1 \(bash\)"):
-        docblocks.check_page(page, tmp_path, docblocks.docs_env())
+        docrun.check_page(page, tmp_path, docrun.docs_env())
 
 
 def test_block_name_is_page_and_line() -> None:

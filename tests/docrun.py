@@ -1,0 +1,273 @@
+"""Run a page's blocks (the convention is in :mod:`tests.docblocks` and docs/testing.md).
+
+``python -m tests.docrun [--slow] [PAGE ...]`` runs pages by hand, servers from the
+environment.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from tests.docblocks import ROOT, Block, Page, console_steps, matches, mismatch, pages
+
+BLOCK_TIMEOUT = 900.0
+
+
+@dataclass
+class Outcome:
+    block: Block
+    status: str  # passed | failed | skipped | not reached
+    detail: str = ""
+    seconds: float = 0.0
+
+
+def venv_bin() -> Path:
+    """The running interpreter's bin folder (the repo's venv under ./dev and the suite)."""
+    return Path(sys.executable).parent
+
+
+def docs_env(
+    extra: Mapping[str, str] = {}, base: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The environment of a page: the venv first on PATH (as if activated), unbuffered output,
+    no inherited fault plan, ``extra`` (the services' ``TXSINK_*``) and, where the suite
+    built one, Spark's class-data-sharing archive for every driver (~5 s less per start)."""
+    env = {k: v for k, v in (os.environ if base is None else base).items()}
+    for key in ("TXSINK_FAULT", "TXSINK_FAULT_STATE", "PYSPARK_SUBMIT_ARGS"):
+        env.pop(key, None)
+    env["PATH"] = f"{venv_bin()}{os.pathsep}{env.get('PATH', '')}"
+    env["VIRTUAL_ENV"] = str(venv_bin().parent)
+    env["PYTHONUNBUFFERED"] = "1"
+    from txsink._jvmcds import java_options
+
+    if cds := java_options():
+        opts = f"-XX:TieredStopAtLevel=1 -XX:+UseSerialGC {cds}"
+        env["PYSPARK_SUBMIT_ARGS"] = f"--driver-java-options '{opts}' pyspark-shell"
+    env.update(extra)
+    return env
+
+
+def _stop(proc: subprocess.Popen[Any]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def run_shell(command: str, cwd: Path, env: Mapping[str, str], timeout: float) -> tuple[int, str]:
+    """``bash -e -c command``: exit code and stdout+stderr as one text."""
+    proc = subprocess.Popen(
+        ["bash", "-e", "-c", command],
+        cwd=cwd,
+        env=dict(env),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _stop(proc)
+        return -1, f"timed out after {timeout:.0f} s"
+    return proc.returncode, out
+
+
+@dataclass
+class PythonSession:
+    """One interpreter per page (:mod:`tests.docsession`); started on the first python block."""
+
+    cwd: Path
+    env: Mapping[str, str]
+    log: Path
+    proc: subprocess.Popen[str] | None = None
+    answers: IO[str] | None = field(default=None, repr=False)
+
+    def run(self, block: Block, timeout: float) -> tuple[str | None, str]:
+        """Run a block: (the error, or None; what it printed on stdout)."""
+        if self.proc is None:
+            read, write = os.pipe()
+            with self.log.open("a") as log:
+                self.proc = subprocess.Popen(
+                    [sys.executable, str(Path(__file__).with_name("docsession.py")), str(write)],
+                    cwd=self.cwd,
+                    env=dict(self.env),
+                    stdin=subprocess.PIPE,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                    pass_fds=(write,),
+                    start_new_session=True,
+                )
+            os.close(write)
+            self.answers = os.fdopen(read)
+        assert self.proc.stdin is not None and self.answers is not None
+        request = {"code": "\n" * block.line + block.text, "file": block.page}
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        ready, _, _ = select.select([self.answers], [], [], timeout)
+        line = self.answers.readline() if ready else ""
+        if not line:
+            _stop(self.proc)
+            self.close()
+            why = "timed out" if not ready else "the interpreter died"
+            return f"{why} (after {timeout:.0f} s at most); see {self.log}", ""
+        answer = json.loads(line)
+        return answer["error"], answer["stdout"]
+
+    def close(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=60)
+        _stop(self.proc)
+        if self.answers:
+            self.answers.close()
+        self.proc = None
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    text = path.read_text(errors="replace") if path.exists() else ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _run_block(
+    block: Block, cwd: Path, env: Mapping[str, str], session: PythonSession, timeout: float
+) -> str | None:
+    """The failure of one block, or None."""
+    if block.kind == "python" and (path := block.file):
+        target = cwd / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(block.text + "\n")
+        try:
+            compile(block.text, str(target), "exec")
+        except SyntaxError as exc:
+            return f"{path} does not compile: {exc}"
+        return None
+    if block.kind == "python":
+        error, out = session.run(block, timeout)
+        if error:
+            return f"{error}\nstdout:\n{out}\nthe interpreter's log (tail):\n{_tail(session.log)}"
+        steps = [("", out)]
+    elif block.kind == "bash":
+        code, out = run_shell(block.text, cwd, env, timeout)
+        if code:
+            return f"exit code {code}; output:\n{out}"
+        steps = [("", out)]
+    else:
+        for command, shown in console_steps(block.text):
+            code, out = run_shell(command, cwd, env, timeout)
+            if code:
+                return f"$ {command}\nexit code {code}; output:\n{out}"
+            if shown.strip() and not matches(shown, out):
+                return f"$ {command}\nthe output differs:\n{mismatch(shown, out)}"
+        return None
+    if block.expected is not None and not matches(block.expected, steps[0][1]):
+        return f"the output differs:\n{mismatch(block.expected, steps[0][1])}"
+    return None
+
+
+@contextlib.contextmanager
+def _repo_lock() -> Iterator[None]:
+    """One ``cwd: repo`` block at a time per checkout (``./dev demo`` empties .txsink-demo/)."""
+    key = hashlib.sha256(str(ROOT).encode()).hexdigest()[:12]
+    with open(Path(tempfile.gettempdir(), f"txsink-docs-{key}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def run_page(
+    page: Page,
+    workdir: Path,
+    env: Mapping[str, str],
+    *,
+    slow: bool = False,
+    timeout: float = BLOCK_TIMEOUT,
+) -> list[Outcome]:
+    """Run a page's blocks in order in ``workdir/work``; stop at the first failure."""
+    cwd = workdir / "work"
+    cwd.mkdir(parents=True, exist_ok=True)
+    session = PythonSession(cwd, env, workdir / "python-session.log")
+    outcomes: list[Outcome] = []
+    failed = False
+    try:
+        for block in page.blocks:
+            if failed:
+                outcomes.append(Outcome(block, "not reached"))
+                continue
+            if block.skip is not None:
+                outcomes.append(Outcome(block, "skipped", f"not run: {block.skip}"))
+                continue
+            if "slow" in block.needs and not slow:
+                outcomes.append(Outcome(block, "skipped", "slow: run with --run-slow"))
+                continue
+            started = time.monotonic()
+            with _repo_lock() if block.in_repo else contextlib.nullcontext():
+                where = ROOT if block.in_repo else cwd
+                error = _run_block(block, where, env, session, timeout)
+            failed = error is not None
+            status = "failed" if failed else "passed"
+            outcomes.append(Outcome(block, status, error or "", time.monotonic() - started))
+    finally:
+        session.close()
+    return outcomes
+
+
+def summary(outcomes: list[Outcome]) -> str:
+    """One line per block: status, seconds, where, and the reason or failure."""
+    lines = []
+    for o in outcomes:
+        head = f"{o.status:11} {o.seconds:6.1f} s  {o.block.name} ({o.block.kind})"
+        detail = o.detail if o.status == "failed" else o.detail.split("\n", 1)[0]
+        lines.append(f"{head}  {detail}".rstrip())
+    return "\n".join(lines)
+
+
+def check_page(
+    page: Page, workdir: Path, env: Mapping[str, str], *, slow: bool = False
+) -> list[Outcome]:
+    """Run a page and raise AssertionError with the summary if a block failed."""
+    outcomes = run_page(page, workdir, env, slow=slow)
+    report = summary(outcomes)
+    print(report)
+    if any(o.status == "failed" for o in outcomes):
+        raise AssertionError(f"{page.path}: a block failed\n{report}")
+    return outcomes
+
+
+def main(argv: list[str]) -> int:
+    """``python -m tests.docrun [--slow] [PAGE ...]``: run pages by hand (servers from the
+    environment: ``set -a; . integration/.services.env; set +a``)."""
+    slow = "--slow" in argv
+    wanted = [a for a in argv if not a.startswith("--")]
+    failed = 0
+    for page in pages():
+        if wanted and page.path not in wanted:
+            continue
+        with tempfile.TemporaryDirectory(prefix="txsink-docs-") as tmp:
+            started = time.monotonic()
+            outcomes = run_page(page, Path(tmp), docs_env(), slow=slow)
+            print(f"== {page.path}: {time.monotonic() - started:.1f} s", flush=True)
+            print(summary(outcomes), flush=True)
+            failed += any(o.status == "failed" for o in outcomes)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -38,9 +38,7 @@ class Cross:
     _made: list[RunTarget] = field(default_factory=list)
 
     @classmethod
-    def create(
-        cls, connectors: Sequence[str], services: Mapping[str, Any], tmp: Path
-    ) -> Cross:
+    def create(cls, connectors: Sequence[str], services: Mapping[str, Any], tmp: Path) -> Cross:
         env: dict[str, str] = {}
         for service in services.values():
             env.update(service.env())
@@ -85,8 +83,7 @@ class Cross:
 
     def verdicts(self, rows: int) -> dict[str, Verdict]:
         return {
-            name: verify(t.verifier(range(rows), log=self.log))
-            for name, t in self.targets.items()
+            name: verify(t.verifier(range(rows), log=self.log)) for name, t in self.targets.items()
         }
 
     def assert_exactly_once(self, rows: int, report: ObserverReport) -> None:

@@ -138,8 +138,6 @@ def fault_spec(point: str, mode: str, times: int, epoch: int = 1) -> str:
     return spec
 
 
-
-
 def kill_driver_at_every_point(
     workdir: Path,
     sinks: list[dict[str, Any]],

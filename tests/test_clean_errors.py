@@ -97,8 +97,7 @@ def test_a_failed_python_task_is_told_by_its_own_error() -> None:
     )
     other = EpochAbortedError.wrapping(2, RuntimeError("first line\nsecond line"))
     assert (
-        str(other)
-        == "[epoch=2, phase=precommit] epoch 2 aborted, nothing of it is visible: "
+        str(other) == "[epoch=2, phase=precommit] epoch 2 aborted, nothing of it is visible: "
         "RuntimeError: first line"
     )
 

@@ -88,8 +88,10 @@ def test_dry_run_lists_the_plan_and_changes_nothing() -> None:
         ("abort", "pg", 2),
         ("abort", "kafka", 2),
     ]
-    assert plan[0].describe(done=False).startswith(
-        "would commit pg epoch 1 (2 handle(s): txsink.app-1.pg.e1.r0.p0"
+    assert (
+        plan[0]
+        .describe(done=False)
+        .startswith("would commit pg epoch 1 (2 handle(s): txsink.app-1.pg.e1.r0.p0")
     )
     assert plan[3].describe(done=False) == (
         "would void round 0 of epoch 2: undecided: no driver can decide it afterwards"

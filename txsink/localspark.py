@@ -16,7 +16,11 @@ __all__ = ["local_spark"]
 
 
 def local_spark(
-    master: str = "local[2]", app_name: str = "txsink", *, fast_start: bool = True
+    master: str = "local[2]",
+    app_name: str = "txsink",
+    *,
+    fast_start: bool = True,
+    quiet: bool = False,
 ) -> Any:
     """A local SparkSession set up for txsink (workers run this interpreter).
 
@@ -24,6 +28,11 @@ def local_spark(
     (C1 only, serial GC), and maps Spark's classes from a class-data-sharing archive
     when one was built (:mod:`txsink._jvmcds`, about half the start again): right for
     the demo, tests and chaos runs, not for long jobs.
+
+    ``quiet`` starts the JVM with a log4j2 configuration at ERROR, so Spark's start-up
+    banner and WARN lines (default profile, loopback hostname, native Hadoop) stay out of
+    a command's output: for commands that use Spark only as a helper (``txsink check``
+    parsing a schema), not for jobs whose Spark warnings matter.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -37,16 +46,45 @@ def local_spark(
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.driver.memory", "1g")
     )
+    options: list[str] = []
     if fast_start:
         from txsink._jvmcds import java_options
 
-        builder = builder.config(
-            "spark.driver.extraJavaOptions",
-            f"-XX:TieredStopAtLevel=1 -XX:+UseSerialGC {java_options()}".strip(),
-        )
+        options += ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", java_options()]
+    if quiet:
+        options.append(f"-Dlog4j2.configurationFile={_quiet_log4j2()}")
+    if any(options):
+        builder = builder.config("spark.driver.extraJavaOptions", " ".join(filter(None, options)))
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+_QUIET_LOG4J2 = """\
+# txsink: Spark as a helper of a command, errors only
+rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = stderr
+# the shell's logger at the root's level: no "Setting default log level" banner
+logger.repl.name = org.apache.spark.repl.Main
+logger.repl.level = error
+appender.console.type = Console
+appender.console.name = stderr
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
+"""
+
+
+def _quiet_log4j2() -> Path:
+    """The ERROR-only log4j2 configuration, written once to the user's cache folder."""
+    folder = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "txsink"
+    path = folder / "log4j2-quiet.properties"
+    if not path.is_file() or path.read_text() != _QUIET_LOG4J2:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(_QUIET_LOG4J2)
+        tmp.replace(path)
+    return path
 
 
 def _train(workdir: Path) -> None:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from txsink._logging import EpochLogger
-from txsink.contract import EpochCommit, EpochData, SinkContract
+from txsink.contract import EpochCommit, EpochData, SinkContract, TaskRunner, local_tasks
 from txsink.errors import CommitError, TxsinkError
 from txsink.handles import Handle
 
@@ -31,11 +31,13 @@ def commit_share(
     *,
     data: EpochData | None,
     on_committed: Callable[[Sequence[Handle]], None],
+    tasks: TaskRunner = local_tasks,
 ) -> None:
     """``sink.commit_epoch`` for ``handles`` (its decided handles of ``epoch``).
 
     ``data`` is the epoch's rows when this runs inside that epoch's replay; a sink that
-    commits from data and has handles cannot be finished without them.
+    commits from data and has handles cannot be finished without them. ``tasks`` runs a
+    commit spread over the cluster (the query's Spark session; in-process without one).
     """
     if sink.commits_from_data:
         if not handles:
@@ -51,7 +53,7 @@ def commit_share(
                 connector=sink.connector,
             )
     request = EpochCommit(
-        epoch, tuple(handles), data if sink.commits_from_data else None, on_committed
+        epoch, tuple(handles), data if sink.commits_from_data else None, on_committed, tasks
     )
     try:
         sink.commit_epoch(request)

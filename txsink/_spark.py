@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import pickle
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import pyarrow as pa
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SparkEpochData",
+    "SparkTaskRunner",
     "arrow_schema",
     "check_query_mode",
     "failure_text",
@@ -41,6 +42,7 @@ __all__ = [
 ]
 
 R = TypeVar("R")
+T = TypeVar("T")
 
 # Execution classes that break "one foreachBatch call = one replayable epoch".
 _REFUSED_EXECUTIONS = {
@@ -140,6 +142,25 @@ def partitioned(df: DataFrame, wanted: Iterable[Partitioning | None]) -> DataFra
     return df.repartition(*part.columns)
 
 
+class SparkTaskRunner:
+    """:class:`~txsink.contract.TaskRunner` on a Spark session: one task per item, in one
+    job over ``range(n)`` in ``n`` partitions (``mapInArrow``: classic and Connect alike)."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+
+    def run(self, fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
+        if not items:
+            return []
+        n = len(items)
+        frame = self.session.range(0, n, 1, n)
+        job = frame.mapInArrow(functools.partial(_run_items, fn, list(items)), _RESULT_DDL)
+        return _results(job.collect())
+
+    def __repr__(self) -> str:
+        return "SparkTaskRunner"
+
+
 class SparkEpochData:
     """An epoch's DataFrame as :class:`~txsink.contract.EpochData`: one job, one task per
     partition, results pickled back to the driver.
@@ -154,14 +175,28 @@ class SparkEpochData:
 
     def map_partitions(self, task: Callable[[TaskInfo, Iterator[pa.RecordBatch]], R]) -> list[R]:
         job = self.df.mapInArrow(functools.partial(_run_task, task), _RESULT_DDL)
-        results: list[tuple[int, R]] = []
-        for row in job.collect():
-            # Our own task pickled it, in this application: trusted input.
-            ok, value = pickle.loads(row["result"])  # noqa: S301
-            if not ok:
-                raise value
-            results.append((int(row["partition"]), value))
-        return [value for _, value in sorted(results, key=lambda r: r[0])]
+        return _results(job.collect())
+
+
+def _results(rows: Iterable[Any]) -> list[Any]:
+    """The tasks' pickled outcomes, in partition order; the first failure raised."""
+    results: list[tuple[int, Any]] = []
+    for row in rows:
+        # Our own task pickled it, in this application: trusted input.
+        ok, value = pickle.loads(row["result"])  # noqa: S301
+        if not ok:
+            raise value
+        results.append((int(row["partition"]), value))
+    return [value for _, value in sorted(results, key=lambda r: r[0])]
+
+
+def _run_items(
+    fn: Callable[[Any], Any], items: list[Any], batches: Iterator[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
+    """A :class:`SparkTaskRunner` task: ``fn`` over the items its ids name (one, usually)."""
+    for batch in batches:
+        for index in batch.column("id").to_pylist():
+            yield _outcome(index, functools.partial(fn, items[index]))
 
 
 def _run_task(
@@ -174,15 +209,20 @@ def _run_task(
     if ctx is None:
         raise RuntimeError("a txsink partition task must run inside a Spark task")
     info = TaskInfo(ctx.partitionId(), ctx.taskAttemptId())
+    yield _outcome(info.partition, lambda: task(info, batches))
+
+
+def _outcome(partition: int, call: Callable[[], Any]) -> pa.RecordBatch:
+    """One result row: ``call()``'s value, or the txsink error that fails the epoch."""
     try:
-        outcome: tuple[bool, Any] = (True, task(info, batches))
+        outcome: tuple[bool, Any] = (True, call())
     except (RetryableError, InjectedFault):
         raise  # Spark retries the task attempt
     except TxsinkError as err:
         # Fatal for the epoch: no task retry can fix it, so it goes to the driver whole.
-        outcome = (False, err.with_context(partition=info.partition))
-    yield pa.RecordBatch.from_pydict(
-        {"partition": [info.partition], "result": [pickle.dumps(outcome)]}, schema=_RESULT_SCHEMA
+        outcome = (False, err.with_context(partition=partition))
+    return pa.RecordBatch.from_pydict(
+        {"partition": [partition], "result": [pickle.dumps(outcome)]}, schema=_RESULT_SCHEMA
     )
 
 

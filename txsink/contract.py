@@ -63,6 +63,8 @@ __all__ = [
     "Partitioning",
     "SinkContract",
     "TaskInfo",
+    "TaskRunner",
+    "local_tasks",
 ]
 
 T = TypeVar("T")
@@ -111,6 +113,35 @@ class EpochData(Protocol):
         ...
 
 
+class TaskRunner(Protocol):
+    """Runs a function over a few items as parallel tasks: a commit spread over the cluster.
+
+    The core provides it (Spark tasks in a query; in-process, one after the other, for an
+    operator's ``txsink recover`` without Spark); a connector never imports Spark. ``fn``
+    and each item are pickled into one task per item; results come back pickled, in item
+    order. Errors as for :meth:`EpochData.map_partitions`: a non-retryable
+    :class:`~txsink.errors.TxsinkError` is re-raised on the driver with its context.
+    """
+
+    def run(self, fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
+        """``[fn(item) for item in items]``, each in its own task where possible."""
+        ...
+
+
+class _LocalTasks:
+    """:class:`TaskRunner` in this process, one item after the other (no cluster)."""
+
+    def run(self, fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
+        return [fn(item) for item in items]
+
+    def __repr__(self) -> str:
+        return "local_tasks"
+
+
+#: The runner when no cluster is at hand (``txsink recover``, tests of the core).
+local_tasks: TaskRunner = _LocalTasks()
+
+
 @dataclasses.dataclass(frozen=True)
 class EpochCommit(Generic[H]):
     """One sink's share of a decided epoch: what :meth:`SinkContract.commit_epoch` commits.
@@ -124,6 +155,11 @@ class EpochCommit(Generic[H]):
     visible in the target (a transaction, a shard, a snapshot), *after* it is
     visible: the coordinator's ``during_commit`` and ``during_recovery`` crash
     points fire there, and metrics count there.
+
+    ``tasks`` runs work on the cluster (one task per unit, in parallel), for a sink
+    whose commit moves data that executors reach as well as the driver (a write-ahead
+    log on shared storage); units committed in tasks are reported once the tasks
+    returned. Outside a query it runs in the driver's process.
     """
 
     epoch: int
@@ -132,6 +168,7 @@ class EpochCommit(Generic[H]):
     on_committed: Callable[[Sequence[Handle]], None] | None = dataclasses.field(
         default=None, repr=False, compare=False
     )
+    tasks: TaskRunner = dataclasses.field(default=local_tasks, repr=False, compare=False)
 
     def committed(self, handles: Sequence[H]) -> None:
         """Report that ``handles`` are now visible (committed now or verified as before)."""

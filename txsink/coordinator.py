@@ -260,6 +260,8 @@ class Coordinator:
         return done
 
     def _run_spark_epoch(self, epoch: int, df: DataFrame, app_id: str) -> EpochResult:
+        # Commits spread over the cluster (and recovery's) run as this session's tasks.
+        self._recovery.tasks = _spark.SparkTaskRunner(df.sparkSession)
         data = _spark.partitioned(df, [s.required_partitioning() for s in self.sinks])
         if not any(s.commits_from_data for s in self.sinks):
             return self.run_epoch(epoch, precommit_job(_spark.SparkEpochData(data)), app_id=app_id)
@@ -443,7 +445,14 @@ class Coordinator:
 
         try:
             for sink in self.sinks:
-                commit_share(sink, epoch, handles[sink.uid], data=data, on_committed=committed)
+                commit_share(
+                    sink,
+                    epoch,
+                    handles[sink.uid],
+                    data=data,
+                    on_committed=committed,
+                    tasks=self._recovery.tasks,
+                )
             self._fire(CrashPoint.AFTER_COMMIT_BEFORE_MARK, epoch)
             self.log.mark_committed(epoch, round_)
         except BaseException:

@@ -28,7 +28,7 @@ from typing import Any
 from txsink._actions import ABORTS, ActionKind, RecoveryAction, decided, on_handle, summary
 from txsink._commit import abort_one, commit_share
 from txsink._logging import EpochLogger
-from txsink.contract import EpochData, SinkContract
+from txsink.contract import EpochData, SinkContract, TaskRunner, local_tasks
 from txsink.errors import CheckpointMismatchError, NonRestoredStateError, StateError
 from txsink.faults import CrashPoint
 from txsink.log import EpochDecision, TxLog
@@ -61,6 +61,9 @@ class Recovery:
         self.allow_non_restored_state = allow_non_restored_state
         self._fire = fire
         self._log = logger
+        #: Runs commits spread over the cluster: the coordinator sets the query's Spark
+        #: tasks while it runs an epoch; in-process otherwise (``txsink recover``).
+        self.tasks: TaskRunner = local_tasks
 
     def operator_app(self, app_id: str | None) -> str:
         """The app id for an operator's call (default: the log's), checked against the log."""
@@ -367,6 +370,7 @@ class Recovery:
                 action.handles,
                 data=run.data if epoch == run.current else None,
                 on_committed=lambda _handles: self._committed(epoch, run),
+                tasks=self.tasks,
             )
             run.committed.add((sink.uid, epoch))
             log.info("recovery: %s", action.describe(done=True, names=False))

@@ -30,14 +30,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, final
 
 from txsink import _precheck, _spark
-from txsink._commit import abort_one, commit_share
+from txsink._commit import commit_share
+from txsink._decide import decide_epoch
 from txsink._logging import committed_text, failures_logged, get_logger, install_console
 from txsink._precheck import CheckResult
 from txsink._task import Precommit, TaskPlan, collect_acks, precommit_job
 from txsink.contract import EpochData, SinkContract
 from txsink.errors import EpochAbortedError, FencedError
 from txsink.faults import CrashPoint, FaultPlan
-from txsink.handles import Handle, dump_handle
+from txsink.handles import Handle
 from txsink.log import LogStore, TxLog, open_log
 from txsink.recovery import Recovery, RecoveryAction
 from txsink.txid import check_name
@@ -402,29 +403,21 @@ class Coordinator:
         rows: dict[str, int],
         seconds: dict[str, float] | None = None,
     ) -> None:
-        for earlier in range(round_):
-            if self.log.void(epoch, earlier, f"superseded by round {round_}") is not None:
-                self._lost(epoch, round_, handles, f"round {earlier} was decided by another driver")
-        docs = {uid: [dump_handle(h) for h in hs] for uid, hs in handles.items()}
-        stats: dict[str, Any] = {"rows": rows}
-        if seconds:
-            stats["seconds"] = {k: round(v, 6) for k, v in seconds.items()}
-        if not self.log.decide(epoch, round_, docs, stats):
-            self._lost(epoch, round_, handles, f"round {round_} was voided by another driver")
+        try:
+            decide_epoch(
+                self.log,
+                self.sinks,
+                epoch,
+                round_,
+                handles,
+                rows=rows,
+                seconds=seconds,
+                logger=self._log,
+            )
+        except FencedError:
+            self._needs_recovery = True
+            raise
         self._fire(CrashPoint.AFTER_DECISION, epoch)
-
-    def _lost(self, epoch: int, round_: int, handles: dict[str, list[Handle]], why: str) -> None:
-        self._needs_recovery = True
-        for sink in self.sinks:
-            for handle in handles[sink.uid]:
-                abort_one(sink, handle, f"this driver lost epoch {epoch}", log=self._log)
-        raise FencedError(
-            f"this driver lost epoch {epoch} (its round {round_}): {why}. Its transactions "
-            "were aborted; the other driver's decision stands. Another query is writing "
-            "with the same txsink log: stop one of them",
-            epoch=epoch,
-            phase="decide",
-        )
 
     # -- step 5: commit --------------------------------------------------------------
 

@@ -1,7 +1,8 @@
 """Print the module map of docs/architecture.md: every module of txsink/ and connectors/,
 its lines and its first docstring line. Run from the repository root:
 
-    python docs/tools/module_map.py > /tmp/map.md
+    python docs/tools/module_map.py > /tmp/map.md     # print it
+    python docs/tools/module_map.py --write           # replace it in docs/architecture.md
 
 tests/test_structure.py checks that the map in docs/architecture.md names every module.
 """
@@ -48,5 +49,17 @@ def rows() -> list[str]:
     return out
 
 
+def write() -> None:
+    """Replace the map (the last section of docs/architecture.md, after its intro)."""
+    doc = ROOT / "docs" / "architecture.md"
+    text = doc.read_text()
+    start = text.index("## Module map")
+    first = text.index("\n**`", start)
+    doc.write_text(text[: first + 1] + "\n".join(rows()).lstrip() + "\n")
+
+
 if __name__ == "__main__":
-    sys.stdout.write("\n".join(rows()).lstrip() + "\n")
+    if sys.argv[1:] == ["--write"]:
+        write()
+    else:
+        sys.stdout.write("\n".join(rows()).lstrip() + "\n")

@@ -18,7 +18,7 @@ import pytest
 
 from tests.streaming import EVERY_POINT_ONCE
 from txsink.connectors.files.demo import run_demo
-from txsink.faults import CrashPoint
+from txsink.faults import SINGLE_PASS_POINTS, CrashPoint
 from txsink.testing.inputs import make_input
 
 pytestmark = pytest.mark.chaos
@@ -26,7 +26,9 @@ pytestmark = pytest.mark.chaos
 
 def test_plan_covers_every_crash_point() -> None:
     named = {spec.split(":")[0] for spec in EVERY_POINT_ONCE.split(",")}
-    assert named == {str(p) for p in CrashPoint}
+    # The files sink prepares in its tasks and commits on the driver: every point but the
+    # single-pass ones (integration/test_matrix.py covers those per sink that reaches them).
+    assert named == {str(p) for p in CrashPoint} - SINGLE_PASS_POINTS
 
 
 def test_kill_driver_at_every_point_in_one_run(tmp_path: Path) -> None:

@@ -35,6 +35,7 @@ __all__ = [
     "SparkTaskRunner",
     "arrow_schema",
     "check_query_mode",
+    "driver_host",
     "failure_text",
     "partitioned",
     "required_partitioning",
@@ -71,6 +72,14 @@ def _spark_context(df: DataFrame) -> Any:
         raise ConfigurationError(
             "txsink needs classic PySpark (a SparkContext); Spark Connect is not supported"
         ) from err
+
+
+def driver_host(df: DataFrame) -> str:
+    """The address the executors reach the driver at (``spark.driver.host``)."""
+    import socket
+
+    host: str | None = df.sparkSession.conf.get("spark.driver.host", None)
+    return host or socket.gethostname()
 
 
 def check_query_mode(df: DataFrame, query_id: str) -> None:
@@ -173,9 +182,11 @@ class SparkEpochData:
     def __init__(self, df: DataFrame) -> None:
         self.df = df
 
-    def map_partitions(self, task: Callable[[TaskInfo, Iterator[pa.RecordBatch]], R]) -> list[R]:
-        job = self.df.mapInArrow(functools.partial(_run_task, task), _RESULT_DDL)
-        return _results(job.collect())
+    def map_partitions(
+        self, task: Callable[[TaskInfo, Iterator[pa.RecordBatch]], R], *, barrier: bool = False
+    ) -> list[R]:
+        run = functools.partial(_run_task, task, barrier)
+        return _results(self.df.mapInArrow(run, _RESULT_DDL, barrier=barrier).collect())
 
 
 def _results(rows: Iterable[Any]) -> list[Any]:
@@ -201,14 +212,16 @@ def _run_items(
 
 def _run_task(
     task: Callable[[TaskInfo, Iterator[pa.RecordBatch]], Any],
+    barrier: bool,
     batches: Iterator[pa.RecordBatch],
 ) -> Iterator[pa.RecordBatch]:
-    from pyspark import TaskContext
+    from pyspark import BarrierTaskContext, TaskContext
 
     ctx = TaskContext.get()
     if ctx is None:
         raise RuntimeError("a txsink partition task must run inside a Spark task")
-    info = TaskInfo(ctx.partitionId(), ctx.taskAttemptId())
+    tasks = len(BarrierTaskContext.get().getTaskInfos()) if barrier else None
+    info = TaskInfo(ctx.partitionId(), ctx.taskAttemptId(), tasks=tasks)
     yield _outcome(info.partition, lambda: task(info, batches))
 
 

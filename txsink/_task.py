@@ -22,7 +22,15 @@ from txsink.faults import CrashPoint, FaultPlan
 from txsink.handles import Handle, dump_handle, load_handle
 from txsink.txid import TxnId
 
-__all__ = ["Ack", "Precommit", "TaskPlan", "collect_acks", "precommit_job", "run_partition"]
+__all__ = [
+    "Ack",
+    "Precommit",
+    "TaskPlan",
+    "collect_acks",
+    "discard_all",
+    "precommit_job",
+    "run_partition",
+]
 
 
 @dataclass(frozen=True)
@@ -62,9 +70,17 @@ class Ack:
 
 
 def run_partition(
-    plan: TaskPlan, partition: int, attempt: int, batches: Iterable[pa.RecordBatch]
+    plan: TaskPlan,
+    partition: int,
+    attempt: int,
+    batches: Iterable[pa.RecordBatch],
+    held: dict[str, Any] | None = None,
 ) -> list[Ack]:
     """Write ``batches`` to every sink of ``plan`` and prepare; one ack per sink.
+
+    ``held`` (a single-pass task): the prepared transactions of sinks that commit in
+    the task are kept there, by sink uid, for the task to commit or discard after the
+    driver's answer; on a failure here they are discarded with the others.
 
     Bad input (a :class:`~txsink.errors.TxsinkError` that is not retryable)
     comes back as an error ack so the driver raises it with its full context
@@ -101,20 +117,22 @@ def run_partition(
             except BaseException:
                 open_txns[sink.uid] = txn
                 raise
+            if held is not None and sink.commits_in_task:
+                held[sink.uid] = txn
             acks.append(
                 Ack(sink.uid, partition, attempt, dump_handle(handle), handle.rows, handle.nbytes)
             )
         plan.fire(CrashPoint.AFTER_PRECOMMIT, partition)
         return acks
     except (RetryableError, InjectedFault) as err:
-        _discard_all(plan, open_txns)
+        discard_all(plan, open_txns, held)
         raise err.with_context(partition=partition, epoch=plan.epoch) from None
     except TxsinkError as err:
-        _discard_all(plan, open_txns)
+        discard_all(plan, open_txns, held)
         err.with_context(partition=partition, epoch=plan.epoch, phase="precommit")
         return [Ack(s.uid, partition, attempt, None, 0, 0, err) for s in plan.sinks]
     except BaseException:
-        _discard_all(plan, open_txns)
+        discard_all(plan, open_txns, held)
         raise
 
 
@@ -138,9 +156,14 @@ def _hook(sink: SinkContract[Any, Any], phase: str) -> Iterator[None]:
         ) from err
 
 
-def _discard_all(plan: TaskPlan, open_txns: dict[str, Any]) -> None:
+def discard_all(
+    plan: TaskPlan, open_txns: dict[str, Any], held: dict[str, Any] | None = None
+) -> None:
+    """Discard every open (and held) transaction of a task, best effort."""
     for sink in plan.sinks:
         txn = open_txns.pop(sink.uid, None)
+        if txn is None and held is not None:
+            txn = held.pop(sink.uid, None)
         if txn is not None:
             # Best effort: recovery aborts whatever this leaves behind.
             with contextlib.suppress(Exception):

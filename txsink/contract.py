@@ -8,7 +8,10 @@ re-implements the protocol. Who calls what, and where::
     executor  begin(txn, schema) -> T          first non-empty batch of a partition
     executor  write(T, batch)                  each Arrow record batch
     executor  prepare(T) -> Handle             pre-commit: make the writes durable, invisible
-    executor  discard(T)                       the task failed before or during prepare
+    executor  discard(T)                       the task failed before or during prepare,
+                                               or (commits_in_task) the epoch was not decided
+    executor  commit_in_task(T)                commits_in_task sinks: the decision is made,
+                                               the task commits what it holds open
     driver    commit_epoch(request)            after the epoch's decision is durable; by
                                                default commit(handle) for each handle, then
                                                finish_epoch(epoch, handles)
@@ -95,6 +98,8 @@ class TaskInfo:
 
     partition: int
     attempt: int
+    #: A barrier job's (single-pass) task count; None elsewhere.
+    tasks: int | None = None
 
 
 class EpochData(Protocol):
@@ -107,9 +112,12 @@ class EpochData(Protocol):
     exceptions fail the task (Spark retries it) and then the job.
     """
 
-    def map_partitions(self, task: Callable[[TaskInfo, Iterator[pa.RecordBatch]], R]) -> list[R]:
+    def map_partitions(
+        self, task: Callable[[TaskInfo, Iterator[pa.RecordBatch]], R], *, barrier: bool = False
+    ) -> list[R]:
         """Run ``task`` once per partition (all of them, in one job); the results in
-        partition order."""
+        partition order. ``barrier``: all tasks run at once or none (gang scheduling; a
+        failed task restarts them all), and :class:`TaskInfo` carries the task count."""
         ...
 
 
@@ -220,6 +228,21 @@ class SinkContract(abc.ABC, Generic[T, H]):
         """
         return False
 
+    @property
+    def commits_in_task(self) -> bool:
+        """True for sinks whose prepared transaction lives in the task that opened it.
+
+        A Kafka producer's transaction cannot be handed to another process (KIP-939 is in
+        no release): the producer that holds it must commit it. The coordinator then runs
+        the epoch as one single-pass job whose tasks all run at once: each prepares, votes
+        to the driver, waits while the driver writes the decision, and commits in the task
+        (:meth:`commit_in_task`) or discards. Such a sink must also be able to commit a
+        decided epoch without the task that held it (the task or driver may die after the
+        decision): through :attr:`commits_from_data` (the epoch's replay, verified) or data
+        its handle names. Its :meth:`commit_epoch` is called only for those leftovers.
+        """
+        return False
+
     def required_partitioning(self) -> Partitioning | None:
         """How this sink needs the epoch's rows partitioned (default: any way).
 
@@ -264,6 +287,13 @@ class SinkContract(abc.ABC, Generic[T, H]):
         May be skipped entirely (the task process can die); recovery's
         :meth:`list_prepared` + :meth:`abort` must clean up regardless.
         """
+
+    def commit_in_task(self, txn: T) -> None:
+        """Commit ``txn``, prepared in this task, now that the epoch is decided
+        (:attr:`commits_in_task` sinks only). A failure here is not the end: the driver
+        finishes the epoch through :meth:`commit_epoch`, which must then find out what
+        this task made visible (idempotence, as after any crash)."""
+        raise NotImplementedError(f"{type(self).__name__} does not commit in its tasks")
 
     # -- driver side: after the decision ------------------------------------------
 

@@ -27,20 +27,21 @@ import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, final
+from typing import TYPE_CHECKING, Any, NoReturn, final
 
 from txsink import _precheck, _spark
 from txsink._commit import commit_share
 from txsink._decide import decide_epoch
 from txsink._logging import committed_text, failures_logged, get_logger, install_console
-from txsink._precheck import CheckResult
+from txsink._operator import OperatorMixin
+from txsink._singlepass import SinglePassJob, SinglePassOutcome, run_single_pass
 from txsink._task import Precommit, TaskPlan, collect_acks, precommit_job
 from txsink.contract import EpochData, SinkContract
 from txsink.errors import EpochAbortedError, FencedError
 from txsink.faults import CrashPoint, FaultPlan
 from txsink.handles import Handle
 from txsink.log import LogStore, TxLog, open_log
-from txsink.recovery import Recovery, RecoveryAction
+from txsink.recovery import Recovery
 from txsink.txid import check_name
 
 if TYPE_CHECKING:
@@ -64,7 +65,7 @@ class EpochResult:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
-class Coordinator:
+class Coordinator(OperatorMixin):
     """Runs the txsink protocol for each epoch over a set of sinks.
 
     Args:
@@ -180,90 +181,16 @@ class Coordinator:
                 epoch = 0 if last is None else last + 1
             return self._run_spark_epoch(epoch, df, app_id)
 
-    @final
-    def check(
-        self, df: DataFrame, *, checkpoint: str | os.PathLike[str] | None = None
-    ) -> list[CheckResult]:
-        """Check the pipeline before ``start()``: what its first batch would refuse, now.
-
-        ``df``: the DataFrame the query writes (streaming or static). Every sink's
-        start-up check runs against its real target with ``df``'s schema, and the
-        coordinator's own (the log, the app, the partitioning: :mod:`txsink._precheck`).
-        Nothing is bound or written but what a sink's check creates.
-
-        The app id: ``app_id=``, else the query id in ``checkpoint``'s ``metadata`` (the
-        query's ``checkpointLocation``, a local path); a checkpoint without one is a new
-        query. Without ``checkpoint`` the log's app is not compared, and the sinks are
-        checked as the log's app (a restart) or, on an empty log, as ``"new-query"``.
-
-        Returns every check with what it found. Raises the first failure (its context
-        and message name the sink, the phase and the fix), the others as its notes.
-        """
-        return _precheck.check_or_raise(
-            df,
-            log=self.log,
-            sinks=self.sinks,
-            app_id=self.app_id,
-            checkpoint=checkpoint,
-            from_savepoint=self.from_savepoint,
-        )
-
-    @final
-    def recovery_plan(self, app_id: str | None = None) -> list[RecoveryAction]:
-        """What :meth:`recover` would do now, in order; changes nothing (a dry run).
-
-        ``app_id`` defaults to the coordinator's, else the log's. Raises
-        :class:`~txsink.errors.NonRestoredStateError` as recovery would.
-        """
-        return self._recovery.plan(self._recovery.operator_app(app_id or self.app_id))
-
-    @final
-    def recover(self, app_id: str | None = None, *, dry_run: bool = False) -> list[RecoveryAction]:
-        """Run recovery now, outside a query (an operator's ``txsink recover``).
-
-        The same plan and execution a query runs before its first epoch: commit
-        every decided-but-uncommitted epoch and mark it committed; void, then
-        abort, every prepared transaction no decision names. Returns the actions
-        done (with ``dry_run``, the plan). A sink that commits by re-reading the
-        epoch's rows (Kafka replay mode) cannot be finished here: that raises
-        :class:`~txsink.errors.CommitError` saying to restart the query. Run it
-        while the query is stopped: a running query's in-flight round is voided.
-        """
-        app = self._recovery.operator_app(app_id or self.app_id)
-        plan = self._recovery.plan(app)
-        if dry_run:
-            return plan
-        done = self._recovery.execute(plan)
-        self._needs_recovery = True  # the next epoch looks again
-        return done
-
-    @final
-    def abort(
-        self, app_id: str | None = None, *, epoch: int | None = None, dry_run: bool = False
-    ) -> list[RecoveryAction]:
-        """Abort lingering, undecided prepared transactions by hand (``txsink abort``).
-
-        Each one's round is voided first, so no zombie driver can decide it
-        afterwards. ``epoch`` limits the abort to one epoch. A decided epoch is
-        never aborted — its decision stands and :meth:`recover` commits it — so
-        naming one raises :class:`~txsink.errors.StateError`, unless only
-        removed or retired sinks hold its handles: then their share is given up
-        as with ``allow_non_restored_state`` (retired sinks' handles aborted, the
-        epoch marked committed with them as ``not_restored``). Without ``epoch``
-        decided epochs are left alone. Returns the actions done (or the plan).
-        """
-        app = self._recovery.operator_app(app_id or self.app_id)
-        plan = self._recovery.plan(app, abort=True, epoch=epoch)
-        if dry_run:
-            return plan
-        done = self._recovery.execute(plan)
-        self._needs_recovery = True
-        return done
-
     def _run_spark_epoch(self, epoch: int, df: DataFrame, app_id: str) -> EpochResult:
         # Commits spread over the cluster (and recovery's) run as this session's tasks.
         self._recovery.tasks = _spark.SparkTaskRunner(df.sparkSession)
         data = _spark.partitioned(df, [s.required_partitioning() for s in self.sinks])
+        if any(s.commits_in_task for s in self.sinks):
+            # One pass: the rows are read once; only a failure after the decision reads
+            # them again (Spark's replay of the epoch, verified against the decision).
+            rows = _spark.SparkEpochData(data)
+            job = SinglePassJob(rows, _spark.driver_host(df))
+            return self.run_epoch(epoch, job, app_id=app_id, data=rows)
         if not any(s.commits_from_data for s in self.sinks):
             return self.run_epoch(epoch, precommit_job(_spark.SparkEpochData(data)), app_id=app_id)
         # The commit reads the rows again: keep this epoch's rows instead of
@@ -277,9 +204,16 @@ class Coordinator:
 
     @final
     def run_epoch(
-        self, epoch: int, precommit: Precommit, *, app_id: str, data: EpochData | None = None
+        self,
+        epoch: int,
+        precommit: Precommit | SinglePassJob,
+        *,
+        app_id: str,
+        data: EpochData | None = None,
     ) -> EpochResult:
-        """Run the protocol for one epoch. ``precommit`` runs the partition tasks.
+        """Run the protocol for one epoch. ``precommit`` runs the partition tasks; a
+        :class:`~txsink._singlepass.SinglePassJob` runs steps 3 to 5 in one job for sinks
+        that commit in their tasks (then step 5 here commits only what they did not).
 
         ``data`` is the epoch's rows for sinks that commit from data (Kafka replay).
 
@@ -302,18 +236,22 @@ class Coordinator:
             self._log.bind(epoch=epoch).info("already committed: Spark's replay skipped")
             return EpochResult(epoch, "skipped")
         try:
-            # Step 3
-            t0 = time.monotonic()
             round_ = self.log.claim_round(epoch)
-            handles, rows = self._precommit(epoch, round_, precommit, app_id)
-            timings["precommit"] = time.monotonic() - t0
-            # Step 4
-            t0 = time.monotonic()
-            self._decide(epoch, round_, handles, rows, {"precommit": timings["precommit"]})
-            timings["decide"] = time.monotonic() - t0
+            done: set[str] = set()
+            if isinstance(precommit, SinglePassJob):  # steps 3, 4 and most of 5
+                handles, rows, done = self._single_pass(epoch, round_, precommit, timings, app_id)
+            else:
+                # Step 3
+                t0 = time.monotonic()
+                handles, rows = self._precommit(epoch, round_, precommit, app_id)
+                timings["precommit"] = time.monotonic() - t0
+                # Step 4
+                t0 = time.monotonic()
+                self._decide(epoch, round_, handles, rows, {"precommit": timings["precommit"]})
+                timings["decide"] = time.monotonic() - t0
             # Step 5
             t0 = time.monotonic()
-            self._commit(epoch, round_, handles, data)
+            self._commit(epoch, round_, handles, data, done)
             self._recovery.abort_attempts(
                 app_id, epoch, keep={str(h.txn) for hs in handles.values() for h in hs}
             )
@@ -369,9 +307,7 @@ class Coordinator:
     def _precommit(
         self, epoch: int, round_: int, precommit: Precommit, app_id: str
     ) -> tuple[dict[str, list[Handle]], dict[str, int]]:
-        plan = TaskPlan(
-            app_id, epoch, round_, self.sinks, self.faults, os.getpid(), socket.gethostname()
-        )
+        plan = self._plan(app_id, epoch, round_)
         try:
             acks = precommit(plan)
             errors = [a.error for a in acks if a.error is not None]
@@ -379,19 +315,51 @@ class Coordinator:
                 raise EpochAbortedError.of(epoch, errors)
             handles, rows = collect_acks(self.sinks, epoch, acks)
         except BaseException as err:
-            self._needs_recovery = True
-            # Void the round first, so that it can never be decided, then abort it.
-            if self.log.void(epoch, round_, "pre-commit failed") is not None:
-                # Cannot happen: only this driver holds the round.
-                raise FencedError(
-                    f"round {round_} of epoch {epoch} was decided meanwhile", epoch=epoch
-                ) from err
-            self._recovery.abort_attempts(app_id, epoch, round_=round_, best_effort=True)
-            if isinstance(err, EpochAbortedError) or not isinstance(err, Exception):
-                raise
-            raise EpochAbortedError.wrapping(epoch, err, _spark.failure_text(err)) from err
+            self._abort_round(epoch, round_, app_id, err)
         self._fire(CrashPoint.BEFORE_DECISION, epoch)
         return handles, rows
+
+    def _single_pass(
+        self, epoch: int, round_: int, job: SinglePassJob, timings: dict[str, float], app_id: str
+    ) -> tuple[dict[str, list[Handle]], dict[str, int], set[str]]:
+        """Steps 3 and 4 in one job whose tasks commit what they hold once it is decided;
+        the handles, rows, and the transactions the tasks committed."""
+        plan = self._plan(app_id, epoch, round_)
+        try:
+            out = run_single_pass(
+                log=self.log,
+                plan=plan,
+                data=job.data,
+                host=job.host,
+                fire=self._fire,
+                logger=self._log,
+            )
+        except BaseException as err:
+            failed: SinglePassOutcome | None = getattr(err, "txsink_single_pass", None)
+            if failed is not None and failed.decided:
+                raise  # the decision stands: recovery commits it (from the epoch's replay)
+            self._abort_round(epoch, round_, app_id, err)
+        timings.update(out.seconds)
+        return out.handles, out.rows, out.committed
+
+    def _plan(self, app_id: str, epoch: int, round_: int) -> TaskPlan:
+        return TaskPlan(
+            app_id, epoch, round_, self.sinks, self.faults, os.getpid(), socket.gethostname()
+        )
+
+    def _abort_round(self, epoch: int, round_: int, app_id: str, err: BaseException) -> NoReturn:
+        """A pre-commit failed: void the round first, so it can never be decided, then
+        abort what it prepared; raise the failure as the epoch's abort."""
+        self._needs_recovery = True
+        if self.log.void(epoch, round_, "pre-commit failed") is not None:
+            # Cannot happen: only this driver holds the round.
+            raise FencedError(
+                f"round {round_} of epoch {epoch} was decided meanwhile", epoch=epoch
+            ) from err
+        self._recovery.abort_attempts(app_id, epoch, round_=round_, best_effort=True)
+        if isinstance(err, EpochAbortedError) or not isinstance(err, Exception):
+            raise err
+        raise EpochAbortedError.wrapping(epoch, err, _spark.failure_text(err)) from err
 
     # -- step 4: decide ----------------------------------------------------------------
 
@@ -427,8 +395,10 @@ class Coordinator:
         round_: int,
         handles: dict[str, list[Handle]],
         data: EpochData | None = None,
+        done: set[str] | None = None,
     ) -> None:
-        """Each sink commits its share; ``during_commit`` fires once part of it is visible."""
+        """Each sink commits its share; ``during_commit`` fires once part of it is visible.
+        ``done``: transactions the single-pass tasks committed already (reported here)."""
         first: list[bool] = []
 
         def committed(_handles: Sequence[Handle]) -> None:
@@ -436,12 +406,16 @@ class Coordinator:
                 first.append(True)
                 self._fire(CrashPoint.DURING_COMMIT, epoch)
 
+        done = done or set()
         try:
             for sink in self.sinks:
+                mine = [h for h in handles[sink.uid] if str(h.txn) not in done]
+                if len(mine) < len(handles[sink.uid]):
+                    committed([h for h in handles[sink.uid] if str(h.txn) in done])
                 commit_share(
                     sink,
                     epoch,
-                    handles[sink.uid],
+                    mine,
                     data=data,
                     on_committed=committed,
                     tasks=self._recovery.tasks,

@@ -60,6 +60,7 @@ __all__ = [
     "DRIVER_POINTS",
     "EXECUTOR_MAIN_CLASSES",
     "FAULT_LINE",
+    "SINGLE_PASS_POINTS",
     "TASK_POINTS",
     "CrashPoint",
     "Fault",
@@ -77,6 +78,9 @@ class CrashPoint(enum.StrEnum):
     AFTER_DECISION = "after_decision"
     DURING_COMMIT = "during_commit"
     AFTER_COMMIT_BEFORE_MARK = "after_commit_before_mark"
+    #: In a single-pass task, after the driver's answer "commit", before the task commits
+    #: its open transaction: only sinks that commit in the task reach it.
+    BEFORE_TASK_COMMIT = "before_task_commit"
 
 
 class FaultMode(enum.StrEnum):
@@ -90,8 +94,12 @@ class FaultMode(enum.StrEnum):
 #: of a run's end.
 FAULT_LINE = "txsink: injecting fault "
 
-TASK_POINTS = frozenset({CrashPoint.BEFORE_PRECOMMIT, CrashPoint.AFTER_PRECOMMIT})
+TASK_POINTS = frozenset(
+    {CrashPoint.BEFORE_PRECOMMIT, CrashPoint.AFTER_PRECOMMIT, CrashPoint.BEFORE_TASK_COMMIT}
+)
 DRIVER_POINTS = frozenset(CrashPoint) - TASK_POINTS
+#: Points only single-pass epochs reach (a sink that commits in its tasks).
+SINGLE_PASS_POINTS = frozenset({CrashPoint.BEFORE_TASK_COMMIT})
 _TASK_ONLY_MODES = {
     FaultMode.KILL_WORKER: "there is no Python worker",
     FaultMode.KILL_EXECUTOR: "there is no executor",

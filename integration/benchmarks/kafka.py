@@ -363,9 +363,11 @@ class ProfiledData:
     data: EpochData
     profile_dir: str
 
-    def map_partitions(self, task: Callable[[TaskInfo, Iterator[pa.RecordBatch]], R]) -> list[R]:
+    def map_partitions(
+        self, task: Callable[[TaskInfo, Iterator[pa.RecordBatch]], R], *, barrier: bool = False
+    ) -> list[R]:
         if not isinstance(task, kafka_replay.ShardCommit):
-            return self.data.map_partitions(task)
+            return self.data.map_partitions(task, barrier=barrier)
         results = self.data.map_partitions(ProfiledCommitTask(task, self.profile_dir))
         return cast("list[R]", results)
 

@@ -112,8 +112,14 @@ class ListEpochData:
     def __init__(self, partitions: Sequence[Sequence[pa.RecordBatch]]) -> None:
         self.partitions = [list(p) for p in partitions]
 
-    def map_partitions(self, task: Callable[[TaskInfo, Iterator[pa.RecordBatch]], R]) -> list[R]:
-        return [task(TaskInfo(p, 1000 + p), iter(b)) for p, b in enumerate(self.partitions)]
+    def map_partitions(
+        self, task: Callable[[TaskInfo, Iterator[pa.RecordBatch]], R], *, barrier: bool = False
+    ) -> list[R]:
+        n = len(self.partitions)
+        return [
+            task(TaskInfo(p, 1000 + p, n if barrier else None), iter(b))
+            for p, b in enumerate(self.partitions)
+        ]
 
 
 @dataclass

@@ -1,0 +1,114 @@
+"""The coordinator's operator entry points: checks before the start, recovery and aborts
+by hand (``txsink check``, ``txsink recover``, ``txsink abort``).
+
+A mixin of :class:`txsink.Coordinator`, kept apart so the protocol's own module holds
+the epoch's steps only; these methods drive the same :class:`~txsink.recovery.Recovery`
+the epochs use, so an operator's recovery is the query's.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any, final
+
+from txsink import _precheck
+from txsink._precheck import CheckResult
+from txsink.contract import SinkContract
+from txsink.log import LogStore, TxLog
+from txsink.recovery import Recovery, RecoveryAction
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+__all__ = ["OperatorMixin"]
+
+
+class OperatorMixin:
+    """:meth:`check`, :meth:`recovery_plan`, :meth:`recover` and :meth:`abort`."""
+
+    log: TxLog
+    sinks: tuple[SinkContract[Any, Any], ...]
+    app_id: str | None
+    from_savepoint: str | os.PathLike[str] | LogStore | TxLog | None
+    _recovery: Recovery
+    _needs_recovery: bool
+
+    @final
+    def check(
+        self, df: DataFrame, *, checkpoint: str | os.PathLike[str] | None = None
+    ) -> list[CheckResult]:
+        """Check the pipeline before ``start()``: what its first batch would refuse, now.
+
+        ``df``: the DataFrame the query writes (streaming or static). Every sink's
+        start-up check runs against its real target with ``df``'s schema, and the
+        coordinator's own (the log, the app, the partitioning: :mod:`txsink._precheck`).
+        Nothing is bound or written but what a sink's check creates.
+
+        The app id: ``app_id=``, else the query id in ``checkpoint``'s ``metadata`` (the
+        query's ``checkpointLocation``, a local path); a checkpoint without one is a new
+        query. Without ``checkpoint`` the log's app is not compared, and the sinks are
+        checked as the log's app (a restart) or, on an empty log, as ``"new-query"``.
+
+        Returns every check with what it found. Raises the first failure (its context
+        and message name the sink, the phase and the fix), the others as its notes.
+        """
+        return _precheck.check_or_raise(
+            df,
+            log=self.log,
+            sinks=self.sinks,
+            app_id=self.app_id,
+            checkpoint=checkpoint,
+            from_savepoint=self.from_savepoint,
+        )
+
+    @final
+    def recovery_plan(self, app_id: str | None = None) -> list[RecoveryAction]:
+        """What :meth:`recover` would do now, in order; changes nothing (a dry run).
+
+        ``app_id`` defaults to the coordinator's, else the log's. Raises
+        :class:`~txsink.errors.NonRestoredStateError` as recovery would.
+        """
+        return self._recovery.plan(self._recovery.operator_app(app_id or self.app_id))
+
+    @final
+    def recover(self, app_id: str | None = None, *, dry_run: bool = False) -> list[RecoveryAction]:
+        """Run recovery now, outside a query (an operator's ``txsink recover``).
+
+        The same plan and execution a query runs before its first epoch: commit
+        every decided-but-uncommitted epoch and mark it committed; void, then
+        abort, every prepared transaction no decision names. Returns the actions
+        done (with ``dry_run``, the plan). A sink that commits by re-reading the
+        epoch's rows (Kafka replay mode) cannot be finished here: that raises
+        :class:`~txsink.errors.CommitError` saying to restart the query. Run it
+        while the query is stopped: a running query's in-flight round is voided.
+        """
+        app = self._recovery.operator_app(app_id or self.app_id)
+        plan = self._recovery.plan(app)
+        if dry_run:
+            return plan
+        done = self._recovery.execute(plan)
+        self._needs_recovery = True  # the next epoch looks again
+        return done
+
+    @final
+    def abort(
+        self, app_id: str | None = None, *, epoch: int | None = None, dry_run: bool = False
+    ) -> list[RecoveryAction]:
+        """Abort lingering, undecided prepared transactions by hand (``txsink abort``).
+
+        Each one's round is voided first, so no zombie driver can decide it
+        afterwards. ``epoch`` limits the abort to one epoch. A decided epoch is
+        never aborted — its decision stands and :meth:`recover` commits it — so
+        naming one raises :class:`~txsink.errors.StateError`, unless only
+        removed or retired sinks hold its handles: then their share is given up
+        as with ``allow_non_restored_state`` (retired sinks' handles aborted, the
+        epoch marked committed with them as ``not_restored``). Without ``epoch``
+        decided epochs are left alone. Returns the actions done (or the plan).
+        """
+        app = self._recovery.operator_app(app_id or self.app_id)
+        plan = self._recovery.plan(app, abort=True, epoch=epoch)
+        if dry_run:
+            return plan
+        done = self._recovery.execute(plan)
+        self._needs_recovery = True
+        return done

@@ -1,0 +1,220 @@
+"""The single-pass epoch: pre-commit, decision and commit in one Spark stage.
+
+For sinks whose prepared transaction lives in the task that opened it
+(:attr:`~txsink.contract.SinkContract.commits_in_task`: a Kafka producer's transaction
+cannot move to another process), Flink's model on Spark: the sink's own writer commits
+once the checkpoint is complete. One barrier job (all tasks at once, or none)::
+
+    task     write and prepare every sink (txsink._task.run_partition), holding the
+             in-task sinks' transactions open; vote to the driver (txsink._votes)
+    driver   when every task voted: before_decision, the decision (txsink._decide, the
+             same record, rounds and voids as ever), after_decision; answer "commit"
+    task     before_task_commit; commit_in_task for each held transaction; return
+    driver   the coordinator's step 5 for what the tasks did not commit: the other
+             sinks' handles, and any in-task handle whose task failed after the decision
+
+A task that gets "abort", or no answer at all (the driver died, the connection
+dropped), discards what it holds: nothing is visible, and if the decision was written
+the driver (or the next run's recovery) commits the epoch from the decided handles.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from txsink._decide import decide_epoch
+from txsink._logging import EpochLogger, get_logger
+from txsink._task import Ack, TaskPlan, collect_acks, discard_all, run_partition
+from txsink._votes import COMMIT, DECIDED, Vote, VoteService, cast_vote
+from txsink.contract import EpochData, TaskInfo
+from txsink.errors import EpochAbortedError, TxsinkError
+from txsink.faults import CrashPoint
+from txsink.handles import Handle, load_handle
+from txsink.log import TxLog
+
+__all__ = ["SinglePassJob", "SinglePassOutcome", "run_single_pass"]
+
+#: How long a task waits for the driver's answer before it gives up and aborts.
+VOTE_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True)
+class SinglePassJob:
+    """The coordinator's step 3 when a sink commits in its tasks: the epoch's rows, and
+    the driver address the tasks reach the vote service at."""
+
+    data: EpochData
+    host: str
+
+
+@dataclass(frozen=True)
+class _TaskResult:
+    acks: list[Ack]
+    committed: list[str]  # sink uids whose transaction this task committed
+    answer: str
+
+
+@dataclass
+class SinglePassOutcome:
+    """What the single-pass job did: the decided handles and rows (when decided), and
+    which in-task handles their tasks committed (by transaction name)."""
+
+    decided: bool = False
+    handles: dict[str, list[Handle]] = field(default_factory=dict)
+    rows: dict[str, int] = field(default_factory=dict)
+    committed: set[str] = field(default_factory=set)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def run_single_pass(
+    *,
+    log: TxLog,
+    plan: TaskPlan,
+    data: EpochData,
+    host: str,
+    fire: Callable[[CrashPoint, int], None],
+    logger: EpochLogger,
+) -> SinglePassOutcome:
+    """Run epoch ``plan.epoch`` round ``plan.round`` as one barrier job; decide in between.
+
+    Returns once the job ended with the epoch decided (some in-task handles may be
+    uncommitted: the caller commits them from data). Raises the job's or the decision's
+    failure otherwise; ``outcome.decided`` tells the caller, through the exception's
+    ``txsink_single_pass`` attribute, whether the decision stands.
+    """
+    epoch, round_ = plan.epoch, plan.round
+    outcome = SinglePassOutcome()
+    started = time.monotonic()
+
+    def on_votes(votes: list[Vote]) -> None:
+        acks = [Ack(**ack) for vote in votes for ack in vote.acks]
+        outcome.handles, outcome.rows = collect_acks(plan.sinks, epoch, acks)
+        outcome.seconds["precommit"] = time.monotonic() - started
+        fire(CrashPoint.BEFORE_DECISION, epoch)
+        t0 = time.monotonic()
+        decide_epoch(
+            log,
+            plan.sinks,
+            epoch,
+            round_,
+            outcome.handles,
+            rows=outcome.rows,
+            seconds=dict(outcome.seconds),
+            logger=logger,
+        )
+        outcome.decided = True
+        outcome.seconds["decide"] = time.monotonic() - t0
+        fire(CrashPoint.AFTER_DECISION, epoch)
+
+    try:
+        with VoteService(host, on_votes, log=logger) as service:
+            to = _VoteTo(service.address, service.token, VOTE_TIMEOUT_S)
+            results = data.map_partitions(
+                functools.partial(_single_pass_task, plan, to), barrier=True
+            )
+    except BaseException as failed:
+        failed.txsink_single_pass = outcome  # type: ignore[attr-defined]
+        raise
+    if service.failure is not None:  # the decision failed, or a fault fired around it
+        service.failure.txsink_single_pass = outcome  # type: ignore[attr-defined]
+        raise service.failure
+    errors = [a.error for r in results for a in r.acks if a.error is not None]
+    if not outcome.decided:
+        aborted = (
+            EpochAbortedError.of(epoch, errors)
+            if errors
+            else EpochAbortedError(
+                f"epoch {epoch} was not decided: the single-pass job ended without every "
+                "task's vote (a task failed before voting, or the stage was retried)",
+                epoch=epoch,
+                phase="precommit",
+            )
+        )
+        aborted.txsink_single_pass = outcome  # type: ignore[attr-defined]
+        raise aborted
+    names = {uid: {str(h.txn) for h in hs} for uid, hs in outcome.handles.items()}
+    for result in results:
+        for ack in result.acks:
+            if ack.sink in result.committed and ack.handle is not None:
+                name = _txn_name(ack)
+                if name in names.get(ack.sink, ()):
+                    outcome.committed.add(name)
+    return outcome
+
+
+def _txn_name(ack: Ack) -> str:
+    return str(load_handle(ack.handle or {}, sink_uid=ack.sink).txn)
+
+
+@dataclass(frozen=True)
+class _VoteTo:
+    """Where a task votes: the service's address and this epoch run's token."""
+
+    address: tuple[str, int]
+    token: str
+    timeout_s: float
+
+
+def _single_pass_task(
+    plan: TaskPlan, to: _VoteTo, task: TaskInfo, batches: Iterator[pa.RecordBatch]
+) -> _TaskResult:
+    """One task of the single-pass job: prepare, vote, then commit or discard."""
+    held: dict[str, Any] = {}
+    vote = Vote(task.partition, task.attempt, task.tasks or 1)
+    try:
+        acks = run_partition(plan, task.partition, task.attempt, batches, held=held)
+    except BaseException as err:
+        # Tell the driver at once, so the other tasks are answered "abort" now.
+        failed = Vote(**{**asdict(vote), "error": f"{type(err).__name__}: {err}"})
+        with contextlib.suppress(Exception):
+            cast_vote(to.address, to.token, failed, timeout_s=5.0)
+        raise
+    error = next((a.error for a in acks if a.error is not None), None)
+    shown = [
+        {
+            "sink": a.sink,
+            "partition": a.partition,
+            "attempt": a.attempt,
+            "handle": a.handle,
+            "rows": a.rows,
+            "nbytes": a.nbytes,
+        }
+        for a in acks
+    ]
+    vote = Vote(**{**asdict(vote), "acks": shown, "error": str(error) if error else None})
+    answer, why = cast_vote(to.address, to.token, vote, timeout_s=to.timeout_s)
+    log = get_logger(__name__, uid="+".join(s.uid for s in plan.sinks), epoch=plan.epoch)
+    if answer != COMMIT:
+        if answer != DECIDED and error is None:
+            log.info(
+                "partition %d: %s (%s); its transactions are aborted", task.partition, answer, why
+            )
+        discard_all(plan, {}, held)
+        return _TaskResult(acks, [], answer)
+    plan.fire(CrashPoint.BEFORE_TASK_COMMIT, task.partition)
+    committed: list[str] = []
+    for sink in plan.sinks:
+        txn = held.pop(sink.uid, None)
+        if txn is None:
+            continue
+        try:
+            sink.commit_in_task(txn)
+        except Exception as err:  # the driver commits it from the decided handle
+            log.warning(
+                "partition %d: %s could not commit in the task (the driver finishes it): %s",
+                task.partition,
+                sink.uid,
+                err if isinstance(err, TxsinkError) else repr(err),
+            )
+            with contextlib.suppress(Exception):
+                sink.discard(txn)
+            continue
+        committed.append(sink.uid)
+    return _TaskResult(acks, committed, answer)

@@ -26,6 +26,11 @@ visible. In WAL mode a shard is ``partition % shards`` of the Spark partition
 that wrote the records, fixed in the decision, so a restart with another number
 of Spark partitions commits exactly what was decided.
 
+Direct mode (``mode="direct"``, :mod:`~txsink.connectors.kafka.direct`) is one pass: each
+Spark task's own producer holds the epoch's transaction open while the driver decides,
+then commits it; a shard whose task could not commit after the decision is committed
+from the epoch's replay, verified as in replay mode.
+
 Replay mode (``mode="replay"``) writes no WAL: the epoch is resharded into
 ``shards`` tasks by Spark's stable hash of ``shard_by`` (default: the key); the
 commit is a second job over the same (persisted) rows, one task per shard, that
@@ -41,14 +46,16 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar, Literal, TypeAlias
 
 import pyarrow as pa
 from typing_extensions import override
 
-from txsink.connectors.kafka import checks, replay
+from txsink.connectors.kafka import checks, direct, replay
 from txsink.connectors.kafka.clients import ENFORCED, KafkaSettings
+from txsink.connectors.kafka.direct import KafkaDirectHandle, OpenDirect, open_direct
 from txsink.connectors.kafka.producers import ShardProducers, fence
 from txsink.connectors.kafka.records import RecordFormat, avro_encoders
 from txsink.connectors.kafka.replay import KafkaReplayHandle, OpenReplay
@@ -58,11 +65,13 @@ from txsink.log import LogStore
 from txsink.sink import EpochCommit, Partitioning, TwoPhaseCommitSink
 from txsink.txid import TxnId
 
-__all__ = ["KafkaSink", "OpenTxn"]
+__all__ = ["KafkaHandle", "KafkaSink", "OpenTxn"]
 
-#: A task's open transaction: a WAL file (WAL mode) or a tally (replay mode).
-OpenTxn: TypeAlias = OpenWal | OpenReplay
-KafkaHandle: TypeAlias = KafkaWalHandle | KafkaReplayHandle
+#: A task's open transaction: a WAL file (WAL mode), a tally (replay mode) or a Kafka
+#: transaction (direct mode).
+OpenTxn: TypeAlias = OpenWal | OpenReplay | OpenDirect
+KafkaHandle: TypeAlias = KafkaWalHandle | KafkaReplayHandle | KafkaDirectHandle
+Mode: TypeAlias = Literal["wal", "replay", "direct"]
 
 
 class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
@@ -74,10 +83,13 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
         uid: the sink's stable id.
         wal: the write-ahead log folder, on a filesystem the driver and every
             executor share (like the files connector's output).
-        mode: ``"wal"`` (default) or ``"replay"`` (no WAL; see the module docs).
+        mode: ``"wal"`` (default), ``"replay"`` (no WAL) or ``"direct"`` (single pass:
+            the tasks' producers commit; see the module docs).
         shard_by: replay mode: the columns rows are resharded by (default: ``key``).
         shards: how many transactional ids (and markers) share the commit;
-            stable across epochs, one producer each on the driver.
+            stable across epochs, one producer each on the driver. Direct mode: the most
+            Spark partitions an epoch may have (default 8; each partition is a shard,
+            its transactional id fenced at every start).
         key, value: the key and value columns. Binary is taken as is, strings
             UTF-8 encoded, anything else as JSON. Without ``value`` the value is a
             JSON object of every column that is not key, headers, topic or partition.
@@ -114,9 +126,9 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
         uid: str,
         *,
         wal: str | os.PathLike[str] | None = None,
-        mode: Literal["wal", "replay"] = "wal",
+        mode: Mode = "wal",
         shard_by: Sequence[str] | None = None,
-        shards: int = 1,
+        shards: int | None = None,
         key: str | None = None,
         value: str | None = None,
         headers: str | None = None,
@@ -137,8 +149,10 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
         **coordinator_options: Any,
     ) -> None:
         super().__init__(uid, log=log, **coordinator_options)
-        if mode not in ("wal", "replay"):
-            raise ValueError(f"KafkaSink mode must be 'wal' or 'replay', got {mode!r}")
+        if mode not in ("wal", "replay", "direct"):
+            raise ValueError(f"KafkaSink mode must be 'wal', 'replay' or 'direct', got {mode!r}")
+        if shards is None:
+            shards = 8 if mode == "direct" else 1
         if mode == "wal" and wal is None:
             raise ValueError(
                 "KafkaSink(mode='wal') needs wal='<folder shared by driver and executors>'"
@@ -187,6 +201,9 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
             ),
         )
         self._clients: ShardProducers | None = None
+        #: Direct mode: which pooled producers the tasks may reuse (new at each check:
+        #: the check fences every transactional id, so older producers are fenced).
+        self._generation = ""
 
     @override
     def __getstate__(self) -> dict[str, Any]:
@@ -220,7 +237,12 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
     @property
     @override
     def commits_from_data(self) -> bool:
-        return self.mode == "replay"
+        return self.mode in ("replay", "direct")
+
+    @property
+    @override
+    def commits_in_task(self) -> bool:
+        return self.mode == "direct"
 
     @override
     def required_partitioning(self) -> Partitioning | None:
@@ -244,8 +266,9 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
         # Fence zombies and abort the transactions they left open, so read_committed
         # readers are not held back by a crashed run.
         self._producers.init_all(phase="check")
-        if self.mode == "replay":  # tasks produce; the driver's producers only fenced
+        if self.mode != "wal":  # tasks produce; the driver's producers only fenced
             self._producers.close()
+        self._generation = uuid.uuid4().hex
 
     # -- executor: write and prepare -----------------------------------------------
 
@@ -253,6 +276,8 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
     def begin(self, txn: TxnId, schema: pa.Schema) -> OpenTxn:
         if self.mode == "replay":
             return OpenReplay(txn)
+        if self.mode == "direct":
+            return open_direct(self.settings, txn, self._generation)
         return WalFolder(self.wal).open(txn)
 
     @override
@@ -267,8 +292,14 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
 
     @override
     def discard(self, txn: OpenTxn) -> None:
-        if isinstance(txn, OpenWal):
+        if isinstance(txn, (OpenWal, OpenDirect)):
             txn.discard()
+
+    @override
+    def commit_in_task(self, txn: OpenTxn) -> None:
+        if not isinstance(txn, OpenDirect):  # pragma: no cover - only direct mode holds one
+            raise TypeError(f"{self!r} commits in its tasks in direct mode only")
+        txn.commit()
 
     # -- driver: commit, abort, recover -----------------------------------------------
 
@@ -282,6 +313,9 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
         """
         if self.mode == "replay":
             replay.commit_epoch(request, self.settings, self.records)
+        elif self.mode == "direct":
+            direct.commit_leftovers(request, self.settings, self.records)
+            self._generation = uuid.uuid4().hex  # its tasks fenced pooled producers
         else:
             WalFolder(self.wal).commit_epoch(request, self._producers)
 
@@ -289,10 +323,14 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
     def abort(self, handle: Any) -> None:
         if self.mode == "wal":
             WalFolder(self.wal).delete([handle])
+        elif isinstance(handle, KafkaDirectHandle):
+            # Its task aborted it or died: a new producer on the id aborts whatever is open.
+            fence(self.settings, [self.transactional_id(handle.shard)])
+            self._generation = uuid.uuid4().hex
 
     @override
     def list_prepared(self, app_id: str) -> Iterator[KafkaWalHandle]:
-        if self.mode == "replay":
+        if self.mode != "wal":
             return iter(())  # nothing is prepared outside Kafka; check() aborted open ones
         return WalFolder(self.wal).list_prepared(app_id, self.uid)
 

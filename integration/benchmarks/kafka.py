@@ -77,9 +77,8 @@ from txsink.connectors.kafka.offsets import Isolation, settled_ends, topic_ends
 from txsink.connectors.kafka.producers import ShardProducers, produce_records
 from txsink.connectors.kafka.readback import admin_client
 from txsink.connectors.kafka.records import RecordFormat
-from txsink.connectors.kafka.replay import KafkaReplayHandle, checksum
-from txsink.connectors.kafka.sink import KafkaSink, OpenTxn
-from txsink.connectors.kafka.wal import KafkaWalHandle
+from txsink.connectors.kafka.replay import checksum
+from txsink.connectors.kafka.sink import KafkaHandle, KafkaSink, OpenTxn
 from txsink.contract import EpochCommit, EpochData, TaskInfo
 from txsink.handles import Handle
 from txsink.txid import TxnId
@@ -417,7 +416,7 @@ class ProfiledKafkaSink(KafkaSink):
         self._prof.add("write", t0)
 
     @override
-    def prepare(self, txn: OpenTxn) -> KafkaWalHandle | KafkaReplayHandle:
+    def prepare(self, txn: OpenTxn) -> KafkaHandle:
         t0 = time.perf_counter()
         handle = super().prepare(txn)
         end = time.perf_counter()

@@ -1,0 +1,272 @@
+"""Direct mode (single pass): the task's producer holds the epoch's transaction and commits it.
+
+Flink's Kafka sink on Spark: no write-ahead log, no second pass. The coordinator runs the
+epoch as one barrier job (:mod:`txsink._singlepass`); in each task::
+
+    begin    the task's shard is its Spark partition; its producer, transactional id
+             <prefix>-<uid>-<partition>, is taken from this Python worker's pool (made
+             and init_transactions-ed once per query run: that fences any zombie with
+             the id and aborts what it left open); begin_transaction
+    write    encode, count and checksum the records (the replay's verification), produce
+    prepare  produce the shard's marker (epoch) into the same transaction; flush; any
+             failed delivery fails the task -> KafkaDirectHandle(rows, checksum, shards)
+    vote     the driver decides while the transaction is open; on "commit":
+    commit   commit_transaction (commit_in_task)
+    abort    abort_transaction (discard), or, if the task died, the next init_transactions
+             on the id (a retry, the next run's check) aborts it
+
+After the decision, a shard whose task could not commit (killed, lost its executor, the
+driver died before answering) is committed from the epoch's replay (Spark re-runs the
+batch): the same verified path as replay mode (:class:`~txsink.connectors.kafka.replay.
+ShardCommit`): the shard's marker says whether it is committed, and the replayed rows
+must match the decided count and checksum, else NonDeterministicReplayError. The replay
+must have as many partitions as the decided epoch (the shard is the partition).
+
+No marker is read in the single pass: the coordinator skips committed epochs and
+recovery finishes decided ones before a new round begins, so a new round's shards are
+never committed yet. (Reading markers there would wait on the other tasks' open
+transactions, which sit in the same marker partition.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import pyarrow as pa
+
+from txsink.connectors.kafka.clients import KafkaSettings
+from txsink.connectors.kafka.errors import commit_error
+from txsink.connectors.kafka.markers import Markers
+from txsink.connectors.kafka.producers import produce_records
+from txsink.connectors.kafka.records import RecordFormat
+from txsink.connectors.kafka.replay import CHECKSUM_VERSION, ShardCommit, Tally
+from txsink.contract import EpochCommit
+from txsink.errors import (
+    CommitError,
+    ConfigurationError,
+    NonDeterministicReplayError,
+    RetryableError,
+)
+from txsink.handles import Handle, register_handle
+from txsink.txid import TxnId
+
+__all__ = ["KafkaDirectHandle", "OpenDirect", "commit_leftovers", "open_direct"]
+
+
+@register_handle
+@dataclass(frozen=True)
+class KafkaDirectHandle(Handle):
+    """A shard's open transaction, flushed and counted: its shard (= Spark partition) and
+    the count and checksum its replay must match."""
+
+    serializer: ClassVar[str] = "kafka.direct"
+    version: ClassVar[int] = 1
+
+    shard: int = 0
+    checksum: int = 0
+    checksum_version: int = CHECKSUM_VERSION
+
+
+# -- this Python worker's producers ------------------------------------------------------
+
+#: transactional id -> (generation, producer, delivery errors). Spark reuses Python
+#: workers across tasks, so a producer made for one epoch serves the next ones.
+_POOL: dict[str, tuple[str, Any, list[str]]] = {}
+
+
+def _pooled(
+    settings: KafkaSettings, shard: int, generation: str, epoch: int
+) -> tuple[Any, list[str]]:
+    """The shard's producer, initialised once per ``generation`` (one query run's check).
+
+    A new generation (the driver's check fenced every id again) makes a new producer:
+    the pooled one is fenced. Within a generation nothing else initialises the id, so the
+    pooled producer is still the id's owner.
+    """
+    from confluent_kafka import KafkaException, Producer
+
+    tid = settings.transactional_id(shard)
+    found = _POOL.get(tid)
+    if found is not None and found[0] == generation:
+        return found[1], found[2]
+    errors: list[str] = []
+    on_delivery = functools.partial(_on_failed_delivery, errors)
+    producer = Producer(settings.producer_conf(shard, on_delivery))
+    try:
+        producer.init_transactions(settings.timeout_s)
+    except KafkaException as err:
+        raise commit_error(
+            err.args[0], settings, epoch=epoch, shard=shard, init=True, phase="begin"
+        ) from err
+    _POOL[tid] = (generation, producer, errors)
+    return producer, errors
+
+
+def _evict(settings: KafkaSettings, shard: int) -> None:
+    _POOL.pop(settings.transactional_id(shard), None)
+
+
+def _on_failed_delivery(errors: list[str], err: Any, msg: Any) -> None:
+    if err is not None and not errors:
+        errors.append(f"{err.str()} (topic {msg.topic()} partition {msg.partition()})")
+
+
+# -- the open transaction ------------------------------------------------------------------
+
+
+@dataclass
+class OpenDirect:
+    """One task's open Kafka transaction (direct mode)."""
+
+    txn: TxnId
+    settings: KafkaSettings
+    producer: Any
+    errors: list[str]
+    tally: Tally = field(default_factory=Tally)
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def shard(self) -> int:
+        return self.txn.partition
+
+    @property
+    def rows(self) -> int:
+        return self.tally.rows
+
+    def write(self, records: pa.RecordBatch) -> None:
+        self.tally.add(records)
+        produce_records(self.producer, records)
+
+    def prepare(self) -> KafkaDirectHandle:
+        """The marker into the same transaction, then flush: every record is at the
+        brokers (in the open transaction), or the task fails."""
+        from confluent_kafka import KafkaException
+
+        txn = self.txn
+        key, value = Markers(self.settings).record(txn.app, self.shard, txn.epoch)
+        try:
+            self.producer.produce(self.settings.marker_topic, key=key, value=value, partition=0)
+            left = self.producer.flush(self.settings.timeout_s)
+        except KafkaException as err:
+            raise self._error(err.args[0], "prepare") from err
+        if left or self.errors:
+            raise RetryableError(
+                f"shard {self.shard}: {left} record(s) not delivered within "
+                f"{self.settings.timeout_s:.0f}s"
+                + (f"; first delivery error: {self.errors[0]}" if self.errors else ""),
+                **self.settings.context("prepare", epoch=txn.epoch),
+                partition=self.shard,
+            )
+        t = self.tally
+        return KafkaDirectHandle(
+            txn=txn,
+            rows=t.rows,
+            nbytes=t.nbytes,
+            shard=self.shard,
+            checksum=t.checksum,
+            checksum_version=t.version,
+        )
+
+    def commit(self) -> None:
+        """``commit_transaction``, retried on retriable errors as librdkafka asks."""
+        from confluent_kafka import KafkaException
+
+        deadline = time.monotonic() + self.settings.timeout_s
+        while True:
+            try:
+                self.producer.commit_transaction(max(1.0, deadline - time.monotonic()))
+                return
+            except KafkaException as err:
+                kerr = err.args[0]
+                if not kerr.retriable() or time.monotonic() >= deadline:
+                    _evict(self.settings, self.shard)
+                    raise self._error(kerr, "commit") from err
+
+    def discard(self) -> None:
+        """Abort the transaction; a producer that cannot is dropped (the next one's
+        init_transactions aborts it at the broker)."""
+        from confluent_kafka import KafkaException
+
+        try:
+            self.producer.abort_transaction(self.settings.timeout_s)
+        except KafkaException:
+            _evict(self.settings, self.shard)
+
+    def _error(self, kerr: Any, phase: str) -> Exception:
+        if kerr.fatal():
+            _evict(self.settings, self.shard)
+        return commit_error(
+            kerr,
+            self.settings,
+            epoch=self.txn.epoch,
+            shard=self.shard,
+            delivery=self.errors,
+            elapsed=time.monotonic() - self.started,
+            phase=phase,
+        )
+
+
+def open_direct(settings: KafkaSettings, txn: TxnId, generation: str) -> OpenDirect:
+    """Begin the task's transaction on its pooled producer (shard = the Spark partition,
+    below ``settings.shards``: the ids the driver fences at each start)."""
+    from confluent_kafka import KafkaException
+
+    shard = txn.partition
+    if shard >= settings.shards:
+        raise ConfigurationError(
+            f"epoch {txn.epoch} has a partition {shard}, but this direct-mode sink has "
+            f"shards={settings.shards}: in direct mode each Spark partition is a shard with "
+            "its own transactional id, fenced at every start. Raise shards= to the most "
+            "partitions an epoch may have, or coalesce the stream before the sink",
+            **settings.context("begin", epoch=txn.epoch),
+            partition=shard,
+        )
+    producer, errors = _pooled(settings, shard, generation, txn.epoch)
+    errors.clear()
+    try:
+        producer.begin_transaction()
+    except KafkaException as err:
+        _evict(settings, shard)
+        with contextlib.suppress(KafkaException):
+            producer.abort_transaction(settings.timeout_s)
+        raise commit_error(
+            err.args[0], settings, epoch=txn.epoch, shard=shard, phase="begin"
+        ) from err
+    return OpenDirect(txn, settings, producer, errors)
+
+
+# -- the driver: leftovers after the decision ---------------------------------------------------
+
+
+def commit_leftovers(request: EpochCommit[Any], settings: KafkaSettings, fmt: RecordFormat) -> None:
+    """Commit the decided shards no task committed, from the epoch's replay, verified.
+
+    One task per partition of the replay (its shard): the shard's marker says whether it
+    committed; if not, its replayed records must match the decided count and checksum.
+    """
+    epoch, handles, data = request.epoch, request.handles, request.data
+    if not handles:
+        return
+    if data is None:  # pragma: no cover - the core refuses before calling
+        raise CommitError("direct mode commits leftovers from the epoch's rows", epoch=epoch)
+    decided = {h.shard: (h.rows, h.checksum, h.checksum_version) for h in handles}
+    app = handles[0].txn.app
+    results = data.map_partitions(ShardCommit(settings, fmt, app, epoch, decided))
+    missing = sorted(shard for shard in decided if shard >= len(results))
+    if missing:
+        raise NonDeterministicReplayError(
+            f"the replay of epoch {epoch} has {len(results)} partitions, but shards "
+            f"{missing} of its decision are not committed: in direct mode a shard is a Spark "
+            "partition, so the replay must partition the epoch the same way. Restore the "
+            "query's partitioning (the source's partitions, maxFilesPerTrigger, a "
+            "repartition before the sink) until this epoch is committed, or use mode='wal'",
+            sink_uid=settings.uid,
+            epoch=epoch,
+            connector="kafka",
+            phase="commit",
+        )
+    request.committed(handles)

@@ -17,6 +17,7 @@ __all__ = [
     "CRASH_MATRIX",
     "EVERY_POINT_ONCE",
     "SCHEMA",
+    "SINGLE_PASS_MATRIX",
     "append_input",
     "fault_spec",
     "files_coordinator",
@@ -97,6 +98,8 @@ def files_coordinator(workdir: Path, **options: Any) -> Coordinator:
 
 #: (point, mode, times): driver points raise; task points raise or kill the worker, once
 #: (Spark's task retry absorbs it) or twice (the query fails and restarts).
+#: The single-pass points, for variants whose sink commits in its tasks.
+SINGLE_PASS_MATRIX = [("before_task_commit", mode, 1) for mode in ("raise", "kill-worker")]
 CRASH_MATRIX = [
     ("before_decision", "raise", 1),
     ("after_decision", "raise", 1),
@@ -125,7 +128,9 @@ EVERY_POINT_ONCE = ",".join(
 
 
 def is_task_point(point: str) -> bool:
-    return point in ("before_precommit", "after_precommit")
+    from txsink.faults import TASK_POINTS
+
+    return point in TASK_POINTS
 
 
 def fault_spec(point: str, mode: str, times: int, epoch: int = 1) -> str:
@@ -146,8 +151,11 @@ def kill_driver_at_every_point(
     rows: int = 3000,
     log: str | None = None,
     on_line: Callable[[str], None] | None = None,
+    single_pass: bool = False,
 ) -> Any:
-    """Run ``txsink.testing.pipelines:run_stream`` in child processes under EVERY_POINT_ONCE.
+    """Run ``txsink.testing.pipelines:run_stream`` in child processes under EVERY_POINT_ONCE
+    (``single_pass``: and a kill-driver at ``before_task_commit`` of epoch 2, for sinks
+    that commit in their tasks).
 
     The restarting runner restarts the child after each SIGKILL until the input
     (``rows`` in 6 files, one per epoch) is done; returns its report. ``env``
@@ -161,7 +169,8 @@ def kill_driver_at_every_point(
     make_input(workdir / "input", rows, 6)
     child_env = dict(
         os.environ,
-        TXSINK_FAULT=EVERY_POINT_ONCE,
+        TXSINK_FAULT=EVERY_POINT_ONCE
+        + (",before_task_commit:kill-driver@2" if single_pass else ""),
         TXSINK_FAULT_STATE=str(workdir / "faults"),
         **(env or {}),
     )
@@ -176,6 +185,7 @@ def kill_driver_at_every_point(
         json.dumps(args),
     ]
     report = run_child(command, env=child_env, max_runs=12, on_line=on_line)
-    assert report.finished and report.restarts == 7, report
-    assert len(os.listdir(workdir / "faults")) == 7, "a fault never fired"
+    kills = 8 if single_pass else 7
+    assert report.finished and report.restarts == kills, report
+    assert len(os.listdir(workdir / "faults")) == kills, "a fault never fired"
     return report

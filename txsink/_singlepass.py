@@ -198,7 +198,11 @@ def _single_pass_task(
             )
         discard_all(plan, {}, held)
         return _TaskResult(acks, [], answer)
-    plan.fire(CrashPoint.BEFORE_TASK_COMMIT, task.partition)
+    try:
+        plan.fire(CrashPoint.BEFORE_TASK_COMMIT, task.partition)
+    except BaseException:
+        discard_all(plan, {}, held)  # the driver commits them from the decided handles
+        raise
     committed: list[str] = []
     for sink in plan.sinks:
         txn = held.pop(sink.uid, None)

@@ -186,7 +186,14 @@ class SparkEpochData:
         self, task: Callable[[TaskInfo, Iterator[pa.RecordBatch]], R], *, barrier: bool = False
     ) -> list[R]:
         run = functools.partial(_run_task, task, barrier)
-        return _results(self.df.mapInArrow(run, _RESULT_DDL, barrier=barrier).collect())
+        job = self.df.mapInArrow(run, _RESULT_DDL, barrier=barrier)
+        if barrier:
+            # Spark retries a failed barrier stage only when it is a shuffle map stage
+            # ("Could not recover from a failed barrier ResultStage"): a one-partition
+            # exchange of the tiny results makes it one, so a failed task restarts the
+            # stage (spark.stage.maxConsecutiveAttempts) instead of failing the epoch.
+            job = job.repartition(1)
+        return _results(job.collect())
 
 
 def _results(rows: Iterable[Any]) -> list[Any]:

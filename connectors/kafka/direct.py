@@ -80,19 +80,20 @@ _POOL: dict[str, tuple[str, Any, list[str]]] = {}
 
 def _pooled(
     settings: KafkaSettings, shard: int, generation: str, epoch: int
-) -> tuple[Any, list[str]]:
-    """The shard's producer, initialised once per ``generation`` (one query run's check).
+) -> tuple[Any, list[str], bool]:
+    """The shard's producer, its delivery errors, and whether it was made just now.
 
-    A new generation (the driver's check fenced every id again) makes a new producer:
-    the pooled one is fenced. Within a generation nothing else initialises the id, so the
-    pooled producer is still the id's owner.
+    Made and initialised once per ``generation`` (one query run's check, which fences
+    every id) and worker; within a generation another worker may take the id over (Spark
+    runs partition ``shard`` wherever a slot is free), which :func:`open_direct` finds out
+    before any row is read.
     """
     from confluent_kafka import KafkaException, Producer
 
     tid = settings.transactional_id(shard)
     found = _POOL.get(tid)
     if found is not None and found[0] == generation:
-        return found[1], found[2]
+        return found[1], found[2], False
     errors: list[str] = []
     on_delivery = functools.partial(_on_failed_delivery, errors)
     producer = Producer(settings.producer_conf(shard, on_delivery))
@@ -103,7 +104,7 @@ def _pooled(
             err.args[0], settings, epoch=epoch, shard=shard, init=True, phase="begin"
         ) from err
     _POOL[tid] = (generation, producer, errors)
-    return producer, errors
+    return producer, errors, True
 
 
 def _evict(settings: KafkaSettings, shard: int) -> None:
@@ -112,7 +113,10 @@ def _evict(settings: KafkaSettings, shard: int) -> None:
 
 def _on_failed_delivery(errors: list[str], err: Any, msg: Any) -> None:
     if err is not None and not errors:
-        errors.append(f"{err.str()} (topic {msg.topic()} partition {msg.partition()})")
+        try:
+            errors.append(f"{err.str()} (topic {msg.topic()} partition {msg.partition()})")
+        except Exception:  # a callback must never raise into librdkafka
+            errors.append(repr(err))
 
 
 # -- the open transaction ------------------------------------------------------------------
@@ -142,14 +146,12 @@ class OpenDirect:
         produce_records(self.producer, records)
 
     def prepare(self) -> KafkaDirectHandle:
-        """The marker into the same transaction, then flush: every record is at the
-        brokers (in the open transaction), or the task fails."""
+        """Flush: every record is at the brokers (in the open transaction, with the
+        marker produced at begin), or the task fails."""
         from confluent_kafka import KafkaException
 
         txn = self.txn
-        key, value = Markers(self.settings).record(txn.app, self.shard, txn.epoch)
         try:
-            self.producer.produce(self.settings.marker_topic, key=key, value=value, partition=0)
             left = self.producer.flush(self.settings.timeout_s)
         except KafkaException as err:
             raise self._error(err.args[0], "prepare") from err
@@ -225,18 +227,39 @@ def open_direct(settings: KafkaSettings, txn: TxnId, generation: str) -> OpenDir
             **settings.context("begin", epoch=txn.epoch),
             partition=shard,
         )
-    producer, errors = _pooled(settings, shard, generation, txn.epoch)
-    errors.clear()
-    try:
-        producer.begin_transaction()
-    except KafkaException as err:
+    key, value = Markers(settings).record(txn.app, shard, txn.epoch)
+    while True:
+        producer, errors, fresh = _pooled(settings, shard, generation, txn.epoch)
+        errors.clear()
+        try:
+            # The marker first, flushed: one round trip that finds out, before any row is
+            # read, whether another worker took the id over (this producer is fenced).
+            producer.begin_transaction()
+            producer.produce(settings.marker_topic, key=key, value=value, partition=0)
+            left = producer.flush(settings.timeout_s)
+        except Exception as err:  # a fenced producer's flush may raise SystemError
+            _evict(settings, shard)
+            with contextlib.suppress(Exception):
+                producer.abort_transaction(settings.timeout_s)
+            if fresh and isinstance(err, KafkaException):
+                raise commit_error(
+                    err.args[0], settings, epoch=txn.epoch, shard=shard, phase="begin"
+                ) from err
+            if fresh:
+                raise
+            continue
+        if not left and not errors:
+            return OpenDirect(txn, settings, producer, errors)
         _evict(settings, shard)
         with contextlib.suppress(KafkaException):
             producer.abort_transaction(settings.timeout_s)
-        raise commit_error(
-            err.args[0], settings, epoch=txn.epoch, shard=shard, phase="begin"
-        ) from err
-    return OpenDirect(txn, settings, producer, errors)
+        if fresh:
+            raise RetryableError(
+                f"shard {shard}: its marker was not delivered within "
+                f"{settings.timeout_s:.0f}s" + (f": {errors[0]}" if errors else ""),
+                **settings.context("begin", epoch=txn.epoch),
+                partition=shard,
+            )
 
 
 # -- the driver: leftovers after the decision ---------------------------------------------------

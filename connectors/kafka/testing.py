@@ -152,7 +152,9 @@ class KafkaTesting(ConnectorTesting):
     variants: ClassVar[Mapping[str, Mapping[str, Any]]] = {
         "wal": {"mode": "wal"},
         "replay": {"mode": "replay"},
+        "direct": {"mode": "direct", "shards": 8},
     }
+    single_pass_variants: ClassVar[frozenset[str]] = frozenset({"direct"})
 
     @override
     def new_target(

@@ -49,6 +49,9 @@ class ConnectorTesting(abc.ABC):
     #: Named option sets the crash matrices and the contract suite run, each passed to
     #: :meth:`new_target` as keyword arguments (e.g. Kafka's two modes).
     variants: ClassVar[Mapping[str, Mapping[str, Any]]] = {"default": {}}
+    #: The variants whose sink commits in its tasks (single-pass epochs): the crash
+    #: matrices add the single-pass points (``before_task_commit``) for them.
+    single_pass_variants: ClassVar[frozenset[str]] = frozenset()
 
     def available(self, env: Mapping[str, str] | None = None) -> bool:
         """True when every :attr:`env_vars` is set (the server can be reached)."""

@@ -144,15 +144,17 @@ FINGERPRINT_SPARK = (
     "sum(crc32(cast(value AS binary)))",
 )
 
-WRITERS = ("wal", "replay", "producer", "spark")
+WRITERS = ("direct", "wal", "replay", "producer", "spark")
 LABELS = {
+    "direct": 'txsink KafkaSink mode="direct"',
     "wal": 'txsink KafkaSink mode="wal"',
     "replay": 'txsink KafkaSink mode="replay"',
     "producer": "plain idempotent producer",
     "spark": "Spark Kafka sink",
     "feed": "(Spark feed only, no Kafka)",
 }
-TARGETS = {"replay": 0.8, "wal": 0.5}  # vs the plain producer
+#: Issue #15's targets, against Spark's own Kafka sink (the bar users hold us to).
+TARGETS = {"direct": 0.85, "wal": 0.7, "replay": 0.5}
 
 
 # -- task functions: these run in Spark's Python workers; keep them self-contained -----------
@@ -669,6 +671,8 @@ def _sink(
     }
     if mode == "wal":
         kwargs.update(mode="wal", wal=wal)
+    elif mode == "direct":
+        kwargs.update(mode="direct", shards=max(8, partitions))
     else:
         kwargs.update(mode="replay", shards=partitions)
     if profile_dir:
@@ -732,6 +736,7 @@ def measure(
         create_topic(bench.bootstrap, topic, bench.topic_partitions)
         bench.topics.append(topic)
     writers: dict[str, Callable[[], dict[str, Any]]] = {
+        "direct": lambda: write_txsink(bench, "direct", df, topic, partitions, profile_dir),
         "wal": lambda: write_txsink(bench, "wal", df, topic, partitions, profile_dir),
         "replay": lambda: write_txsink(bench, "replay", df, topic, partitions, profile_dir),
         "producer": lambda: write_producer(bench, df, topic),
@@ -1115,27 +1120,27 @@ def target_table(res: Results) -> str:
     rows = [
         [str(p)]
         + [
-            _bench.ratio_cell(res, writer, p, target=target, single_runs=False)
+            _bench.ratio_cell(res, writer, p, "spark", target=target, single_runs=False)
             for writer, target in TARGETS.items()
         ]
-        + [_bench.ratio_cell(res, writer, p, "spark", single_runs=False) for writer in TARGETS]
+        + [_bench.ratio_cell(res, writer, p, single_runs=False) for writer in TARGETS]
         for p in res.partitions
     ]
     return _bench.markdown_table(
         [
             "partitions",
-            "replay / plain producer (target >= 0.8x)",
-            "WAL / plain producer (target >= 0.5x)",
-            "replay / Spark Kafka sink",
-            "WAL / Spark Kafka sink",
+            *(f"{w} / Spark Kafka sink (target >= {t}x)" for w, t in TARGETS.items()),
+            *(f"{w} / plain producer" for w in TARGETS),
         ],
         rows,
-        "rrrrr",
+        "r" * (1 + 2 * len(TARGETS)),
     )
 
 
 def phase_table(res: Results) -> str:
-    return _bench.phase_table(res, ("wal", "replay"), digits=2, other="check + schema + unpersist")
+    return _bench.phase_table(
+        res, ("direct", "wal", "replay"), digits=2, other="check + schema + unpersist"
+    )
 
 
 def _pct(part: float, whole: float) -> str:
@@ -1243,26 +1248,27 @@ def reading(res: Results) -> list[str]:
     """The numbers, read: generated from the results so a rerun cannot contradict them."""
     out: list[str] = []
     for writer, target in TARGETS.items():
-        ps = [p for p in res.partitions if res.seconds(writer, p) and res.seconds("producer", p)]
+        ps = [p for p in res.partitions if res.seconds(writer, p) and res.seconds("spark", p)]
         if not ps:
             continue
-        ratios = ", ".join(f"{res.ratio(writer, p):.2f}x at {p}" for p in ps)
-        met = all(res.ratio(writer, p) >= target for p in ps)
+        ratios = ", ".join(f"{res.ratio(writer, p, 'spark'):.2f}x at {p}" for p in ps)
+        met = all(res.ratio(writer, p, "spark") >= target for p in ps)
         out.append(
-            f"**{LABELS[writer]} vs the plain producer** ({ratios} partitions): target >= "
+            f"**{LABELS[writer]} vs Spark's Kafka sink** ({ratios} partitions): target >= "
             f"{target}x {'met' if met else 'NOT met'}."
         )
-    ps = [p for p in res.partitions if res.seconds("spark", p)]
+    ps = [p for p in res.partitions if res.seconds("producer", p)]
     if ps:
         parts = []
         for writer in TARGETS:
             if all(res.seconds(writer, p) for p in ps):
-                ratios = ", ".join(f"{res.ratio(writer, p, 'spark'):.2f}x at {p}" for p in ps)
+                ratios = ", ".join(f"{res.ratio(writer, p):.2f}x at {p}" for p in ps)
                 parts.append(f"{writer} {ratios} partitions")
         if parts:
             out.append(
-                "**txsink vs Spark's Kafka sink** (at-least-once; a Java producer cached per "
-                f"executor JVM and shared by its tasks): {'; '.join(parts)}."
+                "**txsink vs the plain idempotent producer** (at-least-once, a new producer "
+                f"in every task): {'; '.join(parts)}. Spark's sink, the bar above, is "
+                "at-least-once too, with a Java producer cached per executor JVM."
             )
     s = res.single
     for p in res.partitions:

@@ -1,5 +1,6 @@
 """The coordinator's operator entry points: checks before the start, recovery and aborts
-by hand (``txsink check``, ``txsink recover``, ``txsink abort``).
+by hand (``txsink check``, ``txsink recover``, ``txsink abort``), and starting from a
+savepoint.
 
 A mixin of :class:`txsink.Coordinator`, kept apart so the protocol's own module holds
 the epoch's steps only; these methods drive the same :class:`~txsink.recovery.Recovery`
@@ -12,6 +13,7 @@ import os
 from typing import TYPE_CHECKING, Any, final
 
 from txsink import _precheck
+from txsink._logging import EpochLogger
 from txsink._precheck import CheckResult
 from txsink.contract import SinkContract
 from txsink.log import LogStore, TxLog
@@ -32,6 +34,8 @@ class OperatorMixin:
     from_savepoint: str | os.PathLike[str] | LogStore | TxLog | None
     _recovery: Recovery
     _needs_recovery: bool
+    _restored: bool
+    _log: EpochLogger
 
     @final
     def check(
@@ -112,3 +116,22 @@ class OperatorMixin:
         done = self._recovery.execute(plan)
         self._needs_recovery = True
         return done
+
+    # -- starting from a savepoint ------------------------------------------------------
+
+    def _restore_once(self) -> None:
+        """Fill an empty log from ``from_savepoint`` (once per coordinator)."""
+        if self._restored or self.from_savepoint is None:
+            return
+        from txsink.savepoint import restore_if_empty
+
+        if restore_if_empty(self.from_savepoint, self.log):
+            self._log.info("restored the txsink log from savepoint %s", self.from_savepoint)
+        self._restored = True
+
+    def _app_from_log(self) -> str:
+        self._restore_once()
+        meta = self.log.meta()
+        if meta is None:
+            raise _precheck.empty_log_error(self.log.location)
+        return str(meta["app_id"])

@@ -52,6 +52,9 @@ class SinglePassJob:
 
     data: EpochData
     host: str
+    #: How many times a failed job is run again (a new round) before the epoch fails:
+    #: Spark's task retries (a barrier result stage is never retried by Spark itself).
+    retries: int = 0
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,8 @@ class SinglePassOutcome:
     which in-task handles their tasks committed (by transaction name)."""
 
     decided: bool = False
+    #: The Spark job failed (a task or executor lost), as opposed to the driver's side.
+    job_failed: bool = False
     handles: dict[str, list[Handle]] = field(default_factory=dict)
     rows: dict[str, int] = field(default_factory=dict)
     committed: set[str] = field(default_factory=set)
@@ -116,9 +121,13 @@ def run_single_pass(
     try:
         with VoteService(host, on_votes, log=logger) as service:
             to = _VoteTo(service.address, service.token, VOTE_TIMEOUT_S)
-            results = data.map_partitions(
-                functools.partial(_single_pass_task, plan, to), barrier=True
-            )
+            try:
+                results = data.map_partitions(
+                    functools.partial(_single_pass_task, plan, to), barrier=True
+                )
+            except BaseException:
+                outcome.job_failed = service.failure is None
+                raise
     except BaseException as failed:
         failed.txsink_single_pass = outcome  # type: ignore[attr-defined]
         raise

@@ -35,11 +35,13 @@ __all__ = [
     "SparkTaskRunner",
     "arrow_schema",
     "check_query_mode",
+    "check_single_pass",
     "driver_host",
     "failure_text",
     "partitioned",
     "required_partitioning",
     "streaming_query_id",
+    "task_retries",
 ]
 
 R = TypeVar("R")
@@ -80,6 +82,56 @@ def driver_host(df: DataFrame) -> str:
 
     host: str | None = df.sparkSession.conf.get("spark.driver.host", None)
     return host or socket.gethostname()
+
+
+def task_retries(df: DataFrame) -> int:
+    """How often Spark retries a failed task here: ``local[N,F]`` -> F - 1, ``local[N]`` ->
+    0, a cluster -> ``spark.task.maxFailures`` - 1 (default 3)."""
+    session = df.sparkSession
+    master = str(session.conf.get("spark.master", ""))
+    found = re.fullmatch(r"local\[[^,\]]+,\s*(\d+)\]", master)
+    if found:
+        return max(0, int(found[1]) - 1)
+    if master.startswith("local"):
+        return 0
+    return max(0, int(session.conf.get("spark.task.maxFailures", "4") or 4) - 1)
+
+
+def check_single_pass(df: DataFrame, sink_uid: str) -> None:
+    """Refuse, before the job, a single-pass epoch Spark cannot run all at once.
+
+    A barrier stage needs a task slot for each of its partitions at the same time, and no
+    dynamic allocation; Spark itself would retry the slot check for minutes
+    (``spark.scheduler.barrier.maxConcurrentTasksCheck.*``) before failing.
+    """
+    session = df.sparkSession
+    if str(session.conf.get("spark.dynamicAllocation.enabled", "false")).lower() == "true":
+        raise ConfigurationError(
+            "a sink of this coordinator commits in its tasks (a single-pass epoch: one "
+            "barrier stage), which Spark cannot run with dynamic allocation: set "
+            "spark.dynamicAllocation.enabled=false, or use a mode that does not commit in "
+            "the tasks",
+            sink_uid=sink_uid,
+            phase="check",
+        )
+    try:
+        jsc = session.sparkContext._jsc.sc()
+        slots = int(
+            jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile())
+        )
+        partitions = int(df.rdd.getNumPartitions())
+    except Exception:  # Spark Connect, or a Spark without these: Spark checks it itself
+        return
+    if partitions > slots:
+        raise ConfigurationError(
+            f"this epoch has {partitions} partitions, but the cluster runs {slots} tasks at "
+            "once, and a single-pass epoch (a sink that commits in its tasks) runs all of its "
+            f"tasks together: repartition the stream to at most {slots} partitions before "
+            "the sink (df.repartition(n): coalesce() cannot run in a barrier stage), read "
+            "fewer input partitions, or add executors",
+            sink_uid=sink_uid,
+            phase="check",
+        )
 
 
 def check_query_mode(df: DataFrame, query_id: str) -> None:
@@ -186,14 +238,19 @@ class SparkEpochData:
         self, task: Callable[[TaskInfo, Iterator[pa.RecordBatch]], R], *, barrier: bool = False
     ) -> list[R]:
         run = functools.partial(_run_task, task, barrier)
-        job = self.df.mapInArrow(run, _RESULT_DDL, barrier=barrier)
-        if barrier:
-            # Spark retries a failed barrier stage only when it is a shuffle map stage
-            # ("Could not recover from a failed barrier ResultStage"): a one-partition
-            # exchange of the tiny results makes it one, so a failed task restarts the
-            # stage (spark.stage.maxConsecutiveAttempts) instead of failing the epoch.
-            job = job.repartition(1)
-        return _results(job.collect())
+        try:
+            return _results(self.df.mapInArrow(run, _RESULT_DDL, barrier=barrier).collect())
+        except Exception as err:
+            if barrier and "BarrierJobUnsupportedRDDChainException" in str(err):
+                raise ConfigurationError(
+                    "the epoch's plan cannot run as one barrier stage (a single-pass epoch: "
+                    "a sink commits in its tasks): it has a coalesce(), union() or another "
+                    "step that changes the number of partitions within the stage. Use "
+                    "repartition(n) instead of coalesce(n) before the sink (a shuffle ends "
+                    "the stage), or a mode that does not commit in the tasks",
+                    phase="check",
+                ) from err
+            raise
 
 
 def _results(rows: Iterable[Any]) -> list[Any]:

@@ -37,7 +37,7 @@ from txsink._operator import OperatorMixin
 from txsink._singlepass import SinglePassJob, SinglePassOutcome, run_single_pass
 from txsink._task import Precommit, TaskPlan, collect_acks, precommit_job
 from txsink.contract import EpochData, SinkContract
-from txsink.errors import EpochAbortedError, FencedError
+from txsink.errors import ConfigurationError, EpochAbortedError, FencedError
 from txsink.faults import CrashPoint, FaultPlan
 from txsink.handles import Handle
 from txsink.log import LogStore, TxLog, open_log
@@ -185,11 +185,13 @@ class Coordinator(OperatorMixin):
         # Commits spread over the cluster (and recovery's) run as this session's tasks.
         self._recovery.tasks = _spark.SparkTaskRunner(df.sparkSession)
         data = _spark.partitioned(df, [s.required_partitioning() for s in self.sinks])
-        if any(s.commits_in_task for s in self.sinks):
+        in_task = [s.uid for s in self.sinks if s.commits_in_task]
+        if in_task:
             # One pass: the rows are read once; only a failure after the decision reads
             # them again (Spark's replay of the epoch, verified against the decision).
+            _spark.check_single_pass(data, "+".join(in_task))
             rows = _spark.SparkEpochData(data)
-            job = SinglePassJob(rows, _spark.driver_host(df))
+            job = SinglePassJob(rows, _spark.driver_host(df), _spark.task_retries(df))
             return self.run_epoch(epoch, job, app_id=app_id, data=rows)
         if not any(s.commits_from_data for s in self.sinks):
             return self.run_epoch(epoch, precommit_job(_spark.SparkEpochData(data)), app_id=app_id)
@@ -239,7 +241,9 @@ class Coordinator(OperatorMixin):
             round_ = self.log.claim_round(epoch)
             done: set[str] = set()
             if isinstance(precommit, SinglePassJob):  # steps 3, 4 and most of 5
-                handles, rows, done = self._single_pass(epoch, round_, precommit, timings, app_id)
+                round_, handles, rows, done = self._single_pass(
+                    epoch, round_, precommit, timings, app_id
+                )
             else:
                 # Step 3
                 t0 = time.monotonic()
@@ -321,35 +325,63 @@ class Coordinator(OperatorMixin):
 
     def _single_pass(
         self, epoch: int, round_: int, job: SinglePassJob, timings: dict[str, float], app_id: str
-    ) -> tuple[dict[str, list[Handle]], dict[str, int], set[str]]:
+    ) -> tuple[int, dict[str, list[Handle]], dict[str, int], set[str]]:
         """Steps 3 and 4 in one job whose tasks commit what they hold once it is decided;
-        the handles, rows, and the transactions the tasks committed."""
-        plan = self._plan(app_id, epoch, round_)
-        try:
-            out = run_single_pass(
-                log=self.log,
-                plan=plan,
-                data=job.data,
-                host=job.host,
-                fire=self._fire,
-                logger=self._log,
-            )
-        except BaseException as err:
-            failed: SinglePassOutcome | None = getattr(err, "txsink_single_pass", None)
-            if failed is not None and failed.decided:
-                raise  # the decision stands: recovery commits it (from the epoch's replay)
-            self._abort_round(epoch, round_, app_id, err)
+        the round, handles, rows, and the transactions the tasks committed.
+
+        A job that fails before the decision (a task, an executor lost) runs again in a new
+        round, as Spark would retry the tasks (it never retries a failed barrier result
+        stage); one that fails after it leaves the uncommitted shards to step 5."""
+        retries = job.retries
+        while True:
+            try:
+                out = run_single_pass(
+                    log=self.log,
+                    plan=self._plan(app_id, epoch, round_),
+                    data=job.data,
+                    host=job.host,
+                    fire=self._fire,
+                    logger=self._log,
+                )
+                break
+            except BaseException as err:
+                failed: SinglePassOutcome | None = getattr(err, "txsink_single_pass", None)
+                from_job = (
+                    failed is not None
+                    and failed.job_failed
+                    and isinstance(err, Exception)
+                    and not isinstance(err, ConfigurationError)
+                )
+                if failed is not None and failed.decided:
+                    if not from_job:
+                        raise  # the decision stands: recovery commits it (the replay)
+                    self._log.bind(epoch=epoch).warning(
+                        "a task failed after the decision (%s): its shards are committed "
+                        "from the epoch's replay",
+                        _spark.failure_text(err) or type(err).__name__,
+                    )
+                    timings.update(failed.seconds)
+                    return round_, failed.handles, failed.rows, set()
+                if not from_job or retries <= 0:
+                    self._abort_round(epoch, round_, app_id, err)
+                retries -= 1
+                self._void_round(epoch, round_, app_id, err)
+                self._log.bind(epoch=epoch).warning(
+                    "round %d failed before its decision (%s): running the epoch again",
+                    round_,
+                    _spark.failure_text(err) or type(err).__name__,
+                )
+                round_ = self.log.claim_round(epoch)
         timings.update(out.seconds)
-        return out.handles, out.rows, out.committed
+        return round_, out.handles, out.rows, out.committed
 
     def _plan(self, app_id: str, epoch: int, round_: int) -> TaskPlan:
         return TaskPlan(
             app_id, epoch, round_, self.sinks, self.faults, os.getpid(), socket.gethostname()
         )
 
-    def _abort_round(self, epoch: int, round_: int, app_id: str, err: BaseException) -> NoReturn:
-        """A pre-commit failed: void the round first, so it can never be decided, then
-        abort what it prepared; raise the failure as the epoch's abort."""
+    def _void_round(self, epoch: int, round_: int, app_id: str, err: BaseException) -> None:
+        """Void the round first, so it can never be decided, then abort what it prepared."""
         self._needs_recovery = True
         if self.log.void(epoch, round_, "pre-commit failed") is not None:
             # Cannot happen: only this driver holds the round.
@@ -357,6 +389,10 @@ class Coordinator(OperatorMixin):
                 f"round {round_} of epoch {epoch} was decided meanwhile", epoch=epoch
             ) from err
         self._recovery.abort_attempts(app_id, epoch, round_=round_, best_effort=True)
+
+    def _abort_round(self, epoch: int, round_: int, app_id: str, err: BaseException) -> NoReturn:
+        """A pre-commit failed: void and abort the round; raise the epoch's abort."""
+        self._void_round(epoch, round_, app_id, err)
         if isinstance(err, EpochAbortedError) or not isinstance(err, Exception):
             raise err
         raise EpochAbortedError.wrapping(epoch, err, _spark.failure_text(err)) from err
@@ -429,16 +465,6 @@ class Coordinator(OperatorMixin):
 
     # -- helpers ---------------------------------------------------------------------
 
-    def _restore_once(self) -> None:
-        """Fill an empty log from ``from_savepoint`` (once per coordinator)."""
-        if self._restored or self.from_savepoint is None:
-            return
-        from txsink.savepoint import restore_if_empty
-
-        if restore_if_empty(self.from_savepoint, self.log):
-            self._log.info("restored the txsink log from savepoint %s", self.from_savepoint)
-        self._restored = True
-
     def _bind(self, app_id: str) -> None:
         if self._bound_app != app_id:
             self._restore_once()
@@ -446,13 +472,6 @@ class Coordinator(OperatorMixin):
             self._bound_app = app_id
             self._last_committed = None
             self._needs_recovery = True
-
-    def _app_from_log(self) -> str:
-        self._restore_once()
-        meta = self.log.meta()
-        if meta is None:
-            raise _precheck.empty_log_error(self.log.location)
-        return str(meta["app_id"])
 
     def _check_schema(self, df: DataFrame, app_id: str) -> None:
         schema = _spark.arrow_schema(df)

@@ -41,7 +41,7 @@ import pyarrow as pa
 from txsink.connectors.kafka.clients import KafkaSettings
 from txsink.connectors.kafka.errors import commit_error
 from txsink.connectors.kafka.markers import Markers
-from txsink.connectors.kafka.producers import produce_records
+from txsink.connectors.kafka.producers import fence, produce_records
 from txsink.connectors.kafka.records import RecordFormat
 from txsink.connectors.kafka.replay import CHECKSUM_VERSION, ShardCommit, Tally
 from txsink.contract import EpochCommit
@@ -223,7 +223,7 @@ def open_direct(settings: KafkaSettings, txn: TxnId, generation: str) -> OpenDir
             f"epoch {txn.epoch} has a partition {shard}, but this direct-mode sink has "
             f"shards={settings.shards}: in direct mode each Spark partition is a shard with "
             "its own transactional id, fenced at every start. Raise shards= to the most "
-            "partitions an epoch may have, or coalesce the stream before the sink",
+            "partitions an epoch may have, or repartition the stream to fewer partitions",
             **settings.context("begin", epoch=txn.epoch),
             partition=shard,
         )
@@ -278,6 +278,9 @@ def commit_leftovers(request: EpochCommit[Any], settings: KafkaSettings, fmt: Re
         raise CommitError("direct mode commits leftovers from the epoch's rows", epoch=epoch)
     decided = {h.shard: (h.rows, h.checksum, h.checksum_version) for h in handles}
     app = handles[0].txn.app
+    # Abort whatever the epoch's tasks left open first: each commit task reads its marker,
+    # and a read_committed read waits on every transaction open on the marker topic.
+    fence(settings, [settings.transactional_id(shard) for shard in sorted(decided)])
     results = data.map_partitions(ShardCommit(settings, fmt, app, epoch, decided))
     missing = sorted(shard for shard in decided if shard >= len(results))
     if missing:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -278,9 +279,12 @@ def commit_leftovers(request: EpochCommit[Any], settings: KafkaSettings, fmt: Re
         raise CommitError("direct mode commits leftovers from the epoch's rows", epoch=epoch)
     decided = {h.shard: (h.rows, h.checksum, h.checksum_version) for h in handles}
     app = handles[0].txn.app
-    # Abort whatever the epoch's tasks left open first: each commit task reads its marker,
-    # and a read_committed read waits on every transaction open on the marker topic.
-    fence(settings, [settings.transactional_id(shard) for shard in sorted(decided)])
+    # Abort whatever this sink's tasks left open first (this epoch's, or a dead task's of
+    # any partition): each commit task reads its marker, and a read_committed read waits
+    # on every transaction open on the marker topic.
+    ids = [settings.transactional_id(shard) for shard in range(settings.shards)]
+    with ThreadPoolExecutor(max_workers=min(8, len(ids))) as pool:  # each waits on a broker
+        list(pool.map(lambda tid: fence(settings, [tid]), ids))
     results = data.map_partitions(ShardCommit(settings, fmt, app, epoch, decided))
     missing = sorted(shard for shard in decided if shard >= len(results))
     if missing:

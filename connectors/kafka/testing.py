@@ -21,6 +21,7 @@ from typing_extensions import override
 from txsink.connectors.kafka import readback
 from txsink.connectors.kafka.clients import rdkafka_logger
 from txsink.connectors.kafka.offsets import settled_ends
+from txsink.connectors.kafka.producers import fence
 from txsink.connectors.kafka.sink import KafkaSink
 from txsink.testing.adapter import ConnectorTesting
 from txsink.testing.observer import Snapshot, Target, by_epoch
@@ -208,7 +209,15 @@ class KafkaTesting(ConnectorTesting):
 
     @override
     def drop_target(self, spec: Mapping[str, Any], env: Mapping[str, str]) -> None:
-        """Delete the topic, best effort (the WAL folder lives in the test's workdir)."""
+        """Delete the topic, best effort (the WAL folder lives in the test's workdir).
+
+        Direct mode: first abort whatever transaction a test left open (a prepared but
+        never committed shard is an open Kafka transaction, on the marker topic too, where
+        it would hold every other test's marker reads back until its timeout)."""
+        if spec.get("mode") == "direct":
+            sink = self.build_sink(spec, env)
+            with contextlib.suppress(Exception):
+                fence(sink.settings, [sink.transactional_id(s) for s in range(sink.shards)])
         with contextlib.suppress(Exception):
             readback.delete_topic(env[BOOTSTRAP], spec["topic"])
 

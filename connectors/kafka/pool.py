@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
@@ -66,6 +67,9 @@ T = TypeVar("T")
 
 _LOCK = threading.Lock()
 _POOL: OrderedDict[tuple[Any, ...], ShardProducers] = OrderedDict()
+_SHARD_LOCKS: weakref.WeakKeyDictionary[ShardProducers, dict[int, threading.Lock]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def _key(settings: KafkaSettings) -> tuple[Any, ...]:
@@ -114,11 +118,17 @@ def evict(settings: KafkaSettings, shard: int) -> None:
     shard_producers(settings).drop(shard)
 
 
+def _shard_lock(producers: ShardProducers, shard: int) -> threading.Lock:
+    with _LOCK:
+        return _SHARD_LOCKS.setdefault(producers, {}).setdefault(shard, threading.Lock())
+
+
 def clear() -> None:
     """Close every pooled producer of this process."""
     with _LOCK:
         pooled = list(_POOL.values())
         _POOL.clear()
+        _SHARD_LOCKS.clear()
     for producers in pooled:
         producers.close()
 
@@ -144,7 +154,23 @@ def commit_shard(
     ``ShardProducers.transaction``.
     """
     producers = shard_producers(settings)
-    source = iter(items)
+    with _shard_lock(producers, shard):  # one task of a shard at a time per producer
+        return _commit(
+            producers, shard, app, epoch, iter(items), produce=produce, start=start, finish=finish
+        )
+
+
+def _commit(
+    producers: ShardProducers,
+    shard: int,
+    app: str,
+    epoch: int,
+    source: Iterator[T],
+    *,
+    produce: Callable[[Any, T], int],
+    start: Callable[[], None],
+    finish: Callable[[], None],
+) -> bool:
     head: list[T] = []  # the items taken while the producer was not confirmed
     for attempt in (1, 2):
         fresh = not producers.has(shard)

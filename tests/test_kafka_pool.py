@@ -162,7 +162,3 @@ def test_pooled_producer_reports_fresh_once(fake: FakeProducers) -> None:
     assert pool.pooled_producer(SETTINGS, 0) == (1, False)
     pool.evict(SETTINGS, 0)
     assert pool.pooled_producer(SETTINGS, 0) == (2, True)
-
-
-def test_pool_keys_hold_no_secret_in_repr() -> None:
-    assert "secret" not in repr(SETTINGS)

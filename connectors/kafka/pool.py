@@ -67,6 +67,7 @@ T = TypeVar("T")
 
 _LOCK = threading.Lock()
 _POOL: OrderedDict[tuple[Any, ...], ShardProducers] = OrderedDict()
+_INHERITED: list[ShardProducers] = []
 _SHARD_LOCKS: weakref.WeakKeyDictionary[ShardProducers, dict[int, threading.Lock]] = (
     weakref.WeakKeyDictionary()
 )
@@ -91,7 +92,10 @@ def shard_producers(settings: KafkaSettings) -> ShardProducers:
     key = _key(settings)
     closing: list[ShardProducers] = []
     with _LOCK:
-        if _POOL and next(iter(_POOL))[0] != key[0]:  # forked: the parent's clients are dead
+        if _POOL and next(iter(_POOL))[0] != key[0]:
+            # Forked: the parent's librdkafka clients have no threads here, and destroying
+            # one would wait for them forever. Keep them unreachable but alive.
+            _INHERITED.extend(_POOL.values())
             _POOL.clear()
         found = _POOL.get(key)
         if found is None:

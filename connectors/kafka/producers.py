@@ -112,8 +112,10 @@ class ShardProducers:
             raise StaleProducerError(f"shard {shard}: no producer")
         try:
             left = producer.flush(self.settings.timeout_s)
-        except KafkaException as err:
-            raise StaleProducerError(f"shard {shard}: {err.args[0].name()}") from err
+        except (KafkaException, SystemError) as err:
+            # A fenced producer's flush raises the fatal error (a SystemError when it
+            # interrupts a delivery callback: confluent-kafka 2.16)
+            raise StaleProducerError(f"shard {shard}: {_kafka_error(err) or err}") from err
         errors = self._delivery_errors.get(shard) or []
         if left or errors:
             raise StaleProducerError(f"shard {shard}: {errors[0] if errors else 'not delivered'}")
@@ -152,11 +154,16 @@ class ShardProducers:
                 self.settings.marker_topic, key=marker_key, value=marker_value, partition=0
             )
             self._commit_transaction(producer)
-        except KafkaException as err:
+        except (KafkaException, SystemError) as err:
             # Drop the producer and the cached marker: the next attempt re-initialises
             # (which completes or aborts whatever this one left at the broker) and reads
             # the marker again; the marker, not this outcome, says whether it committed.
-            kerr = err.args[0]
+            kerr = _kafka_error(err)
+            if kerr is None:
+                with contextlib.suppress(KafkaException):
+                    producer.abort_transaction(self.settings.timeout_s)
+                self.drop(shard)
+                raise
             self.drop(shard)
             if not kerr.fatal():
                 with contextlib.suppress(KafkaException):
@@ -268,6 +275,17 @@ def fence(settings: KafkaSettings, transactional_ids: list[str]) -> None:
             **ENFORCED,
         }
         Producer(conf).init_transactions(settings.timeout_s)
+
+
+def _kafka_error(err: BaseException) -> Any:
+    """The ``KafkaError`` of ``err``: a KafkaException's, or that of the KafkaException a
+    fatal error raised inside a callback turned into a SystemError; else None."""
+    from confluent_kafka import KafkaException
+
+    for exc in (err, err.__cause__):
+        if isinstance(exc, KafkaException):
+            return exc.args[0]
+    return None
 
 
 def _on_failed_delivery(errors: list[str], err: Any, msg: Any) -> None:

@@ -63,7 +63,12 @@ def _batch(ids: range) -> pa.RecordBatch:
 
 
 def _sink(kafka: Any, topic: str, uid: str, **options: Any) -> KafkaSink:
-    return KafkaSink(kafka.bootstrap, topic, uid=uid, mode="replay", key="key", **options)
+    """A replay-mode sink with its own marker topic (the shared default one may be held
+    back by other tests' open transactions)."""
+    markers = kafka.new_topic(1, prefix="m", config={"cleanup.policy": "compact"})
+    return KafkaSink(
+        kafka.bootstrap, topic, uid=uid, mode="replay", key="key", marker_topic=markers, **options
+    )
 
 
 def _task(sink: KafkaSink, epoch: int, ids: range, *, shard: int = 0) -> ShardCommit:
@@ -183,12 +188,13 @@ def test_two_processes_share_a_transactional_id_and_commit_each_epoch_once(
     import multiprocessing
 
     topic = kafka.new_topic(1)
+    markers = kafka.new_topic(1, prefix="m", config={"cleanup.policy": "compact"})
     uid = "k" + uuid.uuid4().hex[:10]
     ctx = multiprocessing.get_context("spawn")
     turns = [ctx.Queue() for _ in range(2)]
     done = ctx.Queue()
     workers = [
-        ctx.Process(target=_worker, args=(kafka.bootstrap, topic, uid, turns[i], done))
+        ctx.Process(target=_worker, args=(kafka.bootstrap, topic, markers, uid, turns[i], done))
         for i in range(2)
     ]
     for w in workers:
@@ -208,8 +214,8 @@ def test_two_processes_share_a_transactional_id_and_commit_each_epoch_once(
     assert open_transactions(kafka.bootstrap, topic) == 0
 
 
-def _worker(bootstrap: str, topic: str, uid: str, turns: Any, done: Any) -> None:
-    sink = KafkaSink(bootstrap, topic, uid=uid, mode="replay", key="key")
+def _worker(bootstrap: str, topic: str, markers: str, uid: str, turns: Any, done: Any) -> None:
+    sink = KafkaSink(bootstrap, topic, uid=uid, mode="replay", key="key", marker_topic=markers)
     while (epoch := turns.get()) is not None:
         ids = range(epoch * 10, epoch * 10 + 10)
         status, _ = _run(_task(sink, epoch, ids), ids)
@@ -220,8 +226,10 @@ def test_the_wal_driver_initialises_each_shard_once(
     kafka: Any, tmp_path: Path, inits: list[str]
 ) -> None:
     topic = kafka.new_topic(2)
+    markers = kafka.new_topic(1, prefix="m", config={"cleanup.policy": "compact"})
+    uid = "k" + uuid.uuid4().hex[:10]
     sink = KafkaSink(
-        kafka.bootstrap, topic, uid="k" + uuid.uuid4().hex[:10], wal=tmp_path, key="key", shards=2
+        kafka.bootstrap, topic, uid=uid, wal=tmp_path, key="key", shards=2, marker_topic=markers
     )
     sink.check(SCHEMA, APP)
     for epoch in range(3):

@@ -211,10 +211,10 @@ def test_unknown_serializer_and_malformed_handles_are_refused() -> None:
         load_handle({"serializer": "postgres.prepared", "version": 0, "data": {}}, sink_uid="pg")
     with pytest.raises(HandleFormatError, match="malformed"):
         load_handle({"serializer": "postgres.prepared", "version": 1, "data": {}}, sink_uid="pg")
-    # Kafka replay reads both of its versions, and no third one.
-    assert KafkaReplayHandle.readable_versions() == (1, 2)
-    with pytest.raises(HandleFormatError, match=r"version 3 .*version\(s\) 1, 2"):
-        load_handle({"serializer": "kafka.replay", "version": 3, "data": {}}, sink_uid="k")
+    # Kafka replay reads its three versions, and no fourth one.
+    assert KafkaReplayHandle.readable_versions() == (1, 2, 3)
+    with pytest.raises(HandleFormatError, match=r"version 4 .*version\(s\) 1, 2, 3"):
+        load_handle({"serializer": "kafka.replay", "version": 4, "data": {}}, sink_uid="k")
 
 
 def test_log_of_a_newer_format_is_refused(capsys: pytest.CaptureFixture[str]) -> None:

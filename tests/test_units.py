@@ -196,4 +196,4 @@ def test_kafka_replay_checksum_covers_every_field_and_reads_v1_handles() -> None
         }
     )
     assert isinstance(old, KafkaReplayHandle) and old.checksum_version == 1
-    assert KafkaReplayHandle.version == 2
+    assert KafkaReplayHandle.version == 3

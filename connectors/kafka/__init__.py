@@ -9,7 +9,10 @@ docs/connectors/kafka.md)::
     avro       Avro keys and values with a Schema Registry
     wal        WAL mode: the write-ahead log files, and their commit per shard
     replay     replay mode: counts and checksums, the per-shard commit task
+    checksum   the replay checksum, every version (3: vectorised)
+    columns    a batch of records as Python objects, converted once per batch
     producers  the per-shard transactional producers and the commit transaction
+    pool       producers kept across tasks in a Python worker (fenced correctly)
     markers    the compacted marker topic: keys, reads, creation
     offsets    last stable offsets and high watermarks
     errors     Kafka error codes -> txsink errors

@@ -68,10 +68,10 @@ class Markers:
         if unread:
             self._known.update(self.read(app, unread))
 
-    def reread(self, app: str, shard: int) -> int | None:
+    def reread(self, app: str, shard: int, *, wait_s: float | None = None) -> int | None:
         """The marker of ``shard`` read again, past the cache (another driver may have
-        committed since)."""
-        self._known.update(self.read(app, [shard]))
+        committed since); ``wait_s`` as for :meth:`read`."""
+        self._known.update(self.read(app, [shard], wait_s=wait_s))
         return self.last(app, shard)
 
     def remember(self, shard: int, epoch: int) -> None:
@@ -83,7 +83,9 @@ class Markers:
     def clear(self) -> None:
         self._known.clear()
 
-    def read(self, app: str, shards: Sequence[int]) -> dict[int, int]:
+    def read(
+        self, app: str, shards: Sequence[int], *, wait_s: float | None = None
+    ) -> dict[int, int]:
         """Read the markers of ``shards`` (-1: none) from the marker topic, read_committed.
 
         Complete up to the marker topic's end as of this call: first wait until the
@@ -91,19 +93,23 @@ class Markers:
         transaction left open on the shared marker topic (another query mid-commit, a
         dead one until its transaction times out) holds the last stable offset below
         markers committed after it; a read that stopped there would miss our newest
-        marker and commit that epoch again.
+        marker and commit that epoch again. ``wait_s``: how long to wait for that
+        (default ``timeout_s``): a reused producer waits briefly, then initialises a new
+        producer, which aborts what a dead producer of its transactional id left open.
         """
         from confluent_kafka import Consumer, TopicPartition
 
         s = self.settings
         ctx = s.context("commit")
-        deadline = time.monotonic() + s.timeout_s
+        started = time.monotonic()
+        deadline = started + s.timeout_s
+        waited = s.timeout_s if wait_s is None else min(wait_s, s.timeout_s)
         end = self._end("read_uncommitted")
         while (stable := self._end("read_committed")) < end:
-            if time.monotonic() > deadline:
+            if time.monotonic() > started + waited:
                 raise RetryableError(
                     f"marker topic {s.marker_topic!r}: a transaction of another producer has "
-                    f"been open for over {s.timeout_s:.0f}s (last stable offset {stable}, end "
+                    f"been open for over {waited:.0f}s (last stable offset {stable}, end "
                     f"{end}), so the markers cannot be read completely. It ends when that "
                     "producer commits or its transaction.timeout.ms passes; retry then",
                     **ctx,

@@ -3,12 +3,15 @@
 A shard's producer has the stable ``transactional.id`` ``<prefix>-<uid>-<shard>``;
 ``init_transactions`` on it fences every older producer with that id (a zombie driver, a
 crashed run) and aborts whatever transaction it left open. The driver keeps its producers
-across epochs (WAL mode); each replay commit task opens the one of its shard.
+across epochs (WAL mode); replay commit tasks take theirs from the Python worker's pool
+(:mod:`~txsink.connectors.kafka.pool`), which may have been fenced since: :meth:`confirm`
+finds out before the task's records are all consumed.
 
 A commit is one Kafka transaction per shard: the shard's records, then its marker
 (:mod:`~txsink.connectors.kafka.markers`), then ``commit_transaction``, retried as
 librdkafka asks. Any failure aborts the transaction: nothing of it is visible, and no
-transaction is left open to hold ``read_committed`` readers back.
+transaction is left open to hold ``read_committed`` readers back; the producer is dropped
+(the next use makes a new one), so no producer carries a failed transaction on.
 """
 
 from __future__ import annotations
@@ -24,10 +27,18 @@ import pyarrow as pa
 
 from txsink._logging import get_logger
 from txsink.connectors.kafka.clients import ENFORCED, KafkaSettings
+from txsink.connectors.kafka.columns import PyColumns, py_columns
 from txsink.connectors.kafka.errors import commit_error
 from txsink.connectors.kafka.markers import Markers
 
-__all__ = ["ShardProducers", "fence", "produce_records"]
+__all__ = ["ShardProducers", "StaleProducerError", "fence", "produce_records"]
+
+
+class StaleProducerError(Exception):
+    """A reused producer cannot write any more (another producer took over its
+    transactional id, or it failed): raised by :meth:`ShardProducers.confirm` before the
+    caller's work is lost, so the caller can make a new producer and start again. Never
+    leaves the connector."""
 
 
 class ShardProducers:
@@ -41,6 +52,10 @@ class ShardProducers:
         self.markers = Markers(settings)
         self._producers: dict[int, Any] = {}
         self._delivery_errors: dict[int, list[str]] = {}
+
+    def has(self, shard: int) -> bool:
+        """Whether ``shard``'s producer exists (initialised) in this process."""
+        return shard in self._producers
 
     def get(self, shard: int, phase: str = "commit") -> Any:
         """``shard``'s producer, created and ``init_transactions``-ed on first use (a
@@ -79,9 +94,45 @@ class ShardProducers:
         self._producers.clear()
         self.markers.clear()
 
-    def transaction(self, shard: int, app: str, epoch: int, body: Callable[[Any], None]) -> None:
+    def drop(self, shard: int) -> None:
+        """Forget ``shard``'s producer and cached marker (the next :meth:`get` makes and
+        initialises a new producer, which fences this one)."""
+        self._producers.pop(shard, None)
+        self.markers.forget(shard)
+
+    def confirm(self, shard: int) -> None:
+        """Inside a transaction of a reused producer, after its first records: wait until
+        they are delivered, or raise :class:`StaleProducerError` (fenced by another
+        producer of the same transactional id, or failed). A fenced producer's first
+        produce is refused by the transaction coordinator."""
+        from confluent_kafka import KafkaException
+
+        producer = self._producers.get(shard)
+        if producer is None:
+            raise StaleProducerError(f"shard {shard}: no producer")
+        try:
+            left = producer.flush(self.settings.timeout_s)
+        except (KafkaException, SystemError) as err:
+            # A fenced producer's flush raises the fatal error (a SystemError when it
+            # interrupts a delivery callback: confluent-kafka 2.16)
+            raise StaleProducerError(f"shard {shard}: {_kafka_error(err) or err}") from err
+        errors = self._delivery_errors.get(shard) or []
+        if left or errors:
+            raise StaleProducerError(f"shard {shard}: {errors[0] if errors else 'not delivered'}")
+
+    def transaction(
+        self,
+        shard: int,
+        app: str,
+        epoch: int,
+        body: Callable[[Any], None],
+        *,
+        reused: bool = False,
+    ) -> None:
         """One Kafka transaction on ``shard``'s producer: ``body(producer)`` produces the
-        records, then the marker for ``epoch``; commit."""
+        records, then the marker for ``epoch``; commit. ``reused``: the producer served an
+        earlier task (pooled); a ``begin_transaction`` it fails raises
+        :class:`StaleProducerError`, before ``body`` ran."""
         from confluent_kafka import KafkaException
 
         producer = self.get(shard)
@@ -89,19 +140,31 @@ class ShardProducers:
         errors.clear()
         marker_key, marker_value = self.markers.record(app, shard, epoch)
         started = time.monotonic()
+        if reused:
+            try:
+                producer.begin_transaction()
+            except KafkaException as err:
+                self.drop(shard)
+                raise StaleProducerError(f"shard {shard}: {err.args[0].name()}") from err
         try:
-            producer.begin_transaction()
+            if not reused:
+                producer.begin_transaction()
             body(producer)
             producer.produce(
                 self.settings.marker_topic, key=marker_key, value=marker_value, partition=0
             )
             self._commit_transaction(producer)
-        except KafkaException as err:
+        except (KafkaException, SystemError) as err:
             # Drop the producer and the cached marker: the next attempt re-initialises
             # (which completes or aborts whatever this one left at the broker) and reads
             # the marker again; the marker, not this outcome, says whether it committed.
-            kerr = err.args[0]
-            self._drop(shard)
+            kerr = _kafka_error(err)
+            if kerr is None:
+                with contextlib.suppress(KafkaException):
+                    producer.abort_transaction(self.settings.timeout_s)
+                self.drop(shard)
+                raise
+            self.drop(shard)
             if not kerr.fatal():
                 with contextlib.suppress(KafkaException):
                     producer.abort_transaction(self.settings.timeout_s)
@@ -110,18 +173,13 @@ class ShardProducers:
                 kerr, self.settings, epoch=epoch, shard=shard, delivery=errors, elapsed=elapsed
             ) from err
         except BaseException:
-            try:
+            with contextlib.suppress(KafkaException):
                 producer.abort_transaction(self.settings.timeout_s)
-            except KafkaException:
-                self._drop(shard)
+            self.drop(shard)  # a producer whose transaction failed is not used again
             raise
         self.markers.remember(shard, epoch)
         self.settings.reachable()
         self._warn_if_slow(shard, epoch, time.monotonic() - started)
-
-    def _drop(self, shard: int) -> None:
-        self._producers.pop(shard, None)
-        self.markers.forget(shard)
 
     def _commit_transaction(self, producer: Any) -> None:
         """``commit_transaction``, retried on retriable errors as librdkafka asks."""
@@ -151,31 +209,57 @@ class ShardProducers:
             )
 
 
-def produce_records(producer: Any, batch: pa.RecordBatch) -> None:
+def produce_records(producer: Any, batch: pa.RecordBatch, columns: PyColumns | None = None) -> None:
     """Hand one batch of records (:data:`~txsink.connectors.kafka.records.RECORD_SCHEMA`) to
-    the producer: the hot loop of every commit.
+    the producer: the hot loop of every commit. ``columns``: the batch as Python objects,
+    if the caller converted it already (:func:`~txsink.connectors.kafka.columns.py_columns`).
 
     Positional arguments and no per-record callback: the producers report failed
     deliveries only (``delivery.report.only.error``), and any failure also fails
-    ``commit_transaction``.
+    ``commit_transaction``. Records of one topic with no partition and no headers (the
+    usual case) take the leanest loop.
     """
+    cols = columns or py_columns(batch)
     produce = producer.produce
-    topics, parts, keys, values, headers = (c.to_pylist() for c in batch.columns)
-    n = len(batch)
+    keys, values = cols.keys.tolist(), cols.values.tolist()
+    n = cols.rows
     simple = batch.column(1).null_count == n and batch.column(4).null_count == n
-    for i, (topic, key, value) in enumerate(zip(topics, keys, values, strict=True)):
-        while True:
+    if simple and cols.topic is not None:
+        topic = cols.topic
+        for key, value in zip(keys, values, strict=True):
             try:
-                if simple:
-                    produce(topic, value, key)
-                else:
-                    hs = [(h["key"], h["value"]) for h in headers[i] or ()] or None
-                    part = parts[i]
-                    produce(topic, value, key, -1 if part is None else part, headers=hs)
-                break
+                produce(topic, value, key)
             except BufferError:
-                producer.poll(0.05)  # local queue full: let deliveries drain
+                _produce_when_room(producer, topic, value, key)
+    else:
+        topics = [cols.topic] * n if cols.topic is not None else cols.topics.tolist()
+        parts, headers = batch.column(1).to_pylist(), batch.column(4).to_pylist()
+        for topic, part, key, value, hdrs in zip(topics, parts, keys, values, headers, strict=True):
+            hs = [(h["key"], h["value"]) for h in hdrs or ()] or None
+            at = -1 if part is None else part
+            _produce_when_room(producer, topic, value, key, partition=at, headers=hs)
     producer.poll(0)
+
+
+def _produce_when_room(
+    producer: Any,
+    topic: str,
+    value: Any,
+    key: Any,
+    *,
+    partition: int = -1,
+    headers: list[tuple[str, Any]] | None = None,
+) -> None:
+    """Produce one record, waiting while the local queue is full (deliveries drain)."""
+    while True:
+        try:
+            if headers is None and partition == -1:
+                producer.produce(topic, value, key)
+            else:
+                producer.produce(topic, value, key, partition, headers=headers)
+            return
+        except BufferError:
+            producer.poll(0.05)
 
 
 def fence(settings: KafkaSettings, transactional_ids: list[str]) -> None:
@@ -191,6 +275,17 @@ def fence(settings: KafkaSettings, transactional_ids: list[str]) -> None:
             **ENFORCED,
         }
         Producer(conf).init_transactions(settings.timeout_s)
+
+
+def _kafka_error(err: BaseException) -> Any:
+    """The ``KafkaError`` of ``err``: a KafkaException's, or that of the KafkaException a
+    fatal error raised inside a callback turned into a SystemError; else None."""
+    from confluent_kafka import KafkaException
+
+    for exc in (err, err.__cause__):
+        if isinstance(exc, KafkaException):
+            return exc.args[0]
+    return None
 
 
 def _on_failed_delivery(errors: list[str], err: Any, msg: Any) -> None:

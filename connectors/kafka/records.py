@@ -111,7 +111,7 @@ class RecordFormat:
         topic = (
             batch.column(self.topic_column).cast(pa.string())
             if self.topic_column
-            else pa.array([self.topic] * n, pa.string())
+            else pa.repeat(pa.scalar(self.topic, pa.string()), n)
         )
         if self.topic_column and topic.null_count:
             raise WriteError(

@@ -16,7 +16,6 @@ it: the rows exist nowhere else.
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -24,8 +23,11 @@ from typing import Any, ClassVar
 import pyarrow as pa
 from typing_extensions import override
 
+from txsink.connectors.kafka import pool
+from txsink.connectors.kafka.checksum import CHECKSUM_VERSION, checksum
 from txsink.connectors.kafka.clients import KafkaSettings
-from txsink.connectors.kafka.producers import ShardProducers, produce_records
+from txsink.connectors.kafka.columns import PyColumns, py_columns
+from txsink.connectors.kafka.producers import produce_records
 from txsink.connectors.kafka.records import RecordFormat
 from txsink.contract import EpochCommit, TaskInfo
 from txsink.errors import CommitError, ConfigurationError, NonDeterministicReplayError
@@ -42,8 +44,6 @@ __all__ = [
     "commit_epoch",
 ]
 
-#: The checksum new pre-commits record (see :func:`checksum`).
-CHECKSUM_VERSION = 2
 _MOD = 1 << 64
 
 
@@ -53,11 +53,15 @@ class KafkaReplayHandle(Handle):
     """A shard's count and checksum at pre-commit (replay mode: no data stored)."""
 
     serializer: ClassVar[str] = "kafka.replay"
-    version: ClassVar[int] = 2
+    #: 3: written with checksum version 3, so that a txsink that does not know that
+    #: checksum refuses the handle (HandleFormatError: upgrade) instead of calling a
+    #: deterministic replay non-deterministic.
+    version: ClassVar[int] = 3
 
     shards: int = 1
     checksum: int = 0
-    #: 1: topic, key, value (txsink <= 0.1); 2: also partition, headers and nulls.
+    #: The :mod:`~txsink.connectors.kafka.checksum` version: 1 topic, key, value (txsink
+    #: <= 0.1); 2 also partition, headers and nulls; 3 the same, vectorised.
     checksum_version: int = CHECKSUM_VERSION
 
     @classmethod
@@ -65,32 +69,9 @@ class KafkaReplayHandle(Handle):
     def decode(cls, version: int, data: dict[str, Any]) -> KafkaReplayHandle:
         if version == 1:  # decided by an older txsink: verify its replay the old way
             return super().decode(cls.version, {**data, "checksum_version": 1})
+        if version == 2:  # checksum version 1 or 2, as recorded
+            return super().decode(cls.version, data)
         return super().decode(version, data)
-
-
-def checksum(records: pa.RecordBatch, version: int) -> int:
-    """Order-independent checksum of records (Spark does not keep row order in a replay).
-
-    A sum of per-record CRCs: rows may come back in any order and any batching.
-    Version 2 covers every field that reaches Kafka (topic, partition, key,
-    value, headers) and tells a null key or value from an empty one.
-    """
-    total = 0
-    cols = [records.column(i).to_pylist() for i in range(records.num_columns)]
-    for topic, partition, key, value, headers in zip(*cols, strict=True):
-        if version == 1:
-            h = zlib.crc32(value or b"", zlib.crc32(key or b"", zlib.crc32(topic.encode())))
-        else:
-            h = zlib.crc32(topic.encode())
-            h = zlib.crc32(
-                b"\xff" if partition is None else partition.to_bytes(4, "big", signed=True), h
-            )
-            h = zlib.crc32(b"\x00" if key is None else b"\x01" + key, h)
-            h = zlib.crc32(b"\x00" if value is None else b"\x01" + value, h)
-            for header in headers or ():
-                h = zlib.crc32(header["value"] or b"", zlib.crc32(header["key"].encode(), h))
-        total += h * 2654435761 + len(value or b"")
-    return total % _MOD
 
 
 @dataclass
@@ -102,8 +83,12 @@ class Tally:
     nbytes: int = 0
     checksum: int = 0
 
-    def add(self, records: pa.RecordBatch) -> None:
-        self.checksum = (self.checksum + checksum(records, self.version)) % _MOD
+    def reset(self) -> None:
+        self.rows = self.nbytes = self.checksum = 0
+
+    def add(self, records: pa.RecordBatch, columns: PyColumns | None = None) -> None:
+        """Count ``records`` in (``columns``: as Python objects, if converted already)."""
+        self.checksum = (self.checksum + checksum(records, self.version, columns)) % _MOD
         self.rows += records.num_rows
         self.nbytes += records.nbytes
 
@@ -169,20 +154,21 @@ class ShardCommit:
     decided: dict[int, tuple[int, int, int]]
 
     def __call__(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> tuple[str, int]:
+        """Commit the task's shard with the worker's pooled producer
+        (:func:`~txsink.connectors.kafka.pool.commit_shard`): each batch encoded, converted
+        to Python objects once for the checksum and the produce loop."""
         shard = task.partition
         rows, sum_, version = self.decided.get(shard, (0, 0, CHECKSUM_VERSION))
-        producers = ShardProducers(self.settings)
-        producers.get(shard)
-        marker = producers.markers.last(self.app, shard)
-        if marker is not None and marker >= self.epoch:
-            return "already-committed", 0
         tally = Tally(version)
 
-        def body(producer: Any) -> None:
-            for batch in batches:
-                records = self.fmt.encode(batch, shard, tally.rows)
-                tally.add(records)
-                produce_records(producer, records)
+        def produce(producer: Any, batch: pa.RecordBatch) -> int:
+            records = self.fmt.encode(batch, shard, tally.rows)
+            columns = py_columns(records)
+            tally.add(records, columns)
+            produce_records(producer, records, columns)
+            return int(records.num_rows)
+
+        def verify() -> None:
             if (tally.rows, tally.checksum) != (rows, sum_):
                 raise NonDeterministicReplayError(
                     f"the replay of epoch {self.epoch} gives shard {shard} {tally.rows} records "
@@ -197,5 +183,14 @@ class ShardCommit:
                     phase="commit",
                 )
 
-        producers.transaction(shard, self.app, self.epoch, body)
-        return "committed", tally.rows
+        done = pool.commit_shard(
+            self.settings,
+            shard,
+            self.app,
+            self.epoch,
+            items=batches,
+            produce=produce,
+            start=tally.reset,
+            finish=verify,
+        )
+        return ("committed", tally.rows) if done else ("already-committed", 0)

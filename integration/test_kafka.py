@@ -182,16 +182,19 @@ def test_corrupted_wal_is_refused_not_committed(kafka: Any, tmp_path: Path) -> N
 
 
 def test_two_live_writers_sharing_an_id_get_a_clear_error(kafka: Any, tmp_path: Path) -> None:
+    """A driver committing without a cluster keeps its producers across epochs: another
+    writer's init_transactions on the same id fences them, and the next commit says so."""
     topic = kafka.new_topic(1)
     uid = _uid()
     first = KafkaSink(kafka.bootstrap, topic, uid=uid, wal=tmp_path / "a")
     first.check(SCHEMA, "app-a")
+    _commit(first, 0, [_prepared_one(first, "app-a", 0, 0, range(5))])
     second = KafkaSink(kafka.bootstrap, topic, uid=uid, wal=tmp_path / "b")
     second.check(SCHEMA, "app-b")  # takes the transactional id over
-    handle = _prepared_one(first, "app-a", 0, 0, range(5))
+    handle = _prepared_one(first, "app-a", 1, 0, range(5, 10))
     with pytest.raises(FencedError, match="taken over by another producer"):
-        _commit(first, 0, [handle])
-    assert _ids(kafka, topic) == []
+        _commit(first, 1, [handle])
+    assert sorted(_ids(kafka, topic)) == list(range(5))
 
 
 def test_start_checks(kafka: Any, tmp_path: Path) -> None:

@@ -32,6 +32,14 @@ from txsink.testing.targets import RunTarget, new_targets
 from txsink.testing.verifiers import verify
 
 ROWS = 1000
+#: The cells a connector's ``slow_variants`` run by default (the others with --run-slow): a
+#: crash after the decision, one between the commit's units, a worker killed after its
+#: pre-commit.
+QUICK_CELLS = {
+    ("after_decision", "raise", 1),
+    ("during_commit", "raise", 1),
+    ("after_precommit", "kill-worker", 1),
+}
 
 
 def _variants() -> list[tuple[str, str, list[Any]]]:
@@ -40,6 +48,12 @@ def _variants() -> list[tuple[str, str, list[Any]]]:
         for name, found in adapters().items()
         for variant in found.variants
     ]
+
+
+def _slow(connector: str, variant: str, cell: tuple[Any, ...] | None = None) -> list[Any]:
+    """``[pytest.mark.slow]`` for a cell (None: the kill-driver run) of a slow variant."""
+    slow = variant in adapters()[connector].slow_variants and cell not in QUICK_CELLS
+    return [pytest.mark.slow] if slow else []
 
 
 def _target(request: pytest.FixtureRequest, tmp: Path, connector: str, variant: str) -> RunTarget:
@@ -57,7 +71,11 @@ def _target(request: pytest.FixtureRequest, tmp: Path, connector: str, variant: 
     ("connector", "variant", "point", "mode", "times"),
     [
         pytest.param(
-            name, variant, *cell, marks=marks, id=f"{name}-{variant}-{'-'.join(map(str, cell))}"
+            name,
+            variant,
+            *cell,
+            marks=[*marks, *_slow(name, variant, cell)],
+            id=f"{name}-{variant}-{'-'.join(map(str, cell))}",
         )
         for name, variant, marks in _variants()
         for cell in CRASH_MATRIX
@@ -107,7 +125,11 @@ def test_crash_matrix(
         pytest.param(
             name,
             variant,
-            marks=[*marks, *(() if marks and variant != first else (pytest.mark.slow,))],
+            marks=[
+                *marks,
+                *(() if marks and variant != first else (pytest.mark.slow,)),
+                *_slow(name, variant),
+            ],
             id=f"{name}-{variant}",
         )
         for name, variant, marks in _variants()

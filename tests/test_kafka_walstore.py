@@ -14,6 +14,7 @@ from pyarrow import fs
 
 from txsink.connectors.kafka import KafkaSink
 from txsink.connectors.kafka.records import RECORD_SCHEMA
+from txsink.connectors.kafka.wal import KafkaWalHandle
 from txsink.connectors.kafka.walstore import WalStore
 from txsink.errors import ConfigurationError
 from txsink.txid import TxnId
@@ -39,6 +40,7 @@ def test_local_file_appears_only_when_published(tmp_path: Path) -> None:
     assert sorted(p.name for p in folder.iterdir()) == [".records.arrow.partial"]
     assert not (folder / "records.arrow").exists()
     handle = sink.prepare(open_)  # type: ignore[arg-type]
+    assert isinstance(handle, KafkaWalHandle)
     assert sorted(p.name for p in folder.iterdir()) == ["records.arrow"]
     assert handle.crc32 == zlib.crc32((folder / "records.arrow").read_bytes())
     table = pa.ipc.open_file(str(folder / "records.arrow")).read_all()
@@ -55,13 +57,14 @@ def test_a_discarded_file_leaves_nothing(tmp_path: Path) -> None:
 
 
 def test_a_generic_pyarrow_filesystem_writes_a_temp_name_then_moves() -> None:
-    mock = fs._MockFileSystem()  # type: ignore[attr-defined]
+    mock = fs._MockFileSystem()
     sink = _sink("wal", wal_filesystem=mock)
     open_ = _write(sink, range(5))
     folder = f"wal/{TXN}"
     names = {i.base_name for i in mock.get_file_info(fs.FileSelector(folder))}
     assert names == {".records.arrow.partial"}
     handle = sink.prepare(open_)  # type: ignore[arg-type]
+    assert isinstance(handle, KafkaWalHandle)
     names = {i.base_name for i in mock.get_file_info(fs.FileSelector(folder))}
     assert names == {"records.arrow"}
     with mock.open_input_stream(f"{folder}/records.arrow") as f:

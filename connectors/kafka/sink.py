@@ -266,7 +266,6 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
         # producers); the driver's producers only fenced.
         self._producers.init_all(phase="check")
         self._producers.close()
-        self._clients = None
 
     # -- executor: write and prepare -----------------------------------------------
 

@@ -215,6 +215,8 @@ class KafkaTesting(ConnectorTesting):
         "replay": {"mode": "replay"},
         "wal-s3": {"mode": "wal", "wal_store": "s3"},
     }
+    #: The WAL on S3 is WAL mode with its files elsewhere: a few cells by default.
+    slow_variants: ClassVar[frozenset[str]] = frozenset({"wal-s3"})
 
     @override
     def new_target(

@@ -113,18 +113,20 @@ class WalStore:
         """A new file at ``rel`` (replacing a retried attempt's), published by
         :meth:`WalWriter.publish` only."""
         if self.is_local:
-            folder = Path(self.url, os.path.dirname(rel))
-            shutil.rmtree(folder, ignore_errors=True)
-            folder.mkdir(parents=True)
-            temp = str(folder / _PARTIAL)
-            return WalWriter(self, rel, temp, open(temp, "wb"))
+            local = Path(self.url, os.path.dirname(rel))
+            shutil.rmtree(local, ignore_errors=True)
+            local.mkdir(parents=True)
+            partial = str(local / _PARTIAL)
+            return WalWriter(self, rel, partial, open(partial, "wb"))
         fs, _ = self._filesystem()
         final = self.path(rel)
+        if fs.type_name in OBJECT_STORES:  # the upload replaces a retried attempt's object
+            return WalWriter(self, rel, final, fs.open_output_stream(final))
+        folder = os.path.dirname(final)
         with contextlib.suppress(FileNotFoundError):
-            fs.delete_dir(os.path.dirname(final))
-        temp = final if fs.type_name in OBJECT_STORES else f"{os.path.dirname(final)}/{_PARTIAL}"
-        if fs.type_name not in OBJECT_STORES:
-            fs.create_dir(os.path.dirname(final))
+            fs.delete_dir(folder)
+        fs.create_dir(folder)
+        temp = f"{folder}/{_PARTIAL}"
         return WalWriter(self, rel, temp, fs.open_output_stream(temp))
 
     def check_writable(self) -> None:

@@ -49,6 +49,10 @@ class ConnectorTesting(abc.ABC):
     #: Named option sets the crash matrices and the contract suite run, each passed to
     #: :meth:`new_target` as keyword arguments (e.g. Kafka's two modes).
     variants: ClassVar[Mapping[str, Mapping[str, Any]]] = {"default": {}}
+    #: Variants that differ from another one only in where they keep their state (Kafka's
+    #: WAL on S3): the integration suite runs a few of their crash-matrix cells by default
+    #: and the rest, with their kill-driver run, only with ``--run-slow``.
+    slow_variants: ClassVar[frozenset[str]] = frozenset()
 
     def available(self, env: Mapping[str, str] | None = None) -> bool:
         """True when every :attr:`env_vars` is set (the server can be reached)."""

@@ -244,3 +244,34 @@ def test_a_handle_of_the_previous_version_still_commits(kafka: Any, tmp_path: Pa
     sink.commit_epoch(EpochCommit(0, (load_handle(doc),)))
     assert _ids(kafka, topic) == [0, 1, 2]
     assert not folder.exists()
+
+
+@pytest.mark.spark
+def test_restart_with_another_partition_count_commits_the_s3_wal(
+    spark: Any, kafka: Any, s3: Any, tmp_path: Path
+) -> None:
+    """Decided with 2 Spark partitions, the WAL on S3; recovered by a query with 3 whose
+    commit tasks read the decided files: exactly the decided records, nothing left."""
+    from tests.streaming import prepare_input, start_query
+    from txsink import Coordinator
+    from txsink.faults import FaultPlan
+    from txsink.verify import count_ids
+
+    topic = kafka.new_topic(2)
+    bucket = s3.new_bucket("wal")
+    uid = _uid()
+    prepare_input(tmp_path, 1000)
+
+    def coordinator(**options: Any) -> Any:
+        sink = _sink(kafka, s3, topic, f"s3://{bucket}/wal", uid=uid, shards=2)
+        return Coordinator([sink], log=str(tmp_path / "txlog"), **options)
+
+    plan = FaultPlan.parse("after_decision:raise@1", str(tmp_path / "faults"))
+    query = start_query(spark, tmp_path, coordinator(faults=plan))
+    with pytest.raises(Exception, match="InjectedFault"):
+        query.awaitTermination()
+    assert _keys(s3, bucket), "epoch 1's WAL files should wait on S3 for the restart"
+    query = start_query(spark, tmp_path, coordinator(), transform=lambda df: df.repartition(3))
+    query.awaitTermination()
+    assert count_ids(range(1000), _ids(kafka, topic)).ok
+    assert _keys(s3, bucket) == [] and open_transactions(kafka.bootstrap, topic) == 0

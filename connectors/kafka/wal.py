@@ -178,7 +178,10 @@ class WriteAheadLog:
         results = request.tasks.run(ShardCommit(settings, self.store, app, request.epoch), items)
         get_logger(__name__, uid=settings.uid, epoch=request.epoch).debug(
             "Kafka WAL commit: %s",
-            ", ".join(f"shard {r.shard} {r.outcome} ({r.records} records)" for r in results),
+            ", ".join(
+                f"shard {r.shard} {r.outcome} ({r.records} records, process {r.pid})"
+                for r in results
+            ),
         )
         for _, mine in items:
             request.committed(mine)

@@ -33,6 +33,14 @@ from txsink.testing.targets import RunTarget, new_targets
 from txsink.testing.verifiers import verify
 
 ROWS = 1000
+#: The cells a connector's ``slow_variants`` run by default (the others with --run-slow): a
+#: crash after the decision, one between the commit's units, a worker killed after its
+#: pre-commit.
+QUICK_CELLS = {
+    ("after_decision", "raise", 1),
+    ("during_commit", "raise", 1),
+    ("after_precommit", "kill-worker", 1),
+}
 
 
 def _variants() -> list[tuple[str, str, list[Any]]]:
@@ -53,6 +61,12 @@ def _cells() -> list[tuple[str, str, list[Any], tuple[str, str, int]]]:
     ]
 
 
+def _slow(connector: str, variant: str, cell: tuple[Any, ...] | None = None) -> list[Any]:
+    """``[pytest.mark.slow]`` for a cell (None: the kill-driver run) of a slow variant."""
+    slow = variant in adapters()[connector].slow_variants and cell not in QUICK_CELLS
+    return [pytest.mark.slow] if slow else []
+
+
 def _target(request: pytest.FixtureRequest, tmp: Path, connector: str, variant: str) -> RunTarget:
     env: dict[str, str] = {}
     for service in services_for(request, [connector]).values():
@@ -68,7 +82,11 @@ def _target(request: pytest.FixtureRequest, tmp: Path, connector: str, variant: 
     ("connector", "variant", "point", "mode", "times"),
     [
         pytest.param(
-            name, variant, *cell, marks=marks, id=f"{name}-{variant}-{'-'.join(map(str, cell))}"
+            name,
+            variant,
+            *cell,
+            marks=[*marks, *_slow(name, variant, cell)],
+            id=f"{name}-{variant}-{'-'.join(map(str, cell))}",
         )
         for name, variant, marks, cell in _cells()
     ],
@@ -117,7 +135,11 @@ def test_crash_matrix(
         pytest.param(
             name,
             variant,
-            marks=[*marks, *(() if marks and variant != first else (pytest.mark.slow,))],
+            marks=[
+                *marks,
+                *(() if marks and variant != first else (pytest.mark.slow,)),
+                *_slow(name, variant),
+            ],
             id=f"{name}-{variant}",
         )
         for name, variant, marks in _variants()

@@ -36,7 +36,7 @@ def test_every_page_parses_and_the_server_pages_say_so() -> None:
     found = {p.path: p for p in docblocks.pages()}
     assert {"README.md", "docs/quickstart.md", "docs/connectors/postgres.md"} <= set(found)
     assert found["docs/connectors/postgres.md"].services == {"postgres"}
-    assert found["docs/connectors/kafka.md"].services == {"kafka", "registry"}
+    assert found["docs/connectors/kafka.md"].services == {"kafka", "registry", "s3"}
     assert not found["docs/quickstart.md"].services
     local = {p.path for p in docblocks.pages_to_run(servers=False)}
     remote = {p.path for p in docblocks.pages_to_run(servers=True)}

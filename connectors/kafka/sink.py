@@ -7,14 +7,16 @@ durable elsewhere, and the Kafka transaction is the commit::
 
     write    each task serialises its rows to Kafka records (key, value, headers, topic,
              partition) and checks their size                          (records.py)
-    prepare  WAL mode: the records go to a write-ahead log file (Arrow IPC, fsynced)
-             under ``wal``; the handle names it                         (wal.py)
+    prepare  WAL mode: the records go to a write-ahead log file (Arrow IPC), published
+             whole under ``wal``: a shared folder or an object store (walstore.py); the
+             handle names it and its CRC32                              (wal.py)
              replay mode: the handle holds the shard's count and checksum (replay.py)
-    commit   commit_epoch, per shard: init_transactions on the shard's stable
-             transactional.id, which fences any zombie with that id (producers.py); read
-             the shard's marker (markers.py); if it already says this epoch, do nothing;
-             else produce the shard's records AND the new marker in one transaction and
-             commit; each shard is reported committed once its transaction is
+    commit   commit_epoch, one Spark task per shard: init_transactions on the shard's
+             stable transactional.id, which fences any zombie with that id (producers.py);
+             read the shard's marker (markers.py); if it already says this epoch, do
+             nothing; else produce the shard's records AND the new marker in one
+             transaction and commit; the shards are reported committed once the tasks
+             returned
     abort    delete the WAL file
     recover  WAL files of this app and sink that no decision names
 
@@ -59,7 +61,8 @@ from txsink.connectors.kafka.direct import KafkaDirectHandle, OpenDirect, open_d
 from txsink.connectors.kafka.producers import ShardProducers, fence
 from txsink.connectors.kafka.records import RecordFormat, avro_encoders
 from txsink.connectors.kafka.replay import KafkaReplayHandle, OpenReplay
-from txsink.connectors.kafka.wal import KafkaWalHandle, OpenWal, WalFolder
+from txsink.connectors.kafka.wal import KafkaWalHandle, OpenWal, WriteAheadLog
+from txsink.connectors.kafka.walstore import WalStore
 from txsink.handles import Handle
 from txsink.log import LogStore
 from txsink.sink import EpochCommit, Partitioning, TwoPhaseCommitSink
@@ -81,15 +84,23 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
         bootstrap_servers: the brokers.
         topic: the target topic (or None with ``topic_column``).
         uid: the sink's stable id.
-        wal: the write-ahead log folder, on a filesystem the driver and every
-            executor share (like the files connector's output).
+        wal: where the write-ahead log lives: a folder the driver and every executor
+            share (like the files connector's output), or any ``pyarrow.fs`` URL they
+            all reach (``s3://bucket/prefix``, ``gs://...``).
+        wal_options: keyword arguments of the ``pyarrow.fs`` filesystem of ``wal``'s
+            scheme (``S3FileSystem(endpoint_override=..., scheme=..., region=...,
+            access_key=..., secret_key=...)``), passed through untouched, never logged
+            nor persisted. Without them: ``pyarrow.fs.FileSystem.from_uri(wal)`` (the
+            AWS environment chain for S3).
+        wal_filesystem: a ready ``pyarrow.fs.FileSystem`` instead of ``wal_options``
+            (``wal`` is then a path in it).
         mode: ``"wal"`` (default), ``"replay"`` (no WAL) or ``"direct"`` (single pass:
             the tasks' producers commit; see the module docs).
         shard_by: replay mode: the columns rows are resharded by (default: ``key``).
         shards: how many transactional ids (and markers) share the commit;
-            stable across epochs, one producer each on the driver. Direct mode: the most
-            Spark partitions an epoch may have (default 8; each partition is a shard,
-            its transactional id fenced at every start).
+            stable across epochs; each commits in a Spark task of its own. Direct mode:
+            the most Spark partitions an epoch may have (default 8; each partition is a
+            shard, its transactional id fenced at every start).
         key, value: the key and value columns. Binary is taken as is, strings
             UTF-8 encoded, anything else as JSON. Without ``value`` the value is a
             JSON object of every column that is not key, headers, topic or partition.
@@ -126,6 +137,8 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
         uid: str,
         *,
         wal: str | os.PathLike[str] | None = None,
+        wal_options: Mapping[str, Any] | None = None,
+        wal_filesystem: Any = None,
         mode: Mode = "wal",
         shard_by: Sequence[str] | None = None,
         shards: int | None = None,
@@ -155,7 +168,8 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
             shards = 8 if mode == "direct" else 1
         if mode == "wal" and wal is None:
             raise ValueError(
-                "KafkaSink(mode='wal') needs wal='<folder shared by driver and executors>'"
+                "KafkaSink(mode='wal') needs wal='<folder shared by driver and executors, or "
+                "s3://bucket/prefix>'"
             )
         self.shard_by = tuple(shard_by) if shard_by else ((key,) if key else ())
         if mode == "replay" and not self.shard_by:
@@ -169,7 +183,13 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
             raise ValueError("shards must be >= 1")
         self.bootstrap_servers = bootstrap_servers
         self.topic = topic
-        self.wal = os.path.abspath(os.fspath(wal)) if wal is not None else ""
+        if wal is not None and "://" in os.fspath(wal):
+            _refuse_credentials_in(os.fspath(wal))
+        self._wal = WriteAheadLog(
+            WalStore(os.fspath(wal) if wal is not None else ".", wal_options, wal_filesystem)
+        )
+        #: The WAL location: an absolute folder, or a URL (never with credentials).
+        self.wal = self._wal.store.url if wal is not None else ""
         self.mode = mode
         self.shards = shards
         self.prefix = transactional_id_prefix
@@ -260,14 +280,14 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
         ctx = self.settings.context("check")
         checks.check_columns(schema, self.records, ctx)
         if self.mode == "wal":
-            WalFolder(self.wal).create(ctx)
+            self._wal.check(ctx)
         checks.check_brokers(self.settings, self.topic, ctx)
         checks.check_avro(schema, self.records, ctx)
         # Fence zombies and abort the transactions they left open, so read_committed
-        # readers are not held back by a crashed run.
+        # readers are not held back by a crashed run. Commit tasks produce (their own
+        # producers); the driver's producers only fenced.
         self._producers.init_all(phase="check")
-        if self.mode != "wal":  # tasks produce; the driver's producers only fenced
-            self._producers.close()
+        self._producers.close()
         self._generation = uuid.uuid4().hex
 
     # -- executor: write and prepare -----------------------------------------------
@@ -278,7 +298,7 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
             return OpenReplay(txn)
         if self.mode == "direct":
             return open_direct(self.settings, txn, self._generation)
-        return WalFolder(self.wal).open(txn)
+        return self._wal.open(txn)
 
     @override
     def write(self, txn: OpenTxn, batch: pa.RecordBatch) -> None:
@@ -307,9 +327,11 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
     def commit_epoch(self, request: EpochCommit[Any]) -> None:
         """One Kafka transaction per shard (records and marker); a shard is the unit.
 
-        WAL mode: the driver commits shard after shard and reports each one committed
-        after its transaction committed. Replay mode: one task per shard commits in
-        parallel; the epoch's handles are reported once the job returned.
+        Both modes commit in one task per shard, in parallel, and report the shards
+        committed once the tasks returned (so the ``during_commit`` crash point fires
+        after every shard committed, never between two). WAL mode without a cluster
+        (``request.tasks`` is ``local_tasks``: ``txsink recover``): the driver commits
+        shard after shard with its own producers and reports each one as it committed.
         """
         if self.mode == "replay":
             replay.commit_epoch(request, self.settings, self.records)
@@ -317,12 +339,12 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
             direct.commit_leftovers(request, self.settings, self.records)
             self._generation = uuid.uuid4().hex  # its tasks fenced pooled producers
         else:
-            WalFolder(self.wal).commit_epoch(request, self._producers)
+            self._wal.commit_epoch(request, self.settings, lambda: self._producers)
 
     @override
     def abort(self, handle: Any) -> None:
         if self.mode == "wal":
-            WalFolder(self.wal).delete([handle])
+            self._wal.delete([handle])
         elif isinstance(handle, KafkaDirectHandle):
             # Its task aborted it or died: a new producer on the id aborts whatever is open.
             fence(self.settings, [self.transactional_id(handle.shard)])
@@ -332,7 +354,7 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
     def list_prepared(self, app_id: str) -> Iterator[KafkaWalHandle]:
         if self.mode != "wal":
             return iter(())  # nothing is prepared outside Kafka; check() aborted open ones
-        return WalFolder(self.wal).list_prepared(app_id, self.uid)
+        return self._wal.list_prepared(app_id, self.uid)
 
     @override
     def migrate_uid(self, old: str, *, app_id: str, dry_run: bool = False) -> list[str]:
@@ -355,4 +377,18 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
         return (
             f"KafkaSink(uid={self.uid!r}, topic={self.topic!r}, "
             f"bootstrap_servers={self.bootstrap_servers!r}, shards={self.shards})"
+        )
+
+
+def _refuse_credentials_in(url: str) -> None:
+    """A ``wal`` URL is shown in errors and logs: credentials belong in ``wal_options``."""
+    from urllib.parse import parse_qs, urlsplit
+
+    parts = urlsplit(url)
+    secret = {"access_key", "secret_key", "session_token"} & set(parse_qs(parts.query))
+    if "@" in parts.netloc or secret:
+        raise ValueError(
+            "KafkaSink wal= must not carry credentials (they would show in errors and logs): "
+            "pass them in wal_options={'access_key': ..., 'secret_key': ...} or let the "
+            "AWS environment chain find them"
         )

@@ -2,7 +2,9 @@
 the pipeline factory.
 
 Registered in :mod:`txsink.connectors.kafka.plugin`. The server comes from
-``TXSINK_KAFKA_BOOTSTRAP``.
+``TXSINK_KAFKA_BOOTSTRAP``; the ``wal-s3`` variant keeps its WAL on the S3 server of
+``TXSINK_S3_ENDPOINT``, ``TXSINK_S3_ACCESS_KEY``, ``TXSINK_S3_SECRET_KEY`` and
+``TXSINK_S3_REGION`` (what ``integration/services up`` writes), in a bucket of its own.
 """
 
 from __future__ import annotations
@@ -11,8 +13,8 @@ import contextlib
 import json
 import os
 import uuid
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -23,6 +25,7 @@ from txsink.connectors.kafka.clients import rdkafka_logger
 from txsink.connectors.kafka.offsets import settled_ends
 from txsink.connectors.kafka.producers import fence
 from txsink.connectors.kafka.sink import KafkaSink
+from txsink.connectors.kafka.walstore import WalStore
 from txsink.testing.adapter import ConnectorTesting
 from txsink.testing.observer import Snapshot, Target, by_epoch
 from txsink.testing.verifiers import SinkVerifier
@@ -30,20 +33,73 @@ from txsink.testing.verifiers import SinkVerifier
 __all__ = ["ADAPTER", "KafkaTarget", "KafkaTesting", "KafkaVerifier"]
 
 BOOTSTRAP = "TXSINK_KAFKA_BOOTSTRAP"
+S3_ENDPOINT, S3_ACCESS_KEY, S3_SECRET_KEY, S3_REGION = (
+    "TXSINK_S3_ENDPOINT",
+    "TXSINK_S3_ACCESS_KEY",
+    "TXSINK_S3_SECRET_KEY",
+    "TXSINK_S3_REGION",
+)
+
+
+def s3_wal_options(env: Mapping[str, str]) -> dict[str, Any]:
+    """``wal_options`` (``pyarrow.fs.S3FileSystem``'s) for the S3 server ``env`` names."""
+    endpoint = env[S3_ENDPOINT]
+    scheme, _, address = endpoint.rpartition("://")
+    return {
+        "endpoint_override": address,
+        "scheme": scheme or "https",
+        "access_key": env.get(S3_ACCESS_KEY) or None,
+        "secret_key": env.get(S3_SECRET_KEY) or None,
+        "region": env.get(S3_REGION) or "us-east-1",
+        "connect_timeout": 3,
+        "request_timeout": 10,
+    }
+
+
+def wal_store(spec: Mapping[str, Any], env: Mapping[str, str]) -> WalStore:
+    """The WAL location of a spec: its folder, or its S3 URL on the server of ``env``."""
+    url = str(spec["wal"])
+    return WalStore(url, s3_wal_options(env) if url.startswith("s3://") else None)
+
+
+def _bucket(spec: Mapping[str, Any]) -> str | None:
+    wal = str(spec.get("wal", ""))
+    return wal[len("s3://") :].partition("/")[0] if wal.startswith("s3://") else None
+
+
+def _uploads(env: Mapping[str, str], bucket: str) -> list[tuple[str, str]]:
+    """The incomplete multipart uploads of ``bucket``: (key, upload id)."""
+    listing = _s3_client(env).list_multipart_uploads(Bucket=bucket)
+    return [(u["Key"], u["UploadId"]) for u in listing.get("Uploads", [])]
+
+
+def _s3_client(env: Mapping[str, str]) -> Any:
+    import boto3
+
+    return boto3.session.Session().client(
+        "s3",
+        endpoint_url=env[S3_ENDPOINT],
+        aws_access_key_id=env.get(S3_ACCESS_KEY) or None,
+        aws_secret_access_key=env.get(S3_SECRET_KEY) or None,
+        region_name=env.get(S3_REGION) or "us-east-1",
+    )
 
 
 @dataclass
 class KafkaVerifier:
     """A Kafka topic read with ``isolation.level=read_committed`` (JSON values with an id).
 
-    lingering = files left in the write-ahead log folder (``wal``), plus one per partition
-    whose last stable offset is behind its high watermark (a transaction still open).
+    lingering = files left in the write-ahead log (``wal``: its folder or S3 prefix), plus
+    one per partition whose last stable offset is behind its high watermark (a
+    transaction still open).
     """
 
     bootstrap: str
     topic: str
     expected: Iterable[int]
-    wal: str | None = None
+    wal: str | WalStore | None = None
+    #: How many incomplete multipart uploads the WAL's bucket holds (a WAL on S3).
+    uploads: Callable[[], int] | None = field(default=None, repr=False)
     id_field: str = "id"
     timeout_s: float = 60.0
 
@@ -56,7 +112,10 @@ class KafkaVerifier:
 
     def lingering(self) -> int:
         left = 0
-        if self.wal is not None and os.path.isdir(self.wal):
+        if isinstance(self.wal, WalStore):
+            left += len(self.wal.list_files())
+            left += self.uploads() if self.uploads is not None else 0
+        elif self.wal is not None and os.path.isdir(self.wal):
             left += sum(len(files) for _, _, files in os.walk(self.wal))
         # A transaction committed a moment ago may not have its markers everywhere yet:
         # give them a few seconds before calling a partition's transaction left open.
@@ -145,16 +204,21 @@ class KafkaTarget:
 
 
 class KafkaTesting(ConnectorTesting):
-    """A fresh topic (3 partitions) per target; its own transactional ids and WAL folder."""
+    """A fresh topic (3 partitions) per target; its own transactional ids and WAL (a
+    folder in the workdir; ``wal_store="s3"``: a fresh bucket on the S3 server)."""
 
     name: ClassVar[str] = "kafka"
     env_vars: ClassVar[tuple[str, ...]] = (BOOTSTRAP,)
-    services: ClassVar[tuple[str, ...]] = ("kafka",)
+    #: Kafka first (the service a test's proxy routes); S3 for the ``wal-s3`` variant.
+    services: ClassVar[tuple[str, ...]] = ("kafka", "s3")
     variants: ClassVar[Mapping[str, Mapping[str, Any]]] = {
         "wal": {"mode": "wal"},
         "replay": {"mode": "replay"},
+        "wal-s3": {"mode": "wal", "wal_store": "s3"},
         "direct": {"mode": "direct", "shards": 8},
     }
+    #: The WAL on S3 is WAL mode with its files elsewhere: a few cells by default.
+    slow_variants: ClassVar[frozenset[str]] = frozenset({"wal-s3"})
     single_pass_variants: ClassVar[frozenset[str]] = frozenset({"direct"})
 
     @override
@@ -163,11 +227,18 @@ class KafkaTesting(ConnectorTesting):
     ) -> dict[str, Any]:
         topic = f"txsink-{tag}".replace("_", "-")
         readback.create_topic(env[BOOTSTRAP], topic, partitions=3)
+        wal = str(Path(workdir, f"kafka-wal-{tag}"))
+        if options.get("wal_store") == "s3":
+            if not env.get(S3_ENDPOINT):
+                raise LookupError(f"the wal-s3 variant needs an S3 server: set {S3_ENDPOINT}")
+            bucket = f"txsink-wal-{tag}".replace("_", "-").lower()[:63]
+            _s3_client(env).create_bucket(Bucket=bucket)
+            wal = f"s3://{bucket}/wal"
         return {
             "kind": self.name,
             "topic": topic,
             "uid": options.get("uid", "kafka"),
-            "wal": str(Path(workdir, f"kafka-wal-{tag}")),
+            "wal": wal,
             "key": options.get("key", "key"),
             "shards": options.get("shards", 2),
             "mode": options.get("mode", "wal"),
@@ -182,6 +253,7 @@ class KafkaTesting(ConnectorTesting):
             spec["topic"],
             uid=spec.get("uid", "kafka"),
             wal=spec["wal"],
+            wal_options=s3_wal_options(env) if str(spec["wal"]).startswith("s3://") else None,
             key=spec.get("key", "key"),
             shards=spec.get("shards", 2),
             mode=spec.get("mode", "wal"),
@@ -198,7 +270,10 @@ class KafkaTesting(ConnectorTesting):
         *,
         log: str | None = None,
     ) -> SinkVerifier:
-        return KafkaVerifier(env[BOOTSTRAP], spec["topic"], expected, wal=spec.get("wal"))
+        wal = wal_store(spec, env) if spec.get("wal") else None
+        bucket = _bucket(spec)
+        uploads = None if bucket is None else (lambda: len(_uploads(env, bucket)))
+        return KafkaVerifier(env[BOOTSTRAP], spec["topic"], expected, wal=wal, uploads=uploads)
 
     @override
     def observer_targets(self, spec: Mapping[str, Any], env: Mapping[str, str]) -> list[Target]:
@@ -209,7 +284,8 @@ class KafkaTesting(ConnectorTesting):
 
     @override
     def drop_target(self, spec: Mapping[str, Any], env: Mapping[str, str]) -> None:
-        """Delete the topic, best effort (the WAL folder lives in the test's workdir).
+        """Delete the topic and the WAL's bucket, best effort (a WAL folder lives in the
+        test's workdir).
 
         Direct mode: first abort whatever transaction a test left open (a prepared but
         never committed shard is an open Kafka transaction, on the marker topic too, where
@@ -220,6 +296,20 @@ class KafkaTesting(ConnectorTesting):
                 fence(sink.settings, [sink.transactional_id(s) for s in range(sink.shards)])
         with contextlib.suppress(Exception):
             readback.delete_topic(env[BOOTSTRAP], spec["topic"])
+        bucket = _bucket(spec)
+        if bucket is not None:
+            with contextlib.suppress(Exception):
+                client = _s3_client(env)
+                for key, upload in _uploads(env, bucket):
+                    client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload)
+                wal_store(spec, env).delete_dir("")
+                client.delete_bucket(Bucket=bucket)
+
+    @override
+    def child_env(self, env: Mapping[str, str]) -> dict[str, str]:
+        """The brokers, and the S3 server of a WAL on S3."""
+        names = (BOOTSTRAP, S3_ENDPOINT, S3_ACCESS_KEY, S3_SECRET_KEY, S3_REGION)
+        return {var: env[var] for var in names if var in env}
 
 
 ADAPTER = KafkaTesting()

@@ -2,41 +2,45 @@
 
 ::
 
-    task     begin: a folder <wal>/<txn>/; write: Arrow IPC records.arrow; prepare: close,
-             fsync file and folders, CRC32 of the file -> KafkaWalHandle(path, crc32)
-    driver   commit_epoch: per shard (partition % shards, fixed in the decision), in one
-             Kafka transaction with the shard's marker: verify each file's CRC32, produce
-             its records; then delete the files. A shard whose marker already says the
-             epoch is done: delete the files only.
-    driver   abort: delete the folder; list_prepared: the folders of this app and sink
+    task     begin: a new file <wal>/<txn>/records.arrow (walstore.py); write: Arrow IPC
+             records; prepare: publish the file whole (local: temp name, fsync, rename,
+             fsync the folders; object store: the upload completes), its CRC32 taken as
+             it was written -> KafkaWalHandle(path, crc32)
+    commit   one Spark task per shard (partition % shards, fixed in the decision), through
+             EpochCommit.tasks: init_transactions on the shard's transactional id (fences
+             zombies), read its marker; if it already says the epoch: delete the files;
+             else in one Kafka transaction: verify each file's CRC32, produce its records,
+             then the marker; commit; delete the files. The driver reports the shards
+             committed once every task returned.
+             Without a cluster (``txsink recover``, local_tasks): the driver commits
+             shard after shard with its own producers, reporting each one as it goes.
+    driver   abort: delete the txn's folder; list_prepared: the folders of this app and sink
 
-The folder must be shared by the driver and every executor.
+The location is any place the driver and every executor reach: a shared folder, or an
+object store (``s3://bucket/prefix``) through ``pyarrow.fs``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import shutil
-import zlib
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import pyarrow as pa
 
-from txsink._fs import fsync_dir
 from txsink._logging import get_logger
+from txsink.connectors.kafka.clients import KafkaSettings
 from txsink.connectors.kafka.producers import ShardProducers, produce_records
 from txsink.connectors.kafka.records import RECORD_SCHEMA
-from txsink.contract import EpochCommit
-from txsink.errors import CommitError, ConfigurationError
+from txsink.connectors.kafka.walstore import WalStore, WalWriter, crc32_of
+from txsink.contract import EpochCommit, local_tasks
+from txsink.errors import CommitError, ConfigurationError, RetryableError
 from txsink.handles import Handle, register_handle
 from txsink.txid import TxnId
 
-__all__ = ["KafkaWalHandle", "OpenWal", "WalFolder"]
+__all__ = ["KafkaWalHandle", "OpenWal", "ShardCommit", "ShardResult", "WriteAheadLog"]
 
 _FILE = "records.arrow"
 
@@ -58,166 +62,273 @@ class OpenWal:
     """One task's open WAL file (the sink's open transaction in WAL mode)."""
 
     txn: TxnId
-    folder: Path
+    file: WalWriter
     writer: Any = None
     rows: int = 0
     nbytes: int = 0
 
     def write(self, records: pa.RecordBatch) -> None:
         if self.writer is None:
-            self.writer = pa.ipc.new_file(str(self.folder / _FILE), RECORD_SCHEMA)
+            self.writer = pa.ipc.new_file(self.file, RECORD_SCHEMA)
         self.writer.write_batch(records)
         self.rows += records.num_rows
         self.nbytes += records.nbytes
 
     def prepare(self) -> KafkaWalHandle:
-        """Close, fsync the file and its folders, and record the file's CRC32."""
-        path = self.folder / _FILE
-        if self.writer is not None:
-            self.writer.close()
-        with open(path, "rb") as f:
-            crc = _crc32(f)
-            os.fsync(f.fileno())
-        fsync_dir(self.folder)
-        fsync_dir(self.folder.parent)
+        """Publish the file whole and durably, with the CRC32 of its bytes."""
+        if self.writer is None:
+            self.writer = pa.ipc.new_file(self.file, RECORD_SCHEMA)
+        self.writer.close()
+        published = self.file.publish()
         return KafkaWalHandle(
-            txn=self.txn, rows=self.rows, nbytes=self.nbytes, path=f"{self.txn}/{_FILE}", crc32=crc
+            txn=self.txn,
+            rows=self.rows,
+            nbytes=self.nbytes,
+            path=self.file.rel,
+            crc32=published.crc32,
         )
 
     def discard(self) -> None:
-        if self.writer is not None:
-            with contextlib.suppress(Exception):  # the folder goes anyway
-                self.writer.close()
-        shutil.rmtree(self.folder, ignore_errors=True)
+        self.file.discard()
 
 
 @dataclass(frozen=True)
-class WalFolder:
-    """The write-ahead log folder ``root`` (absolute) of one sink."""
+class ShardResult:
+    """What one shard's commit did, and where: ``outcome`` is ``"committed"``,
+    ``"already-committed"`` (its marker said so) or ``"committed-elsewhere"`` (its files
+    are gone and a re-read marker says another driver committed it)."""
 
-    root: str
+    shard: int
+    outcome: str
+    records: int = 0
+    pid: int = field(default_factory=os.getpid)
 
-    def create(self, ctx: dict[str, Any]) -> None:
-        """At start: the folder exists (or is created), else a ConfigurationError."""
+
+@dataclass(frozen=True)
+class WriteAheadLog:
+    """The write-ahead log of one sink, in ``store``."""
+
+    store: WalStore
+
+    def check(self, ctx: dict[str, Any]) -> None:
+        """At start: the location is reachable and writable (a probe file written, read
+        back and deleted), else a ConfigurationError that says what to fix."""
+        store = self.store
         try:
-            os.makedirs(self.root, exist_ok=True)
-        except OSError as err:
+            store.check_writable()
+        except (OSError, ValueError) as err:
+            if store.is_local:
+                fix = (
+                    "create the folder, or make it writable by the user the driver and the "
+                    "executors run as; it must be a folder they all share"
+                )
+            else:
+                fix = (
+                    "check that the location exists (the bucket), that wal_options "
+                    "(endpoint_override, scheme, region, credentials) or wal_filesystem reach it, "
+                    "and that the credentials may write, read, list and delete under it "
+                    "(S3: PutObject, GetObject, ListBucket, DeleteObject)"
+                )
             raise ConfigurationError(
-                f"cannot create the WAL folder {self.root}: {err.strerror}", **ctx
+                f"cannot write to the WAL location {store.url} ({store.kind}): "
+                f"{_reason(err)}. Fix: {fix}",
+                **ctx,
             ) from err
 
     def open(self, txn: TxnId) -> OpenWal:
-        folder = Path(self.root, str(txn))
-        shutil.rmtree(folder, ignore_errors=True)  # a retried attempt of the same name
-        folder.mkdir(parents=True)
-        return OpenWal(txn, folder)
+        return OpenWal(txn, self.store.writer(f"{txn}/{_FILE}"))
 
     def delete(self, handles: Sequence[Handle]) -> None:
         for h in handles:
-            shutil.rmtree(Path(self.root, str(h.txn)), ignore_errors=True)
+            self.store.delete_dir(str(h.txn))
 
     def list_prepared(self, app_id: str, uid: str) -> Iterator[KafkaWalHandle]:
-        try:
-            names = os.listdir(self.root)
-        except FileNotFoundError:
-            return
-        for name in sorted(names):
+        for name in self.store.list_dirs():
             txn = TxnId.try_parse(name)
             if txn is not None and txn.belongs_to(app_id, uid):
                 yield KafkaWalHandle(txn=txn, path=f"{name}/{_FILE}")
 
     # -- commit ----------------------------------------------------------------------
 
-    def commit_epoch(self, request: EpochCommit[Any], producers: ShardProducers) -> None:
-        """One Kafka transaction per shard (its records and marker); a shard is the unit
-        reported to ``request.committed``, after its transaction committed."""
+    def commit_epoch(
+        self,
+        request: EpochCommit[Any],
+        settings: KafkaSettings,
+        driver_producers: Callable[[], ShardProducers],
+    ) -> list[ShardResult]:
+        """One Kafka transaction per shard (its records and marker), one task per shard.
+
+        With cluster tasks (``request.tasks``) every shard commits in its own task, in
+        parallel, and the shards are reported to ``request.committed`` once every task
+        returned: a crash point there (``during_commit``) cannot fire between the shards
+        of parallel tasks. With :data:`~txsink.contract.local_tasks` (no cluster: ``txsink
+        recover``) the driver commits shard after shard with ``driver_producers()`` and
+        reports each one after its transaction committed.
+        """
         handles: Sequence[KafkaWalHandle] = request.handles
         if not handles:
-            return
+            return []
         by_shard: dict[int, list[KafkaWalHandle]] = defaultdict(list)
         for h in handles:
-            by_shard[h.txn.partition % producers.settings.shards].append(h)
-        for shard in by_shard:
-            producers.get(shard)  # init_transactions before reading markers: fences zombies
-        producers.markers.load(handles[0].txn.app, sorted(by_shard))
-        for shard in sorted(by_shard):
-            mine = sorted(by_shard[shard], key=lambda h: h.txn)
-            self._commit_shard(producers, shard, request.epoch, mine)
+            by_shard[h.txn.partition % settings.shards].append(h)
+        items = [(s, tuple(sorted(by_shard[s], key=lambda h: h.txn))) for s in sorted(by_shard)]
+        app = handles[0].txn.app
+        if request.tasks is local_tasks:
+            return self._commit_here(request, driver_producers(), app, items)
+        results = request.tasks.run(ShardCommit(settings, self.store, app, request.epoch), items)
+        get_logger(__name__, uid=settings.uid, epoch=request.epoch).debug(
+            "Kafka WAL commit: %s",
+            ", ".join(
+                f"shard {r.shard} {r.outcome} ({r.records} records, process {r.pid})"
+                for r in results
+            ),
+        )
+        for _, mine in items:
             request.committed(mine)
+        return results
 
-    def _commit_shard(
-        self, producers: ShardProducers, shard: int, epoch: int, handles: list[KafkaWalHandle]
-    ) -> None:
-        app, uid = handles[0].txn.app, producers.settings.uid
-        producers.get(shard)
-        marker = producers.markers.last(app, shard)
+    def _commit_here(
+        self,
+        request: EpochCommit[Any],
+        producers: ShardProducers,
+        app: str,
+        items: list[tuple[int, tuple[KafkaWalHandle, ...]]],
+    ) -> list[ShardResult]:
+        for shard, _ in items:
+            producers.get(shard)  # init_transactions before reading markers: fences zombies
+        producers.markers.load(app, [shard for shard, _ in items])
+        results = []
+        for shard, mine in items:
+            results.append(commit_shard(producers, self.store, shard, request.epoch, mine))
+            request.committed(mine)
+        return results
+
+
+@dataclass(frozen=True)
+class ShardCommit:
+    """The commit of one shard in a task of its own (pickled into it): its own producer,
+    fenced with ``init_transactions`` on the shard's transactional id."""
+
+    settings: KafkaSettings
+    store: WalStore
+    app: str
+    epoch: int
+
+    def __call__(self, item: tuple[int, tuple[KafkaWalHandle, ...]]) -> ShardResult:
+        shard, handles = item
+        producers = ShardProducers(self.settings)
+        try:
+            return commit_shard(producers, self.store, shard, self.epoch, handles)
+        finally:
+            producers.close()
+
+
+def commit_shard(
+    producers: ShardProducers,
+    store: WalStore,
+    shard: int,
+    epoch: int,
+    handles: Sequence[KafkaWalHandle],
+) -> ShardResult:
+    """Commit one shard's WAL files of ``epoch`` in one Kafka transaction with its marker
+    (or verify, by the marker, that it was), then delete them."""
+    app, uid = handles[0].txn.app, producers.settings.uid
+    wal = WriteAheadLog(store)
+    producers.get(shard)  # fences any older producer of the shard
+    marker = producers.markers.last(app, shard)
+    if marker is not None and marker >= epoch:
+        wal.delete(handles)  # committed before a crash: verified by the marker
+        return ShardResult(shard, "already-committed")
+    missing = [h.path for h in handles if not _exists(store, h, uid, epoch)]
+    if missing:
+        # The cached marker may be stale: another driver (this one's successor, if this
+        # driver was frozen and is a zombie now) may have committed the epoch and deleted
+        # its WAL files since. Read the marker again before calling them lost.
+        marker = producers.markers.reread(app, shard)
         if marker is not None and marker >= epoch:
-            self.delete(handles)  # committed before a crash: verified by the marker
-            return
-        missing = [h.path for h in handles if not Path(self.root, h.path).exists()]
-        if missing:
-            # The cached marker may be stale: another driver (this one's successor, if
-            # this driver was frozen and is a zombie now) may have committed the epoch
-            # and deleted its WAL files since. Read the marker again before calling
-            # them lost.
-            marker = producers.markers.reread(app, shard)
-            if marker is not None and marker >= epoch:
-                get_logger(__name__, uid=uid, epoch=epoch).info(
-                    "Kafka shard %s: epoch already committed by another driver (marker: "
-                    "epoch %s); nothing to do",
-                    shard,
-                    marker,
-                )
-                return
+            get_logger(__name__, uid=uid, epoch=epoch).info(
+                "Kafka shard %s: epoch already committed by another driver (marker: "
+                "epoch %s); nothing to do",
+                shard,
+                marker,
+            )
+            return ShardResult(shard, "committed-elsewhere")
+        raise CommitError(
+            f"cannot commit epoch {epoch} shard {shard}: WAL files {missing} are gone from "
+            f"{store.url} and the shard's marker says epoch {marker}, so their records are "
+            "lost. Was the WAL location cleaned by hand (or by a lifecycle rule that expires "
+            "objects)?",
+            sink_uid=uid,
+            epoch=epoch,
+            connector="kafka",
+            phase="commit",
+        )
+    produced = 0
+
+    def body(producer: Any) -> None:
+        nonlocal produced
+        for h in handles:
+            reader = pa.ipc.open_file(_verified(store, h, uid, epoch))
+            for i in range(reader.num_record_batches):
+                batch = reader.get_batch(i)
+                produce_records(producer, batch)
+                produced += batch.num_rows
+
+    producers.transaction(shard, app, epoch, body)
+    wal.delete(handles)
+    return ShardResult(shard, "committed", produced)
+
+
+def _exists(store: WalStore, h: KafkaWalHandle, uid: str, epoch: int) -> bool:
+    try:
+        return store.exists(h.path)
+    except OSError as err:
+        raise _unreadable(store, h, uid, epoch, err) from err
+
+
+def _verified(store: WalStore, h: KafkaWalHandle, uid: str, epoch: int) -> pa.Buffer:
+    """The WAL file's bytes, refused if they differ from what the pre-commit wrote.
+
+    A torn or corrupted file could otherwise commit fewer or other records than were
+    decided; the CRC was taken of the bytes as they were written, before the decision.
+    """
+    try:
+        data = store.read(h.path)
+    except OSError as err:
+        raise _unreadable(store, h, uid, epoch, err) from err
+    if h.crc32:  # 0: a listed (not decided) handle, never committed
+        crc = crc32_of(data)
+        if crc != h.crc32:
             raise CommitError(
-                f"cannot commit epoch {epoch} shard {shard}: WAL files {missing} are gone and the "
-                f"shard's marker says epoch {marker}, so their records are lost. Was the WAL "
-                f"folder {self.root} cleaned by hand?",
+                f"WAL file {store.path(h.path)} is corrupted or torn ({data.size} bytes, crc32 "
+                f"{crc:#010x}; the pre-commit recorded {h.crc32:#010x}): its records cannot be "
+                "committed as decided. Restore the file from a backup of the WAL location if "
+                "you have one; otherwise the epoch's records of this task are lost",
                 sink_uid=uid,
                 epoch=epoch,
+                partition=h.txn.partition,
                 connector="kafka",
                 phase="commit",
             )
-        self._verify(uid, epoch, handles)
-
-        def body(producer: Any) -> None:
-            for h in handles:
-                with pa.memory_map(str(Path(self.root, h.path))) as source:
-                    reader = pa.ipc.open_file(source)
-                    for i in range(reader.num_record_batches):
-                        produce_records(producer, reader.get_batch(i))
-
-        producers.transaction(shard, app, epoch, body)
-        self.delete(handles)
-
-    def _verify(self, uid: str, epoch: int, handles: Sequence[KafkaWalHandle]) -> None:
-        """Refuse to commit WAL files that differ from what the pre-commit wrote.
-
-        A torn or corrupted file could otherwise commit fewer or other records than
-        were decided; the CRC was taken after the fsync, before the decision.
-        """
-        for h in handles:
-            if not h.crc32:
-                continue  # a listed (not decided) handle: never committed
-            path = Path(self.root, h.path)
-            with open(path, "rb") as f:
-                crc = _crc32(f)
-            if crc != h.crc32:
-                raise CommitError(
-                    f"WAL file {path} is corrupted (crc32 {crc:#010x}, the "
-                    f"pre-commit recorded {h.crc32:#010x}): its records cannot be committed as "
-                    "decided. Restore the file from a backup of the WAL folder if you have one; "
-                    "otherwise the epoch's records of this task are lost",
-                    sink_uid=uid,
-                    epoch=epoch,
-                    partition=h.txn.partition,
-                    connector="kafka",
-                    phase="commit",
-                )
+    return data
 
 
-def _crc32(f: Any) -> int:
-    crc = 0
-    while chunk := f.read(1 << 20):
-        crc = zlib.crc32(chunk, crc)
-    return crc
+def _unreadable(
+    store: WalStore, h: KafkaWalHandle, uid: str, epoch: int, err: OSError
+) -> RetryableError:
+    return RetryableError(
+        f"cannot read WAL file {store.path(h.path)}: {_reason(err)}. The decision stands; "
+        "the commit is retried: the shard's marker then says whether another driver "
+        "committed it meanwhile (check that the WAL location is reachable from the executors)",
+        sink_uid=uid,
+        epoch=epoch,
+        partition=h.txn.partition,
+        connector="kafka",
+        phase="commit",
+    )
+
+
+def _reason(err: BaseException) -> str:
+    """An OS or ``pyarrow.fs`` error in one line (no options: it never carries them)."""
+    text = getattr(err, "strerror", None) or str(err) or type(err).__name__
+    return " ".join(str(text).split())

@@ -52,6 +52,10 @@ class ConnectorTesting(abc.ABC):
     #: The variants whose sink commits in its tasks (single-pass epochs): the crash
     #: matrices add the single-pass points (``before_task_commit``) for them.
     single_pass_variants: ClassVar[frozenset[str]] = frozenset()
+    #: Variants that differ from another one only in where they keep their state (Kafka's
+    #: WAL on S3): the integration suite runs a few of their crash-matrix cells by default
+    #: and the rest, with their kill-driver run, only with ``--run-slow``.
+    slow_variants: ClassVar[frozenset[str]] = frozenset()
 
     def available(self, env: Mapping[str, str] | None = None) -> bool:
         """True when every :attr:`env_vars` is set (the server can be reached)."""

@@ -40,6 +40,7 @@ from typing import Any, ClassVar
 import pyarrow as pa
 
 from txsink.connectors.kafka.clients import KafkaSettings
+from txsink.connectors.kafka.columns import py_columns
 from txsink.connectors.kafka.errors import commit_error
 from txsink.connectors.kafka.markers import Markers
 from txsink.connectors.kafka.producers import fence, produce_records
@@ -143,8 +144,9 @@ class OpenDirect:
         return self.tally.rows
 
     def write(self, records: pa.RecordBatch) -> None:
-        self.tally.add(records)
-        produce_records(self.producer, records)
+        columns = py_columns(records)  # once, for the checksum and the produce loop
+        self.tally.add(records, columns)
+        produce_records(self.producer, records, columns)
 
     def prepare(self) -> KafkaDirectHandle:
         """Flush: every record is at the brokers (in the open transaction, with the

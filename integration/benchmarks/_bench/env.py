@@ -49,20 +49,24 @@ def machine() -> dict[str, str]:
     }
 
 
-def spark_session(app_name: str, *, jars: Sequence[Path] = (), driver_memory: str = "2g") -> Any:
+def spark_session(
+    app_name: str, *, jars: Sequence[Path] = (), driver_memory: str = "2g", slots: int = 2
+) -> Any:
     """A local SparkSession for benchmarks.
 
     The settings of :func:`txsink.localspark.local_spark` (``local[2]``, UI off, 2 shuffle
     partitions, workers run this interpreter) except: full JIT (no ``fast_start``: C1-only
     would handicap the JVM-side writers), ``driver_memory`` for the cached input, the given
-    jars, and the session time zone pinned to UTC.
+    jars, and the session time zone pinned to UTC. ``slots``: ``local[slots]`` (a
+    single-pass writer runs all of an epoch's tasks at once, so it needs a slot per
+    partition; every writer of a run shares the one session).
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
     builder = (
-        SparkSession.builder.master("local[2]")
+        SparkSession.builder.master(f"local[{slots}]")
         .appName(app_name)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")

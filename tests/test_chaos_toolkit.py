@@ -351,3 +351,15 @@ def _soak_seeds(seed: int, plans: int) -> list[int]:
 
     rng = random.Random(seed)
     return [rng.randrange(2**31) for _ in range(plans)]
+
+
+def test_a_soak_draws_single_pass_variants_for_some_plans() -> None:
+    """Half the plans, by the plan's seed, run a connector's single-pass variant (Kafka's
+    direct mode) instead of its default: the soak covers single-pass epochs too."""
+    from txsink.testing.soak import _draw_variants
+
+    drawn = [_draw_variants(["kafka", "files"], seed) for seed in range(40)]
+    assert drawn == [_draw_variants(["kafka", "files"], seed) for seed in range(40)]
+    direct = [d for d in drawn if d.get("kafka", {}).get("mode") == "direct"]
+    assert 5 < len(direct) < 35
+    assert all(set(d) <= {"kafka"} for d in drawn)  # files has no single-pass variant

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from txsink import registry
 from txsink.faults import CrashPoint, FaultMode
@@ -92,6 +93,20 @@ class SoakResult:
         )
 
 
+def _draw_variants(connectors: Sequence[str], seed: int) -> dict[str, dict[str, Any]]:
+    """The options each connector runs a plan with: its default variant, or (one plan in
+    two, drawn with the plan's seed) a variant whose sink commits in its tasks, so a soak
+    exercises single-pass epochs too, next to every other sink."""
+    rng = random.Random(seed ^ 0x5EED)  # noqa: S311 - a reproducible soak, not a secret
+    drawn: dict[str, dict[str, Any]] = {}
+    for name in connectors:
+        found = adapter(name)
+        single = sorted(found.single_pass_variants)
+        if single and rng.random() < 0.5:
+            drawn[name] = dict(found.variants[rng.choice(single)])
+    return drawn
+
+
 def soak(
     plans: int,
     seed: int,
@@ -154,7 +169,8 @@ def soak(
         folder = Path(workdir, f"plan-{index:03d}").resolve()
         folder.mkdir(parents=True, exist_ok=False)
         make_input(folder / "input", rows, epochs)
-        targets = new_targets(chosen, folder, tag=f"chaos_{seed}_{index}")
+        variants = _draw_variants(chosen, plan_seeds[index])
+        targets = new_targets(chosen, folder, tag=f"chaos_{seed}_{index}", options=variants)
         log = str(folder / "txlog")
         report = run_chaos(
             PIPELINE,

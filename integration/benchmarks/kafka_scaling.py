@@ -1,0 +1,156 @@
+"""Kafka scaling: does txsink's throughput grow with executors? 1 worker vs 2, one run.
+
+    integration/benchmarks/run kafka_scaling [--rows 300000] [--epochs 3]
+
+On the standalone cluster profile (``integration/cluster.py``: a master and N workers of
+one core and 1 GiB each, on this machine), for N = 1 then 2: a driver on that cluster, the
+kafka benchmark's records cached in N partitions (one task per executor core), and each
+writer writing ``--epochs`` epochs into its own fresh topic. txsink runs through one
+``Coordinator`` (``write(df, epoch=i)``; its check and first producers paid in the first
+epoch, which is not timed): direct mode (one task per partition produces and commits) and
+WAL mode with ``shards=N`` (the WAL commit runs one Spark task per shard). The plain
+idempotent producer (a new producer per task) is the reference. Records/s use the median of
+the timed epochs; the last column is the 2-worker rate over the 1-worker rate (issue #15's
+target: >= 1.6x for direct and WAL). Every topic is read back with ``read_committed``.
+
+On a 2-core machine the driver, the broker and the executors share the cores, so the
+ceiling of this ratio is well under 2x; the point is the comparison between writers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+try:
+    from benchmarks import _bench
+    from benchmarks import kafka as kafka_bench
+except ImportError:  # run as a plain script: python integration/benchmarks/kafka_scaling.py
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks import _bench
+    from benchmarks import kafka as kafka_bench
+
+from cluster import driver_conf, running_cluster
+
+from txsink import Coordinator
+from txsink.connectors.kafka import KafkaSink
+from txsink.connectors.kafka.readback import read_records
+
+WRITERS = ("direct", "wal", "producer")
+
+
+def _session(master: str, conf: dict[str, str], cores: int) -> Any:
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = (
+        SparkSession.builder.master(master)
+        .appName("txsink-bench-kafka-scaling")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", str(cores))
+        .config("spark.driver.memory", "1g")
+    )
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def _epochs(writer: str, bootstrap: str, df: Any, topic: str, args: Any, tmp: Path) -> list[float]:
+    seconds = []
+    if writer == "producer":
+        from pyspark import cloudpickle
+
+        cloudpickle.register_pickle_by_value(kafka_bench)  # type: ignore[no-untyped-call]
+        task = functools.partial(
+            kafka_bench._produce_task, bootstrap, topic, kafka_bench.PRODUCER_SETTINGS
+        )
+        for _ in range(args.epochs):
+            t0 = time.perf_counter()
+            df.select("key", "value").mapInArrow(task, "rows long").collect()
+            seconds.append(time.perf_counter() - t0)
+        return seconds
+    partitions = df.rdd.getNumPartitions()
+    options: dict[str, Any] = {"mode": writer, "key": "key", "value": "value"}
+    if writer == "wal":
+        options.update(wal=tmp / f"wal-{topic}", shards=partitions)
+    sink = KafkaSink(bootstrap, topic, topic, marker_topic=f"{topic}-markers", **options)
+    coordinator = Coordinator([sink], log=tmp / f"log-{topic}", app_id=f"scaling-{topic}")
+    for epoch in range(args.epochs):
+        t0 = time.perf_counter()
+        coordinator.write(df, epoch=epoch)
+        seconds.append(time.perf_counter() - t0)
+    return seconds
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=300_000, help="records per epoch")
+    parser.add_argument("--epochs", type=int, default=3, help="epochs per writer (first: untimed)")
+    parser.add_argument("--bootstrap", default=None, help="default: $TXSINK_KAFKA_BOOTSTRAP")
+    args = parser.parse_args(argv)
+    bootstrap = args.bootstrap or os.environ["TXSINK_KAFKA_BOOTSTRAP"]
+    run = uuid.uuid4().hex[:6]
+    rates: dict[tuple[str, int], float] = {}
+    ok = True
+    for workers in (1, 2):
+        with running_cluster(workers=workers) as cluster:
+            spark = _session(cluster.master_url, driver_conf(cluster), workers)
+            topics: list[str] = []
+            try:
+                df = (
+                    spark.range(args.rows)
+                    .selectExpr(
+                        f"{kafka_bench.KEY_EXPR} AS key", f"{kafka_bench.VALUE_EXPR} AS value"
+                    )
+                    .repartition(workers)
+                    .cache()
+                )
+                df.count()
+                with tempfile.TemporaryDirectory(prefix="txsink-scaling-") as tmp:
+                    for writer in WRITERS:
+                        topic = f"txsink-scaling-{writer}-{workers}-{run}"
+                        topics += [topic, f"{topic}-markers"]
+                        kafka_bench.create_topic(bootstrap, topic, 8)
+                        seconds = _epochs(writer, bootstrap, df, topic, args, Path(tmp))
+                        count = len(read_records(bootstrap, topic))
+                        ok &= count == args.rows * args.epochs
+                        rates[(writer, workers)] = args.rows / statistics.median(seconds[1:])
+                        _bench.log(
+                            f"{writer} workers={workers}: {[round(s, 2) for s in seconds]} s, "
+                            f"{count} records read back"
+                        )
+            finally:
+                kafka_bench.delete_topics(bootstrap, topics)
+                spark.stop()
+    rows = [
+        [
+            w,
+            _bench.fmt_rate(rates[(w, 1)]),
+            _bench.fmt_rate(rates[(w, 2)]),
+            f"{rates[(w, 2)] / rates[(w, 1)]:.2f}x",
+        ]
+        for w in WRITERS
+    ]
+    print(f"\n{args.rows:,} records per epoch, median of epochs 2..{args.epochs}\n")
+    print(
+        _bench.markdown_table(
+            ["writer", "1 worker (records/s)", "2 workers (records/s)", "2 / 1"], rows, "lrrr"
+        )
+    )
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

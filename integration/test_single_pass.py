@@ -50,6 +50,16 @@ def _target(request: pytest.FixtureRequest, tmp: Path, connector: str, variant: 
     return target
 
 
+def _one_partition(df: Any) -> Any:
+    """The restarts' transform: the stream in one partition (the decided runs had 2)."""
+    return df.repartition(1)
+
+
+def _fails_with(query: Any, match: str) -> None:
+    with pytest.raises(Exception, match=match):
+        query.awaitTermination()
+
+
 @pytest.mark.spark
 @pytest.mark.parametrize(("connector", "variant"), _variants())
 def test_more_partitions_than_task_slots_is_refused_before_any_row(
@@ -78,17 +88,15 @@ def test_a_restart_with_another_partition_count(
     log = str(tmp_path / "txlog")
     plan = FaultPlan.parse("before_decision:raise@1,after_decision:raise@2", str(tmp_path / "f"))
 
-    def one(df: Any) -> Any:
-        return df.repartition(1)
-
-    query = start_query(spark, tmp_path, Coordinator([target.sink()], log=log, faults=plan))
-    with pytest.raises(Exception, match="InjectedFault"):
-        query.awaitTermination()
+    _fails_with(
+        start_query(spark, tmp_path, Coordinator([target.sink()], log=log, faults=plan)),
+        "InjectedFault",
+    )
     restarts, _ = run_until_done(
         spark,
         tmp_path,
         lambda: Coordinator([target.sink()], log=log, faults=plan),
-        transform=one,
+        transform=_one_partition,
     )
     assert restarts == 1  # the after_decision fault at epoch 2
     assert len(plan.fired()) == 2
@@ -110,15 +118,15 @@ def test_a_different_replay_after_the_decision_is_refused_then_finished(
     log = str(tmp_path / "txlog")
     plan = FaultPlan.parse("after_decision:raise@1", str(tmp_path / "f"))
 
-    def one(df: Any) -> Any:
-        return df.repartition(1)
-
-    query = start_query(spark, tmp_path, Coordinator([target.sink()], log=log, faults=plan))
-    with pytest.raises(Exception, match="InjectedFault"):
-        query.awaitTermination()
-    query = start_query(spark, tmp_path, Coordinator([target.sink()], log=log), transform=one)
-    with pytest.raises(Exception, match="NonDeterministicReplayError"):
-        query.awaitTermination()
+    _fails_with(
+        start_query(spark, tmp_path, Coordinator([target.sink()], log=log, faults=plan)),
+        "InjectedFault",
+    )
+    replay = Coordinator([target.sink()], log=log)
+    _fails_with(
+        start_query(spark, tmp_path, replay, transform=_one_partition),
+        "NonDeterministicReplayError",
+    )
     assert [s.status for s in open_log(log).states()] == ["committed", "decided"]
     restarts, _ = run_until_done(spark, tmp_path, lambda: Coordinator([target.sink()], log=log))
     assert restarts == 0

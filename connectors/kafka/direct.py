@@ -39,7 +39,7 @@ from typing import Any, ClassVar
 
 import pyarrow as pa
 
-from txsink.connectors.kafka.clients import KafkaSettings
+from txsink.connectors.kafka.clients import KafkaSettings, init_transactions
 from txsink.connectors.kafka.columns import py_columns
 from txsink.connectors.kafka.errors import commit_error
 from txsink.connectors.kafka.markers import Markers
@@ -100,7 +100,7 @@ def _pooled(
     on_delivery = functools.partial(_on_failed_delivery, errors)
     producer = Producer(settings.producer_conf(shard, on_delivery))
     try:
-        producer.init_transactions(settings.timeout_s)
+        init_transactions(producer, settings.timeout_s)
     except KafkaException as err:
         raise commit_error(
             err.args[0], settings, epoch=epoch, shard=shard, init=True, phase="begin"

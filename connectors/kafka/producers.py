@@ -26,7 +26,7 @@ from typing import Any
 import pyarrow as pa
 
 from txsink._logging import get_logger
-from txsink.connectors.kafka.clients import ENFORCED, KafkaSettings
+from txsink.connectors.kafka.clients import ENFORCED, KafkaSettings, init_transactions
 from txsink.connectors.kafka.columns import PyColumns, py_columns
 from txsink.connectors.kafka.errors import commit_error
 from txsink.connectors.kafka.markers import Markers
@@ -70,7 +70,7 @@ class ShardProducers:
         )
         producer = Producer(self.settings.producer_conf(shard, on_delivery))
         try:
-            producer.init_transactions(self.settings.timeout_s)
+            init_transactions(producer, self.settings.timeout_s)
         except KafkaException as err:
             raise commit_error(
                 err.args[0], self.settings, epoch=None, shard=shard, init=True, phase=phase
@@ -274,7 +274,7 @@ def fence(settings: KafkaSettings, transactional_ids: list[str]) -> None:
             "transactional.id": tid,
             **ENFORCED,
         }
-        Producer(conf).init_transactions(settings.timeout_s)
+        init_transactions(Producer(conf), settings.timeout_s)
 
 
 def _kafka_error(err: BaseException) -> Any:

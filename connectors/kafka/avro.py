@@ -23,7 +23,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from txsink.errors import ConfigurationError, WriteError
+from txsink.errors import ConfigurationError, RetryableError, WriteError
 
 __all__ = ["AvroEncoder", "avro_schema"]
 
@@ -130,6 +130,22 @@ def _has_map(t: pa.DataType) -> bool:
     return False
 
 
+def registry_unavailable(err: BaseException) -> bool:
+    """Whether ``err`` (raised by the serializer) says the registry could not be reached or
+    failed on its side (a transport error, HTTP 5xx): transient, unlike a bad row.
+
+    The registry client's HTTP library is a vendored httpx whose module name varies between
+    confluent-kafka releases, so its transport errors are recognised by class name.
+    """
+    from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+    if isinstance(err, SchemaRegistryError):
+        return err.http_status_code >= 500
+    return isinstance(err, (OSError, TimeoutError)) or any(
+        cls.__name__ == "TransportError" for cls in type(err).__mro__
+    )
+
+
 class AvroEncoder:
     """Encodes one record field (key or value) of the Kafka connector with ``AvroSerializer``.
 
@@ -232,6 +248,16 @@ class AvroEncoder:
             try:
                 out.append(serializer(row, sc))
             except Exception as err:  # fastavro raises ValueError/TypeError, the registry its own
+                if registry_unavailable(err):
+                    raise RetryableError(
+                        f"Schema Registry at {self.url} did not answer while encoding the "
+                        f"{self.field} for topic {topic!r}: {type(err).__name__}: "
+                        f"{str(err)[:300]}. Spark retries the task; if it keeps failing, check "
+                        "that the registry runs and is reachable from the executors",
+                        row=first_row + i,
+                        column=column_name,
+                        **ctx,
+                    ) from err
                 raise WriteError(
                     f"cannot encode the {self.field} as Avro: {type(err).__name__}: "
                     f"{str(err)[:300]}. Fix the row or the schema (value_schema=/key_schema=)",

@@ -14,6 +14,7 @@ import pytest
 from readback import open_transactions, read_topic
 
 from txsink.connectors.kafka import KafkaSink
+from txsink.connectors.kafka.readback import delete_topic
 from txsink.contract import EpochCommit
 from txsink.errors import CommitError, ConfigurationError, FencedError, WriteError
 from txsink.faults import FaultPlan
@@ -164,6 +165,41 @@ def test_marker_read_waits_for_open_transactions_on_the_marker_topic(
     finally:
         timer.join()
     assert sorted(_ids(kafka, topic)) == list(range(20))
+
+
+def test_a_direct_mode_epoch_does_not_hold_back_other_queries_marker_reads(
+    kafka: Any, tmp_path: Path
+) -> None:
+    """A direct-mode epoch holds its transactions open on its marker topic until the
+    decision. By default that topic is the sink's own, so a query on the shared marker
+    topic reads its markers at once (on a shared topic it would wait out the epoch)."""
+    topic = kafka.new_topic(1)
+    direct = KafkaSink(kafka.bootstrap, topic, uid=_uid(), mode="direct", shards=1)
+    assert direct.marker_topic == f"txsink-markers-{direct.uid}"
+    direct.check(SCHEMA, "app")
+    held = direct.begin(TxnId("app", direct.uid, 0, 0, 0, 0), SCHEMA)  # its marker: open
+    try:
+        wal = KafkaSink(kafka.bootstrap, topic, uid=_uid(), wal=tmp_path / "wal", timeout_s=5)
+        wal.check(SCHEMA, "app")
+        _commit(wal, 0, [_prepared_one(wal, "app", 0, 0, range(10))])  # reads its marker
+        assert sorted(_ids(kafka, topic)) == list(range(10))
+    finally:
+        direct.discard(held)
+        delete_topic(kafka.bootstrap, direct.marker_topic)
+
+
+def test_a_direct_mode_marker_topic_named_after_an_illegal_prefix_is_refused() -> None:
+    with pytest.raises(ValueError, match="not a legal Kafka topic name: pass marker_topic="):
+        KafkaSink("127.0.0.1:1", "t", uid="u", mode="direct", transactional_id_prefix="a/b")
+    sink = KafkaSink(
+        "127.0.0.1:1",
+        "t",
+        uid="u",
+        mode="direct",
+        transactional_id_prefix="a/b",
+        marker_topic="m",
+    )
+    assert sink.marker_topic == "m"
 
 
 def test_corrupted_wal_is_refused_not_committed(kafka: Any, tmp_path: Path) -> None:

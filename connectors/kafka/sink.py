@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar, Literal, TypeAlias
@@ -117,7 +118,11 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
         headers: a ``map<string, string|binary>`` column of record headers.
         topic_column, partition_column: per-row topic / Kafka partition (fan-out).
         transactional_id_prefix: transactional ids are ``<prefix>-<uid>-<shard>``.
-        marker_topic: the compacted marker topic (created if missing).
+        marker_topic: the compacted marker topic (created if missing). Default:
+            ``txsink-markers``, shared by queries; in direct mode
+            ``<transactional_id_prefix>-markers-<uid>``, the sink's own, because a
+            direct-mode epoch holds a transaction open on it for the whole epoch and
+            every ``read_committed`` marker read of a sharing query would wait on it.
         producer_config: extra librdkafka settings (TLS, SASL, linger.ms,
             compression.type, ...), passed through untouched except that
             ``enable.idempotence`` and ``acks=all`` are enforced.
@@ -154,7 +159,7 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
         value_schema: str | None = None,
         avro_config: Mapping[str, Any] | None = None,
         transactional_id_prefix: str = "txsink",
-        marker_topic: str = "txsink-markers",
+        marker_topic: str | None = None,
         producer_config: dict[str, Any] | None = None,
         max_record_bytes: int | None = None,
         timeout_s: float = 30.0,
@@ -193,7 +198,7 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
         self.mode = mode
         self.shards = shards
         self.prefix = transactional_id_prefix
-        self.marker_topic = marker_topic
+        self.marker_topic = marker_topic or _default_marker_topic(mode, self.prefix, self.uid)
         self.producer_config = dict(producer_config or {})
         for name, wanted in ENFORCED.items():
             given = self.producer_config.get(name)
@@ -378,6 +383,26 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
             f"KafkaSink(uid={self.uid!r}, topic={self.topic!r}, "
             f"bootstrap_servers={self.bootstrap_servers!r}, shards={self.shards})"
         )
+
+
+#: Kafka's legal topic names.
+_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
+
+
+def _default_marker_topic(mode: str, prefix: str, uid: str) -> str:
+    """``txsink-markers`` (shared), or in direct mode the sink's own topic: a direct-mode
+    epoch's transactions stay open on the marker topic until the decision, and every
+    ``read_committed`` read of a marker topic waits for the transactions open on it."""
+    if mode != "direct":
+        return "txsink-markers"
+    name = f"{prefix}-markers-{uid}"
+    if not _TOPIC_NAME.fullmatch(name):
+        raise ValueError(
+            f"KafkaSink(mode='direct') names its marker topic {name!r} after "
+            "transactional_id_prefix and uid, which is not a legal Kafka topic name: pass "
+            "marker_topic='<name of letters, digits, ., _ and - only>'"
+        )
+    return name
 
 
 def _refuse_credentials_in(url: str) -> None:

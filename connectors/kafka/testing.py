@@ -288,12 +288,14 @@ class KafkaTesting(ConnectorTesting):
         test's workdir).
 
         Direct mode: first abort whatever transaction a test left open (a prepared but
-        never committed shard is an open Kafka transaction, on the marker topic too, where
-        it would hold every other test's marker reads back until its timeout)."""
+        never committed shard is an open Kafka transaction), then delete the sink's own
+        marker topic."""
         if spec.get("mode") == "direct":
             sink = self.build_sink(spec, env)
             with contextlib.suppress(Exception):
                 fence(sink.settings, [sink.transactional_id(s) for s in range(sink.shards)])
+            with contextlib.suppress(Exception):
+                readback.delete_topic(env[BOOTSTRAP], sink.marker_topic)
         with contextlib.suppress(Exception):
             readback.delete_topic(env[BOOTSTRAP], spec["topic"])
         bucket = _bucket(spec)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import socket
 import threading
@@ -10,7 +11,9 @@ from typing import Any
 import pytest
 
 from txsink._logging import get_logger
-from txsink._votes import ABORT, COMMIT, DECIDED, Vote, VoteService, cast_vote
+from txsink._singlepass import probe_vote_service
+from txsink._votes import ABORT, COMMIT, DECIDED, Vote, VoteService, cast_vote, ping
+from txsink.errors import ConfigurationError
 
 LOG = get_logger(__name__, uid="votes")
 
@@ -105,3 +108,43 @@ def test_votes_of_any_size_arrive_whole(size: int) -> None:
     with VoteService("127.0.0.1", seen.append, log=LOG) as service:
         _votes(service, [Vote(0, 1, 1, acks=[{"blob": "x" * size}])])
     assert len(seen[0][0].acks[0]["blob"]) == size
+
+
+# -- the start-up check: do the executors reach the driver? ------------------------------
+
+
+class _Runner:
+    """A TaskRunner in this process; ``unreachable``: its tasks are pointed at a closed
+    port instead of the service (an executor that cannot reach the driver)."""
+
+    def __init__(self, *, unreachable: bool) -> None:
+        self.unreachable = unreachable
+        self.items: list[int] = []
+
+    def run(self, fn: Any, items: list[int]) -> list[Any]:
+        self.items = list(items)
+        if self.unreachable:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                closed = ("127.0.0.1", s.getsockname()[1])
+            fn = functools.partial(fn.func, closed, *fn.args[1:])
+        return [fn(item) for item in items]
+
+
+def test_the_probe_passes_when_every_task_reaches_the_service() -> None:
+    runner = _Runner(unreachable=False)
+    probe_vote_service(runner, "127.0.0.1", 3, sink_uid="k")
+    assert runner.items == [0, 1, 2]
+
+
+def test_the_probe_refuses_executors_that_cannot_reach_the_driver() -> None:
+    with pytest.raises(ConfigurationError, match="could not reach the driver's vote service") as e:
+        probe_vote_service(_Runner(unreachable=True), "127.0.0.1", 2, sink_uid="k")
+    assert "2 of 2 tasks" in str(e.value) and "spark.driver.host" in str(e.value)
+    assert (e.value.sink_uid, e.value.phase) == ("k", "check")
+
+
+def test_a_ping_without_the_token_gets_no_answer() -> None:
+    with VoteService("127.0.0.1", lambda votes: None, log=LOG) as service:
+        assert ping(service.address, service.token, timeout_s=5) is None
+        assert ping(service.address, "not-the-token", timeout_s=5) is not None

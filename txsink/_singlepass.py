@@ -32,14 +32,14 @@ import pyarrow as pa
 from txsink._decide import decide_epoch
 from txsink._logging import EpochLogger, get_logger
 from txsink._task import Ack, TaskPlan, collect_acks, discard_all, run_partition
-from txsink._votes import COMMIT, DECIDED, Vote, VoteService, cast_vote
-from txsink.contract import EpochData, TaskInfo
-from txsink.errors import EpochAbortedError, TxsinkError
+from txsink._votes import COMMIT, DECIDED, Vote, VoteService, cast_vote, ping
+from txsink.contract import EpochData, TaskInfo, TaskRunner
+from txsink.errors import ConfigurationError, EpochAbortedError, TxsinkError
 from txsink.faults import CrashPoint
 from txsink.handles import Handle, load_handle
 from txsink.log import TxLog
 
-__all__ = ["SinglePassJob", "SinglePassOutcome", "run_single_pass"]
+__all__ = ["SinglePassJob", "SinglePassOutcome", "probe_vote_service", "run_single_pass"]
 
 #: How long a task waits for the driver's answer before it gives up and aborts.
 VOTE_TIMEOUT_S = 600.0
@@ -55,6 +55,40 @@ class SinglePassJob:
     #: How many times a failed job is run again (a new round) before the epoch fails:
     #: Spark's task retries (a barrier result stage is never retried by Spark itself).
     retries: int = 0
+
+
+#: How long the start-up check's tasks try to reach the vote service.
+PROBE_TIMEOUT_S = 10.0
+
+
+def probe_vote_service(tasks: TaskRunner, host: str, n: int, *, sink_uid: str) -> None:
+    """Refuse, before a run's first single-pass epoch reads a row, executors that cannot
+    reach the driver's vote service: ``n`` tasks (the epoch's partitions, as spread over
+    the cluster as Spark places them) each connect and get an answer.
+
+    Without this the first epoch would be written, every task would find no driver to
+    vote to and abort, and the error would only say the epoch was not decided.
+    """
+    logger = get_logger(__name__, uid=sink_uid)
+    with VoteService(host, lambda votes: None, log=logger) as service:
+        probe = functools.partial(_probe, service.address, service.token)
+        failures = [why for why in tasks.run(probe, list(range(n))) if why is not None]
+    if failures:
+        address = f"{host}:{service.address[1]}"
+        raise ConfigurationError(
+            f"{len(failures)} of {n} tasks could not reach the driver's vote service at "
+            f"{address} ({failures[0]}): a sink of this coordinator commits in its tasks (a "
+            "single-pass epoch), and every task votes to the driver. Set spark.driver.host to "
+            "an address the executors reach (and spark.driver.bindAddress if the driver "
+            "binds another), let the executors connect to the driver on any port (the "
+            "service takes a free one), or use a mode that does not commit in the tasks",
+            sink_uid=sink_uid,
+            phase="check",
+        )
+
+
+def _probe(address: tuple[str, int], token: str, item: int) -> str | None:
+    return ping(address, token, timeout_s=PROBE_TIMEOUT_S)
 
 
 @dataclass(frozen=True)

@@ -97,8 +97,9 @@ def task_retries(df: DataFrame) -> int:
     return max(0, int(session.conf.get("spark.task.maxFailures", "4") or 4) - 1)
 
 
-def check_single_pass(df: DataFrame, sink_uid: str) -> None:
-    """Refuse, before the job, a single-pass epoch Spark cannot run all at once.
+def check_single_pass(df: DataFrame, sink_uid: str) -> int:
+    """Refuse, before the job, a single-pass epoch Spark cannot run all at once; the
+    epoch's partition count (1 where Spark does not tell: Spark Connect).
 
     A barrier stage needs a task slot for each of its partitions at the same time, and no
     dynamic allocation; Spark itself would retry the slot check for minutes
@@ -121,7 +122,7 @@ def check_single_pass(df: DataFrame, sink_uid: str) -> None:
         )
         partitions = int(df.rdd.getNumPartitions())
     except Exception:  # Spark Connect, or a Spark without these: Spark checks it itself
-        return
+        return 1
     if partitions > slots:
         raise ConfigurationError(
             f"this epoch has {partitions} partitions, but the cluster runs {slots} tasks at "
@@ -132,6 +133,7 @@ def check_single_pass(df: DataFrame, sink_uid: str) -> None:
             sink_uid=sink_uid,
             phase="check",
         )
+    return partitions
 
 
 def check_query_mode(df: DataFrame, query_id: str) -> None:

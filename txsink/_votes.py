@@ -34,11 +34,11 @@ from typing import Any
 
 from txsink._logging import EpochLogger
 
-__all__ = ["Vote", "VoteService", "cast_vote"]
+__all__ = ["Vote", "VoteService", "cast_vote", "ping"]
 
 #: The longest line a vote may be (its handles): 64 MiB.
 _MAX_LINE = 64 << 20
-COMMIT, ABORT, DECIDED = "commit", "abort", "decided"
+COMMIT, ABORT, DECIDED, PONG = "commit", "abort", "decided", "pong"
 
 
 @dataclass(frozen=True)
@@ -106,6 +106,9 @@ class VoteService:
             message = json.loads(_read_line(conn))
             if not hmac.compare_digest(str(message.get("token", "")), self.token):
                 conn.close()  # not one of this epoch's tasks: no answer
+                return
+            if message.get("ping"):  # the start-up check: an executor reaches the driver
+                _answer(conn, PONG, "")
                 return
             vote = Vote(**message["vote"])
         except (OSError, ValueError, TypeError, KeyError):
@@ -209,3 +212,16 @@ def cast_vote(
         return str(reply["answer"]), str(reply.get("why", ""))
     except (OSError, ValueError, KeyError) as err:
         return ABORT, f"no answer from the driver's vote service at {address}: {err}"
+
+
+def ping(address: tuple[str, int], token: str, *, timeout_s: float) -> str | None:
+    """Whether this process reaches the vote service at ``address``: ``None``, or why not
+    (the start-up check, from each executor, before any row is read)."""
+    try:
+        with socket.create_connection(address, timeout=timeout_s) as conn:
+            conn.settimeout(timeout_s)
+            conn.sendall(json.dumps({"token": token, "ping": True}).encode() + b"\n")
+            reply = json.loads(_read_line(conn))
+    except (OSError, ValueError) as err:
+        return f"{type(err).__name__}: {err}"
+    return None if reply.get("answer") == PONG else f"unexpected answer {reply!r}"

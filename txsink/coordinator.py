@@ -34,7 +34,7 @@ from txsink._commit import commit_share
 from txsink._decide import decide_epoch
 from txsink._logging import committed_text, failures_logged, get_logger, install_console
 from txsink._operator import OperatorMixin
-from txsink._singlepass import SinglePassJob, SinglePassOutcome, run_single_pass
+from txsink._singlepass import SinglePassJob, SinglePassOutcome, probe_vote_service, run_single_pass
 from txsink._task import Precommit, TaskPlan, collect_acks, precommit_job
 from txsink.contract import EpochData, SinkContract
 from txsink.errors import ConfigurationError, EpochAbortedError, FencedError
@@ -131,6 +131,7 @@ class Coordinator(OperatorMixin):
         self._checked_queries: set[str] = set()
         self._checked_schema: pa.Schema | None = None
         self._needs_recovery = True
+        self._probe_votes = True  # single pass: executors reach the driver? once per run
         self._last_committed: int | None = None
         install_console()  # one line per epoch on stderr, unless logging is configured
         self._log = get_logger(__name__, uid="+".join(uids))
@@ -160,6 +161,7 @@ class Coordinator(OperatorMixin):
                 _spark.check_query_mode(df, query_id)
                 self._checked_queries.add(query_id)
                 self._needs_recovery = True  # a new query run: recover before its first epoch
+                self._probe_votes = True
             self._bind(app_id)  # the log's own checks come before the sinks'
             self._check_schema(df, app_id)
             self._run_spark_epoch(int(batch_id), df, app_id)
@@ -189,9 +191,13 @@ class Coordinator(OperatorMixin):
         if in_task:
             # One pass: the rows are read once; only a failure after the decision reads
             # them again (Spark's replay of the epoch, verified against the decision).
-            _spark.check_single_pass(data, "+".join(in_task))
+            parts = _spark.check_single_pass(data, "+".join(in_task))
+            host = _spark.driver_host(df)
+            if self._probe_votes:
+                probe_vote_service(self._recovery.tasks, host, parts, sink_uid="+".join(in_task))
+                self._probe_votes = False
             rows = _spark.SparkEpochData(data)
-            job = SinglePassJob(rows, _spark.driver_host(df), _spark.task_retries(df))
+            job = SinglePassJob(rows, host, _spark.task_retries(df))
             return self.run_epoch(epoch, job, app_id=app_id, data=rows)
         if not any(s.commits_from_data for s in self.sinks):
             return self.run_epoch(epoch, precommit_job(_spark.SparkEpochData(data)), app_id=app_id)

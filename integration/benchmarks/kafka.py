@@ -11,8 +11,9 @@ output is verified):
 
 wal       ``Coordinator([KafkaSink(mode="wal", key="key", value="value")]).write(df,
           epoch=0)``: every task writes its records to an Arrow IPC WAL file and fsyncs it;
-          the driver records the decision, then produces every WAL record plus the shard's
-          marker in one Kafka transaction per shard (shards=1, the default). Full protocol.
+          the driver records the decision, then a commit job (one task per shard,
+          shards=<partitions>) produces every WAL record plus the shard's marker in one
+          Kafka transaction per shard. Full protocol.
 replay    ``KafkaSink(mode="replay", shards=<partitions>)``: the epoch is resharded by the
           key's hash and persisted; pre-commit tasks count and checksum their shard; the
           commit job re-reads the persisted rows, one task per shard, each producing its
@@ -687,7 +688,7 @@ def _sink(
         "transactional_id_prefix": TXN_PREFIX,
     }
     if mode == "wal":
-        kwargs.update(mode="wal", wal=wal)
+        kwargs.update(mode="wal", wal=wal, shards=partitions)  # one commit task per partition
     elif mode == "direct":
         kwargs.update(mode="direct", shards=max(8, partitions))
     else:
@@ -1298,7 +1299,7 @@ def reading(res: Results) -> list[str]:
                 f"(tasks write their records to the WAL and fsync it) {ph['precommit']:.2f} s "
                 f"({ph['precommit'] / total:.0%}), then the commit {ph['commit']:.2f} s "
                 f"({ph['commit'] / total:.0%}): a second Spark job, one task per shard "
-                "(shards=1 here: one task), reads the WAL and produces it with the marker."
+                f"(shards={p} here), reads the WAL and produces it with the marker."
             )
             out.append(line)
         if res.seconds("direct", p):
@@ -1419,8 +1420,9 @@ def render(res: Results) -> str:
         "to the source's, no transaction left open, no WAL file left.",
         '- Writers: **txsink WAL** `Coordinator([KafkaSink(mode="wal", key="key", '
         'value="value")]).write(df, epoch=0)`, the full protocol (WAL file + fsync in each task, '
-        "decision in the log, the driver produces every record and the marker in one "
-        'transaction per shard; `shards=1`, the default); **txsink replay** `mode="replay", '
+        "decision in the log, a commit job produces every record and the marker in one "
+        "transaction per shard, one task per shard; `shards=<partitions>`); "
+        '**txsink replay** `mode="replay", '
         "shards=<partitions>` (reshard by the key's hash, persist, count + checksum in the "
         "tasks, decision, a commit job with one transactional producer per shard); **plain "
         "idempotent producer** `mapInArrow` tasks, each with a non-transactional confluent-kafka "

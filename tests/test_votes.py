@@ -6,7 +6,8 @@ import functools
 import json
 import socket
 import threading
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import pytest
 
@@ -16,6 +17,8 @@ from txsink._votes import ABORT, COMMIT, DECIDED, Vote, VoteService, cast_vote, 
 from txsink.errors import ConfigurationError
 
 LOG = get_logger(__name__, uid="votes")
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 def _vote_async(service: VoteService, vote: Vote, out: dict[int, Any]) -> threading.Thread:
@@ -121,13 +124,13 @@ class _Runner:
         self.unreachable = unreachable
         self.items: list[int] = []
 
-    def run(self, fn: Any, items: list[int]) -> list[Any]:
-        self.items = list(items)
+    def run(self, fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
+        self.items = [int(i) for i in items]  # type: ignore[call-overload]
         if self.unreachable:
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))
                 closed = ("127.0.0.1", s.getsockname()[1])
-            fn = functools.partial(fn.func, closed, *fn.args[1:])
+            fn = functools.partial(fn.func, closed, *fn.args[1:])  # type: ignore[attr-defined]
         return [fn(item) for item in items]
 
 

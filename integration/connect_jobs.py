@@ -55,6 +55,8 @@ def stream(
     try:
         query.awaitTermination()
     except Exception as err:
+        # Connect's error carries the foreachBatch process's traceback: kept whole for tests.
+        Path(workdir, "failure.txt").write_text(str(err))
         print(f"{FAILED_LINE}{failure_line(err)}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
     finally:

@@ -183,10 +183,8 @@ class ConnectServer:
             return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            pass
         self._reap()
 
     def _reap(self) -> None:

@@ -68,6 +68,6 @@ def test_connect_frames_have_no_query_id() -> None:
 
 def test_under_connect_without_app_id_the_error_says_so(tmp_path: Path) -> None:
     coordinator = Coordinator(FilesSink(tmp_path / "out", uid="o"), log=str(tmp_path / "log"))
-    with pytest.raises(ConfigurationError, match="under Spark Connect.*pass app_id="):
+    with pytest.raises(ConfigurationError, match=r"under Spark Connect.*pass app_id="):
         coordinator(_ConnectFrame(), 0)  # type: ignore[arg-type]
     assert not (tmp_path / "log").exists()  # refused before anything is written

@@ -22,10 +22,14 @@ import pytest
 from connect_server import ConnectServer, client_cmd, client_env
 from cross import Cross
 
+from conftest import services_for
 from txsink.connectors.files.testing import verify_files
 from txsink.log import open_log
 from txsink.runner import RunReport, run_until_done
+from txsink.testing.adapter import adapters
 from txsink.testing.inputs import make_input
+from txsink.testing.targets import new_targets
+from txsink.testing.verifiers import verify
 from txsink.verify import Verdict
 
 JOBS = str(Path(__file__).resolve().parent / "connect_jobs.py")
@@ -230,3 +234,34 @@ def test_server_sinks_through_connect(connect_server: ConnectServer, cross: Cros
     assert report.runs == 2, report
     verdicts = cross.verdicts(ROWS)
     assert all(v.ok and v.lingering == 0 for v in verdicts.values()), verdicts
+
+
+@pytest.mark.slow
+@pytest.mark.kafka
+def test_kafka_direct_single_pass_through_connect(
+    connect_server: ConnectServer, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Kafka's direct mode (a barrier stage whose tasks vote to the coordinator in the
+    foreachBatch process and commit in the task), with that process killed after epoch 1's
+    decision: the replay commits the decided shards."""
+    env: dict[str, str] = {}
+    for service in services_for(request, ["kafka"]).values():
+        env.update(service.env())
+    options = {"kafka": dict(adapters()["kafka"].variants["direct"])}
+    (target,) = new_targets(["kafka"], tmp_path, tag="cx", env=env, options=options)
+    request.addfinalizer(lambda: target.adapter.drop_target(target.spec, target.env))
+    make_input(tmp_path / "input", rows=ROWS, files=FILES)
+    lines: list[str] = []
+    report = _run(
+        connect_server,
+        tmp_path,
+        max_runs=3,
+        lines=lines,
+        env=target.child_env(),
+        sinks=[target.spec],
+        faults="after_decision:kill-driver@1",
+    )
+    assert report.finished, "\n".join(lines[-40:])
+    assert report.runs == 2, report
+    verdict = verify(target.verifier(range(ROWS), log=str(tmp_path / "txlog")))
+    assert verdict.ok and verdict.lingering == 0, verdict

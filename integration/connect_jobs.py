@@ -23,16 +23,33 @@ def stream(
     log: str | None = None,
     faults: str | None = None,
     drop_in: bool = False,
+    hook: dict[str, Any] | None = None,
 ) -> None:
     """Stream ``workdir/input`` (one file per epoch) into the sinks through Connect until the
-    input is done; a failed query prints one ``txsink: query failed:`` line and exits 1."""
+    input is done; a failed query prints one ``txsink: query failed:`` line and exits 1.
+
+    ``hook``: ``{"folder", "point", "epoch"}``, the one hook a test's
+    :class:`~txsink.testing.hooks.PointHooks` serves (its action runs in the test's process
+    while the pipeline waits at that point)."""
     from pyspark.sql import SparkSession
 
     from txsink import Coordinator
     from txsink.faults import FaultPlan
 
     spark = SparkSession.builder.remote(remote).getOrCreate()
-    plan = FaultPlan.parse(faults, str(Path(workdir, "faults"))) if faults else None
+    plan: FaultPlan | None = None
+    if faults:
+        plan = FaultPlan.parse(faults, str(Path(workdir, "faults")))
+    if hook is not None:
+        from txsink.faults import CrashPoint
+        from txsink.testing.hooks import Hook, HookPlan
+
+        plan = HookPlan(
+            faults=(),
+            state_dir=str(Path(workdir, "faults")),
+            hooks=(Hook(CrashPoint(hook["point"]), epoch=hook.get("epoch")),),
+            folder=hook["folder"],
+        )
     location = log or str(Path(workdir, "txlog"))
     built = [build_sink(s) for s in sinks]
     target: Any

@@ -27,6 +27,7 @@ from txsink.connectors.files.testing import verify_files
 from txsink.log import open_log
 from txsink.runner import RunReport, run_until_done
 from txsink.testing.adapter import adapters
+from txsink.testing.hooks import PointHooks
 from txsink.testing.inputs import make_input
 from txsink.testing.targets import new_targets
 from txsink.testing.verifiers import verify
@@ -190,27 +191,36 @@ def test_a_killed_client_process(connect_server: ConnectServer, tmp_path: Path) 
 
 @pytest.mark.slow
 def test_a_killed_connect_server_restarted(connect_server: ConnectServer, tmp_path: Path) -> None:
-    """SIGKILL of the whole server (its JVM and Python processes) right after epoch 1's
-    decision; the server restarts, the query restarts from its checkpoint and its first
-    batch finishes the decided epoch before anything else."""
+    """SIGKILL of the whole server (its JVM and Python processes) while the foreachBatch
+    process waits right after epoch 1's decision (a hook); the server restarts, the query
+    restarts from its checkpoint and its first batch finishes the decided epoch."""
     make_input(tmp_path / "input", rows=ROWS, files=FILES)
-    client = _start_client(connect_server, tmp_path)
-    try:
-        _wait_for(lambda: _decided(tmp_path / "txlog", 1), 240, "epoch 1's decision")
-        connect_server.kill()
-        # The client keeps retrying a server that is gone (Connect's retry policy): it is
-        # the dead driver's client; the restart below is a new one, as a supervisor's.
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            client.wait(10)
-    finally:
-        if client.poll() is None:
-            client.kill()
-            client.wait(30)
-        if connect_server.proc is None or connect_server.proc.poll() is not None:
+    hooks = PointHooks(tmp_path / "hooks")
+    hooks.at("after_decision", connect_server.kill, epoch=1)
+    hook = {"folder": str(tmp_path / "hooks"), "point": "after_decision", "epoch": 1}
+    with hooks:
+        client = _start_client(connect_server, tmp_path, hook=hook)
+        try:
+            _wait_for(
+                lambda: connect_server.proc is not None and connect_server.proc.poll() is not None,
+                240,
+                "the server's kill at epoch 1's decision",
+            )
+            # The client keeps retrying a server that is gone (Connect's retry policy): it
+            # is the dead driver's client; the one below is a new one, as a supervisor's.
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                client.wait(5)
+        finally:
+            if client.poll() is None:
+                client.kill()
+                client.wait(30)
             connect_server.start()
+    log = open_log(tmp_path / "txlog")
+    assert log.decision(1) is not None and log.committed(1) is None  # killed in between
     report = _run(connect_server, tmp_path, max_runs=3)
     assert report.finished, report
     _assert_files_exactly_once(tmp_path)
+    assert log.last_committed() == FILES - 1
 
 
 @pytest.mark.slow

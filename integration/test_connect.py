@@ -79,10 +79,17 @@ def _assert_files_exactly_once(tmp: Path, rows: int = ROWS) -> Verdict:
 def test_files_sink_through_connect(connect_server: ConnectServer, tmp_path: Path) -> None:
     make_input(tmp_path / "input", rows=ROWS, files=FILES)
     lines: list[str] = []
-    report = _run(connect_server, tmp_path, lines=lines)
+    spec = {**_files_spec(tmp_path), "uid": "connect-files"}
+    report = _run(connect_server, tmp_path, lines=lines, sinks=[spec])
     assert report.finished, "\n".join(lines[-30:])
-    verdict = _assert_files_exactly_once(tmp_path)
+    verdict = verify_files(tmp_path / "out", range(ROWS), uid="connect-files")
+    assert verdict.ok and verdict.lingering == 0, verdict
     assert verdict.epochs == FILES
+    # txsink's console line is printed where the coordinator runs: the server's process.
+    assert not any(" committed: " in line for line in lines), lines
+    served = connect_server.log_path.read_text(errors="replace")
+    last = f"txsink: [connect-files epoch {FILES - 1}] committed: connect-files 100 rows"
+    assert last in served
     log = open_log(tmp_path / "txlog")
     assert log.last_committed() == FILES - 1
     assert (log.meta() or {}).get("app_id") == _app_id(tmp_path)

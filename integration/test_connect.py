@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -23,12 +24,13 @@ from connect_server import ConnectServer, client_cmd, client_env
 from cross import Cross
 
 from conftest import services_for
+from txsink._checkpoint import inspect_checkpoint
 from txsink.connectors.files.testing import verify_files
 from txsink.log import open_log
 from txsink.runner import RunReport, run_until_done
 from txsink.testing.adapter import adapters
 from txsink.testing.hooks import PointHooks
-from txsink.testing.inputs import make_input
+from txsink.testing.inputs import append_input, make_input
 from txsink.testing.targets import new_targets
 from txsink.testing.verifiers import verify
 from txsink.verify import Verdict
@@ -282,3 +284,32 @@ def test_kafka_direct_single_pass_through_connect(
     assert report.runs == 2, report
     verdict = verify(target.verifier(range(ROWS), log=str(tmp_path / "txlog")))
     assert verdict.ok and verdict.lingering == 0, verdict
+
+
+@pytest.mark.slow
+def test_a_classic_pipeline_moves_to_connect_with_its_query_id(
+    connect_server: ConnectServer, tmp_path: Path
+) -> None:
+    """A classic query writes epochs 0-1; the same checkpoint and log go on through Connect
+    with app_id = the classic query's id (the checkpoint's metadata): epochs 2-3 follow,
+    every row once."""
+    make_input(tmp_path / "input", rows=200, files=2)
+    classic = run_until_done(
+        [
+            sys.executable,
+            "-m",
+            "txsink.runner",
+            "txsink.testing.pipelines:run_stream",
+            json.dumps({"workdir": str(tmp_path), "sinks": [_files_spec(tmp_path)]}),
+        ],
+        max_runs=1,
+        timeout=300,
+    )
+    assert classic.finished
+    query_id = inspect_checkpoint(tmp_path / "checkpoint").query_id
+    assert query_id is not None
+    append_input(tmp_path / "input", first_id=200, rows=200, first_file=2, files=2)
+    report = _run(connect_server, tmp_path, app_id=query_id)
+    assert report.finished, report
+    _assert_files_exactly_once(tmp_path)
+    assert open_log(tmp_path / "txlog").last_committed() == 3

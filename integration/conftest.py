@@ -31,6 +31,7 @@ from _services.fixtures import (
     resolve_s3,
     session_finalizers,
 )
+from connect_server import ConnectServer
 from cross import Cross
 
 # marker -> the session fixture that provides its server
@@ -145,3 +146,16 @@ def _txsink_services(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     for service in list(_active.values()):
         service.cleanup()
+
+
+@pytest.fixture(scope="session")
+def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConnectServer]:
+    """A real local Spark Connect server (``local[2,2]``), started once per test session on
+    127.0.0.1 and a free port, stopped at the end: ``.url`` (``sc://127.0.0.1:PORT``),
+    ``.kill()``, ``.restart()``. Clients run in child processes
+    (``connect_server.client_cmd``): a Connect session cannot share this process with the
+    classic one of the root conftest."""
+    server = ConnectServer(tmp_path_factory.mktemp("connect-server"))
+    server.start()
+    yield server
+    server.stop()

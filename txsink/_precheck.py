@@ -75,8 +75,19 @@ class CheckResult:
         return f"FAIL  {one_line(self.error)}"
 
 
-def no_app_error() -> ConfigurationError:
-    """A coordinator called by hand, outside a streaming query, without ``app_id``."""
+def no_app_error(*, connect: bool = False) -> ConfigurationError:
+    """A coordinator called without ``app_id`` where no query id is in sight: by hand,
+    outside a streaming query, or under Spark Connect (``connect``), whose foreachBatch
+    cannot see its query's id."""
+    if connect:
+        return ConfigurationError(
+            "txsink.Coordinator runs under Spark Connect, where foreachBatch cannot see its "
+            "streaming query's id (the app id txsink binds its log to): pass app_id=... to "
+            "the Coordinator, a name that stays the same for as long as the query's "
+            "checkpoint does (to keep a log a classic query wrote: the id in the "
+            "checkpoint's metadata file)",
+            phase="check",
+        )
     return ConfigurationError(
         "txsink.Coordinator was called outside a streaming query's foreachBatch and "
         "without app_id: pass app_id=..., or use coordinator.write(df) for a static "

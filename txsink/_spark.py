@@ -3,8 +3,9 @@
 Kept apart from the protocol so the coordinator can be driven without Spark, and
 so connectors never import Spark: every job txsink runs (the pre-commit, a
 connector's commit that reads the epoch again) goes through
-:class:`SparkEpochData`. Classic PySpark only (not Spark Connect): the
-coordinator needs the SparkContext's local properties.
+:class:`SparkEpochData`. Classic PySpark and Spark Connect alike: every job is a
+``mapInArrow`` + ``collect``; what Connect cannot see (the SparkContext's query id, the
+query object through py4j, the cluster's task slots) is said at each function.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import pyarrow as pa
 
 from txsink._logging import one_line
-from txsink.contract import Partitioning, TaskInfo
+from txsink._singlepass import SinglePassJob, probe_vote_service
+from txsink.contract import Partitioning, TaskInfo, TaskRunner
 from txsink.errors import (
     ConfigurationError,
     InjectedFault,
@@ -38,6 +40,7 @@ __all__ = [
     "check_single_pass",
     "driver_host",
     "failure_text",
+    "is_connect",
     "partitioned",
     "required_partitioning",
     "streaming_query_id",
@@ -58,22 +61,25 @@ _RESULT_DDL = "partition long, result binary"
 _JAVA_CLASS = re.compile(r"\b(?:[a-z][\w$]*\.)+[A-Z][\w$]*(?:Exception|Error): ")
 
 
+def is_connect(df: DataFrame) -> bool:
+    """Whether ``df`` is a Spark Connect DataFrame (in Connect's ``foreachBatch`` process,
+    or a client's), rather than a classic one with a SparkContext behind it."""
+    return type(df).__module__.startswith("pyspark.sql.connect.")
+
+
 def streaming_query_id(df: DataFrame) -> str | None:
     """The durable id of the streaming query running this foreachBatch call.
 
-    It is stored in the checkpoint, so it survives restarts (unlike the run id).
+    It is stored in the checkpoint, so it survives restarts (unlike the run id). ``None``
+    outside a query, and always under Spark Connect: its ``foreachBatch`` gets a DataFrame
+    of a session cloned for the batch, which has no SparkContext and lists no active query
+    (checked against a real Connect server in integration/test_connect.py), so a
+    coordinator there needs ``app_id=``.
     """
-    query_id: str | None = _spark_context(df).getLocalProperty("sql.streaming.queryId")
+    if is_connect(df):
+        return None
+    query_id: str | None = df.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId")
     return query_id
-
-
-def _spark_context(df: DataFrame) -> Any:
-    try:
-        return df.sparkSession.sparkContext
-    except Exception as err:  # Spark Connect DataFrames have no SparkContext
-        raise ConfigurationError(
-            "txsink needs classic PySpark (a SparkContext); Spark Connect is not supported"
-        ) from err
 
 
 def driver_host(df: DataFrame) -> str:
@@ -115,13 +121,17 @@ def check_single_pass(df: DataFrame, sink_uid: str) -> int:
             sink_uid=sink_uid,
             phase="check",
         )
+    if is_connect(df):
+        # No SparkContext, no RDD: the slots and the partitions are out of sight; Spark's
+        # own barrier check (spark.scheduler.barrier.maxConcurrentTasksCheck.*) applies.
+        return 1
     try:
         jsc = session.sparkContext._jsc.sc()
         slots = int(
             jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile())
         )
         partitions = int(df.rdd.getNumPartitions())
-    except Exception:  # Spark Connect, or a Spark without these: Spark checks it itself
+    except Exception:  # a Spark without these: Spark checks it itself
         return 1
     if partitions > slots:
         raise ConfigurationError(
@@ -136,8 +146,30 @@ def check_single_pass(df: DataFrame, sink_uid: str) -> int:
     return partitions
 
 
+def single_pass_job(
+    df: DataFrame, data: DataFrame, sink_uid: str, tasks: TaskRunner, *, probe: bool
+) -> SinglePassJob:
+    """The epoch as one single-pass job, after its checks (``probe``: also that the
+    executors reach the driver's vote service, once per query run). One pass: the rows
+    are read once; only a failure after the decision reads them again (Spark's replay of
+    the epoch, verified against the decision)."""
+    parts = check_single_pass(data, sink_uid)
+    host = driver_host(df)
+    if probe:
+        probe_vote_service(tasks, host, parts, sink_uid=sink_uid)
+    return SinglePassJob(SparkEpochData(data), host, task_retries(df))
+
+
 def check_query_mode(df: DataFrame, query_id: str) -> None:
-    """Refuse query settings that break the guarantee, before anything is written."""
+    """Refuse query settings that break the guarantee, before anything is written.
+
+    Classic PySpark only (the query object through py4j). Under Spark Connect it is not
+    needed for ``foreachBatch``: Spark itself refuses both at ``start()`` ("'foreachBatch'
+    is not supported with continuous trigger"; "Sink ForeachBatchSink does not support
+    async progress tracking"), which integration/test_connect.py checks.
+    """
+    if is_connect(df):
+        return
     jsession = df.sparkSession._jsparkSession
     for jq in jsession.streams().active():
         if jq.id().toString() != query_id:
@@ -156,7 +188,6 @@ def arrow_schema(df: DataFrame) -> pa.Schema:
     """The DataFrame's schema as the sinks see it (Arrow, in the session's time zone)."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    _spark_context(df)  # classic PySpark, or a clean ConfigurationError
     tz = df.sparkSession.conf.get("spark.sql.session.timeZone")
     try:
         return to_arrow_schema(df.schema, timezone=tz)

@@ -34,7 +34,8 @@ from txsink._commit import commit_share
 from txsink._decide import decide_epoch
 from txsink._logging import committed_text, failures_logged, get_logger, install_console
 from txsink._operator import OperatorMixin
-from txsink._singlepass import SinglePassJob, SinglePassOutcome, probe_vote_service, run_single_pass
+from txsink._remote import arrived_state, location_of, portable_state
+from txsink._singlepass import SinglePassJob, SinglePassOutcome, run_single_pass
 from txsink._task import Precommit, TaskPlan, collect_acks, precommit_job
 from txsink.contract import EpochData, SinkContract
 from txsink.errors import ConfigurationError, EpochAbortedError, FencedError
@@ -73,7 +74,7 @@ class Coordinator(OperatorMixin):
         log: where the txsink log lives (a path, or a :class:`~txsink.log.LogStore`).
         app_id: the app's stable id. Defaults to the streaming query's id, which
             Spark keeps in its checkpoint. Required for :meth:`write` on a
-            fresh log.
+            fresh log, and under Spark Connect (docs/spark-connect.md).
         allow_non_restored_state: start even if the log holds pending handles
             for a sink uid that is not configured any more (they are skipped
             and reported in the epoch's committed record).
@@ -119,6 +120,7 @@ class Coordinator(OperatorMixin):
         if retain_epochs < 1:
             raise ValueError("retain_epochs must be >= 1")
         self.log = open_log(log)
+        self._log_location = location_of(log)  # what travels to Spark Connect (_remote)
         self.app_id = check_name("app id", app_id) if app_id is not None else None
         self.allow_non_restored_state = allow_non_restored_state
         self.retain_epochs = retain_epochs
@@ -135,14 +137,24 @@ class Coordinator(OperatorMixin):
         self._last_committed: int | None = None
         install_console()  # one line per epoch on stderr, unless logging is configured
         self._log = get_logger(__name__, uid="+".join(uids))
-        self._recovery = Recovery(
+        self._recovery = self._new_recovery()
+
+    def _new_recovery(self) -> Recovery:
+        return Recovery(
             self.log,
             self.sinks,
             self.retired,
-            allow_non_restored_state=allow_non_restored_state,
+            allow_non_restored_state=self.allow_non_restored_state,
             fire=self._fire,
             logger=self._log,
         )
+
+    def __getstate__(self) -> dict[str, Any]:
+        return portable_state(self.__dict__)  # Spark Connect's foreachBatch: txsink._remote
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(arrived_state(state))
+        self._recovery = self._new_recovery()
 
     # -- entry points ------------------------------------------------------------------
 
@@ -156,7 +168,7 @@ class Coordinator(OperatorMixin):
             query_id = _spark.streaming_query_id(df)
             app_id = self.app_id or query_id
             if app_id is None:
-                raise _precheck.no_app_error()
+                raise _precheck.no_app_error(connect=_spark.is_connect(df))
             if query_id is not None and query_id not in self._checked_queries:
                 _spark.check_query_mode(df, query_id)
                 self._checked_queries.add(query_id)
@@ -189,16 +201,10 @@ class Coordinator(OperatorMixin):
         data = _spark.partitioned(df, [s.required_partitioning() for s in self.sinks])
         in_task = [s.uid for s in self.sinks if s.commits_in_task]
         if in_task:
-            # One pass: the rows are read once; only a failure after the decision reads
-            # them again (Spark's replay of the epoch, verified against the decision).
-            parts = _spark.check_single_pass(data, "+".join(in_task))
-            host = _spark.driver_host(df)
-            if self._probe_votes:
-                probe_vote_service(self._recovery.tasks, host, parts, sink_uid="+".join(in_task))
-                self._probe_votes = False
-            rows = _spark.SparkEpochData(data)
-            job = SinglePassJob(rows, host, _spark.task_retries(df))
-            return self.run_epoch(epoch, job, app_id=app_id, data=rows)
+            uids, tasks = "+".join(in_task), self._recovery.tasks
+            job = _spark.single_pass_job(df, data, uids, tasks, probe=self._probe_votes)
+            self._probe_votes = False
+            return self.run_epoch(epoch, job, app_id=app_id, data=job.data)
         if not any(s.commits_from_data for s in self.sinks):
             return self.run_epoch(epoch, precommit_job(_spark.SparkEpochData(data)), app_id=app_id)
         # The commit reads the rows again: keep this epoch's rows instead of

@@ -13,6 +13,7 @@ import os
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from txsink._logging import failures_logged, get_logger
+from txsink._remote import location_of
 from txsink.contract import EpochCommit, EpochData, Partitioning, SinkContract, TaskInfo
 from txsink.coordinator import Coordinator
 from txsink.errors import ConfigurationError
@@ -80,11 +81,12 @@ class TwoPhaseCommitSink(SinkContract[T, H]):
         return self._coordinator
 
     def __getstate__(self) -> dict[str, Any]:
-        # Sinks travel to executors inside the task closure; the coordinator and the log
-        # (a store may hold credentials and refuse pickling) stay on the driver.
+        # Sinks travel to executors inside the task closure; the coordinator and a log
+        # store (it may hold credentials and refuse pickling) stay on the driver. A log
+        # location travels: Spark Connect runs foreachBatch(sink) in its server's process.
         state = self.__dict__.copy()
         state["_coordinator"] = None
-        state["_log_location"] = None
+        state["_log_location"] = location_of(self._log_location)
         return state
 
 

@@ -344,6 +344,8 @@ class Coordinator(OperatorMixin):
                     logger=self._log,
                 )
                 break
+            except FencedError:
+                raise  # another driver decided or voided this epoch: its decision stands
             except BaseException as err:
                 failed: SinglePassOutcome | None = getattr(err, "txsink_single_pass", None)
                 from_job = (

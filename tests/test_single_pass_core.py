@@ -3,6 +3,7 @@ process, the sink commits in its tasks in memory, the vote service is the real o
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -16,8 +17,9 @@ from typing_extensions import override
 from tests.memsink import Crasher, MemHandle, MemSink, MemStore, MemTarget, _Open, batches_for
 from txsink import Coordinator
 from txsink._singlepass import SinglePassJob
+from txsink._votes import cast_vote
 from txsink.contract import TaskInfo
-from txsink.errors import FencedError
+from txsink.errors import EpochAbortedError, FencedError, RetryableError
 from txsink.faults import CrashPoint, FaultPlan
 from txsink.log import TxLog
 
@@ -117,3 +119,24 @@ def test_a_driver_fenced_before_its_decision_raises_fenced_error(tmp_path: Path)
         run()
     assert target.visible() == []
     assert target.prepared == {}  # the tasks were answered "abort" and discarded
+
+
+def test_tasks_that_cannot_reach_the_vote_service_fail_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A task without an answer fails (Spark then stops the stage's other tasks, which
+    would wait for their answer until the vote timeout) and says what to fix."""
+    with socket.create_server(("127.0.0.1", 0)) as closed:
+        nowhere = closed.getsockname()
+
+    def unreachable(_address: Any, token: str, vote: Any, *, timeout_s: float) -> Any:
+        return cast_vote(nowhere, token, vote, timeout_s=2)
+
+    monkeypatch.setattr("txsink._singlepass.cast_vote", unreachable)
+    target, run = _run(tmp_path, lambda _log: None)
+    with pytest.raises(EpochAbortedError, match=r"spark\.driver\.host") as failed:
+        run()
+    (cause,) = failed.value.causes
+    assert isinstance(cause, RetryableError) and cause.phase == "vote", cause
+    assert f"vote service at 127.0.0.1:{nowhere[1]}" in str(cause)
+    assert target.visible() == [] and target.prepared == {}

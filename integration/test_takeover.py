@@ -1,4 +1,5 @@
-"""Zombie drivers and rescaled restarts on real targets (Kafka WAL + Postgres + S3).
+"""Zombie drivers and rescaled restarts on real targets (Kafka WAL + Postgres + S3; the
+zombies also with Kafka's direct mode, a single-pass epoch).
 
 **Zombie**: driver A stops in the middle of epoch 1 (a long GC pause, a frozen VM, a
 network partition) while a supervisor, believing it dead, starts driver B on the same
@@ -9,7 +10,11 @@ commits was already committed by B (every commit is idempotent). A's query then 
 the targets hold every row exactly once and nothing lingers.
 
 A is a query in the test's Spark session paused by a :class:`PointHooks` hook; the hook's
-callback runs B to completion as a child process before it lets A go on.
+callback runs B to completion as a child process before it lets A go on. In a single-pass
+epoch A's driver-side points are in its vote service's thread, while A's tasks wait for
+their answer with their transactions open; ``before_task_commit`` holds one of A's tasks
+after it was told to commit. B's start fences those transactions (Kafka: a new producer
+on each transactional id), so whatever A's tasks commit afterwards fails.
 
 **Rescale**: the query crashes with 2 Spark partitions and restarts with 3 (``repartition``
 stands for any change of ``spark.sql.shuffle.partitions`` or of the source's partitions).

@@ -1,5 +1,6 @@
 """The coordinator's single-pass epoch driven without Spark: the tasks are threads of this
-process, the sink commits in its tasks in memory, the vote service is the real one."""
+process, the sink commits in its tasks in memory, the vote service is the real one; and the
+slot check before it, against a stand-in for Spark's scheduler."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pyarrow as pa
@@ -17,9 +19,10 @@ from typing_extensions import override
 from tests.memsink import Crasher, MemHandle, MemSink, MemStore, MemTarget, _Open, batches_for
 from txsink import Coordinator
 from txsink._singlepass import SinglePassJob
+from txsink._spark import check_single_pass
 from txsink._votes import cast_vote
 from txsink.contract import TaskInfo
-from txsink.errors import EpochAbortedError, FencedError, RetryableError
+from txsink.errors import ConfigurationError, EpochAbortedError, FencedError, RetryableError
 from txsink.faults import CrashPoint, FaultPlan
 from txsink.log import TxLog
 
@@ -140,3 +143,51 @@ def test_tasks_that_cannot_reach_the_vote_service_fail_naming_it(
     assert isinstance(cause, RetryableError) and cause.phase == "vote", cause
     assert f"vote service at 127.0.0.1:{nowhere[1]}" in str(cause)
     assert target.visible() == [] and target.prepared == {}
+
+
+class _Slots:
+    """A SparkContext's JVM side that reports the task slots of a cluster, one per call."""
+
+    def __init__(self, slots: list[int]) -> None:
+        self.slots = slots
+
+    def sc(self) -> _Slots:
+        return self
+
+    def resourceProfileManager(self) -> _Slots:
+        return self
+
+    def defaultResourceProfile(self) -> None:
+        return None
+
+    def maxNumConcurrentTasks(self, _profile: None) -> int:
+        return self.slots.pop(0) if len(self.slots) > 1 else self.slots[0]
+
+
+def _frame(master: str, slots: list[int], partitions: int = 2) -> Any:
+    conf = {"spark.master": master}
+    session = SimpleNamespace(
+        conf=SimpleNamespace(get=lambda key, default=None: conf.get(key, default)),
+        sparkContext=SimpleNamespace(_jsc=_Slots(slots)),
+    )
+    return SimpleNamespace(
+        sparkSession=session, rdd=SimpleNamespace(getNumPartitions=lambda: partitions)
+    )
+
+
+def test_a_cluster_short_of_slots_after_an_executor_loss_is_waited_for() -> None:
+    """The epoch right after an executor was lost: its worker starts it again."""
+    slept: list[float] = []
+    check_single_pass(_frame("spark://m:7077", [1, 1, 1, 2]), "k", sleep=slept.append)
+    assert len(slept) == 3
+
+
+def test_too_few_slots_are_refused_after_the_wait_or_at_once_in_local_mode() -> None:
+    slept: list[float] = []
+    with pytest.raises(ConfigurationError, match="2 partitions, but the cluster runs 1 tasks"):
+        check_single_pass(_frame("spark://m:7077", [1]), "k", wait_s=5, sleep=slept.append)
+    assert sum(slept) == pytest.approx(5)
+    slept.clear()
+    with pytest.raises(ConfigurationError, match="2 partitions"):
+        check_single_pass(_frame("local[1]", [1, 2]), "k", sleep=slept.append)
+    assert slept == []  # local mode's slots never change

@@ -189,7 +189,7 @@ class Coordinator(OperatorMixin):
         if in_task:
             # One pass: the rows are read once; only a failure after the decision reads
             # them again (Spark's replay of the epoch, verified against the decision).
-            _spark.check_single_pass(data, "+".join(in_task))
+            _spark.check_single_pass(data, "+".join(in_task), log=self._log.bind(epoch=epoch))
             rows = _spark.SparkEpochData(data)
             job = SinglePassJob(rows, _spark.driver_host(df), _spark.task_retries(df))
             return self.run_epoch(epoch, job, app_id=app_id, data=rows)

@@ -38,11 +38,18 @@ class Cross:
     _made: list[RunTarget] = field(default_factory=list)
 
     @classmethod
-    def create(cls, connectors: Sequence[str], services: Mapping[str, Any], tmp: Path) -> Cross:
+    def create(
+        cls,
+        connectors: Sequence[str],
+        services: Mapping[str, Any],
+        tmp: Path,
+        options: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> Cross:
+        """``options``: per connector, its adapter's ``new_target`` options (a variant)."""
         env: dict[str, str] = {}
         for service in services.values():
             env.update(service.env())
-        made = new_targets(connectors, tmp, tag="xs", env=env)
+        made = new_targets(connectors, tmp, tag="xs", env=env, options=options)
         return cls({t.connector: t for t in made}, dict(services), tmp, list(made))
 
     @property

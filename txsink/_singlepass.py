@@ -15,7 +15,9 @@ once the checkpoint is complete. One barrier job (all tasks at once, or none)::
 
 A task that gets "abort", or no answer at all (the driver died, the connection
 dropped), discards what it holds: nothing is visible, and if the decision was written
-the driver (or the next run's recovery) commits the epoch from the decided handles.
+the driver (or the next run's recovery) commits the epoch from the decided handles. A
+task without an answer also fails (so Spark stops the other tasks of the stage at once,
+instead of their waiting for an answer until the vote timeout), naming the address.
 """
 
 from __future__ import annotations
@@ -32,9 +34,9 @@ import pyarrow as pa
 from txsink._decide import decide_epoch
 from txsink._logging import EpochLogger, get_logger
 from txsink._task import Ack, TaskPlan, collect_acks, discard_all, run_partition
-from txsink._votes import COMMIT, DECIDED, Vote, VoteService, cast_vote, ping
+from txsink._votes import COMMIT, DECIDED, NO_ANSWER, Vote, VoteService, cast_vote, ping
 from txsink.contract import EpochData, TaskInfo, TaskRunner
-from txsink.errors import ConfigurationError, EpochAbortedError, TxsinkError
+from txsink.errors import ConfigurationError, EpochAbortedError, RetryableError, TxsinkError
 from txsink.faults import CrashPoint
 from txsink.handles import Handle, load_handle
 from txsink.log import TxLog
@@ -233,6 +235,20 @@ def _single_pass_task(
     ]
     vote = Vote(**{**asdict(vote), "acks": shown, "error": str(error) if error else None})
     answer, why = cast_vote(to.address, to.token, vote, timeout_s=to.timeout_s)
+    if answer == NO_ANSWER:
+        discard_all(plan, {}, held)
+        # Fail the task: Spark then fails the barrier stage and stops the other tasks at
+        # once, where a task returning would leave them waiting for an answer until the
+        # vote timeout (the service answers when every task voted).
+        raise RetryableError(
+            f"partition {task.partition}: {why}; its transactions were aborted. The "
+            f"executors must reach the driver at spark.driver.host ({to.address[0]}) on the "
+            "free port its vote service takes for each epoch: set spark.driver.host to an "
+            "address they reach, and let them connect to the driver's ports",
+            epoch=plan.epoch,
+            partition=task.partition,
+            phase="vote",
+        )
     log = get_logger(__name__, uid="+".join(s.uid for s in plan.sinks), epoch=plan.epoch)
     if answer != COMMIT:
         if answer != DECIDED and error is None:

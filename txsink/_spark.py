@@ -13,12 +13,13 @@ from __future__ import annotations
 import functools
 import pickle
 import re
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import pyarrow as pa
 
-from txsink._logging import one_line
+from txsink._logging import EpochLogger, one_line
 from txsink._singlepass import SinglePassJob, probe_vote_service
 from txsink.contract import Partitioning, TaskInfo, TaskRunner
 from txsink.errors import (
@@ -103,13 +104,27 @@ def task_retries(df: DataFrame) -> int:
     return max(0, int(session.conf.get("spark.task.maxFailures", "4") or 4) - 1)
 
 
-def check_single_pass(df: DataFrame, sink_uid: str) -> int:
+#: How long a single-pass epoch on a cluster waits for task slots to come back (an executor
+#: lost and started again just before it) before it refuses to run.
+SLOT_WAIT_S = 60.0
+
+
+def check_single_pass(
+    df: DataFrame,
+    sink_uid: str,
+    *,
+    log: EpochLogger | None = None,
+    wait_s: float = SLOT_WAIT_S,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
     """Refuse, before the job, a single-pass epoch Spark cannot run all at once; the
     epoch's partition count (1 where Spark does not tell: Spark Connect).
 
     A barrier stage needs a task slot for each of its partitions at the same time, and no
     dynamic allocation; Spark itself would retry the slot check for minutes
-    (``spark.scheduler.barrier.maxConcurrentTasksCheck.*``) before failing.
+    (``spark.scheduler.barrier.maxConcurrentTasksCheck.*``) before failing. On a cluster,
+    missing slots are first waited for up to ``wait_s``: right after an executor was lost
+    (the epoch before failed with it), its worker is starting it again.
     """
     session = df.sparkSession
     if str(session.conf.get("spark.dynamicAllocation.enabled", "false")).lower() == "true":
@@ -127,17 +142,33 @@ def check_single_pass(df: DataFrame, sink_uid: str) -> int:
         return 1
     try:
         jsc = session.sparkContext._jsc.sc()
-        slots = int(
-            jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile())
-        )
+
+        def slots() -> int:
+            profile = jsc.resourceProfileManager().defaultResourceProfile()
+            return int(jsc.maxNumConcurrentTasks(profile))
+
+        now = slots()
         partitions = int(df.rdd.getNumPartitions())
+        if partitions > now and not str(session.conf.get("spark.master", "")).startswith("local"):
+            if log is not None:
+                log.warning(
+                    "%d partitions, %d task slots: waiting up to %.0f s for executors",
+                    partitions,
+                    now,
+                    wait_s,
+                )
+            for _ in range(int(wait_s / 0.5)):
+                sleep(0.5)
+                now = slots()
+                if partitions <= now:
+                    break
     except Exception:  # a Spark without these: Spark checks it itself
         return 1
-    if partitions > slots:
+    if partitions > now:
         raise ConfigurationError(
-            f"this epoch has {partitions} partitions, but the cluster runs {slots} tasks at "
+            f"this epoch has {partitions} partitions, but the cluster runs {now} tasks at "
             "once, and a single-pass epoch (a sink that commits in its tasks) runs all of its "
-            f"tasks together: repartition the stream to at most {slots} partitions before "
+            f"tasks together: repartition the stream to at most {now} partitions before "
             "the sink (df.repartition(n): coalesce() cannot run in a barrier stage), read "
             "fewer input partitions, or add executors",
             sink_uid=sink_uid,
@@ -147,13 +178,19 @@ def check_single_pass(df: DataFrame, sink_uid: str) -> int:
 
 
 def single_pass_job(
-    df: DataFrame, data: DataFrame, sink_uid: str, tasks: TaskRunner, *, probe: bool
+    df: DataFrame,
+    data: DataFrame,
+    sink_uid: str,
+    tasks: TaskRunner,
+    *,
+    probe: bool,
+    log: EpochLogger | None = None,
 ) -> SinglePassJob:
     """The epoch as one single-pass job, after its checks (``probe``: also that the
     executors reach the driver's vote service, once per query run). One pass: the rows
     are read once; only a failure after the decision reads them again (Spark's replay of
     the epoch, verified against the decision)."""
-    parts = check_single_pass(data, sink_uid)
+    parts = check_single_pass(data, sink_uid, log=log)
     host = driver_host(df)
     if probe:
         probe_vote_service(tasks, host, parts, sink_uid=sink_uid)

@@ -34,11 +34,13 @@ from typing import Any
 
 from txsink._logging import EpochLogger
 
-__all__ = ["Vote", "VoteService", "cast_vote", "ping"]
+__all__ = ["NO_ANSWER", "Vote", "VoteService", "cast_vote", "ping"]
 
 #: The longest line a vote may be (its handles): 64 MiB.
 _MAX_LINE = 64 << 20
 COMMIT, ABORT, DECIDED, PONG = "commit", "abort", "decided", "pong"
+#: What :func:`cast_vote` returns when the service gave no answer (the task aborts too).
+NO_ANSWER = "no-answer"
 
 
 @dataclass(frozen=True)
@@ -201,8 +203,8 @@ def cast_vote(
     address: tuple[str, int], token: str, vote: Vote, *, timeout_s: float
 ) -> tuple[str, str]:
     """Send ``vote`` and wait for the answer: ``(answer, why)``. No answer (the driver is
-    gone, the connection dropped, ``timeout_s`` passed) is ``abort``: the task must not
-    commit what it cannot know was decided."""
+    gone, unreachable, the connection dropped, ``timeout_s`` passed) is :data:`NO_ANSWER`:
+    the task must not commit what it cannot know was decided."""
     message = {"token": token, "vote": vote.__dict__}
     try:
         with socket.create_connection(address, timeout=min(timeout_s, 30.0)) as conn:
@@ -211,7 +213,8 @@ def cast_vote(
             reply = json.loads(_read_line(conn))
         return str(reply["answer"]), str(reply.get("why", ""))
     except (OSError, ValueError, KeyError) as err:
-        return ABORT, f"no answer from the driver's vote service at {address}: {err}"
+        host, port = address
+        return NO_ANSWER, f"no answer from the driver's vote service at {host}:{port}: {err}"
 
 
 def ping(address: tuple[str, int], token: str, *, timeout_s: float) -> str | None:

@@ -201,8 +201,9 @@ class Coordinator(OperatorMixin):
         data = _spark.partitioned(df, [s.required_partitioning() for s in self.sinks])
         in_task = [s.uid for s in self.sinks if s.commits_in_task]
         if in_task:
-            uids, tasks = "+".join(in_task), self._recovery.tasks
-            job = _spark.single_pass_job(df, data, uids, tasks, probe=self._probe_votes)
+            log, uids = self._log.bind(epoch=epoch), "+".join(in_task)
+            probe, tasks = self._probe_votes, self._recovery.tasks
+            job = _spark.single_pass_job(df, data, uids, tasks, probe=probe, log=log)
             self._probe_votes = False
             return self.run_epoch(epoch, job, app_id=app_id, data=job.data)
         if not any(s.commits_from_data for s in self.sinks):
@@ -338,12 +339,9 @@ class Coordinator(OperatorMixin):
     def _single_pass(
         self, epoch: int, round_: int, job: SinglePassJob, timings: dict[str, float], app_id: str
     ) -> tuple[int, dict[str, list[Handle]], dict[str, int], set[str]]:
-        """Steps 3 and 4 in one job whose tasks commit what they hold once it is decided;
-        the round, handles, rows, and the transactions the tasks committed.
-
-        A job that fails before the decision (a task, an executor lost) runs again in a new
-        round, as Spark would retry the tasks (it never retries a failed barrier result
-        stage); one that fails after it leaves the uncommitted shards to step 5."""
+        """Steps 3-4 in one job (tasks commit once decided): round, handles, rows, and what
+        the tasks committed. A job failing before the decision runs again in a new round
+        (Spark never retries a failed barrier result stage); after it, step 5 finishes."""
         retries = job.retries
         while True:
             try:
@@ -356,6 +354,8 @@ class Coordinator(OperatorMixin):
                     logger=self._log,
                 )
                 break
+            except FencedError:
+                raise  # another driver decided or voided this epoch: its decision stands
             except BaseException as err:
                 failed: SinglePassOutcome | None = getattr(err, "txsink_single_pass", None)
                 from_job = (

@@ -212,12 +212,15 @@ class Coordinator(OperatorMixin):
         *,
         app_id: str,
         data: EpochData | None = None,
+        tasks_round: int | None = None,
     ) -> EpochResult:
         """Run the protocol for one epoch. ``precommit`` runs the partition tasks; a
         :class:`~txsink._singlepass.SinglePassJob` runs steps 3 to 5 in one job for sinks
         that commit in their tasks (then step 5 here commits only what they did not).
 
         ``data`` is the epoch's rows for sinks that commit from data (Kafka replay).
+        ``tasks_round``: the round the tasks prepared under before this call (the Data Source
+        path, where recovery ran before them); claimed exactly, step 1 is not run again.
 
         1. Recover: commit a decided-but-uncommitted epoch; abort every prepared
            transaction no decision names (on the first call and after failures).
@@ -231,14 +234,16 @@ class Coordinator(OperatorMixin):
         timings: dict[str, float] = {}
         # Step 1
         t0 = time.monotonic()
-        recovered = self._recover_if_needed(app_id, data=data, epoch=epoch)
+        recovered = tasks_round is None and self._recover_if_needed(app_id, data, epoch)
         timings["recover"] = time.monotonic() - t0
         # Step 2
         if self._already_committed(epoch):
             self._log.bind(epoch=epoch).info("already committed: Spark's replay skipped")
             return EpochResult(epoch, "skipped")
         try:
-            round_ = self.log.claim_round(epoch)
+            round_ = self.log.claim_round(epoch) if tasks_round is None else tasks_round
+            if tasks_round is not None and not self.log.claim(epoch, tasks_round):
+                raise FencedError(f"round {round_} was claimed by another driver", epoch=epoch)
             done: set[str] = set()
             if isinstance(precommit, SinglePassJob):  # steps 3, 4 and most of 5
                 round_, handles, rows, done = self._single_pass(

@@ -187,7 +187,9 @@ def commit_epoch(config: DsConfig, epoch: int, round_: int | None, messages: Seq
         app_id = config.app_id or _log_app(coord)
         if app_id is None:
             return
-    coord.run_epoch(epoch, lambda _plan: acks, app_id=app_id, tasks_round=round_)
+    result = coord.run_epoch(epoch, lambda _plan: acks, app_id=app_id, tasks_round=round_)
+    if result.status == "skipped":  # a replay: whatever its tasks prepared is a duplicate
+        _abort_acks(config, epoch, acks, f"epoch {epoch} is committed already (a replay)")
 
 
 def abort_epoch(config: DsConfig, epoch: int, round_: int, messages: Sequence[Any]) -> None:
@@ -198,15 +200,19 @@ def abort_epoch(config: DsConfig, epoch: int, round_: int, messages: Sequence[An
         return  # nothing was decided; the next planning's recovery aborts what is left
     if coord.log.void(epoch, round_, "Spark aborted the batch") is not None:
         return  # decided: recovery commits it at the next planning
+    _abort_acks(config, epoch, acks, f"Spark aborted epoch {epoch}")
+    if app_id is not None:  # failed attempts' transactions, listed in the target
+        _recovery(coord).abort_attempts(app_id, epoch, round_=round_, best_effort=True)
+
+
+def _abort_acks(config: DsConfig, epoch: int, acks: Sequence[Ack], why: str) -> None:
+    """Abort the transactions the tasks reported (best effort: recovery retries)."""
     sink = config.sink
     logger = get_logger(__name__, uid=sink.uid, epoch=epoch)
     for ack in acks:
         if ack.handle is not None:
             handle = load_handle(ack.handle, sink_uid=sink.uid)
-            why = f"Spark aborted epoch {epoch}"
             abort_one(sink, handle, why, log=logger, best_effort=True)
-    if app_id is not None:  # failed attempts' transactions, listed in the target
-        _recovery(coord).abort_attempts(app_id, epoch, round_=round_, best_effort=True)
 
 
 def _recovery(coord: Coordinator) -> Recovery:

@@ -30,11 +30,12 @@ def run_stream(
     partitions: int = 2,
     static: bool = False,
     app_id: str = "ds-static",
+    master: str | None = None,
 ) -> None:
-    from txsink.datasource import register
+    from txsink.datasource import error_text, register
     from txsink.localspark import local_spark
 
-    spark = local_spark(f"local[{partitions}]", "txsink-datasource")
+    spark = local_spark(master or f"local[{partitions}]", "txsink-datasource")
     if os.environ.get("TXSINK_DS_AUTOREGISTER") != "1":
         register(spark)
     opts = {"log": str(Path(workdir, "txlog")), **options}
@@ -57,7 +58,8 @@ def run_stream(
         )
         query.awaitTermination()
     except Exception as err:
-        print(f"{FAILED_LINE}{failure_line(err)}", file=sys.stderr, flush=True)
+        text = error_text(err) or failure_line(err)
+        print(f"{FAILED_LINE}{text}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
     finally:
         spark.stop()

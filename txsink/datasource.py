@@ -18,6 +18,7 @@ commits, ``abort`` voids. One sink per query; cross-system atomicity stays with
 
 from __future__ import annotations
 
+import re
 import socket
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -42,13 +43,26 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.types import StructType
 
-__all__ = ["FORMAT", "TxsinkCommitMessage", "TxsinkDataSource", "register"]
+__all__ = ["FORMAT", "TxsinkCommitMessage", "TxsinkDataSource", "error_text", "register"]
 
 #: The format name: ``df.writeStream.format("txsink")``.
 FORMAT = "txsink"
 #: Spark's local properties a streaming batch's tasks see (MicroBatchExecution sets them).
 _BATCH_ID = "streaming.sql.batchId"
 _QUERY_ID = "sql.streaming.queryId"
+
+
+_ERROR_LINE = re.compile(r"^txsink\.errors\.(\w+): (.*)$", re.MULTILINE)
+
+
+def error_text(err: BaseException) -> str | None:
+    """The txsink error inside a failed query's exception, as ``Type: message``.
+
+    A Data Source's failures reach the user's process as the Python traceback's text inside
+    Spark's exception (``PYTHON_DATA_SOURCE_ERROR``, a task failure); this finds its txsink
+    error line. ``None`` if there is none."""
+    found = _ERROR_LINE.findall(str(err))
+    return f"{found[-1][0]}: {found[-1][1]}" if found else None
 
 
 def register(spark: SparkSession) -> None:
@@ -90,7 +104,8 @@ class TxsinkDataSource(DataSource):
         return _StreamWriter(config, _arrow(schema))
 
     def _checked(self, overwrite: bool) -> DsConfig:
-        config = self._config()
+        with failures_logged(get_logger(__name__)):
+            config = self._config()
         if overwrite:
             raise ConfigurationError(
                 "format('txsink') appends exactly once; it cannot overwrite or truncate: use "

@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 __all__ = ["Coordinator", "EpochResult"]
 
 AnySink = SinkContract[Any, Any]
+_TWO = "another query is writing with the same txsink log: stop one of them"
 
 
 @dataclass(frozen=True)
@@ -243,7 +244,9 @@ class Coordinator(OperatorMixin):
         try:
             round_ = self.log.claim_round(epoch) if tasks_round is None else tasks_round
             if tasks_round is not None and not self.log.claim(epoch, tasks_round):
-                raise FencedError(f"round {round_} was claimed by another driver", epoch=epoch)
+                raise FencedError(
+                    f"round {round_} was claimed by another driver: {_TWO}", epoch=epoch
+                )
             done: set[str] = set()
             if isinstance(precommit, SinglePassJob):  # steps 3, 4 and most of 5
                 round_, handles, rows, done = self._single_pass(

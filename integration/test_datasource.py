@@ -26,16 +26,29 @@ from txsink.testing.inputs import make_input
 from txsink.testing.verifiers import verify
 
 ROOT = Path(__file__).resolve().parents[1]
-PIPELINE = str(Path(__file__).with_name("datasource_pipeline.py"))
+PIPELINE = "txsink.testing.pipelines:run_datasource"
 ROWS, FILES = 400, 4
 SESSIONS = ["classic"]
 #: Options whose values come from the environment (secrets stay off command lines).
-ENV_OPTIONS: dict[str, dict[str, str]] = {"postgres": {"dsn": "TXSINK_PG_DSN"}}
+ENV_OPTIONS: dict[str, dict[str, str]] = {
+    "postgres": {"dsn": "TXSINK_PG_DSN"},
+    "kafka": {"bootstrap_servers": "TXSINK_KAFKA_BOOTSTRAP"},
+}
+#: The S3 sink finds its server and credentials as boto3 does, from the environment (the
+#: way to keep them out of options): AWS variable <- the test server's variable.
+AWS_ENV = {
+    "AWS_ENDPOINT_URL_S3": "TXSINK_S3_ENDPOINT",
+    "AWS_ACCESS_KEY_ID": "TXSINK_S3_ACCESS_KEY",
+    "AWS_SECRET_ACCESS_KEY": "TXSINK_S3_SECRET_KEY",
+    "AWS_DEFAULT_REGION": "TXSINK_S3_REGION",
+}
 #: Postgres runs by default; the files sink's runs are behind --run-slow (its static run
 #: and the unit tests cover it by default): each child run costs a Spark start.
 CONNECTORS = [
     pytest.param("files", id="files", marks=pytest.mark.slow),
     pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
+    pytest.param("kafka", id="kafka", marks=[pytest.mark.kafka, pytest.mark.slow]),
+    pytest.param("s3", id="s3", marks=[pytest.mark.s3, pytest.mark.slow]),
 ]
 
 
@@ -65,6 +78,8 @@ def _run(
     """Run the query until it finishes; the report, the verdict and the child's lines."""
     found = adapter(connector)
     child = {**os.environ, **(env or {}), "TXSINK_FAULT": fault}
+    if connector == "s3":
+        child |= {aws: os.environ[ours] for aws, ours in AWS_ENV.items() if ours in os.environ}
     child["TXSINK_FAULT_STATE"] = str(tmp_path / "faults")
     make_input(tmp_path / "input", ROWS, FILES)
     spec = found.new_target(tmp_path, tmp_path.name[-12:].lower().replace("-", "_"), child)
@@ -73,7 +88,7 @@ def _run(
         args["env_options"] = ENV_OPTIONS.get(connector, {})
         lines: list[str] = []
         report = run_until_done(
-            python_module_cmd("txsink.runner", f"{PIPELINE}:run_stream", json.dumps(args)),
+            python_module_cmd("txsink.runner", PIPELINE, json.dumps(args)),
             env=child,
             max_runs=5,
             on_line=lines.append,
@@ -150,7 +165,7 @@ def test_a_wrong_option_fails_the_query_before_any_row(tmp_path: Path) -> None:
     args = {"workdir": str(tmp_path), "options": options}
     lines: list[str] = []
     report = run_until_done(
-        python_module_cmd("txsink.runner", f"{PIPELINE}:run_stream", json.dumps(args)),
+        python_module_cmd("txsink.runner", PIPELINE, json.dumps(args)),
         max_runs=1,
         on_line=lines.append,
         timeout=300,

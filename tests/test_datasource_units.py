@@ -220,3 +220,18 @@ def test_the_query_id_comes_from_a_local_checkpoint(tmp_path: Path) -> None:
     assert _dsepoch.checkpoint_query_id(f"file://{tmp_path}") == "0f3c-q"
     assert _dsepoch.checkpoint_query_id("s3a://bucket/ckpt") is None
     assert _dsepoch.checkpoint_query_id(str(tmp_path / "missing")) is None
+
+
+def test_a_static_write_rerun_below_the_last_epoch_writes_nothing(tmp_path: Path) -> None:
+    for epoch in range(2):
+        config = _config(tmp_path, epoch=str(epoch))
+        _, setup = _dsepoch.plan_tasks(config, SCHEMA, streaming=False)
+        messages = [_task(config, setup, epoch, 0, range(epoch * 10, epoch * 10 + 10))]
+        _dsepoch.commit_epoch(config, epoch, setup.round, messages, static=True)
+    config = _config(tmp_path, epoch="0")
+    _, setup = _dsepoch.plan_tasks(config, SCHEMA, streaming=False)  # epoch 0 again
+    assert setup.committed_through == 1
+    messages = [_task(config, setup, 0, 0, range(10))]  # tasks that wrote anyway
+    _dsepoch.commit_epoch(config, 0, setup.round, messages, static=True)
+    verdict = _verdict(tmp_path, range(20))
+    assert (verdict.duplicates, verdict.missing, verdict.lingering) == (0, 0, 0)

@@ -178,15 +178,29 @@ def _acks(messages: Sequence[Any]) -> tuple[str | None, list[Ack]]:
     return (apps.pop() if apps else None), acks
 
 
-def commit_epoch(config: DsConfig, epoch: int, round_: int | None, messages: Sequence[Any]) -> None:
+def commit_epoch(
+    config: DsConfig,
+    epoch: int,
+    round_: int | None,
+    messages: Sequence[Any],
+    *,
+    static: bool = False,
+) -> None:
     """Steps 2 to 5 over the tasks' acks (Spark's ``commit``). ``round_`` is ``None`` for a
-    batch without tasks: then nothing is in flight and the coordinator runs as usual."""
+    batch without tasks: then nothing is in flight and the coordinator runs as usual.
+    ``static``: a committed epoch is skipped even below the log's last one (a re-run)."""
     app_id, acks = _acks(messages)
     coord = coordinator(config)
     if app_id is None:  # no task wrote: nothing of this epoch exists anywhere
         app_id = config.app_id or _log_app(coord)
         if app_id is None:
             return
+    if static and coord.log.committed(epoch) is not None:
+        # A static write re-run with its explicit epoch: done before, whichever epochs
+        # came after it (the streaming guard against a reset checkpoint does not apply).
+        _abort_acks(config, epoch, acks, f"epoch {epoch} is committed already (a re-run)")
+        get_logger(__name__, uid=config.sink.uid, epoch=epoch).info("already committed: skipped")
+        return
     result = coord.run_epoch(epoch, lambda _plan: acks, app_id=app_id, tasks_round=round_)
     if result.status == "skipped":  # a replay: whatever its tasks prepared is a duplicate
         _abort_acks(config, epoch, acks, f"epoch {epoch} is committed already (a replay)")

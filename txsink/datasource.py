@@ -168,7 +168,7 @@ class _BatchWriter(DataSourceArrowWriter):
         with failures_logged(get_logger(__name__, uid=self.config.sink.uid), epoch=epoch):
             if epoch is None:  # pragma: no cover - writer() always sets it
                 raise ConfigurationError("a static txsink write without its epoch")
-            _dsepoch.commit_epoch(self.config, epoch, self.setup.round, messages)
+            _dsepoch.commit_epoch(self.config, epoch, self.setup.round, messages, static=True)
 
     def abort(self, messages: Sequence[WriterCommitMessage | None]) -> None:
         if self.setup.epoch is not None:

@@ -178,3 +178,26 @@ def test_a_wrong_option_fails_the_query_before_any_row(tmp_path: Path) -> None:
         in failed[0]
     ), lines[-20:]
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_demo_via_datasource_kill_driver_at_every_point(tmp_path: Path) -> None:
+    """``txsink demo --via datasource`` with the driver killed once at every crash point
+    (task points from the task, driver points from the planning or commit worker)."""
+    from tests.streaming import EVERY_POINT_ONCE
+    from txsink.connectors.files.demo import run_demo
+
+    result = run_demo(
+        tmp_path / "demo",
+        rows=6000,
+        files=6,
+        partitions=2,
+        crash=EVERY_POINT_ONCE,
+        fmt="parquet",
+        max_runs=12,
+        echo=False,
+        via="datasource",
+    )
+    assert (result["faults_fired"], result["restarts"]) == (7, 7), result
+    assert (result["duplicates"], result["missing"], result["lingering"]) == (0, 0, 0), result
+    assert result["rows_written"] == 6000 and result["epochs"] == 6 and result["ok"], result

@@ -105,7 +105,6 @@ def run_demo(
         "crash": plan or None,
         "seconds": round(time.monotonic() - started, 1),
         "output": str(workdir / "output"),
-        "via": via,
         "ok": verdict.ok and report.finished,
     }
 

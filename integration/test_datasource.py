@@ -5,8 +5,10 @@ crash on the same checkpoint) and reads the target back with the connector's own
 zero duplicates, zero missing, nothing lingering (no prepared transaction, no staged file).
 
 ``SESSIONS`` is the kind of Spark session the query runs in; ``"connect"`` joins it once
-the Spark Connect server fixture (issue 16, part 1) is merged: the child then connects
-with ``SparkSession.builder.remote(...)``.
+the Spark Connect server fixture (issue 16, part 1) is merged: ``_run`` then passes
+``remote=<the fixture's sc:// URL>`` to :func:`txsink.testing.pipelines.run_datasource`,
+whose child connects with ``SparkSession.builder.remote(...)`` (the Data Source's driver-side
+steps then run in the Connect server's Python workers; nothing in them needs a SparkContext).
 """
 
 from __future__ import annotations

@@ -91,6 +91,7 @@ def run_datasource(
     static: bool = False,
     app_id: str = "static",
     master: str | None = None,
+    remote: str | None = None,
 ) -> None:
     """The same stream into one sink through ``format("txsink")`` (the Data Source path).
 
@@ -99,14 +100,20 @@ def run_datasource(
     no secret on a command line). ``static``: write input file ``i`` as the static epoch
     ``i`` instead (``df.write.format("txsink")``, explicit epochs: a re-run after a crash
     writes nothing twice). ``TXSINK_DS_AUTOREGISTER=1``: rely on PySpark's automatic
-    registration instead of :func:`txsink.datasource.register`.
+    registration instead of :func:`txsink.datasource.register`. ``remote``: a Spark Connect
+    URL (``sc://host:port``) to run the query through instead of a local classic session.
     """
     import os
 
     from txsink.datasource import error_text, register
     from txsink.localspark import local_spark
 
-    spark = local_spark(master or f"local[{partitions}]", "txsink-datasource")
+    if remote is not None:
+        from pyspark.sql import SparkSession
+
+        spark = SparkSession.builder.remote(remote).getOrCreate()
+    else:
+        spark = local_spark(master or f"local[{partitions}]", "txsink-datasource")
     if os.environ.get("TXSINK_DS_AUTOREGISTER") != "1":
         register(spark)
     opts = {"log": str(Path(workdir, "txlog")), **options}

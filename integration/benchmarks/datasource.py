@@ -31,7 +31,8 @@ from txsink.testing.inputs import INPUT_SCHEMA, make_input
 
 
 def _target(connector: str, tmp: Path, tag: str) -> tuple[dict[str, str], Any]:
-    """``format("txsink")`` options for a fresh target, and a row counter for it."""
+    """``format("txsink")`` options for a fresh target, and a row counter for it (which
+    drops a Postgres target once counted)."""
     if connector == "files":
         from txsink.connectors.files import read_committed
 
@@ -52,8 +53,9 @@ def _target(connector: str, tmp: Path, tag: str) -> tuple[dict[str, str], Any]:
         )
 
     def count() -> int:
-        with psycopg.connect(dsn) as conn:
+        with psycopg.connect(dsn, autocommit=True) as conn:
             row = conn.execute(f"SELECT count(*) FROM {schema}.t").fetchone()
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")
             return int(row[0]) if row else 0
 
     return {"connector": "postgres", "dsn": dsn, "table": f"{schema}.t", "uid": tag}, count

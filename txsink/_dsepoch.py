@@ -45,6 +45,10 @@ if TYPE_CHECKING:
 __all__ = ["TaskSetup", "abort_epoch", "checkpoint_query_id", "commit_epoch", "plan_tasks"]
 
 
+#: The sink checks done in this process (a planning worker lives across a query's batches).
+_CHECKED: set[tuple[str, str, str, str]] = set()
+
+
 @dataclass(frozen=True)
 class TaskSetup:
     """What planning tells the tasks: the app (``None``: the query id they see), the round,
@@ -145,7 +149,10 @@ def plan_tasks(
         raise _precheck.empty_log_error(log.location)
     if app_id is not None:
         log.bind_app(app_id)  # the log's own checks come before the sink's
-        _precheck.check_sinks(coord.sinks, schema, app_id)
+        checked = (log.location, config.sink.uid, app_id, schema.to_string())
+        if checked not in _CHECKED:  # once per query and schema while this worker lives
+            _precheck.check_sinks(coord.sinks, schema, app_id)
+            _CHECKED.add(checked)
         recovery = _recovery(coord)
         recovery.execute(recovery.plan(app_id))
     last = log.last_committed()

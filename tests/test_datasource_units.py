@@ -235,3 +235,10 @@ def test_a_static_write_rerun_below_the_last_epoch_writes_nothing(tmp_path: Path
     _dsepoch.commit_epoch(config, 0, setup.round, messages, static=True)
     verdict = _verdict(tmp_path, range(20))
     assert (verdict.duplicates, verdict.missing, verdict.lingering) == (0, 0, 0)
+
+
+def test_a_third_party_connector_is_found_through_the_registry(tmp_path: Path) -> None:
+    """The SQLite example registers sink=; the core names no connector to build it."""
+    options = {"connector": "sqlite", "path": str(tmp_path / "db"), "table": "t", "uid": "sq"}
+    config = parse_options({**options, "log": str(tmp_path / "log")})
+    assert type(config.sink).__name__ == "SqliteSink" and config.sink.uid == "sq"

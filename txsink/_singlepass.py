@@ -27,7 +27,7 @@ import functools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import pyarrow as pa
 
@@ -36,12 +36,24 @@ from txsink._logging import EpochLogger, get_logger
 from txsink._task import Ack, TaskPlan, collect_acks, discard_all, run_partition
 from txsink._votes import COMMIT, DECIDED, NO_ANSWER, Vote, VoteService, cast_vote, ping
 from txsink.contract import EpochData, TaskInfo, TaskRunner
-from txsink.errors import ConfigurationError, EpochAbortedError, RetryableError, TxsinkError
+from txsink.errors import (
+    ConfigurationError,
+    EpochAbortedError,
+    FencedError,
+    RetryableError,
+    TxsinkError,
+)
 from txsink.faults import CrashPoint
 from txsink.handles import Handle, load_handle
 from txsink.log import TxLog
 
-__all__ = ["SinglePassJob", "SinglePassOutcome", "probe_vote_service", "run_single_pass"]
+__all__ = [
+    "SinglePassJob",
+    "SinglePassOutcome",
+    "probe_vote_service",
+    "run_in_rounds",
+    "run_single_pass",
+]
 
 #: How long a task waits for the driver's answer before it gives up and aborts.
 VOTE_TIMEOUT_S = 600.0
@@ -192,6 +204,61 @@ def run_single_pass(
                 if name in names.get(ack.sink, ()):
                     outcome.committed.add(name)
     return outcome
+
+
+def run_in_rounds(
+    round_: int,
+    retries: int,
+    *,
+    run: Callable[[int], SinglePassOutcome],
+    void: Callable[[int, BaseException], None],
+    abort: Callable[[int, BaseException], NoReturn],
+    claim: Callable[[], int],
+    logger: EpochLogger,
+    describe: Callable[[BaseException], str],
+) -> tuple[int, SinglePassOutcome]:
+    """``run(round)`` until one job ends decided; the round and its outcome.
+
+    A job that fails before the decision (a task, an executor lost) is ``void``-ed and
+    runs again in a new round (``claim``), as often as Spark would retry a task: Spark
+    never retries a failed barrier result stage. Any other failure before the decision is
+    ``abort``-ed (which raises). A job that fails after the decision returns its decided
+    handles with nothing committed by tasks: the caller's step 5 commits them from the
+    replay. A fenced driver, or a decision that stands without the job failing, raises.
+    """
+    while True:
+        try:
+            return round_, run(round_)
+        except FencedError:
+            raise  # another driver decided or voided this epoch: its decision stands
+        except BaseException as err:
+            failed: SinglePassOutcome | None = getattr(err, "txsink_single_pass", None)
+            from_job = (
+                failed is not None
+                and failed.job_failed
+                and isinstance(err, Exception)
+                and not isinstance(err, ConfigurationError)
+            )
+            if failed is not None and failed.decided:
+                if not from_job:
+                    raise  # the decision stands: recovery commits it (the replay)
+                logger.warning(
+                    "a task failed after the decision (%s): its shards are committed "
+                    "from the epoch's replay",
+                    describe(err),
+                )
+                failed.committed = set()
+                return round_, failed
+            if not from_job or retries <= 0:
+                abort(round_, err)
+            retries -= 1
+            void(round_, err)
+            logger.warning(
+                "round %d failed before its decision (%s): running the epoch again",
+                round_,
+                describe(err),
+            )
+            round_ = claim()
 
 
 def _txn_name(ack: Ack) -> str:

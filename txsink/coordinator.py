@@ -35,10 +35,10 @@ from txsink._decide import decide_epoch
 from txsink._logging import committed_text, failures_logged, get_logger, install_console
 from txsink._operator import OperatorMixin
 from txsink._remote import arrived_state, location_of, portable_state
-from txsink._singlepass import SinglePassJob, SinglePassOutcome, run_single_pass
+from txsink._singlepass import SinglePassJob, SinglePassOutcome, run_in_rounds, run_single_pass
 from txsink._task import Precommit, TaskPlan, collect_acks, precommit_job
 from txsink.contract import EpochData, SinkContract
-from txsink.errors import ConfigurationError, EpochAbortedError, FencedError
+from txsink.errors import EpochAbortedError, FencedError
 from txsink.faults import CrashPoint, FaultPlan
 from txsink.handles import Handle
 from txsink.log import LogStore, TxLog, open_log
@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 __all__ = ["Coordinator", "EpochResult"]
 
 AnySink = SinkContract[Any, Any]
+_TWO = "another query is writing with the same txsink log: stop one of them"
 
 
 @dataclass(frozen=True)
@@ -225,12 +226,15 @@ class Coordinator(OperatorMixin):
         *,
         app_id: str,
         data: EpochData | None = None,
+        tasks_round: int | None = None,
     ) -> EpochResult:
         """Run the protocol for one epoch. ``precommit`` runs the partition tasks; a
         :class:`~txsink._singlepass.SinglePassJob` runs steps 3 to 5 in one job for sinks
         that commit in their tasks (then step 5 here commits only what they did not).
 
         ``data`` is the epoch's rows for sinks that commit from data (Kafka replay).
+        ``tasks_round``: the round the tasks prepared under before this call (the Data Source
+        path, where recovery ran before them); claimed exactly, step 1 is not run again.
 
         1. Recover: commit a decided-but-uncommitted epoch; abort every prepared
            transaction no decision names (on the first call and after failures).
@@ -244,14 +248,18 @@ class Coordinator(OperatorMixin):
         timings: dict[str, float] = {}
         # Step 1
         t0 = time.monotonic()
-        recovered = self._recover_if_needed(app_id, data=data, epoch=epoch)
+        recovered = tasks_round is None and self._recover_if_needed(app_id, data, epoch)
         timings["recover"] = time.monotonic() - t0
         # Step 2
         if self._already_committed(epoch):
             self._log.bind(epoch=epoch).info("already committed: Spark's replay skipped")
             return EpochResult(epoch, "skipped")
         try:
-            round_ = self.log.claim_round(epoch)
+            round_ = self.log.claim_round(epoch) if tasks_round is None else tasks_round
+            if tasks_round is not None and not self.log.claim(epoch, tasks_round):
+                raise FencedError(
+                    f"round {round_} was claimed by another driver: {_TWO}", epoch=epoch
+                )
             done: set[str] = set()
             if isinstance(precommit, SinglePassJob):  # steps 3, 4 and most of 5
                 round_, handles, rows, done = self._single_pass(
@@ -339,51 +347,27 @@ class Coordinator(OperatorMixin):
     def _single_pass(
         self, epoch: int, round_: int, job: SinglePassJob, timings: dict[str, float], app_id: str
     ) -> tuple[int, dict[str, list[Handle]], dict[str, int], set[str]]:
-        """Steps 3-4 in one job (tasks commit once decided): round, handles, rows, and what
-        the tasks committed. A job failing before the decision runs again in a new round
-        (Spark never retries a failed barrier result stage); after it, step 5 finishes."""
-        retries = job.retries
-        while True:
-            try:
-                out = run_single_pass(
-                    log=self.log,
-                    plan=self._plan(app_id, epoch, round_),
-                    data=job.data,
-                    host=job.host,
-                    fire=self._fire,
-                    logger=self._log,
-                )
-                break
-            except FencedError:
-                raise  # another driver decided or voided this epoch: its decision stands
-            except BaseException as err:
-                failed: SinglePassOutcome | None = getattr(err, "txsink_single_pass", None)
-                from_job = (
-                    failed is not None
-                    and failed.job_failed
-                    and isinstance(err, Exception)
-                    and not isinstance(err, ConfigurationError)
-                )
-                if failed is not None and failed.decided:
-                    if not from_job:
-                        raise  # the decision stands: recovery commits it (the replay)
-                    self._log.bind(epoch=epoch).warning(
-                        "a task failed after the decision (%s): its shards are committed "
-                        "from the epoch's replay",
-                        _spark.failure_text(err) or type(err).__name__,
-                    )
-                    timings.update(failed.seconds)
-                    return round_, failed.handles, failed.rows, set()
-                if not from_job or retries <= 0:
-                    self._abort_round(epoch, round_, app_id, err)
-                retries -= 1
-                self._void_round(epoch, round_, app_id, err)
-                self._log.bind(epoch=epoch).warning(
-                    "round %d failed before its decision (%s): running the epoch again",
-                    round_,
-                    _spark.failure_text(err) or type(err).__name__,
-                )
-                round_ = self.log.claim_round(epoch)
+        """Steps 3-4 in one job (tasks commit once decided), in as many rounds as Spark
+        retries a task (:func:`~txsink._singlepass.run_in_rounds`): round, handles, rows,
+        and the transactions the tasks committed."""
+
+        def run(r: int) -> SinglePassOutcome:
+            plan = self._plan(app_id, epoch, r)
+            return run_single_pass(
+                log=self.log, plan=plan, data=job.data, host=job.host, fire=self._fire,
+                logger=self._log,
+            )  # fmt: skip
+
+        round_, out = run_in_rounds(
+            round_,
+            job.retries,
+            run=run,
+            void=lambda r, err: self._void_round(epoch, r, app_id, err),
+            abort=lambda r, err: self._abort_round(epoch, r, app_id, err),
+            claim=lambda: self.log.claim_round(epoch),
+            logger=self._log.bind(epoch=epoch),
+            describe=lambda err: _spark.failure_text(err) or type(err).__name__,
+        )
         timings.update(out.seconds)
         return round_, out.handles, out.rows, out.committed
 

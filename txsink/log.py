@@ -190,6 +190,15 @@ class TxLog:
                 return nxt
             nxt += 1
 
+    def claim(self, epoch: int, round_: int) -> bool:
+        """Claim round ``round_`` of ``epoch`` exactly (tasks that already prepared under
+        it: the Data Source path); False if it was claimed before."""
+        info = {"epoch": epoch, "host": socket.gethostname(), "pid": os.getpid(), "at": time.time()}
+        doc = {"version": RECORD_VERSION, "round": round_, **info}
+        return self.store.create(
+            f"{_epoch_prefix(epoch)}claim-{round_:06d}.json", dumps_record(doc)
+        )
+
     def decide(
         self,
         epoch: int,

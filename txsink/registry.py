@@ -14,7 +14,9 @@ the rest of txsink may need from the connector:
   chaos runner's pipeline factory, verifiers, observer targets, the contract suite);
 * ``log_stores``: URL schemes under which it can hold the txsink log
   (``open_log("s3://...")``);
-* ``commands``: extra ``txsink`` subcommands (:class:`txsink.cli.Command` objects).
+* ``commands``: extra ``txsink`` subcommands (:class:`txsink.cli.Command` objects);
+* ``sink``: its sink class, built from string options by the Data Source path
+  (``df.writeStream.format("txsink").option("connector", name)``, :mod:`txsink.datasource`).
 
 This is the only way the core reaches a connector: nothing in ``txsink/`` imports
 ``txsink.connectors`` or branches on a connector's name. The module holding the
@@ -53,6 +55,8 @@ class Connector:
     log_stores: Mapping[str, str] = field(default_factory=dict)
     #: Subcommand name -> a :class:`txsink.cli.Command`.
     commands: Mapping[str, str] = field(default_factory=dict)
+    #: Its sink class (a :class:`~txsink.sink.TwoPhaseCommitSink`), for the Data Source path.
+    sink: str | None = None
 
     def load_testing(self) -> Any:
         """The testing adapter (imports the connector and its client library)."""

@@ -52,6 +52,7 @@ def run_demo(
     fmt: str,
     max_runs: int,
     echo: bool = True,
+    via: str = "foreachBatch",
 ) -> dict[str, Any]:
     from txsink.connectors.files.testing import verify_files
     from txsink.runner import python_module_cmd, run_until_done
@@ -76,9 +77,14 @@ def run_demo(
     )
     # The child is the generic pipeline every chaos run uses, with one files sink.
     spec = {"kind": "files", "path": str(workdir / "output"), "uid": "demo", "format": fmt}
-    args = {"workdir": str(workdir), "sinks": [spec], "partitions": partitions}
+    args: dict[str, Any] = {"workdir": str(workdir), "sinks": [spec], "partitions": partitions}
+    pipeline = "txsink.testing.pipelines:run_stream"
+    if via == "datasource":  # the same sink through writeStream.format("txsink")
+        options = {"connector": "files", "path": spec["path"], "uid": "demo", "format": fmt}
+        args = {"workdir": str(workdir), "options": options, "partitions": partitions}
+        pipeline = "txsink.testing.pipelines:run_datasource"
     report = run_until_done(
-        python_module_cmd("txsink.runner", "txsink.testing.pipelines:run_stream", json.dumps(args)),
+        python_module_cmd("txsink.runner", pipeline, json.dumps(args)),
         env=env,
         max_runs=max_runs,
         say=lambda line: say(line if line.startswith("  ") else f"txsink demo: {line}"),
@@ -124,6 +130,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="input, output, txsink log and checkpoint (default .txsink-demo)",
     )
     parser.add_argument("--max-runs", type=int, default=10, help="give up after this many runs")
+    parser.add_argument(
+        "--via",
+        choices=["foreachBatch", "datasource"],
+        default="foreachBatch",
+        help="the query's entry point: foreachBatch(Coordinator) (default) or the Data Source "
+        'writeStream.format("txsink")',
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,6 +161,7 @@ def demo_command(args: argparse.Namespace) -> int:
         crash=args.crash,
         fmt=args.format,
         max_runs=args.max_runs,
+        via=args.via,
     )
     print(json.dumps(result), flush=True)
     return 0 if result["ok"] else 1

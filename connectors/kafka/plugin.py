@@ -6,5 +6,6 @@ CONNECTOR = Connector(
     name="kafka",
     summary="Kafka topics: a transaction and a compacted commit marker per shard",
     extra="kafka",
+    sink="txsink.connectors.kafka.sink:KafkaSink",
     testing="txsink.connectors.kafka.testing:ADAPTER",
 )

@@ -6,5 +6,6 @@ CONNECTOR = Connector(
     name="postgres",
     summary="PostgreSQL tables: PREPARE TRANSACTION / COMMIT PREPARED, COPY, append or upsert",
     extra="postgres",
+    sink="txsink.connectors.postgres.sink:PostgresSink",
     testing="txsink.connectors.postgres.testing:ADAPTER",
 )

@@ -24,7 +24,7 @@ from txsink.runner import FAILED_LINE
 from txsink.testing.adapter import build_sink
 from txsink.testing.inputs import INPUT_SCHEMA
 
-__all__ = ["SCHEMA", "build_sink", "failure_line", "run_stream"]
+__all__ = ["SCHEMA", "build_sink", "failure_line", "run_datasource", "run_stream"]
 
 #: The schema of the input files (:func:`txsink.testing.inputs.make_input`).
 SCHEMA = INPUT_SCHEMA
@@ -77,6 +77,70 @@ def run_stream(
     except Exception as err:
         cause = failures[-1] if failures else err
         print(f"{FAILED_LINE}{failure_line(cause)}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+    finally:
+        spark.stop()
+
+
+def run_datasource(
+    workdir: str,
+    options: dict[str, str],
+    *,
+    env_options: dict[str, str] | None = None,
+    partitions: int = 2,
+    static: bool = False,
+    app_id: str = "static",
+    master: str | None = None,
+    remote: str | None = None,
+) -> None:
+    """The same stream into one sink through ``format("txsink")`` (the Data Source path).
+
+    ``options`` are the format's (``connector``, the sink's parameters; ``log`` defaults to
+    ``workdir/txlog``); ``env_options`` names options read from environment variables (a DSN:
+    no secret on a command line). ``static``: write input file ``i`` as the static epoch
+    ``i`` instead (``df.write.format("txsink")``, explicit epochs: a re-run after a crash
+    writes nothing twice). ``TXSINK_DS_AUTOREGISTER=1``: rely on PySpark's automatic
+    registration instead of :func:`txsink.datasource.register`. ``remote``: a Spark Connect
+    URL (``sc://host:port``) to run the query through instead of a local classic session.
+    """
+    import os
+
+    from txsink.datasource import error_text, register
+    from txsink.localspark import local_spark
+
+    if remote is not None:
+        from pyspark.sql import SparkSession
+
+        spark = SparkSession.builder.remote(remote).getOrCreate()
+    else:
+        spark = local_spark(master or f"local[{partitions}]", "txsink-datasource")
+    if os.environ.get("TXSINK_DS_AUTOREGISTER") != "1":
+        register(spark)
+    opts = {"log": str(Path(workdir, "txlog")), **options}
+    opts |= {key: os.environ[var] for key, var in (env_options or {}).items()}
+    try:
+        if static:
+            files = sorted(Path(workdir, "input").glob("*.parquet"))
+            for i, path in enumerate(files):
+                df = spark.read.schema(SCHEMA).parquet(str(path)).repartition(partitions)
+                writer = df.write.format("txsink").options(**opts).mode("append")
+                writer.option("app_id", app_id).option("epoch", str(i)).save()
+            return
+        query = (
+            spark.readStream.schema(SCHEMA)
+            .option("maxFilesPerTrigger", 1)
+            .parquet(str(Path(workdir, "input")))
+            .repartition(partitions)
+            .writeStream.format("txsink")
+            .options(**opts)
+            .option("checkpointLocation", str(Path(workdir, "checkpoint")))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+    except Exception as err:
+        text = error_text(err) or failure_line(err)
+        print(f"{FAILED_LINE}{text}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
     finally:
         spark.stop()

@@ -1,0 +1,223 @@
+"""``df.writeStream.format("txsink")``: txsink as a PySpark Python Data Source.
+
+One format for every connector, chosen by the ``connector`` option, so the core never
+names one and a third-party connector works as soon as it is installed::
+
+    spark.dataSource.register(TxsinkDataSource)       # or automatic: see pyspark_txsink
+    (df.writeStream.format("txsink")
+       .option("connector", "files").option("path", "/data/out").option("uid", "out")
+       .option("log", "/data/txsink-log").option("checkpointLocation", "/data/ckpt")
+       .start())
+
+The other options are the sink's constructor parameters (:mod:`txsink._dsoptions`). The
+protocol is the coordinator's (:mod:`txsink._dsepoch`): planning recovers and picks the
+round, the tasks prepare (:func:`txsink._task.run_partition`), ``commit`` decides and
+commits, ``abort`` voids. One sink per query; cross-system atomicity stays with
+``foreachBatch(Coordinator([...]))``.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+
+from txsink import _dsepoch
+from txsink._dsoptions import DsConfig, parse_options, redacted
+from txsink._logging import failures_logged, get_logger
+from txsink._task import Ack, TaskPlan, run_partition
+from txsink.errors import ConfigurationError
+from txsink.faults import FaultPlan
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import SparkSession
+    from pyspark.sql.types import StructType
+
+__all__ = ["FORMAT", "TxsinkCommitMessage", "TxsinkDataSource", "error_text", "register"]
+
+#: The format name: ``df.writeStream.format("txsink")``.
+FORMAT = "txsink"
+#: Spark's local properties a streaming batch's tasks see (MicroBatchExecution sets them).
+_BATCH_ID = "streaming.sql.batchId"
+_QUERY_ID = "sql.streaming.queryId"
+
+
+_ERROR_LINE = re.compile(r"^txsink\.errors\.(\w+): (.*)$", re.MULTILINE)
+
+
+def error_text(err: BaseException) -> str | None:
+    """The txsink error inside a failed query's exception, as ``Type: message``.
+
+    A Data Source's failures reach the user's process as the Python traceback's text inside
+    Spark's exception (``PYTHON_DATA_SOURCE_ERROR``, a task failure); this finds its txsink
+    error line. ``None`` if there is none."""
+    found = _ERROR_LINE.findall(str(err))
+    return f"{found[-1][0]}: {found[-1][1]}" if found else None
+
+
+def register(spark: SparkSession) -> None:
+    """Register the ``txsink`` format with ``spark`` (needed only where the automatic
+    registration of installed ``pyspark_*`` modules is off or not supported)."""
+    spark.dataSource.register(TxsinkDataSource)
+
+
+@dataclass
+class TxsinkCommitMessage(WriterCommitMessage):
+    """A task's pre-commit acks, the app it wrote as and its round, for ``commit``."""
+
+    app_id: str | None
+    round: int
+    acks: list[Ack]
+
+
+class TxsinkDataSource(DataSource):
+    """The ``txsink`` format: streaming and static writes through any registered connector."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT
+
+    def _config(self) -> DsConfig:
+        return parse_options(self.options)
+
+    def writer(self, schema: StructType, overwrite: bool) -> _BatchWriter:
+        """Static ``df.write.format("txsink")``: one epoch (the next, or option ``epoch``)."""
+        config = self._checked(overwrite)
+        with failures_logged(get_logger(__name__, uid=config.sink.uid), epoch=config.epoch):
+            _, setup = _dsepoch.plan_tasks(config, _arrow(schema), streaming=False)
+        return _BatchWriter(config, setup)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> _StreamWriter:
+        """Streaming: planning runs before each batch's tasks (recovery, the round); Spark
+        also calls this before ``commit`` / ``abort``, which need neither."""
+        config = self._checked(overwrite)
+        return _StreamWriter(config, _arrow(schema))
+
+    def _checked(self, overwrite: bool) -> DsConfig:
+        with failures_logged(get_logger(__name__)):
+            config = self._config()
+        if overwrite:
+            raise ConfigurationError(
+                "format('txsink') appends exactly once; it cannot overwrite or truncate: use "
+                "mode('append') (static writes) or outputMode('append')",
+                sink_uid=config.sink.uid,
+                connector=config.connector,
+                phase="check",
+            )
+        return config
+
+    def __repr__(self) -> str:
+        return f"TxsinkDataSource(options={redacted(self.options)})"
+
+
+class _StreamWriter(DataSourceStreamArrowWriter):
+    """Streaming writes. Created by Spark in the planning worker (then pickled to the tasks)
+    and again in the commit worker: the planning's work happens when it is pickled."""
+
+    def __init__(self, config: DsConfig, schema: pa.Schema) -> None:
+        self.config = config
+        self.schema = schema
+        self.setup: _dsepoch.TaskSetup | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickled only by the planning worker, to ship this writer to the batch's tasks:
+        # the one moment before the tasks where recovery can run and the round be chosen.
+        if self.setup is None:
+            with failures_logged(get_logger(__name__, uid=self.config.sink.uid)):
+                _, self.setup = _dsepoch.plan_tasks(self.config, self.schema, streaming=True)
+        return self.__dict__.copy()
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> TxsinkCommitMessage:
+        if self.setup is None:
+            raise ConfigurationError("the txsink writer reached a task without its planning")
+        return _write_task(self.config, self.setup, iterator)
+
+    def commit(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
+        with failures_logged(get_logger(__name__, uid=self.config.sink.uid), epoch=batchId):
+            _dsepoch.commit_epoch(self.config, batchId, _round(messages), messages)
+
+    def abort(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
+        round_ = _round(messages)
+        if round_ is not None:
+            _dsepoch.abort_epoch(self.config, batchId, round_, messages)
+
+
+class _BatchWriter(DataSourceArrowWriter):
+    """Static writes: planned once (in :meth:`TxsinkDataSource.writer`); this same object,
+    pickled, runs the tasks and then ``commit`` / ``abort``."""
+
+    def __init__(self, config: DsConfig, setup: _dsepoch.TaskSetup) -> None:
+        self.config = config
+        self.setup = setup
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> TxsinkCommitMessage:
+        return _write_task(self.config, self.setup, iterator)
+
+    def commit(self, messages: Sequence[WriterCommitMessage | None]) -> None:
+        epoch = self.setup.epoch
+        with failures_logged(get_logger(__name__, uid=self.config.sink.uid), epoch=epoch):
+            if epoch is None:  # pragma: no cover - writer() always sets it
+                raise ConfigurationError("a static txsink write without its epoch")
+            _dsepoch.commit_epoch(self.config, epoch, self.setup.round, messages, static=True)
+
+    def abort(self, messages: Sequence[WriterCommitMessage | None]) -> None:
+        if self.setup.epoch is not None:
+            _dsepoch.abort_epoch(self.config, self.setup.epoch, self.setup.round, messages)
+
+
+def _round(messages: Sequence[WriterCommitMessage | None]) -> int | None:
+    rounds = {m.round for m in messages if isinstance(m, TxsinkCommitMessage)}
+    if len(rounds) > 1:
+        raise ConfigurationError(f"the tasks of one batch wrote under rounds {sorted(rounds)}")
+    return rounds.pop() if rounds else None
+
+
+def _write_task(
+    config: DsConfig, setup: _dsepoch.TaskSetup, batches: Iterator[pa.RecordBatch]
+) -> TxsinkCommitMessage:
+    """One task: write and prepare its partition as the coordinator's tasks do."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    if ctx is None:
+        raise ConfigurationError("the txsink writer ran outside a Spark task")
+    epoch = setup.epoch
+    if epoch is None:
+        epoch = int(ctx.getLocalProperty(_BATCH_ID) or -1)
+    app_id = setup.app_id or ctx.getLocalProperty(_QUERY_ID)
+    if epoch < 0 or not app_id:
+        raise ConfigurationError(
+            "format('txsink') streaming tasks see no batch id or query id: run it as a "
+            "micro-batch streaming query (continuous trigger is not supported)",
+            sink_uid=config.sink.uid,
+            connector=config.connector,
+        )
+    if setup.committed_through is not None and epoch <= setup.committed_through:
+        return TxsinkCommitMessage(app_id, setup.round, [])  # a replay: commit skips it
+    plan = TaskPlan(
+        app_id,
+        epoch,
+        setup.round,
+        (config.sink,),
+        FaultPlan.from_env(),
+        _dsepoch.driver_pid() or 0,
+        socket.gethostname(),
+    )
+    acks = run_partition(plan, ctx.partitionId(), ctx.taskAttemptId(), batches)
+    return TxsinkCommitMessage(app_id, setup.round, acks)
+
+
+def _arrow(schema: StructType) -> pa.Schema:
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(schema)

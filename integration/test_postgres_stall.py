@@ -52,7 +52,7 @@ def _sink(dsn: str, name: str, uid: str) -> PostgresSink:
     return PostgresSink(dsn, name, uid=uid, stall_timeout_s=STALL_S, connect_timeout_s=2)
 
 
-def _timed(call: Any) -> tuple[BaseException, float]:
+def _timed(call: Any) -> tuple[RetryableError, float]:
     start = time.monotonic()
     with pytest.raises(RetryableError) as info:
         call()

@@ -54,9 +54,11 @@ class OpenTxn:
 
     def end_copy(self) -> None:
         """Finish the COPY: the server has checked every row once this returns."""
+        rest = self.encoder.finish()  # pgpq holds small outputs back until a chunk is full
         with self.stall.guard("COPY"):
-            self.copy.write(self.encoder.finish())
+            self.copy.write(rest)
             self.copy_cm.__exit__(None, None, None)
+        self.nbytes += len(rest)
 
 
 def start_copy(

@@ -15,6 +15,9 @@ copy         plain CSV COPY: ``mapInArrow`` tasks COPY pyarrow's CSV in an ordin
              transaction and COMMIT (what txsink did before binary COPY). No 2PC, no log.
 binary       the ceiling: ``mapInArrow`` tasks COPY pgpq's binary encoding of the batches as
              they are (the tables' types are pgpq's own) in an ordinary transaction.
+upsert       txsink with ``mode="upsert", key=["id"]`` into a table with that primary key:
+             the epoch repartitioned by the key, binary COPY into each task's stage table,
+             then ``INSERT ... ON CONFLICT`` at prepare.
 jdbc         ``df.write.jdbc(..., mode="append")``, PostgreSQL JDBC driver, ``batchsize``
              10000 and ``reWriteBatchedInserts=true``.
 executemany  ``mapInArrow`` tasks run ``cursor.executemany("INSERT ...")`` in one transaction
@@ -121,10 +124,11 @@ FINGERPRINT_SPARK = (
     "count(DISTINCT currency)",
 )
 
-WRITERS = ("txsink", "copy", "binary", "jdbc", "executemany")
+WRITERS = ("txsink", "upsert", "copy", "binary", "jdbc", "executemany")
 LABELS = {
     "txsink": "txsink PostgresSink",
     "txsink_struct": "txsink, attrs a struct",
+    "upsert": "txsink upsert (key id)",
     "copy": "plain CSV COPY (no 2PC)",
     "binary": "plain binary COPY (no 2PC)",
     "jdbc": "Spark JDBC writer",
@@ -330,10 +334,10 @@ def _rows_from(job: Any) -> int:
 
 
 def write_txsink(
-    bench: Bench, df: Any, table: str, profile_dir: str | None = None
+    bench: Bench, df: Any, table: str, profile_dir: str | None = None, *, upsert: bool = False
 ) -> dict[str, Any]:
     uid = table.replace("_", "-")
-    kwargs: dict[str, Any] = {"mode": "append"}
+    kwargs: dict[str, Any] = {"mode": "upsert", "key": ["id"]} if upsert else {"mode": "append"}
     sink: PostgresSink = (
         ProfiledPostgresSink(
             bench.dsn, bench.qualified(table), uid, profile_dir=profile_dir, **kwargs
@@ -406,11 +410,13 @@ def measure(
     table = f"{writer}_{tag}"
     names = _names(columns)
     with bench.connect() as conn:
-        conn.execute(f"CREATE TABLE {bench.qualified(table)} ({_ddl(columns)})")
+        key = ", PRIMARY KEY (id)" if writer == "upsert" else ""
+        conn.execute(f"CREATE TABLE {bench.qualified(table)} ({_ddl(columns)}{key})")
     wide = len(columns) > len(COLUMNS)
     writers: dict[str, Callable[[], dict[str, Any]]] = {
         "txsink": lambda: write_txsink(bench, df, table, profile_dir),
         "txsink_struct": lambda: write_txsink(bench, df, table, profile_dir),
+        "upsert": lambda: write_txsink(bench, df, table, profile_dir, upsert=True),
         "copy": lambda: write_copy(bench, df, table, names),
         "binary": lambda: write_binary(bench, df, table, columns),
         "jdbc": lambda: write_jdbc(bench, df, table, json_text=wide),
@@ -1002,7 +1008,10 @@ def render(res: Results) -> str:
         "(count, distinct ids, column aggregates equal to the source's).",
         '- Writers: **txsink** `Coordinator([PostgresSink(mode="append")]).write(df, '
         "epoch=0)`, the full protocol (Arrow casts to the table's types, pgpq binary COPY + "
-        "PREPARE in each task, decision in the log, COMMIT PREPARED from the driver); **plain "
+        "PREPARE in each task, decision in the log, COMMIT PREPARED from the driver); **txsink "
+        'upsert** the same with `mode="upsert", key=["id"]` into a table with that primary key '
+        "(the epoch repartitioned by the key, binary COPY into a stage table per task, "
+        "`INSERT ... ON CONFLICT` at prepare); **plain "
         "CSV COPY** pyarrow's CSV into COPY from `mapInArrow` tasks in ordinary transactions "
         "(the path txsink took before); **plain binary COPY** pgpq's encoding of the batches "
         'as they are, the same way; **Spark JDBC** `df.write.jdbc(mode="append")` with '

@@ -137,11 +137,8 @@ def test_timeouts_reach_the_connection_and_the_transaction(
     )
     sink.check(SCHEMA, "app")
     open_ = sink.begin(TxnId("app", uid, 1, 0, 0, 0), SCHEMA)
-    info = open_.conn.info
-    assert (info.get_parameters()["tcp_user_timeout"], info.get_parameters()["keepalives_idle"]) == (
-        "12000",
-        "9",
-    )
+    params = open_.conn.info.get_parameters()
+    assert (params["tcp_user_timeout"], params["keepalives_idle"]) == ("12000", "9")
     sink.discard(open_)
     open_ = sink.begin(TxnId("app", uid, 1, 0, 0, 1), SCHEMA)
     sink.write(open_, _batch(range(3)))

@@ -216,7 +216,7 @@ def test_network_fault_to_one_target(
     spark: Any, cross: Cross, skew_log: SkewLog, target: str, phase: str, kind: str
 ) -> None:
     """Cut (connections reset, new ones refused) or stall (no bytes for STALL_S seconds,
-    longer than the S3 and Kafka client timeouts; psycopg has none, so Postgres waits) the
+    longer than the S3 and Kafka client timeouts and the Postgres sink's stall_timeout_s) the
     connection from the sinks to ONE target while the protocol is at ``phase`` of epoch 1.
     The connection is restored before every restart; each target must read back exactly
     once, and the observer must see no epoch that one target shows and another never does."""

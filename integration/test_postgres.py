@@ -234,12 +234,22 @@ def test_wrong_type_is_refused_at_start_and_at_copy(postgres: Any) -> None:
     sink = PostgresSink(postgres.dsn, f"{schema}.t", uid=schema)
     with pytest.raises(ConfigurationError, match=r"'key' of .* is integer, which cannot take"):
         sink.check(SCHEMA, "app")
-    # Past the check (e.g. the table changed meanwhile), COPY names row and column.
+    # A task of a sink whose check did not pass plans from the table itself: refused too.
+    with pytest.raises(ConfigurationError, match="is integer, which cannot take") as refused:
+        sink.begin(TxnId("app", schema, 0, 0, 0, 0), SCHEMA)
+    assert (refused.value.column, refused.value.phase) == ("key", "begin")
+    # Past the check (the table changed meanwhile), the binary COPY names row and column.
+    with postgres.connect() as conn:
+        conn.execute(f"ALTER TABLE {schema}.t ALTER COLUMN key TYPE text")
+    sink.check(SCHEMA, "app")
+    with postgres.connect() as conn:
+        conn.execute(f"ALTER TABLE {schema}.t ALTER COLUMN key TYPE integer USING NULL")
     open_ = sink.begin(TxnId("app", schema, 0, 0, 0, 0), SCHEMA)
-    with pytest.raises(WriteError) as info:
+    with pytest.raises(WriteError, match="changed after the sink's check") as info:
         sink.write(open_, _batch(range(3), key="abc"))
         sink.prepare(open_)
     assert (info.value.column, info.value.row) == ("key", 0)
+    assert _prepared(postgres, schema) == []
 
 
 def test_start_checks_name_the_fix(postgres: Any) -> None:

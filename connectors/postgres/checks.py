@@ -4,8 +4,9 @@ In order, each failure a :class:`~txsink.errors.ConfigurationError` that names t
 
 1. ``max_prepared_transactions > 0`` (else the server cannot PREPARE TRANSACTION);
 2. the table exists, or is created from the DataFrame's schema (``create_table=True``);
-3. every DataFrame column exists with a type that takes it; every NOT NULL column
-   without a default is in the DataFrame; the upsert key columns are;
+3. every DataFrame column exists with a type binary COPY can fill from it (its plan,
+   :func:`~txsink.connectors.postgres.casts.plan_column`, kept for the tasks); every NOT
+   NULL column without a default is in the DataFrame; the upsert key columns are;
 4. upsert: a unique index (or primary key) on exactly the key, which ON CONFLICT needs;
 5. the role may INSERT (and UPDATE, for upsert) into the table;
 6. the progress table exists (created if missing) and the role may use it;
@@ -24,9 +25,10 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from txsink.connectors.postgres.casts import ColumnPlan, Unsendable, plan_column
 from txsink.connectors.postgres.prepared import old_prepared
 from txsink.connectors.postgres.progress import ensure_progress_table
-from txsink.connectors.postgres.types import arrow_to_pg_type, compatible
+from txsink.connectors.postgres.types import arrow_to_pg_type
 from txsink.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -34,7 +36,7 @@ if TYPE_CHECKING:
 
     from txsink.connectors.postgres.tables import Tables
 
-__all__ = ["StartCheck"]
+__all__ = ["StartCheck", "plan_columns", "table_columns"]
 
 _log = logging.getLogger(__name__)
 
@@ -60,18 +62,20 @@ class StartCheck:
     def _ctx(self) -> dict[str, Any]:
         return {"sink_uid": self.uid, "connector": "postgres", "phase": "check"}
 
-    def run(self, schema: pa.Schema) -> None:
-        """Every check, in the order of the module's list, for rows of ``schema``."""
+    def run(self, schema: pa.Schema) -> list[ColumnPlan]:
+        """Every check, in the order of the module's list, for rows of ``schema``; returns
+        how each column goes over binary COPY."""
         import psycopg
 
         try:
             self._two_phase_commit()
-            self._columns(schema)
+            plans = self._columns(schema)
             if self.mode == "upsert":
                 self._unique_key()
             self._privileges()
             ensure_progress_table(self.conn, self.tables, self._ctx)
             self._warn_old_prepared()
+            return plans
         except psycopg.errors.InsufficientPrivilege as err:
             table = self.tables.qualified
             raise ConfigurationError(
@@ -93,9 +97,9 @@ class StartCheck:
                 **self._ctx,
             )
 
-    def _columns(self, schema: pa.Schema) -> None:
+    def _columns(self, schema: pa.Schema) -> list[ColumnPlan]:
         table = self.tables.qualified
-        columns = self._table_columns()
+        columns = table_columns(self.conn, self.tables)
         if columns is None:
             self._schema_exists()
             if not self.create_table:
@@ -105,24 +109,8 @@ class StartCheck:
                     **self._ctx,
                 )
             self._create(schema)
-            columns = self._table_columns() or {}
-        for field in schema:
-            if field.name not in columns:
-                raise ConfigurationError(
-                    f"table {table} has no column {field.name!r} (the DataFrame "
-                    f"has it): add the column or drop it from the DataFrame before the sink",
-                    column=field.name,
-                    **self._ctx,
-                )
-            pg_type, _ = columns[field.name]
-            if not compatible(field.type, pg_type):
-                raise ConfigurationError(
-                    f"column {field.name!r} of {table} is {pg_type}, which cannot "
-                    f"take the DataFrame's {field.type} (maps to {arrow_to_pg_type(field.type)}): "
-                    "cast the column in Spark or change the table",
-                    column=field.name,
-                    **self._ctx,
-                )
+            columns = table_columns(self.conn, self.tables) or {}
+        plans = plan_columns(columns, schema, table, self._ctx)
         for name, (_, required) in columns.items():
             if required and name not in schema.names:
                 raise ConfigurationError(
@@ -136,22 +124,7 @@ class StartCheck:
                 raise ConfigurationError(
                     f"upsert key column {key!r} is not in the DataFrame", column=key, **self._ctx
                 )
-
-    def _table_columns(self) -> dict[str, tuple[str, bool]] | None:
-        """Column name -> (type, required: NOT NULL without a default); None: no table."""
-        regclass = self.tables.regclass()
-        rows = self.conn.execute(
-            "SELECT a.attname, format_type(a.atttypid, a.atttypmod), "
-            "a.attnotnull AND NOT a.atthasdef AND a.attidentity = '' AND a.attgenerated = '' "
-            "FROM pg_attribute a WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 "
-            "AND NOT a.attisdropped ORDER BY a.attnum",
-            (regclass,),
-        ).fetchall()
-        if not rows:
-            exists = self.conn.execute("SELECT to_regclass(%s)", (regclass,)).fetchone()
-            if exists is None or exists[0] is None:
-                return None
-        return {str(r[0]): (str(r[1]), bool(r[2])) for r in rows}
+        return plans
 
     def _schema_exists(self) -> None:
         """The table's schema exists: ``create_table`` creates a table, never its schema."""
@@ -228,3 +201,51 @@ class StartCheck:
                 gid,
                 float(age),
             )
+
+
+def table_columns(
+    conn: psycopg.Connection[Any], tables: Tables
+) -> dict[str, tuple[str, bool]] | None:
+    """Column name -> (type, required: NOT NULL without a default); None: no table. A
+    domain's column reads as its base type (binary COPY sends the base type's form)."""
+    regclass = tables.regclass()
+    rows = conn.execute(
+        "SELECT a.attname, CASE WHEN t.typtype = 'd' "
+        "THEN format_type(t.typbasetype, t.typtypmod) "
+        "ELSE format_type(a.atttypid, a.atttypmod) END, "
+        "a.attnotnull AND NOT a.atthasdef AND a.attidentity = '' AND a.attgenerated = '' "
+        "FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid "
+        "WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 "
+        "AND NOT a.attisdropped ORDER BY a.attnum",
+        (regclass,),
+    ).fetchall()
+    if not rows:
+        exists = conn.execute("SELECT to_regclass(%s)", (regclass,)).fetchone()
+        if exists is None or exists[0] is None:
+            return None
+    return {str(r[0]): (str(r[1]), bool(r[2])) for r in rows}
+
+
+def plan_columns(
+    columns: dict[str, tuple[str, bool]], schema: pa.Schema, table: str, ctx: dict[str, Any]
+) -> list[ColumnPlan]:
+    """Each DataFrame column's plan into ``columns`` (of :func:`table_columns`); a missing
+    column or one binary COPY cannot fill is a ConfigurationError naming the fix."""
+    plans = []
+    for field in schema:
+        if field.name not in columns:
+            raise ConfigurationError(
+                f"table {table} has no column {field.name!r} (the DataFrame "
+                f"has it): add the column or drop it from the DataFrame before the sink",
+                column=field.name,
+                **ctx,
+            )
+        try:
+            plans.append(plan_column(field.name, field.type, columns[field.name][0]))
+        except Unsendable as err:
+            raise ConfigurationError(
+                f"column {field.name!r} of {table}: {err.reason}: {err.fix}",
+                column=field.name,
+                **ctx,
+            ) from err
+    return plans

@@ -4,6 +4,8 @@ psycopg errors are mapped by SQLSTATE class, never by message text::
 
     22, 23                    data exception, integrity violation -> WriteError (fatal: bad rows),
                               with the row and column COPY reports
+    08P01, 42804 in a COPY    a value in another binary form than its column's (the table
+                              changed after the check) -> WriteError naming row and column
     08, 53, 57, 40001, 40P01,
     55P03                     connection, resources, operator, serialization, deadlock,
                               lock timeout -> RetryableError (Spark may retry the task)
@@ -28,8 +30,12 @@ from txsink.txid import TxnId
 
 __all__ = ["check_error", "connect_error", "copy_position", "map_error", "redact_dsn"]
 
-_COPY_LINE = re.compile(r"\bline (\d+)")
-_COPY_COLUMN = re.compile(r"column (\S+?):")
+# In a binary COPY: protocol violation (a value of the wrong length), datatype mismatch
+# (an array's element type): the data, not the connection.
+_WIRE_MISMATCH = ("08P01", "42804")
+# COPY's context line (the last one: a value's own parser may add lines before it, e.g.
+# "JSON data, line 1: ..."): "COPY t, line 3, column key: "value"" or, binary, no value.
+_COPY_AT = re.compile(r"^COPY .*, line (\d+)(?:, column ([^:\n]+?))?(?::.*)?$", re.MULTILINE)
 
 
 def redact_dsn(dsn: str) -> str:
@@ -48,11 +54,11 @@ def redact_dsn(dsn: str) -> str:
 def copy_position(context: str) -> tuple[int | None, str | None]:
     """The 0-based row and the column a COPY error's context names (``COPY t, line 3,
     column key: "..."``), each None when it names none."""
-    line = _COPY_LINE.search(context)
-    if line is None:
+    found = _COPY_AT.findall(context)
+    if not found:
         return None, None
-    column = _COPY_COLUMN.search(context)
-    return int(line.group(1)) - 1, column.group(1) if column else None  # COPY counts from 1
+    line, column = found[-1]
+    return int(line) - 1, column or None  # COPY counts from 1
 
 
 def map_error(
@@ -81,6 +87,18 @@ def map_error(
             "the query; nothing of this epoch was committed",
             row=row,
             column=diag.column_name or copy_column,
+            **ctx,
+        )
+    if state in _WIRE_MISMATCH and (diag.context or "").startswith("COPY "):
+        # A value in another binary form than the column's: its type changed after the check.
+        row, copy_column = copy_position(diag.context or "")
+        return WriteError(
+            f"{table} could not read a value of column {copy_column} (SQLSTATE {state}): "
+            f"{summary}. The column's type changed after the sink's check at start: restart "
+            "the query, so that the check reads the table again; nothing of this epoch was "
+            "committed",
+            row=row,
+            column=copy_column,
             **ctx,
         )
     lost = isinstance(err, psycopg.OperationalError) and not state  # no session: no SQLSTATE

@@ -3,7 +3,8 @@
 How the two phases map to PostgreSQL::
 
     begin    connect; BEGIN (psycopg tpc_begin with the transaction name as gid)
-    write    COPY the Arrow batch into the table (append) or a stage table (upsert)
+    write    binary COPY of the Arrow batch, cast to the table's column types, into the
+             table (append) or a stage table (upsert)
     prepare  upsert: INSERT ... ON CONFLICT from the stage; record progress; PREPARE TRANSACTION
     commit   COMMIT PREPARED gid, from the driver; "no such gid" is success only if the
              progress row written inside that transaction is visible
@@ -17,12 +18,14 @@ check at start warns about old ones, and recovery removes every one of ours.
 
 This module holds the configuration and the hooks; the work is in the package's
 other modules: :mod:`~txsink.connectors.postgres.checks` (start), ``copy`` and
-``upsert`` (write), ``progress`` (the committed-transaction record), ``prepared``
-(the server's prepared transactions), ``errors``, ``types`` and ``tables``.
+``upsert`` (write), ``casts`` and ``binary`` (Arrow into binary COPY), ``stall`` (the
+timeouts), ``progress`` (the committed-transaction record), ``prepared`` (the server's
+prepared transactions), ``errors``, ``types`` and ``tables``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -31,7 +34,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import pyarrow as pa
 from typing_extensions import override
 
-from txsink.connectors.postgres.checks import StartCheck
+from txsink.connectors.postgres.casts import ColumnPlan
+from txsink.connectors.postgres.checks import StartCheck, plan_columns, table_columns
 from txsink.connectors.postgres.copy import OpenTxn, start_copy
 from txsink.connectors.postgres.errors import check_error, connect_error, map_error, redact_dsn
 from txsink.connectors.postgres.prepared import (
@@ -45,9 +49,10 @@ from txsink.connectors.postgres.progress import (
     relabel_progress,
     was_committed,
 )
+from txsink.connectors.postgres.stall import Stall, Timeouts
 from txsink.connectors.postgres.tables import Tables, split_table
 from txsink.connectors.postgres.upsert import create_stage, merge_stage
-from txsink.errors import CommitError, TxsinkError
+from txsink.errors import CommitError, ConfigurationError, RetryableError, TxsinkError
 from txsink.handles import Handle, register_handle
 from txsink.log import LogStore
 from txsink.sink import Partitioning, TwoPhaseCommitSink
@@ -87,7 +92,13 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, PgHandle]):
         create_table: create the table from the DataFrame's schema if missing.
         progress_table: the table recording which transactions committed
             (created if missing; default ``txsink_progress`` in the table's schema).
-        statement_timeout_ms, lock_timeout_ms: applied to every task connection.
+        connect_timeout_s: the longest a connection may take to open (libpq).
+        stall_timeout_s: the longest one wait for the server may last (a statement, a COPY
+            write, COMMIT PREPARED) before the connection is dropped; None: no bound.
+        tcp_user_timeout_ms, keepalives_idle_s: the kernel's bounds on a dead network
+            path (libpq ``tcp_user_timeout``, ``keepalives*``); None: the system's.
+        statement_timeout_ms, lock_timeout_ms, idle_in_transaction_timeout_ms: the
+            server's, set (``SET LOCAL``) in every task's transaction; None: the server's.
         prepared_age_warning_s: warn at start about prepared transactions older than this.
         connect_kwargs: extra keyword arguments for ``psycopg.connect``.
         log: the txsink log, to use the sink alone as ``foreachBatch(sink)``.
@@ -106,8 +117,13 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, PgHandle]):
         key: Sequence[str] = (),
         create_table: bool = False,
         progress_table: str | None = None,
+        connect_timeout_s: float = 10.0,
+        stall_timeout_s: float | None = 60.0,
+        tcp_user_timeout_ms: int | None = 30_000,
+        keepalives_idle_s: int | None = 30,
         statement_timeout_ms: int | None = None,
         lock_timeout_ms: int | None = 30_000,
+        idle_in_transaction_timeout_ms: int | None = 300_000,
         prepared_age_warning_s: float = 600.0,
         connect_kwargs: dict[str, Any] | None = None,
         log: str | LogStore | None = None,
@@ -124,8 +140,18 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, PgHandle]):
         self.key = tuple(key)
         self.create_table = create_table
         self.progress = progress_table or "txsink_progress"
-        self.statement_timeout_ms = statement_timeout_ms
-        self.lock_timeout_ms = lock_timeout_ms
+        self.timeouts = Timeouts(
+            connect_s=connect_timeout_s,
+            stall_s=stall_timeout_s,
+            tcp_user_timeout_ms=tcp_user_timeout_ms,
+            keepalives_idle_s=keepalives_idle_s,
+            statement_ms=statement_timeout_ms,
+            lock_ms=lock_timeout_ms,
+            idle_in_transaction_ms=idle_in_transaction_timeout_ms,
+        )
+        # How each column goes over binary COPY, read at the check (the executors get it
+        # with the pickled sink); None: begin reads the table's types itself.
+        self._plans: list[ColumnPlan] | None = None
         self.prepared_age_warning_s = prepared_age_warning_s
         self.connect_kwargs = dict(connect_kwargs or {})
         self._driver_conn: psycopg.Connection[Any] | None = None
@@ -147,7 +173,8 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, PgHandle]):
         import psycopg
 
         try:
-            conn = psycopg.connect(self.dsn, autocommit=autocommit, **self.connect_kwargs)
+            options = {**self.timeouts.connect_options(), **self.connect_kwargs}
+            conn = psycopg.connect(self.dsn, autocommit=autocommit, **options)
         except psycopg.OperationalError as err:
             ctx: dict[str, Any] = {"sink_uid": self.uid, "connector": "postgres"}
             if phase is not None:
@@ -159,6 +186,9 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, PgHandle]):
         if self._driver_conn is None or self._driver_conn.closed:
             self._driver_conn = self._connect(autocommit=True, phase=phase)
         return self._driver_conn
+
+    def _stall(self, conn: psycopg.Connection[Any]) -> Stall:
+        return Stall(conn, self.timeouts.stall_s)
 
     @override
     def __getstate__(self) -> dict[str, Any]:
@@ -177,21 +207,22 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, PgHandle]):
 
         try:
             conn = self._driver("check")
-            if self.schema is None:
-                # Resolved once, on the driver: the executors get it with the pickled sink.
-                self.schema = str(conn.execute("SELECT current_schema()").fetchone()[0])  # type: ignore[index]
-            StartCheck(
-                conn,
-                self.tables,
-                uid=self.uid,
-                mode=self.mode,
-                key=self.key,
-                create_table=self.create_table,
-                server=redact_dsn(self.dsn),
-                prepared_age_warning_s=self.prepared_age_warning_s,
-            ).run(schema)
-        except psycopg.Error as err:
-            if isinstance(err, psycopg.OperationalError):
+            with self._stall(conn).guard("the start-up check"):
+                if self.schema is None:
+                    # Resolved once, on the driver: the executors get it with the pickled sink.
+                    self.schema = str(conn.execute("SELECT current_schema()").fetchone()[0])  # type: ignore[index]
+                self._plans = StartCheck(
+                    conn,
+                    self.tables,
+                    uid=self.uid,
+                    mode=self.mode,
+                    key=self.key,
+                    create_table=self.create_table,
+                    server=redact_dsn(self.dsn),
+                    prepared_age_warning_s=self.prepared_age_warning_s,
+                ).run(schema)
+        except (psycopg.Error, TxsinkError) as err:
+            if isinstance(err, (psycopg.OperationalError, RetryableError)):
                 self._driver_conn = None
             ctx = {"sink_uid": self.uid, "connector": "postgres", "phase": "check"}
             server = redact_dsn(self.dsn)
@@ -212,32 +243,36 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, PgHandle]):
         except TxsinkError as err:
             self._map(err, txn, phase="begin")  # fills in the epoch, partition and phase
             raise
+        stall = self._stall(conn)
         try:
-            conn.tpc_begin(str(txn))
-            self._set_timeouts(conn)
-            target = self.tables.ident()
-            if self.mode == "upsert":
-                target = create_stage(conn, self.tables, txn, schema.names)
-            return start_copy(txn, conn, target, schema)
+            with stall.guard("begin"):
+                conn.tpc_begin(str(txn))
+                self.timeouts.set_local(conn)
+                plans = self._plans_for(conn, schema)
+                target = self.tables.ident()
+                if self.mode == "upsert":
+                    target = create_stage(conn, self.tables, txn, schema.names)
+            return start_copy(txn, conn, stall, target, plans)
         except Exception as err:
             conn.close()
             raise self._map(err, txn, phase="begin") from err
 
-    def _set_timeouts(self, conn: psycopg.Connection[Any]) -> None:
-        from psycopg import sql
-
-        if self.statement_timeout_ms is not None:
-            conn.execute(
-                sql.SQL("SET LOCAL statement_timeout = {}").format(
-                    sql.Literal(f"{int(self.statement_timeout_ms)}ms")
-                )
+    def _plans_for(self, conn: psycopg.Connection[Any], schema: pa.Schema) -> list[ColumnPlan]:
+        """The check's column plans for ``schema``; read from the table when the check did
+        not run on this sink (hooks driven directly) or planned other columns."""
+        planned = {(p.name, p.source): p for p in self._plans or ()}
+        found = [planned.get((f.name, f.type)) for f in schema]
+        if all(p is not None for p in found):
+            return [p for p in found if p is not None]
+        table = self.qualified_table
+        columns = table_columns(conn, self.tables)
+        if columns is None:
+            raise ConfigurationError(
+                f"table {table} does not exist: create it, or pass create_table=True",
+                sink_uid=self.uid,
+                connector="postgres",
             )
-        if self.lock_timeout_ms is not None:
-            conn.execute(
-                sql.SQL("SET LOCAL lock_timeout = {}").format(
-                    sql.Literal(f"{int(self.lock_timeout_ms)}ms")
-                )
-            )
+        return plan_columns(columns, schema, table, {"sink_uid": self.uid, "connector": "postgres"})
 
     @override
     def write(self, txn: OpenTxn, batch: pa.RecordBatch) -> None:
@@ -251,10 +286,11 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, PgHandle]):
         conn = txn.conn
         try:
             txn.end_copy()
-            if self.mode == "upsert":
-                merge_stage(conn, self.tables, txn.txn, txn.columns, self.key)
-            record_progress(conn, self.tables, txn.txn, txn.rows, sink_uid=self.uid)
-            conn.tpc_prepare()
+            with txn.stall.guard("prepare"):
+                if self.mode == "upsert":
+                    merge_stage(conn, self.tables, txn.txn, txn.columns, self.key)
+                record_progress(conn, self.tables, txn.txn, txn.rows, sink_uid=self.uid)
+                conn.tpc_prepare()
         except Exception as err:
             raise self._map(err, txn.txn, phase="prepare") from err
         finally:
@@ -268,6 +304,22 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, PgHandle]):
 
     # -- driver: commit, abort, recover ----------------------------------------------
 
+    @contextlib.contextmanager
+    def _on_driver(self, txn: TxnId | None, phase: str) -> Iterator[psycopg.Connection[Any]]:
+        """The driver's connection, each wait bounded; a failure drops the connection and
+        raises a txsink error of ``phase``."""
+        import psycopg
+
+        try:
+            conn = self._driver(phase)
+            with self._stall(conn).guard(phase):
+                yield conn
+        except (psycopg.errors.UndefinedObject, psycopg.errors.ObjectNotInPrerequisiteState):
+            raise  # the caller's answers (no such gid, busy)
+        except (psycopg.Error, TxsinkError) as err:
+            self._driver_conn = None
+            raise self._map(err, txn, phase=phase) from err
+
     @override
     def commit(self, handle: PgHandle) -> None:
         import psycopg
@@ -275,7 +327,8 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, PgHandle]):
         gid = str(handle.txn)
         for attempt in range(_BUSY_TRIES):
             try:
-                commit_prepared(self._driver(), gid)
+                with self._on_driver(handle.txn, "commit") as conn:
+                    commit_prepared(conn, gid)
                 return
             except psycopg.errors.UndefinedObject:
                 break  # no such gid: committed already, or lost: verify below
@@ -284,10 +337,9 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, PgHandle]):
                 if attempt == _BUSY_TRIES - 1:
                     raise self._map(err, handle.txn, phase="commit") from err
                 time.sleep(_BUSY_STEP_S * (attempt + 1))
-            except psycopg.Error as err:
-                self._driver_conn = None
-                raise self._map(err, handle.txn, phase="commit") from err
-        if not was_committed(self._driver(), self.tables, gid):
+        with self._on_driver(handle.txn, "commit") as conn:
+            committed = was_committed(conn, self.tables, gid)
+        if not committed:
             raise CommitError(
                 f"cannot commit {gid}: PostgreSQL has no such prepared transaction and its "
                 f"progress row is not in {self.progress}, so it was rolled back (by hand, or "
@@ -302,34 +354,24 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, PgHandle]):
     @override
     def finish_epoch(self, epoch: int, handles: Sequence[PgHandle]) -> None:
         # Progress rows only need to outlive recovery of the latest epochs.
-        import psycopg
-
         if handles:
-            try:
-                prune_progress(self._driver(), self.tables, handles[0].txn.app, self.uid, epoch)
-            except psycopg.Error as err:
-                self._driver_conn = None
-                raise self._map(err, handles[0].txn, phase="commit") from err
+            with self._on_driver(handles[0].txn, "commit") as conn:
+                prune_progress(conn, self.tables, handles[0].txn.app, self.uid, epoch)
 
     @override
     def abort(self, handle: PgHandle) -> None:
         import psycopg
 
         try:
-            rollback_prepared(self._driver(), str(handle.txn))  # no such gid: gone already
+            with self._on_driver(handle.txn, "abort") as conn:
+                rollback_prepared(conn, str(handle.txn))  # no such gid: gone already
         except psycopg.Error as err:
-            self._driver_conn = None
             raise self._map(err, handle.txn, phase="abort") from err
 
     @override
     def list_prepared(self, app_id: str) -> Iterator[PgHandle]:
-        import psycopg
-
-        try:
-            gids = prepared_gids(self._driver(), f"txsink.{app_id}.{self.uid}.")
-        except psycopg.Error as err:
-            self._driver_conn = None
-            raise self._map(err, None, phase="recover") from err
+        with self._on_driver(None, "recover") as conn:
+            gids = prepared_gids(conn, f"txsink.{app_id}.{self.uid}.")
         for gid in gids:
             txn = TxnId.try_parse(gid)
             if txn is not None and txn.belongs_to(app_id, self.uid):

@@ -25,6 +25,8 @@ __all__ = ["ADAPTER", "DDL", "PostgresTarget", "PostgresTesting", "PostgresVerif
 DSN = "TXSINK_PG_DSN"
 #: How long drop_target waits for a lock other sessions hold (best effort: it gives up).
 DROP_LOCK_TIMEOUT = "10s"
+#: The sinks' stall_timeout_s in tests (the default, 60 s, is for production servers).
+STALL_TIMEOUT_S = 8.0
 #: The table every test target gets (the columns of the test input).
 DDL = "CREATE TABLE {} (id bigint, key text, amount double precision, payload text)"
 
@@ -148,7 +150,10 @@ class PostgresTesting(ConnectorTesting):
             mode=spec.get("mode", "append"),
             key=spec.get("key", ()),
             create_table=bool(spec.get("create_table", False)),
-            connect_kwargs={"connect_timeout": 5},
+            connect_timeout_s=5,
+            # Shorter than the cross-system tests' 12 s network stall, so that a stalled
+            # server is ended by the sink's own bound, not by the network coming back.
+            stall_timeout_s=STALL_TIMEOUT_S,
         )
 
     def verifier(

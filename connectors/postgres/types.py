@@ -1,5 +1,5 @@
 """Arrow (Spark) types and PostgreSQL column types: what ``create_table`` creates, what
-the check at start accepts, and what COPY's CSV form carries exactly.
+the check at start accepts (how each goes over binary COPY: ``casts.py``).
 
 The table is in docs/connectors/postgres.md ("Type mapping"); keep the two in step.
 """
@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from txsink.errors import ConfigurationError
 
-__all__ = ["arrow_to_pg_type", "compatible", "csv_writable"]
+__all__ = ["arrow_to_pg_type", "compatible"]
 
 _TYPMOD = re.compile(r"\(.*\)")
 
@@ -88,7 +88,7 @@ _COMPATIBLE: dict[str, set[str]] = {
 
 def compatible(arrow_type: pa.DataType, pg_type: str) -> bool:
     """Whether a column of ``pg_type`` (as ``format_type()`` spells it) takes values of
-    ``arrow_type`` through COPY."""
+    ``arrow_type`` (binary COPY casts them: see ``casts.py``)."""
     want = arrow_to_pg_type(arrow_type)
     base_pg = _TYPMOD.sub("", pg_type).strip()
     if want.endswith("[]"):
@@ -97,8 +97,3 @@ def compatible(arrow_type: pa.DataType, pg_type: str) -> bool:
     if base_pg.endswith("[]"):
         return False
     return base_pg in _COMPATIBLE.get(base_want, {base_want})
-
-
-def csv_writable(t: pa.DataType) -> bool:
-    """Types pyarrow's CSV writer renders in a form PostgreSQL's COPY CSV reads back exactly."""
-    return not (pa.types.is_nested(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t))

@@ -30,7 +30,7 @@ from txsink.testing.verifiers import verify
 ROOT = Path(__file__).resolve().parents[1]
 PIPELINE = "txsink.testing.pipelines:run_datasource"
 ROWS, FILES = 400, 4
-SESSIONS = ["classic"]
+SESSIONS = ["classic"]  # Spark Connect: test_stream_through_spark_connect
 #: Options whose values come from the environment (secrets stay off command lines).
 ENV_OPTIONS: dict[str, dict[str, str]] = {
     "postgres": {"dsn": "TXSINK_PG_DSN"},
@@ -80,6 +80,9 @@ def _run(
     """Run the query until it finishes; the report, the verdict and the child's lines."""
     found = adapter(connector)
     child = {**os.environ, **(env or {}), "TXSINK_FAULT": fault}
+    if kwargs.get("remote"):  # a Connect client: no classic session's settings
+        child.pop("PYSPARK_SUBMIT_ARGS", None)
+        child.pop("SPARK_CONNECT_MODE_ENABLED", None)
     if connector == "s3":
         child |= {aws: os.environ[ours] for aws, ours in AWS_ENV.items() if ours in os.environ}
     child["TXSINK_FAULT_STATE"] = str(tmp_path / "faults")
@@ -156,6 +159,24 @@ def test_static_writes_through_a_killed_driver_and_automatic_registration(
         tmp_path, "files", fault="after_decision:kill-driver@1", env=env, static=True
     )
     assert report.finished and report.runs == 2, (report, lines[-30:])
+    _exactly_once(verdict)
+
+
+@pytest.mark.parametrize("connector", [pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_stream_through_spark_connect(
+    request: pytest.FixtureRequest, tmp_path: Path, connector: str, connect_server: Any
+) -> None:
+    """The same path through a Spark Connect session (the suite's real Connect server): the
+    Data Source's planning, commit and abort run in the server's Python workers, which
+    read no fault plan from this test (the server is shared by the session): a clean run,
+    read back exactly once. Crashes under Connect are covered for foreachBatch in
+    test_connect.py."""
+    from connect_server import client_env
+
+    services_for(request, [connector])
+    env = {"PYTHONPATH": client_env(connect_server)["PYTHONPATH"]}
+    report, verdict, lines = _run(tmp_path, connector, env=env, remote=connect_server.url)
+    assert report.finished and report.runs == 1, (report, lines[-30:])
     _exactly_once(verdict)
 
 

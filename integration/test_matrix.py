@@ -130,31 +130,16 @@ def test_crash_matrix(
 
 
 @pytest.mark.chaos
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("connector", "variant"),
     [
-        # The cross-system kill-driver run (test_cross_system.py) covers the first variant of
-        # every connector with a server, and the demo's the files connector: by default only
-        # the variants with crash points of their own (single-pass) run here; the others
-        # with --run-slow.
-        pytest.param(
-            name,
-            variant,
-            marks=[
-                *marks,
-                *(
-                    ()
-                    if marks
-                    and variant != first
-                    and variant in adapters()[name].single_pass_variants
-                    else (pytest.mark.slow,)
-                ),
-                *_slow(name, variant),
-            ],
-            id=f"{name}-{variant}",
-        )
+        # By default the cross-system kill-driver run (test_cross_system.py) covers the
+        # first variant of every connector with a server and its single-pass variant in
+        # one coordinator, and the demo's (tests/test_demo.py) the files connector: these
+        # one-variant runs are --run-slow's.
+        pytest.param(name, variant, marks=marks, id=f"{name}-{variant}")
         for name, variant, marks in _variants()
-        for first in [next(iter(adapters()[name].variants))]
     ],
 )
 def test_kill_driver_at_every_point(

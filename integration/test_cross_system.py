@@ -207,14 +207,22 @@ PHASES = {
     "recovery": ("during_recovery", "during_commit:raise@1"),
 }
 STALL_S = 12.0
+#: Per target, the sink's client timeout during these tests: a cut shows as a call that
+#: times out, and the Kafka sink waits ``timeout_s`` (30 s by default) for each; 10 s
+#: fails the same calls the same way a third as long, and is still far above a call's
+#: time on a busy machine (the restarts' calls, after the heal, must not time out).
+NET_TIMEOUT_S = {"kafka": 10.0}
 DEFAULT_NET = {
     ("kafka", "commit", "cut"),
     ("postgres", "precommit", "cut"),
     ("postgres", "commit", "stall"),
     ("s3", "commit", "cut"),
     ("s3", "recovery", "stall"),
-    ("kafka", "recovery", "cut"),
-}  # the other 12 (target, phase, kind) cells run with --run-slow
+}  # the other 13 (target, phase, kind) cells run with --run-slow
+# Not ("kafka", "recovery", "cut"): Kafka is the first sink in commit order, and
+# ``during_recovery`` (like ``during_commit``) fires once the first sink's share is committed,
+# so that cut reaches Kafka only at the next epoch's commit, as ("kafka", "commit", "cut")
+# does; a cut inside Kafka's own recovery needs a fault point before its first commit.
 
 
 def _net_params() -> list[Any]:
@@ -244,6 +252,8 @@ def test_network_fault_to_one_target(
     from tests.streaming import prepare_input, run_until_done
 
     proxy, address = cross.services[target].with_proxy()
+    if target in NET_TIMEOUT_S:
+        cross.targets[target].spec["timeout_s"] = NET_TIMEOUT_S[target]
     cross.route(target, address)
     prepare_input(cross.tmp, ROWS, FILES)
     point, extra = PHASES[phase]

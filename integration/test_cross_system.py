@@ -185,9 +185,7 @@ def test_kill_driver_at_every_point(cross: Cross, skew_log: SkewLog) -> None:
     def run() -> None:
         specs = cross.specs() + [t.spec for t in extra]
         env = {**cross.child_env(), **child_env(extra)}
-        ended.append(
-            kill_driver_at_every_point(cross.tmp, specs, env, rows=rows, single_pass=True)
-        )
+        ended.append(kill_driver_at_every_point(cross.tmp, specs, env, rows=rows, single_pass=True))
 
     report = observed(cross, run, expected=expected)
     skew_log.add("kill-driver at every point", report)

@@ -69,6 +69,24 @@ class Cross:
         (service,) = [self.services[s] for s in self.targets[name].adapter.services[:1]]
         self.targets[name] = self.targets[name].through(**service.env(address))
 
+    def single_pass_targets(self) -> list[RunTarget]:
+        """A fresh target of each connector's first single-pass variant (a sink that commits
+        in its tasks), with a uid of its own (``<connector>-<variant>``): a coordinator with
+        one of them runs every epoch in one pass, the other sinks' handles in the same votes.
+        Dropped with the others; not in :attr:`targets` (the observer's views)."""
+        made: list[RunTarget] = []
+        for name, target in self.targets.items():
+            found = target.adapter
+            variant = next((v for v in found.variants if v in found.single_pass_variants), None)
+            if variant is None:
+                continue
+            options = {**found.variants[variant], "uid": f"{name}-{variant}"}
+            made += new_targets(
+                [name], self.tmp, tag=f"xs-{variant}", env=target.env, options={name: options}
+            )
+        self._made += made
+        return made
+
     def sinks(self) -> list[Any]:
         return [t.sink() for t in self.targets.values()]
 

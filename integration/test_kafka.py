@@ -543,3 +543,34 @@ def test_avro_replay_mode_streaming_after_a_crash(
     assert restarts == 1 and plan.fired()
     ids = [v["id"] for v in _avro_values(schema_registry, kafka, topic)]
     assert count_ids(range(1000), ids).ok
+
+
+def test_verifier_waits_once_on_an_open_transaction(kafka: Any) -> None:
+    """The verifier's reader and its lingering count each wait up to 10 s for a topic's
+    last stable offset to reach its high watermark (commit markers in flight); with a
+    transaction really open, the second call sees the same offsets and does not wait
+    again (the contract's "nothing visible before commit" reads both: 20 s -> 10 s)."""
+    import time
+
+    from confluent_kafka import Producer
+
+    from txsink.connectors.kafka.testing import KafkaVerifier
+
+    topic = kafka.new_topic(1)
+    producer = Producer(kafka.config(**{"transactional.id": f"open-{_uid()}"}))
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(topic, json.dumps({"id": 1}).encode())
+    producer.flush(30)
+    try:
+        verifier = KafkaVerifier(kafka.bootstrap, topic, [1])
+        t0 = time.monotonic()
+        assert verifier.read_ids() == []
+        first = time.monotonic() - t0
+        assert verifier.lingering() == 1
+        second = time.monotonic() - t0 - first
+        assert first >= 9.5, first  # it did wait for markers that never came
+        assert second < 5.0, f"waited again for the same open transaction: {second:.1f} s"
+    finally:
+        producer.abort_transaction(30)
+    assert verifier.lingering() == 0 and verifier.read_ids() == []

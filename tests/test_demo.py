@@ -48,6 +48,13 @@ def test_kill_driver_at_every_point_in_one_run(tmp_path: Path) -> None:
     assert result["rows_written"] == 6000 and result["epochs"] == 6 and result["ok"]
 
 
+# The default suite runs these two through docs/quickstart.md (tests/test_docs.py): its
+# "Crash it on purpose" block runs the same `txsink demo --crash after_decision:kill-driver`
+# and compares every line it prints (these lines, the verdict's values), and its
+# `txsink status` blocks read the first demo's log (table and --json).
+
+
+@pytest.mark.slow
 def test_demo_command_prints_one_json_verdict(tmp_path: Path) -> None:
     proc = subprocess.run(
         [
@@ -180,6 +187,7 @@ def test_a_default_streaming_run_prints_one_line_per_epoch(tmp_path: Path) -> No
     assert not [line for line in said if line.startswith("txsink")], quiet.stderr[-3000:]
 
 
+@pytest.mark.slow  # docs/quickstart.md's `txsink status` blocks (see above)
 def test_status_command_reads_the_demo_log(tmp_path: Path) -> None:
     run_demo(
         tmp_path / "d",

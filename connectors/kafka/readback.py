@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,18 +72,22 @@ def read_records(
     isolation: Isolation = "read_committed",
     timeout_s: float = 60.0,
     config: dict[str, Any] | None = None,
+    ends: Mapping[int, int] | None = None,
 ) -> list[KafkaRecord]:
     """Every record of ``topic`` a reader with ``isolation`` sees, all partitions, in order.
 
     Reads from the beginning to the end offsets as of the call (for ``read_committed``, once
     the markers of the transactions committed so far are in every partition:
-    :func:`~txsink.connectors.kafka.offsets.settled_ends`); raises TimeoutError if that end
-    is not reached in ``timeout_s``. No consumer group offsets are committed.
+    :func:`~txsink.connectors.kafka.offsets.settled_ends`), or to ``ends`` (per partition)
+    when given; raises TimeoutError if that end is not reached in ``timeout_s``. No
+    consumer group offsets are committed.
     """
     from confluent_kafka import Consumer, TopicPartition
 
     admin = admin_client(bootstrap)
-    if isolation == "read_committed":
+    if ends is not None:
+        ends = dict(ends)
+    elif isolation == "read_committed":
         ends, _, _ = settled_ends(admin, topic, timeout_s, wait_s=10.0)
     else:
         ends = topic_ends(admin, topic, isolation, timeout_s)

@@ -22,7 +22,7 @@ from typing_extensions import override
 
 from txsink.connectors.kafka import readback
 from txsink.connectors.kafka.clients import rdkafka_logger
-from txsink.connectors.kafka.offsets import settled_ends
+from txsink.connectors.kafka.offsets import settled_ends, topic_ends
 from txsink.connectors.kafka.producers import fence
 from txsink.connectors.kafka.sink import KafkaSink
 from txsink.connectors.kafka.walstore import WalStore
@@ -102,13 +102,39 @@ class KafkaVerifier:
     uploads: Callable[[], int] | None = field(default=None, repr=False)
     id_field: str = "id"
     timeout_s: float = 60.0
+    #: The offsets (last stable, high) a wait for settled ends gave up on: a transaction
+    #: open then. The same offsets read again are the same open transaction.
+    _open: tuple[dict[int, int], dict[int, int]] | None = field(
+        default=None, init=False, repr=False
+    )
 
     def expected_ids(self) -> Iterable[int]:
         return list(self.expected)
 
     def read_ids(self) -> list[int]:
-        values = readback.read_committed_values(self.bootstrap, self.topic, self.timeout_s)
-        return [int(json.loads(v or b"null")[self.id_field]) for v in values]
+        stable, _ = self._ends()
+        records = readback.read_records(
+            self.bootstrap, self.topic, timeout_s=self.timeout_s, ends=stable
+        )
+        return [int(json.loads(r.value or b"null")[self.id_field]) for r in records]
+
+    def _ends(self) -> tuple[dict[int, int], dict[int, int]]:
+        """The last stable offsets and high watermarks once they agree (a transaction
+        committed a moment ago may not have its markers everywhere yet: a few seconds for
+        them), without waiting again on a transaction already found open: ``read_ids``
+        then ``lingering`` wait once, not twice (10 s each while a transaction is open)."""
+        admin = readback.admin_client(self.bootstrap)
+        if self._open is not None:
+            now = (
+                topic_ends(admin, self.topic, "read_committed", self.timeout_s),
+                topic_ends(admin, self.topic, "read_uncommitted", self.timeout_s),
+            )
+            if now == self._open:
+                return now
+        stable, high, _ = settled_ends(admin, self.topic, self.timeout_s, wait_s=10.0)
+        still_open = any(stable.get(p, 0) < end for p, end in high.items())
+        self._open = (stable, high) if still_open else None
+        return stable, high
 
     def lingering(self) -> int:
         left = 0
@@ -117,11 +143,7 @@ class KafkaVerifier:
             left += self.uploads() if self.uploads is not None else 0
         elif self.wal is not None and os.path.isdir(self.wal):
             left += sum(len(files) for _, _, files in os.walk(self.wal))
-        # A transaction committed a moment ago may not have its markers everywhere yet:
-        # give them a few seconds before calling a partition's transaction left open.
-        stable, high, _ = settled_ends(
-            readback.admin_client(self.bootstrap), self.topic, self.timeout_s, wait_s=10.0
-        )
+        stable, high = self._ends()
         return left + sum(1 for p, end in high.items() if stable.get(p, 0) < end)
 
 

@@ -159,3 +159,20 @@ def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Connect
     server.start()
     yield server
     server.stop()
+
+
+def single_pass_params() -> list[Any]:
+    """``(connector, variant)`` parameters of every connector variant that commits in its
+    tasks (a single-pass epoch), marked with the services it needs."""
+    from txsink.testing.adapter import adapters
+
+    return [
+        pytest.param(
+            name,
+            variant,
+            marks=[getattr(pytest.mark, s) for s in found.services],
+            id=f"{name}-{variant}",
+        )
+        for name, found in adapters().items()
+        for variant in sorted(found.single_pass_variants)
+    ]

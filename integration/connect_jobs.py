@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from txsink.runner import FAILED_LINE
-from txsink.testing.pipelines import SCHEMA, build_sink, failure_line
+from txsink.testing.pipelines import build_sink, failure_line, input_stream
 
 
 def stream(
@@ -59,10 +59,7 @@ def stream(
     else:
         target = Coordinator(built, log=location, app_id=app_id, faults=plan)
     query = (
-        spark.readStream.schema(SCHEMA)
-        .option("maxFilesPerTrigger", 1)
-        .parquet(str(Path(workdir, "input")))
-        .repartition(partitions)
+        input_stream(spark, workdir, partitions)
         .writeStream.foreachBatch(target)
         .option("checkpointLocation", str(Path(workdir, "checkpoint")))
         .trigger(availableNow=True)

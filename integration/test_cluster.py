@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from cluster import Cluster, ClusterError, start_cluster, submit_args
 
-from conftest import services_for
+from conftest import services_for, single_pass_params
 from txsink.connectors.files.testing import FilesVerifier, verify_files
 from txsink.log import EpochState, open_log
 from txsink.testing import run_chaos
@@ -223,19 +223,6 @@ def test_executor_and_driver_kills_mixed(cluster_spark: ClusterSpark, tmp_path: 
 # -- single-pass epochs (Kafka's direct mode): one barrier stage, votes to the driver -----
 
 
-def _single_pass_variants() -> list[Any]:
-    return [
-        pytest.param(
-            name,
-            variant,
-            marks=[getattr(pytest.mark, s) for s in found.services],
-            id=f"{name}-{variant}",
-        )
-        for name, found in adapters().items()
-        for variant in sorted(found.single_pass_variants)
-    ]
-
-
 def run_single_pass_on_cluster(
     cs: ClusterSpark,
     request: pytest.FixtureRequest,
@@ -279,7 +266,7 @@ def _decided_round(state: EpochState) -> int:
     return state.decision.round
 
 
-@pytest.mark.parametrize(("connector", "variant"), _single_pass_variants())
+@pytest.mark.parametrize(("connector", "variant"), single_pass_params())
 def test_single_pass_executor_killed_before_and_after_the_decision(
     cluster_spark: ClusterSpark,
     request: pytest.FixtureRequest,
@@ -343,7 +330,7 @@ SINGLE_PASS_PLANS = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(SINGLE_PASS_PLANS))
-@pytest.mark.parametrize(("connector", "variant"), _single_pass_variants())
+@pytest.mark.parametrize(("connector", "variant"), single_pass_params())
 def test_single_pass_kill_matrix(
     cluster_spark: ClusterSpark,
     request: pytest.FixtureRequest,

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from conftest import services_for
+from conftest import services_for, single_pass_params
 from tests.streaming import prepare_input, run_until_done, start_query
 from txsink import Coordinator
 from txsink.errors import ConfigurationError
@@ -25,19 +25,6 @@ from txsink.testing.targets import RunTarget, new_targets
 from txsink.testing.verifiers import verify
 
 ROWS = 1000
-
-
-def _variants() -> list[Any]:
-    return [
-        pytest.param(
-            name,
-            variant,
-            marks=[getattr(pytest.mark, s) for s in found.services],
-            id=f"{name}-{variant}",
-        )
-        for name, found in adapters().items()
-        for variant in sorted(found.single_pass_variants)
-    ]
 
 
 def _target(request: pytest.FixtureRequest, tmp: Path, connector: str, variant: str) -> RunTarget:
@@ -61,7 +48,7 @@ def _fails_with(query: Any, match: str) -> None:
 
 
 @pytest.mark.spark
-@pytest.mark.parametrize(("connector", "variant"), _variants())
+@pytest.mark.parametrize(("connector", "variant"), single_pass_params())
 def test_more_partitions_than_task_slots_is_refused_before_any_row(
     spark: Any, request: pytest.FixtureRequest, tmp_path: Path, connector: str, variant: str
 ) -> None:
@@ -76,7 +63,7 @@ def test_more_partitions_than_task_slots_is_refused_before_any_row(
 
 
 @pytest.mark.spark
-@pytest.mark.parametrize(("connector", "variant"), _variants())
+@pytest.mark.parametrize(("connector", "variant"), single_pass_params())
 def test_a_restart_with_another_partition_count(
     spark: Any, request: pytest.FixtureRequest, tmp_path: Path, connector: str, variant: str
 ) -> None:
@@ -106,7 +93,7 @@ def test_a_restart_with_another_partition_count(
 
 
 @pytest.mark.spark
-@pytest.mark.parametrize(("connector", "variant"), _variants())
+@pytest.mark.parametrize(("connector", "variant"), single_pass_params())
 def test_a_different_replay_after_the_decision_is_refused_then_finished(
     spark: Any, request: pytest.FixtureRequest, tmp_path: Path, connector: str, variant: str
 ) -> None:

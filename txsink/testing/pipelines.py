@@ -30,6 +30,17 @@ __all__ = ["SCHEMA", "build_sink", "failure_line", "run_datasource", "run_stream
 SCHEMA = INPUT_SCHEMA
 
 
+def input_stream(spark: Any, workdir: str | Path, partitions: int) -> Any:
+    """The test input as a stream: one Parquet file of ``workdir/input`` per epoch
+    (:func:`~txsink.testing.inputs.make_input`), in ``partitions`` partitions."""
+    return (
+        spark.readStream.schema(SCHEMA)
+        .option("maxFilesPerTrigger", 1)
+        .parquet(str(Path(workdir, "input")))
+        .repartition(partitions)
+    )
+
+
 def run_stream(
     workdir: str,
     sinks: list[dict[str, Any]],
@@ -63,10 +74,7 @@ def run_stream(
             raise
 
     query = (
-        spark.readStream.schema(SCHEMA)
-        .option("maxFilesPerTrigger", 1)
-        .parquet(str(Path(workdir, "input")))
-        .repartition(partitions)
+        input_stream(spark, workdir, partitions)
         .writeStream.foreachBatch(epoch)
         .option("checkpointLocation", str(Path(workdir, "checkpoint")))
         .trigger(availableNow=True)
@@ -127,10 +135,7 @@ def run_datasource(
                 writer.option("app_id", app_id).option("epoch", str(i)).save()
             return
         query = (
-            spark.readStream.schema(SCHEMA)
-            .option("maxFilesPerTrigger", 1)
-            .parquet(str(Path(workdir, "input")))
-            .repartition(partitions)
+            input_stream(spark, workdir, partitions)
             .writeStream.format("txsink")
             .options(**opts)
             .option("checkpointLocation", str(Path(workdir, "checkpoint")))

@@ -34,6 +34,8 @@ from _services.fixtures import (
 from connect_server import ConnectServer
 from cross import Cross
 
+from txsink.testing.targets import RunTarget, new_targets
+
 # marker -> the session fixture that provides its server
 SERVICE_MARKERS = {
     "postgres": "postgres",
@@ -161,9 +163,9 @@ def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Connect
     server.stop()
 
 
-def single_pass_params() -> list[Any]:
-    """``(connector, variant)`` parameters of every connector variant that commits in its
-    tasks (a single-pass epoch), marked with the services it needs."""
+def variant_params(*, single_pass: bool = False) -> list[Any]:
+    """``(connector, variant)`` parameters of every connector variant (``single_pass``: of
+    those that commit in their tasks), marked with the services each needs."""
     from txsink.testing.adapter import adapters
 
     return [
@@ -174,5 +176,21 @@ def single_pass_params() -> list[Any]:
             id=f"{name}-{variant}",
         )
         for name, found in adapters().items()
-        for variant in sorted(found.single_pass_variants)
+        for variant in (sorted(found.single_pass_variants) if single_pass else found.variants)
     ]
+
+
+def variant_target(
+    request: pytest.FixtureRequest, tmp: Path, connector: str, variant: str, *, tag: str
+) -> RunTarget:
+    """A fresh target of ``connector``'s ``variant`` on the test servers, dropped when the
+    test ends."""
+    from txsink.testing.adapter import adapters
+
+    env: dict[str, str] = {}
+    for service in services_for(request, [connector]).values():
+        env.update(service.env())
+    options = dict(adapters()[connector].variants[variant])
+    (target,) = new_targets([connector], tmp, tag=tag, env=env, options={connector: options})
+    request.addfinalizer(lambda: target.adapter.drop_target(target.spec, target.env))
+    return target

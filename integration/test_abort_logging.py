@@ -7,30 +7,16 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from conftest import services_for
+from conftest import services_for, variant_params
 from txsink import Coordinator
 from txsink.testing import contract
-from txsink.testing.adapter import adapter, adapters
+from txsink.testing.adapter import adapter
 
 
-def _cases() -> list[Any]:
-    return [
-        pytest.param(
-            name,
-            variant,
-            marks=[getattr(pytest.mark, service) for service in found.services],
-            id=f"{name}-{variant}",
-        )
-        for name, found in adapters().items()
-        for variant in found.variants
-    ]
-
-
-@pytest.mark.parametrize(("connector", "variant"), _cases())
+@pytest.mark.parametrize(("connector", "variant"), variant_params())
 def test_each_abort_is_one_line_of_the_core(
     request: pytest.FixtureRequest,
     tmp_path: Path,

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from cluster import Cluster, ClusterError, start_cluster, submit_args
 
-from conftest import services_for, single_pass_params
+from conftest import services_for, variant_params
 from txsink.connectors.files.testing import FilesVerifier, verify_files
 from txsink.log import EpochState, open_log
 from txsink.testing import run_chaos
@@ -266,7 +266,7 @@ def _decided_round(state: EpochState) -> int:
     return state.decision.round
 
 
-@pytest.mark.parametrize(("connector", "variant"), single_pass_params())
+@pytest.mark.parametrize(("connector", "variant"), variant_params(single_pass=True))
 def test_single_pass_executor_killed_before_and_after_the_decision(
     cluster_spark: ClusterSpark,
     request: pytest.FixtureRequest,
@@ -330,7 +330,7 @@ SINGLE_PASS_PLANS = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(SINGLE_PASS_PLANS))
-@pytest.mark.parametrize(("connector", "variant"), single_pass_params())
+@pytest.mark.parametrize(("connector", "variant"), variant_params(single_pass=True))
 def test_single_pass_kill_matrix(
     cluster_spark: ClusterSpark,
     request: pytest.FixtureRequest,

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from conftest import services_for
+from conftest import variant_target
 from tests.streaming import (
     CRASH_MATRIX,
     SINGLE_PASS_MATRIX,
@@ -29,7 +29,7 @@ from txsink import Coordinator
 from txsink.faults import FaultPlan
 from txsink.log import open_log
 from txsink.testing.adapter import adapters
-from txsink.testing.targets import RunTarget, new_targets
+from txsink.testing.targets import RunTarget
 from txsink.testing.verifiers import verify
 
 ROWS = 1000
@@ -75,13 +75,7 @@ def _slow(connector: str, variant: str, cell: tuple[Any, ...] | None = None) -> 
 
 
 def _target(request: pytest.FixtureRequest, tmp: Path, connector: str, variant: str) -> RunTarget:
-    env: dict[str, str] = {}
-    for service in services_for(request, [connector]).values():
-        env.update(service.env())
-    options = dict(adapters()[connector].variants[variant])
-    (target,) = new_targets([connector], tmp, tag="mx", env=env, options={connector: options})
-    request.addfinalizer(lambda: target.adapter.drop_target(target.spec, target.env))
-    return target
+    return variant_target(request, tmp, connector, variant, tag="mx")
 
 
 @pytest.mark.spark

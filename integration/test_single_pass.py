@@ -14,27 +14,20 @@ from typing import Any
 
 import pytest
 
-from conftest import services_for, single_pass_params
+from conftest import variant_params, variant_target
 from tests.streaming import prepare_input, run_until_done, start_query
 from txsink import Coordinator
 from txsink.errors import ConfigurationError
 from txsink.faults import FaultPlan
 from txsink.log import open_log
-from txsink.testing.adapter import adapters
-from txsink.testing.targets import RunTarget, new_targets
+from txsink.testing.targets import RunTarget
 from txsink.testing.verifiers import verify
 
 ROWS = 1000
 
 
 def _target(request: pytest.FixtureRequest, tmp: Path, connector: str, variant: str) -> RunTarget:
-    env: dict[str, str] = {}
-    for service in services_for(request, [connector]).values():
-        env.update(service.env())
-    options = dict(adapters()[connector].variants[variant])
-    (target,) = new_targets([connector], tmp, tag="sp", env=env, options={connector: options})
-    request.addfinalizer(lambda: target.adapter.drop_target(target.spec, target.env))
-    return target
+    return variant_target(request, tmp, connector, variant, tag="sp")
 
 
 def _one_partition(df: Any) -> Any:
@@ -48,7 +41,7 @@ def _fails_with(query: Any, match: str) -> None:
 
 
 @pytest.mark.spark
-@pytest.mark.parametrize(("connector", "variant"), single_pass_params())
+@pytest.mark.parametrize(("connector", "variant"), variant_params(single_pass=True))
 def test_more_partitions_than_task_slots_is_refused_before_any_row(
     spark: Any, request: pytest.FixtureRequest, tmp_path: Path, connector: str, variant: str
 ) -> None:
@@ -63,7 +56,7 @@ def test_more_partitions_than_task_slots_is_refused_before_any_row(
 
 
 @pytest.mark.spark
-@pytest.mark.parametrize(("connector", "variant"), single_pass_params())
+@pytest.mark.parametrize(("connector", "variant"), variant_params(single_pass=True))
 def test_a_restart_with_another_partition_count(
     spark: Any, request: pytest.FixtureRequest, tmp_path: Path, connector: str, variant: str
 ) -> None:
@@ -93,7 +86,7 @@ def test_a_restart_with_another_partition_count(
 
 
 @pytest.mark.spark
-@pytest.mark.parametrize(("connector", "variant"), single_pass_params())
+@pytest.mark.parametrize(("connector", "variant"), variant_params(single_pass=True))
 def test_a_different_replay_after_the_decision_is_refused_then_finished(
     spark: Any, request: pytest.FixtureRequest, tmp_path: Path, connector: str, variant: str
 ) -> None:

@@ -67,6 +67,9 @@ class ConnectServer:
     workdir: Path
     port: int = field(default_factory=_free_port)
     master: str = "local[2,2]"
+    #: Added to the server's environment (its Python workers inherit it): a fault plan
+    #: (``TXSINK_FAULT``) aimed at the steps that run in the server, say.
+    extra_env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
     start_seconds: float = 0.0
@@ -81,8 +84,10 @@ class ConnectServer:
         return self.workdir / f"connect-server-{self.starts}.log"
 
     @classmethod
-    def start_new(cls, workdir: Path, *, timeout: float = 180.0) -> ConnectServer:
-        server = cls(Path(workdir))
+    def start_new(
+        cls, workdir: Path, *, timeout: float = 180.0, env: dict[str, str] | None = None
+    ) -> ConnectServer:
+        server = cls(Path(workdir), extra_env=dict(env or {}))
         server.start(timeout=timeout)
         return server
 
@@ -113,6 +118,7 @@ class ConnectServer:
             SPARK_HOME=str(_spark_home()),
             PYSPARK_PYTHON=sys.executable,
             PYSPARK_DRIVER_PYTHON=sys.executable,
+            **self.extra_env,
         )
 
     def start(self, *, timeout: float = 180.0) -> None:

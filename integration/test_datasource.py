@@ -4,24 +4,29 @@ Each test runs the query in child processes (:mod:`txsink.runner`, restarted aft
 crash on the same checkpoint) and reads the target back with the connector's own verifier:
 zero duplicates, zero missing, nothing lingering (no prepared transaction, no staged file).
 
-``SESSIONS`` is the kind of Spark session the query runs in; ``"connect"`` joins it once
-the Spark Connect server fixture (issue 16, part 1) is merged: ``_run`` then passes
-``remote=<the fixture's sc:// URL>`` to :func:`txsink.testing.pipelines.run_datasource`,
-whose child connects with ``SparkSession.builder.remote(...)`` (the Data Source's driver-side
-steps then run in the Connect server's Python workers; nothing in them needs a SparkContext).
+``SESSIONS`` is the kind of classic Spark session the query runs in. Under Spark Connect
+(``remote=<sc:// URL>`` to :func:`txsink.testing.pipelines.run_datasource`) the Data Source's
+planning, commit, abort and tasks run in the Connect server's Python workers, which inherit
+the *server's* environment: the crash test there starts a server of its own with the fault
+plan in it (``kill-driver`` then kills the server's JVM, the driver).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from conftest import services_for
+from txsink.log import open_log
 from txsink.runner import RunReport, python_module_cmd, run_until_done
 from txsink.testing.adapter import adapter
 from txsink.testing.inputs import make_input
@@ -30,7 +35,7 @@ from txsink.testing.verifiers import verify
 ROOT = Path(__file__).resolve().parents[1]
 PIPELINE = "txsink.testing.pipelines:run_datasource"
 ROWS, FILES = 400, 4
-SESSIONS = ["classic"]  # Spark Connect: test_stream_through_spark_connect
+SESSIONS = ["classic"]  # Spark Connect: the two tests that take a Connect server
 #: Options whose values come from the environment (secrets stay off command lines).
 ENV_OPTIONS: dict[str, dict[str, str]] = {
     "postgres": {"dsn": "TXSINK_PG_DSN"},
@@ -69,17 +74,14 @@ def _options(spec: dict[str, Any]) -> dict[str, str]:
     return {"connector": str(spec["kind"]), **out}
 
 
-def _run(
-    tmp_path: Path,
-    connector: str,
-    *,
-    fault: str = "",
-    env: dict[str, str] | None = None,
-    **kwargs: Any,
-) -> tuple[RunReport, Any, list[str]]:
-    """Run the query until it finishes; the report, the verdict and the child's lines."""
+@contextlib.contextmanager
+def _target(
+    tmp_path: Path, connector: str, env: dict[str, str] | None = None, **kwargs: Any
+) -> Iterator[tuple[Any, dict[str, Any], dict[str, str], list[str]]]:
+    """A fresh target and input: the adapter, its spec, the child's environment and the
+    child's command; the target is dropped afterwards."""
     found = adapter(connector)
-    child = {**os.environ, **(env or {}), "TXSINK_FAULT": fault}
+    child = {**os.environ, **(env or {}), "TXSINK_FAULT": kwargs.pop("fault", "")}
     if kwargs.get("remote"):  # a Connect client: no classic session's settings
         child.pop("PYSPARK_SUBMIT_ARGS", None)
         child.pop("SPARK_CONNECT_MODE_ENABLED", None)
@@ -91,18 +93,25 @@ def _run(
     try:
         args = {"workdir": str(tmp_path), "options": _options(spec), **kwargs}
         args["env_options"] = ENV_OPTIONS.get(connector, {})
-        lines: list[str] = []
-        report = run_until_done(
-            python_module_cmd("txsink.runner", PIPELINE, json.dumps(args)),
-            env=child,
-            max_runs=5,
-            on_line=lines.append,
-            timeout=300,
-        )
-        verifier = found.verifier(spec, range(ROWS), child, log=str(tmp_path / "txlog"))
-        return report, verify(verifier), lines
+        yield found, spec, child, python_module_cmd("txsink.runner", PIPELINE, json.dumps(args))
     finally:
         found.drop_target(spec, child)
+
+
+def _run(
+    tmp_path: Path,
+    connector: str,
+    *,
+    fault: str = "",
+    env: dict[str, str] | None = None,
+    **kwargs: Any,
+) -> tuple[RunReport, Any, list[str]]:
+    """Run the query until it finishes; the report, the verdict and the child's lines."""
+    with _target(tmp_path, connector, env, fault=fault, **kwargs) as (found, spec, child, cmd):
+        lines: list[str] = []
+        report = run_until_done(cmd, env=child, max_runs=5, on_line=lines.append, timeout=300)
+        verifier = found.verifier(spec, range(ROWS), child, log=str(tmp_path / "txlog"))
+        return report, verify(verifier), lines
 
 
 def _exactly_once(verdict: Any, epochs: int = FILES) -> None:
@@ -163,21 +172,86 @@ def test_static_writes_through_a_killed_driver_and_automatic_registration(
 
 
 @pytest.mark.parametrize("connector", [pytest.param("postgres", marks=pytest.mark.postgres)])
-def test_stream_through_spark_connect(
+def test_stream_through_spark_connect_with_crashes_in_the_server(
+    request: pytest.FixtureRequest, tmp_path: Path, connector: str
+) -> None:
+    """The same path through a Spark Connect session, against a Connect server of its own
+    whose environment carries the fault plan (the Data Source's planning, commit and tasks
+    run in the server's Python workers): a task raises (Spark retries it), a task's worker
+    is SIGKILLed after its pre-commit (retried; the dead attempt's prepared transaction is
+    aborted), and the server itself (the driver: its JVM) is SIGKILLed right after epoch 2's
+    decision. The server restarts, a new client starts the query again on its checkpoint,
+    and the decided epoch is committed before anything else; read back exactly once."""
+    from connect_server import ConnectServer, client_env
+
+    services_for(request, [connector])
+    plan = "before_precommit:raise@0#0,after_precommit:kill-worker@1#1,after_decision:kill-driver@2"
+    server_env = {"TXSINK_FAULT": plan, "TXSINK_FAULT_STATE": str(tmp_path / "faults")}
+    server = ConnectServer.start_new(tmp_path / "server", env=server_env)
+    env = {"PYTHONPATH": client_env(server)["PYTHONPATH"]}
+    try:
+        with _target(tmp_path, connector, env, remote=server.url) as (found, spec, child, cmd):
+            first = subprocess.Popen(
+                cmd, env=child, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+            try:
+                deadline = time.monotonic() + 240
+                while server.proc is not None and server.proc.poll() is None:
+                    assert time.monotonic() < deadline, "the server was not killed at epoch 2"
+                    assert first.poll() is None, f"the client ended first: {first.returncode}"
+                    time.sleep(0.1)
+            finally:  # it retries a server that is gone (Connect's retry policy)
+                first.kill()
+                first.wait(30)
+            log = open_log(tmp_path / "txlog")
+            assert log.decision(2) is not None and log.committed(2) is None
+            server.restart()
+            lines: list[str] = []
+            report = run_until_done(cmd, env=child, max_runs=2, on_line=lines.append, timeout=300)
+            assert report.finished and report.runs == 1, (report, lines[-30:])
+            verdict = verify(found.verifier(spec, range(ROWS), child, log=str(tmp_path / "txlog")))
+    finally:
+        server.stop()
+    fired = sorted(os.listdir(tmp_path / "faults"))
+    assert len(fired) == 3, fired
+    served = "".join(p.read_text(errors="replace") for p in server.workdir.glob("*.log"))
+    assert "an attempt the decision of epoch 1 did not use" in served, served[-3000:]
+    _exactly_once(verdict)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("connector", [pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_a_killed_connect_client(
     request: pytest.FixtureRequest, tmp_path: Path, connector: str, connect_server: Any
 ) -> None:
-    """The same path through a Spark Connect session (the suite's real Connect server): the
-    Data Source's planning, commit and abort run in the server's Python workers, which
-    read no fault plan from this test (the server is shared by the session): a clean run,
-    read back exactly once. Crashes under Connect are covered for foreachBatch in
-    test_connect.py."""
+    """SIGKILL of the Connect client once epoch 1 is decided: the query lives on in the
+    server (or is stopped when the next client starts it again on the same checkpoint);
+    either way every row exactly once."""
     from connect_server import client_env
 
     services_for(request, [connector])
     env = {"PYTHONPATH": client_env(connect_server)["PYTHONPATH"]}
-    report, verdict, lines = _run(tmp_path, connector, env=env, remote=connect_server.url)
-    assert report.finished and report.runs == 1, (report, lines[-30:])
+    with _target(tmp_path, connector, env, remote=connect_server.url) as (found, spec, child, cmd):
+        first = subprocess.Popen(
+            cmd, env=child, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        try:
+            deadline = time.monotonic() + 240
+            while not _decided(tmp_path / "txlog", 1):
+                assert time.monotonic() < deadline and first.poll() is None, first.returncode
+                time.sleep(0.05)
+        finally:
+            first.kill()
+            first.wait(30)
+        lines: list[str] = []
+        report = run_until_done(cmd, env=child, max_runs=2, on_line=lines.append, timeout=300)
+        assert report.finished, (report, lines[-30:])
+        verdict = verify(found.verifier(spec, range(ROWS), child, log=str(tmp_path / "txlog")))
     _exactly_once(verdict)
+
+
+def _decided(log_dir: Path, epoch: int) -> bool:
+    return log_dir.is_dir() and open_log(log_dir).decision(epoch) is not None
 
 
 @pytest.mark.slow

@@ -72,9 +72,11 @@ def coordinator(config: DsConfig) -> Coordinator:
 
 
 def driver_pid() -> int | None:
-    """The Spark driver's Python process (the user's), seen from a Python worker the driver's
-    JVM started: the parent of the nearest ``java`` ancestor. ``None`` where that cannot be
-    read (no ``/proc``): a ``kill-driver`` fault then kills the worker itself."""
+    """The Spark driver's process, seen from a Python worker its JVM started: the parent of
+    the nearest ``java`` ancestor when that JVM was launched by a Python driver (PySpark sets
+    ``_PYSPARK_DRIVER_CONN_INFO_PATH`` in the JVM's environment), else the JVM itself (a Spark
+    Connect server: the driver is the server, the user's client is elsewhere). ``None`` where
+    that cannot be read (no ``/proc``): a ``kill-driver`` fault then kills the worker itself."""
     pid = os.getppid()
     for _ in range(8):
         try:
@@ -85,9 +87,17 @@ def driver_pid() -> int | None:
         name = stat[stat.index("(") + 1 : stat.rindex(")")]
         parent = int(stat[stat.rindex(")") + 2 :].split()[1])
         if name == "java":
-            return parent if parent > 1 else None
+            return parent if parent > 1 and _launched_by_python(pid) else pid
         pid = parent
     return None
+
+
+def _launched_by_python(jvm: int) -> bool:
+    try:
+        with open(f"/proc/{jvm}/environ", "rb") as f:
+            return b"\0_PYSPARK_DRIVER_CONN_INFO_PATH=" in b"\0" + f.read()
+    except OSError:
+        return True  # unreadable: keep the classic answer
 
 
 @dataclass(frozen=True)

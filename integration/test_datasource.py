@@ -74,6 +74,10 @@ def _options(spec: dict[str, Any]) -> dict[str, str]:
     return {"connector": str(spec["kind"]), **out}
 
 
+def _aws_env() -> dict[str, str]:
+    return {aws: os.environ[ours] for aws, ours in AWS_ENV.items() if ours in os.environ}
+
+
 @contextlib.contextmanager
 def _target(
     tmp_path: Path, connector: str, env: dict[str, str] | None = None, **kwargs: Any
@@ -86,7 +90,7 @@ def _target(
         child.pop("PYSPARK_SUBMIT_ARGS", None)
         child.pop("SPARK_CONNECT_MODE_ENABLED", None)
     if connector == "s3":
-        child |= {aws: os.environ[ours] for aws, ours in AWS_ENV.items() if ours in os.environ}
+        child |= _aws_env()
     child["TXSINK_FAULT_STATE"] = str(tmp_path / "faults")
     make_input(tmp_path / "input", ROWS, FILES)
     spec = found.new_target(tmp_path, tmp_path.name[-12:].lower().replace("-", "_"), child)
@@ -171,7 +175,7 @@ def test_static_writes_through_a_killed_driver_and_automatic_registration(
     _exactly_once(verdict)
 
 
-@pytest.mark.parametrize("connector", [pytest.param("postgres", marks=pytest.mark.postgres)])
+@pytest.mark.parametrize("connector", CONNECTORS)
 def test_stream_through_spark_connect_with_crashes_in_the_server(
     request: pytest.FixtureRequest, tmp_path: Path, connector: str
 ) -> None:
@@ -187,6 +191,8 @@ def test_stream_through_spark_connect_with_crashes_in_the_server(
     services_for(request, [connector])
     plan = "before_precommit:raise@0#0,after_precommit:kill-worker@1#1,after_decision:kill-driver@2"
     server_env = {"TXSINK_FAULT": plan, "TXSINK_FAULT_STATE": str(tmp_path / "faults")}
+    if connector == "s3":  # boto3's chain on the driver: the server's environment
+        server_env |= _aws_env()
     server = ConnectServer.start_new(tmp_path / "server", env=server_env)
     env = {"PYTHONPATH": client_env(server)["PYTHONPATH"]}
     try:

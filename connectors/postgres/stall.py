@@ -7,9 +7,9 @@ Each stall has its own bound (:class:`Timeouts`, from the sink's options)::
     a dead network path   TCP keepalives (an idle connection) and tcp_user_timeout (data
                           the peer never acknowledges): the kernel drops the connection
     a peer that takes     Stall.guard: when one wait for the server (a statement, a COPY
-    bytes, never answers  write, COMMIT PREPARED) outlasts stall_timeout_s, a timer shuts
-    (a frozen server,     the socket down, and the blocked call fails at once. The timer
-    a hung proxy)         writes nothing: it only ends the connection
+    bytes, never answers  write, COMMIT PREPARED) outlasts stall_timeout_s, the watchdog
+    (a frozen server,     thread shuts the socket down, and the blocked call fails at once.
+    a hung proxy)         It writes nothing: it only ends the connection
     the server's side     statement_timeout, lock_timeout, idle_in_transaction_session_timeout
                           (SET LOCAL in each task's transaction)
 
@@ -26,6 +26,7 @@ import math
 import os
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -67,19 +68,21 @@ class Timeouts:
 
     def set_local(self, conn: psycopg.Connection[Any]) -> None:
         """The server-side timeouts for the open transaction on ``conn``."""
-        from psycopg import sql
+        settings = [
+            (name, f"{int(value)}ms")
+            for name, value in (
+                ("statement_timeout", self.statement_ms),
+                ("lock_timeout", self.lock_ms),
+                ("idle_in_transaction_session_timeout", self.idle_in_transaction_ms),
+            )
+            if value is not None
+        ]
+        if settings:  # one round trip: set_config(..., true) is SET LOCAL
+            from psycopg import sql
 
-        for name, value in (
-            ("statement_timeout", self.statement_ms),
-            ("lock_timeout", self.lock_ms),
-            ("idle_in_transaction_session_timeout", self.idle_in_transaction_ms),
-        ):
-            if value is not None:
-                conn.execute(
-                    sql.SQL("SET LOCAL {} = {}").format(
-                        sql.Identifier(name), sql.Literal(f"{int(value)}ms")
-                    )
-                )
+            call = sql.SQL("set_config(%s, %s, true)")
+            query = sql.SQL("SELECT {}").format(sql.SQL(", ").join([call] * len(settings)))
+            conn.execute(query, [v for pair in settings for v in pair])
 
 
 class Stall:
@@ -96,10 +99,8 @@ class Stall:
         if not self.seconds or self.conn.closed:
             yield
             return
-        watch = _Watch(self.conn.fileno())
-        timer = threading.Timer(self.seconds, watch.fire)
-        timer.daemon = True
-        timer.start()
+        watch = _Watch(self.conn.fileno(), time.monotonic() + self.seconds)
+        _WATCHDOG.add(watch)
         try:
             yield
         except Exception as err:
@@ -107,7 +108,7 @@ class Stall:
                 raise self._stalled(what) from err
             raise
         finally:
-            timer.cancel()
+            _WATCHDOG.remove(watch)
         if watch.done():  # it returned as the timer fired: the connection is gone anyway
             raise self._stalled(what)
 
@@ -123,11 +124,12 @@ class Stall:
 
 
 class _Watch:
-    """One guarded wait: :meth:`fire` (the timer) and :meth:`done` (the waiter) are
+    """One guarded wait: :meth:`fire` (the watchdog) and :meth:`done` (the waiter) are
     exclusive, so the socket is never shut down after the wait was seen to end in time."""
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, deadline: float) -> None:
         self.fd = fd
+        self.deadline = deadline
         self.fired = False
         self.ended = False
         self.lock = threading.Lock()
@@ -146,7 +148,43 @@ class _Watch:
                 dup.close()
 
     def done(self) -> bool:
-        """End the watch; whether the timer had fired."""
+        """End the watch; whether the watchdog had fired it."""
         with self.lock:
             self.ended = True
             return self.fired
+
+
+class _Watchdog:
+    """One daemon thread per process fires the watches past their deadline, every
+    :data:`TICK_S`. A guard only adds and removes its watch: a COPY writes a guarded
+    batch every ~10,000 rows, and a timer thread per wait cost ~0.1 ms each."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._watches: set[_Watch] = set()
+        self._pid = 0  # the process whose thread runs (a forked child starts its own)
+
+    def add(self, watch: _Watch) -> None:
+        with self._lock:
+            self._watches.add(watch)
+            if self._pid != os.getpid():
+                self._pid = os.getpid()
+                threading.Thread(target=self._run, name="txsink-pg-stall", daemon=True).start()
+
+    def remove(self, watch: _Watch) -> None:
+        with self._lock:
+            self._watches.discard(watch)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(TICK_S)
+            now = time.monotonic()
+            with self._lock:
+                due = [w for w in self._watches if w.deadline <= now]
+            for watch in due:
+                watch.fire()
+
+
+#: How often the watchdog looks: a stall ends within this much after its bound.
+TICK_S = 0.25
+_WATCHDOG = _Watchdog()

@@ -18,7 +18,7 @@ from txsink import registry
 from txsink._logging import install_console
 from txsink.errors import TxsinkError
 
-__all__ = ["Command", "commands", "log_location_help", "main"]
+__all__ = ["Command", "commands", "exit_after", "log_location_help", "main"]
 
 
 class Command(NamedTuple):
@@ -149,3 +149,21 @@ def _run(argv: list[str] | None) -> int:
     except TxsinkError as err:
         print(f"txsink {args.command}: {err}", file=sys.stderr)
         return 1
+
+
+def exit_after() -> None:
+    """The console script ``txsink`` and ``python -m txsink.cli``: :func:`main`, then leave
+    with ``os._exit`` once every stream and log handler is flushed. Arrow's thread pools can
+    outlive a short process's last Arrow call and abort it during the interpreter's teardown
+    (apache/arrow#34314: ``terminate called without an active exception``, exit code -6,
+    after ``txsink chaos soak`` had printed its whole report). The command's own exit code
+    is kept; Spark's JVM, if one was started, ends when its parent's pipe closes."""
+    import contextlib
+    import logging
+
+    code = main()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a reader that stopped early
+            stream.flush()
+    os._exit(code)

@@ -84,6 +84,16 @@ class Silent(FilesSink):
         self.finish_epoch(request.epoch, request.handles)
 
 
+class RecordsAnyApp(FilesSink):
+    """Reports the newest manifest's epoch whatever app wrote it (a new app would be refused
+    by a target it never wrote to)."""
+
+    @override
+    def recorded_epoch(self, app_id: str) -> int | None:
+        names = sorted(Path(self.path, "_manifests").glob("*.json"))
+        return int(names[-1].stem.rsplit("-", 1)[1]) if names else None
+
+
 class MutantTesting(FilesTesting):
     """The files adapter, building one of the mutants instead of a FilesSink."""
 
@@ -102,6 +112,7 @@ __all__ = [
     "DuplicatingCommit",
     "ListsNothing",
     "MutantTesting",
+    "RecordsAnyApp",
     "Silent",
     "VisibleEarly",
 ]

@@ -33,6 +33,7 @@ def test_the_files_connector_keeps_every_contract(
         (m.ListsNothing, "crashed_attempt_is_listed"),
         (m.AbortKeeps, "abort_is_idempotent"),
         (m.Silent, "nothing_visible_before_commit"),
+        (m.RecordsAnyApp, "recorded_epoch_is_reported"),
     ],
     ids=lambda v: v.__name__ if isinstance(v, type) else str(v),
 )

@@ -21,6 +21,7 @@ import txsink
 from tests.memsink import Crasher, MemSink, MemTarget
 from tests.streaming import SCHEMA, prepare_input, start_query
 from txsink import Coordinator
+from txsink._precheck import check_sinks
 from txsink.cli import main
 from txsink.connectors.files import FilesSink
 from txsink.errors import (
@@ -378,3 +379,31 @@ def test_cli_check_needs_a_schema(
     ]
     assert main(["check", "--pipeline", f"{pipeline}:coordinator", "--schema", "id lng"]) == 1
     assert "is not a Spark DDL schema" in capsys.readouterr().err
+
+
+class RememberingSink(CheckSink):
+    """A sink whose target records epochs of app ``a`` up to 4 (a marker, a progress row)."""
+
+    @override
+    def recorded_epoch(self, app_id: str) -> int | None:
+        return 4 if app_id == "a" else None
+
+
+def test_a_fresh_log_is_refused_where_the_target_remembers_the_app(
+    spark: Any, tmp_path: Path
+) -> None:
+    """A new log reusing app id ``a`` would number epochs from 0 again, and a sink that
+    skips what its target records would drop them without a word: refused at the check,
+    before any row; another app id, or the app's own log, starts."""
+    df = spark.createDataFrame([(1, "k", 1.0, "p")], SCHEMA)
+    sink = RememberingSink("mem")
+    with pytest.raises(ConfigurationError) as caught:
+        Coordinator([sink], log=str(tmp_path / "new-log"), app_id="a").write(df, epoch=0)
+    text = str(caught.value)
+    assert "sink_uid=mem" in text and "phase=check" in text, text
+    assert "records epochs up to 4 of app 'a'" in text and "new app_id" in text, text
+    assert sink.target.visible() == [] and not sink.target.prepared
+    schema = pa.schema([("id", pa.int64())])
+    check_sinks([sink], schema, "b", log=open_log(tmp_path / "other"))
+    _committed_log(tmp_path / "own-log", "a", 5)
+    check_sinks([sink], schema, "a", log=open_log(tmp_path / "own-log"))

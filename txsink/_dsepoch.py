@@ -161,7 +161,7 @@ def plan_tasks(
         log.bind_app(app_id)  # the log's own checks come before the sink's
         checked = (log.location, config.sink.uid, app_id, schema.to_string())
         if checked not in _CHECKED:  # once per query and schema while this worker lives
-            _precheck.check_sinks(coord.sinks, schema, app_id)
+            _precheck.check_sinks(coord.sinks, schema, app_id, log=log)
             _CHECKED.add(checked)
         recovery = _recovery(coord)
         recovery.execute(recovery.plan(app_id))

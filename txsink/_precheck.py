@@ -147,11 +147,36 @@ def check_sink(sink: SinkContract[Any, Any], schema: pa.Schema, app_id: str) -> 
         ) from err
 
 
-def check_sinks(sinks: Sequence[SinkContract[Any, Any]], schema: pa.Schema, app_id: str) -> None:
-    """What the first batch of a query run checks: partitioning, then each sink's hook."""
+def check_sinks(
+    sinks: Sequence[SinkContract[Any, Any]],
+    schema: pa.Schema,
+    app_id: str,
+    *,
+    log: TxLog | None = None,
+) -> None:
+    """What the first batch of a query run checks: partitioning, then each sink's hook;
+    on a ``log`` that holds no epoch, that no target remembers epochs of ``app_id``."""
     _spark.required_partitioning([s.required_partitioning() for s in sinks], schema.names)
+    fresh = log is not None and not log.epochs()
     for sink in sinks:
         check_sink(sink, schema, app_id)
+        if fresh and log is not None:
+            _check_not_recorded(sink, app_id, log)
+
+
+def _check_not_recorded(sink: SinkContract[Any, Any], app_id: str, log: TxLog) -> None:
+    recorded = sink.recorded_epoch(app_id)
+    if recorded is not None:
+        raise ConfigurationError(
+            f"the target already records epochs up to {recorded} of app {app_id!r} as "
+            f"committed, but the txsink log at {log.location} holds no epoch: a new log "
+            "numbers its epochs from 0 again, and they would be skipped as already written. "
+            "Give a new pipeline a new app_id (or a new sink uid), or point log= at this "
+            "app's own log (restore it from a savepoint if it was lost)",
+            sink_uid=sink.uid,
+            phase="check",
+            connector=sink.connector,
+        )
 
 
 def run_checks(

@@ -344,6 +344,19 @@ class SinkContract(abc.ABC, Generic[T, H]):
         rest) and after each epoch to abort the leftovers of retried attempts.
         """
 
+    def recorded_epoch(self, app_id: str) -> int | None:
+        """The newest epoch of ``app_id`` and this uid that the *target itself* records
+        as committed (a marker, a progress row, a manifest, a table property), or ``None``
+        when it has none or keeps no such record (the default).
+
+        A sink that skips an epoch the target already records must implement it: the
+        coordinator asks once, at the start-up check, on a log that holds no epoch at all,
+        and refuses to start when the target remembers epochs of this app (a new log
+        reusing an app id would number its epochs from 0 again, and the sink would skip
+        them as already written: their rows would be lost without a word).
+        """
+        return None
+
     # -- operator side: upgrades ----------------------------------------------------
 
     def migrate_uid(self, old: str, *, app_id: str, dry_run: bool = False) -> list[str]:

@@ -473,7 +473,7 @@ class Coordinator(OperatorMixin):
         schema = _spark.arrow_schema(df)
         if self._checked_schema is not None and schema.equals(self._checked_schema):
             return
-        _precheck.check_sinks(self.sinks, schema, app_id)
+        _precheck.check_sinks(self.sinks, schema, app_id, log=self.log)
         self._checked_schema = schema
 
     def _fire(self, point: CrashPoint, epoch: int) -> None:

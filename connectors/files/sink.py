@@ -269,6 +269,10 @@ class FilesSink(TwoPhaseCommitSink[_OpenFiles, FilesHandle]):
         shutil.rmtree(Path(self.path, STAGING, str(handle.txn)), ignore_errors=True)
 
     @override
+    def recorded_epoch(self, app_id: str) -> int | None:
+        return manifests.recorded_epoch(self._store, self.uid, app_id)
+
+    @override
     def list_prepared(self, app_id: str) -> Iterator[FilesHandle]:
         try:
             names = os.listdir(os.path.join(self.path, STAGING))

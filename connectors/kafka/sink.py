@@ -59,6 +59,7 @@ from typing_extensions import override
 from txsink.connectors.kafka import checks, direct, replay
 from txsink.connectors.kafka.clients import ENFORCED, KafkaSettings
 from txsink.connectors.kafka.direct import KafkaDirectHandle, OpenDirect, open_direct
+from txsink.connectors.kafka.markers import Markers
 from txsink.connectors.kafka.producers import ShardProducers, fence
 from txsink.connectors.kafka.records import RecordFormat, avro_encoders
 from txsink.connectors.kafka.replay import KafkaReplayHandle, OpenReplay
@@ -354,6 +355,12 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
             # Its task aborted it or died: a new producer on the id aborts whatever is open.
             fence(self.settings, [self.transactional_id(handle.shard)])
             self._generation = uuid.uuid4().hex
+
+    @override
+    def recorded_epoch(self, app_id: str) -> int | None:
+        found = Markers(self.settings).read(app_id, range(self.shards))
+        newest = max(found.values(), default=-1)
+        return None if newest < 0 else newest
 
     @override
     def list_prepared(self, app_id: str) -> Iterator[KafkaWalHandle]:

@@ -31,6 +31,7 @@ __all__ = [
     "ensure_progress_table",
     "prune_progress",
     "record_progress",
+    "recorded_epoch",
     "relabel_progress",
     "was_committed",
 ]
@@ -111,6 +112,21 @@ def was_committed(conn: psycopg.Connection[Any], tables: Tables, gid: str) -> bo
         sql.SQL("SELECT 1 FROM {} WHERE gid = %s").format(tables.progress_ident), (gid,)
     ).fetchone()
     return row is not None
+
+
+def recorded_epoch(
+    conn: psycopg.Connection[Any], tables: Tables, app_id: str, uid: str
+) -> int | None:
+    """The newest epoch of ``app_id``/``uid`` with a progress row (a committed one)."""
+    from psycopg import sql
+
+    row = conn.execute(
+        sql.SQL("SELECT max(epoch) FROM {} WHERE app_id = %s AND uid = %s").format(
+            tables.progress_ident
+        ),
+        (app_id, uid),
+    ).fetchone()
+    return None if row is None or row[0] is None else int(row[0])
 
 
 def prune_progress(

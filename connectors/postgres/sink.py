@@ -46,6 +46,7 @@ from txsink.connectors.postgres.prepared import (
 from txsink.connectors.postgres.progress import (
     prune_progress,
     record_progress,
+    recorded_epoch,
     relabel_progress,
     was_committed,
 )
@@ -367,6 +368,11 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, PgHandle]):
                 rollback_prepared(conn, str(handle.txn))  # no such gid: gone already
         except psycopg.Error as err:
             raise self._map(err, handle.txn, phase="abort") from err
+
+    @override
+    def recorded_epoch(self, app_id: str) -> int | None:
+        with self._on_driver(None, "check") as conn:
+            return recorded_epoch(conn, self.tables, app_id, self.uid)
 
     @override
     def list_prepared(self, app_id: str) -> Iterator[PgHandle]:

@@ -320,6 +320,11 @@ class S3Sink(TwoPhaseCommitSink[multipart.OpenUploads, S3Handle]):
         multipart.abort(self._target, handle)
 
     @override
+    def recorded_epoch(self, app_id: str) -> int | None:
+        store = self._target.objects("the manifests", phase="check")
+        return manifests.recorded_epoch(store, self.uid, app_id)
+
+    @override
     def list_prepared(self, app_id: str) -> Iterator[S3Handle]:
         yield from markers.list_prepared(self._target, app_id)
 

@@ -176,6 +176,18 @@ def owner(store: LogStore, uid: str) -> str | None:
     return None
 
 
+def recorded_epoch(store: LogStore, uid: str, app_id: str) -> int | None:
+    """The newest epoch of ``uid`` whose manifest names ``app_id`` (among the newest few,
+    as :func:`owner`): what the target remembers of that app."""
+    names = [n for n in store.list(f"{FOLDER}/{uid}-") if n.endswith(".json")]
+    for name in sorted(names, reverse=True)[:_OWNER_LOOKBACK]:
+        raw = store.read(name)
+        doc = json.loads(raw) if raw is not None else {}
+        if doc.get("uid") == uid and doc.get("app_id") == app_id:
+            return int(doc["epoch"])
+    return None
+
+
 def renamed(raw: bytes, old: str, new: str) -> bytes:
     """A manifest of uid ``old`` rewritten for uid ``new`` (``txsink state rename-uid``)."""
     doc = json.loads(raw)

@@ -20,7 +20,9 @@ never with the sink's. A connector that passes them keeps the promises of
   cannot clean;
 * ``fresh_process_commits_from_the_handle``: a new process, given the sink (pickled, as
   Spark ships it) and the handles (JSON, as the log keeps them), commits them;
-* ``empty_epoch_commits``: an epoch without rows for the sink commits to nothing.
+* ``empty_epoch_commits``: an epoch without rows for the sink commits to nothing;
+* ``recorded_epoch_is_reported``: a sink that implements ``recorded_epoch`` (it skips an
+  epoch its target already records) reports the epoch it committed, for its own app only.
 
 Use it for your own connector (``ADAPTER`` is its
 :class:`~txsink.testing.adapter.ConnectorTesting`)::
@@ -306,6 +308,20 @@ def empty_epoch_commits(run: ContractRun) -> None:
     _expect((seen, lingering) == ([], 0), f"an empty epoch left: {seen}, lingering {lingering}")
 
 
+def recorded_epoch_is_reported(run: ContractRun) -> None:
+    """A sink that implements ``recorded_epoch`` reports the epoch it committed, for its
+    own app only; before any commit, nothing."""
+    spec, sink = run.target()
+    _expect(sink.recorded_epoch(run.app_id) is None, "a fresh target reports a recorded epoch")
+    run.commit(sink, 3, run.prepare(sink, 3, PARTS), PARTS)
+    recorded = sink.recorded_epoch(run.app_id)
+    if type(sink).recorded_epoch is SinkContract.recorded_epoch:
+        return  # keeps no record of its own: nothing to report
+    _expect(recorded == 3, f"after committing epoch 3, recorded_epoch says {recorded}")
+    other = sink.recorded_epoch(f"{run.app_id}-other")
+    _expect(other is None, f"another app's recorded_epoch says {other}")
+
+
 CHECKS: list[Callable[[ContractRun], None]] = [
     nothing_visible_before_commit,
     commit_is_idempotent,
@@ -314,6 +330,7 @@ CHECKS: list[Callable[[ContractRun], None]] = [
     crashed_attempt_is_listed,
     fresh_process_commits_from_the_handle,
     empty_epoch_commits,
+    recorded_epoch_is_reported,
 ]
 CHECK_NAMES = [check.__name__ for check in CHECKS]
 

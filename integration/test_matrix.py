@@ -44,6 +44,12 @@ QUICK_CELLS = {
     ("during_commit", "raise", 1),
     ("after_precommit", "kill-worker", 1),
 }
+#: The cells a connector's other variants than its first run by default: where a variant's
+#: own code runs (its pre-commit's leftovers, its commit, its recovery's commit), plus the
+#: single-pass points for variants that commit in their tasks. The other cells test the
+#: core's protocol and Spark's task retries, the same for every variant: the first variant
+#: runs them all, and --run-slow runs them for every variant.
+VARIANT_CELLS = QUICK_CELLS | {("during_recovery", "raise", 1)} | set(SINGLE_PASS_MATRIX)
 
 
 def _variants() -> list[tuple[str, str, list[Any]]]:
@@ -65,13 +71,12 @@ def _cells() -> list[tuple[str, str, list[Any], tuple[str, str, int]]]:
 
 
 def _slow(connector: str, variant: str, cell: tuple[Any, ...] | None = None) -> list[Any]:
-    """``[pytest.mark.slow]`` for a cell (None: the kill-driver run) of a slow variant; and,
-    for a connector's other variants than its first, the "fault twice" cells (the first
-    variant runs them by default: they test Spark's task retries, not the variant)."""
+    """``[pytest.mark.slow]`` for a cell (None: the kill-driver run) of a slow variant, and
+    for the cells of a connector's other variants outside :data:`VARIANT_CELLS`."""
     found = adapters()[connector]
     slow = variant in found.slow_variants and cell not in QUICK_CELLS
-    twice = cell is not None and cell[-1] == 2 and variant != next(iter(found.variants))
-    return [pytest.mark.slow] if slow or twice else []
+    other = cell is not None and cell not in VARIANT_CELLS and variant != next(iter(found.variants))
+    return [pytest.mark.slow] if slow or other else []
 
 
 def _target(request: pytest.FixtureRequest, tmp: Path, connector: str, variant: str) -> RunTarget:

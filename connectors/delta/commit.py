@@ -20,7 +20,6 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from txsink._logging import EpochLogger
-from txsink.connectors.delta import naming
 from txsink.connectors.delta.errors import describe, is_conflict
 from txsink.connectors.delta.handles import DeltaHandle
 from txsink.contract import EpochCommit
@@ -133,7 +132,7 @@ def _commit(
 
     adds: list[AddAction | RemoveAction] = [
         AddAction(
-            naming.add_path(f.path),
+            f.path,  # delta-rs URI-encodes it into the log
             f.size,
             dict(f.partition),
             f.modified_ms,

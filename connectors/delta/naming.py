@@ -5,21 +5,20 @@ folder, ``<txn>`` being ``str(TxnId)``
 (``txsink.<app>.<uid>.e<epoch>.r<round>.p<part>.a<attempt>``): two attempts never share a
 name, and :func:`parse` finds whose a file is from its name alone. Partition values are
 escaped as delta-rs does (every byte outside ``[A-Za-z0-9._-]`` as ``%XX``), null and ``''``
-as ``__HIVE_DEFAULT_PARTITION__``; the ``add`` action's path is that path URI-encoded once
-more (:func:`add_path`), as the Delta protocol says.
+as ``__HIVE_DEFAULT_PARTITION__``. The log holds that path URI-encoded once more, as the
+Delta protocol says (delta-rs encodes an ``AddAction``'s path itself).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import re
-import urllib.parse
 from collections.abc import Sequence
 from typing import Any
 
 from txsink.txid import TxnId
 
-__all__ = ["HIVE_NULL", "add_path", "file_path", "folders", "parse", "partition_value"]
+__all__ = ["HIVE_NULL", "file_path", "folders", "parse", "partition_value"]
 
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 _FILE = re.compile(r"^(?P<txn>txsink\.[^/]+)-(?P<seq>\d{4,})\.parquet$")
@@ -53,11 +52,6 @@ def folders(columns: Sequence[str], values: Sequence[str | None]) -> str:
 def file_path(txn: TxnId, seq: int, columns: Sequence[str], values: Sequence[str | None]) -> str:
     """The path of a transaction's ``seq``-th file, relative to the table's root."""
     return f"{folders(columns, values)}{txn}-{seq:04d}.parquet"
-
-
-def add_path(path: str) -> str:
-    """The ``add`` action's path for a stored relative path (URI-encoded once)."""
-    return urllib.parse.quote(path, safe="/=")
 
 
 def parse(path: str) -> TxnId | None:

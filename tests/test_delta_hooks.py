@@ -102,6 +102,17 @@ def test_a_file_gone_before_the_commit_is_a_commit_error(tmp_path: Path) -> None
     assert DeltaTable(str(tmp_path / "t")).version() == 0
 
 
+def test_a_table_deleted_before_the_commit_is_a_commit_error(tmp_path: Path) -> None:
+    import shutil
+
+    sink = _sink(tmp_path / "t")
+    handle = _prepare(sink, 0, [1])
+    shutil.rmtree(tmp_path / "t" / "_delta_log")
+    with pytest.raises(CommitError, match=r"no Delta table at .* any more") as info:
+        _commit(sink, 0, handle)
+    assert (info.value.phase, info.value.epoch) == ("commit", 0)
+
+
 def test_an_ambiguous_commit_is_decided_from_the_log(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

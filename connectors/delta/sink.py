@@ -36,10 +36,11 @@ from typing_extensions import override
 
 from txsink._logging import EpochLogger, get_logger
 from txsink.connectors.delta import checks, commit, naming, storage
+from txsink.connectors.delta.errors import describe, is_not_found
 from txsink.connectors.delta.handles import DeltaFile, DeltaHandle
 from txsink.connectors.delta.writer import OpenTxn, conform, first_null, groups
 from txsink.contract import EpochCommit
-from txsink.errors import ConfigurationError, WriteError
+from txsink.errors import CommitError, ConfigurationError, RetryableError, WriteError
 from txsink.handles import Handle
 from txsink.sink import TwoPhaseCommitSink
 from txsink.store import LogStore
@@ -117,11 +118,31 @@ class DeltaSink(TwoPhaseCommitSink[OpenTxn, DeltaHandle]):
     def _log(self, epoch: int | None = None) -> EpochLogger:
         return get_logger(__name__, uid=self.uid, epoch=epoch)
 
-    def _open(self, phase: str) -> DeltaTable:
+    def _open(self, phase: str, epoch: int | None = None) -> DeltaTable:
+        """The table, read now; typed errors (``phase``: where it is read)."""
         from deltalake import DeltaTable
 
         target = self._storage
-        return DeltaTable(target.uri, storage_options=target.delta_options())
+        try:
+            return DeltaTable(target.uri, storage_options=target.delta_options())
+        except Exception as err:
+            ctx = self._ctx(phase=phase, epoch=epoch)
+            if is_not_found(err):
+                gone = (
+                    f"there is no Delta table at {self.table} any more: it was deleted or "
+                    "moved while the query ran. Restore it, or start over with a new "
+                    "checkpoint and txsink log"
+                )
+                raise (
+                    CommitError(gone, **ctx)
+                    if phase == "commit"
+                    else ConfigurationError(gone, **ctx)
+                ) from None
+            raise RetryableError(
+                f"cannot read the Delta table at {self.table}: {describe(err)}. Check that "
+                "the storage is reachable and the storage options' credentials",
+                **ctx,
+            ) from err
 
     # -- driver: start -------------------------------------------------------------------
 
@@ -205,7 +226,7 @@ class DeltaSink(TwoPhaseCommitSink[OpenTxn, DeltaHandle]):
         commit.commit_epoch(
             request,
             uid=self.uid,
-            open_table=lambda: self._open("commit"),
+            open_table=lambda: self._open("commit", request.epoch),
             size_of=target.size,
             log=self._log(request.epoch),
             ctx=self._ctx(phase="commit"),
@@ -222,7 +243,15 @@ class DeltaSink(TwoPhaseCommitSink[OpenTxn, DeltaHandle]):
         target = self._storage
         referenced = self._referenced()
         found: dict[TxnId, list[DeltaFile]] = {}
-        for path, size in target.files():
+        try:
+            listed = list(target.files())
+        except OSError as err:
+            raise RetryableError(
+                f"cannot list the Delta table's folder {self.table}: {describe(err)}. Check that "
+                "the storage is reachable and the storage options' credentials",
+                **self._ctx(phase="recover"),
+            ) from err
+        for path, size in listed:
             txn = naming.parse(path)
             if txn is None or txn.app != app_id or txn.uid != self.uid or path in referenced:
                 continue
@@ -234,12 +263,10 @@ class DeltaSink(TwoPhaseCommitSink[OpenTxn, DeltaHandle]):
             )
 
     def _referenced(self) -> set[str]:
-        """The stored paths of every file the table's current version adds."""
-        from deltalake.exceptions import TableNotFoundError
-
+        """The stored paths of every file the table's current version adds (none: no table)."""
         try:
             table = self._open("recover")
-        except TableNotFoundError:
+        except ConfigurationError:
             return set()
         actions = pa.table(table.get_add_actions(flatten=True))
         return {urllib.parse.unquote(p) for p in actions.column("path").to_pylist()}

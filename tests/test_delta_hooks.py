@@ -306,3 +306,17 @@ def test_no_secret_in_the_repr_the_handle_or_the_errors(tmp_path: Path) -> None:
     assert secret not in json.dumps(dump_handle(handle))
     assert secret not in repr(sink._storage)
     assert pickle.loads(pickle.dumps(sink)).table == "s3://bucket/t"
+
+
+def test_the_observer_sees_whole_epochs(tmp_path: Path) -> None:
+    from txsink.connectors.delta.testing import DeltaTableTarget
+
+    sink = _sink(tmp_path / "t")
+    view = DeltaTableTarget(str(tmp_path / "t"))
+    epoch_of = {1: 0, 2: 0, 3: 1}
+    handles = [_prepare(sink, 0, [1, 2]), _prepare(sink, 1, [3])]
+    assert view.sample(epoch_of).rows == {}
+    _commit(sink, 0, handles[0])
+    assert view.sample(epoch_of).rows == {0: 2}
+    _commit(sink, 1, handles[1])
+    assert view.sample(epoch_of).rows == {0: 2, 1: 1}

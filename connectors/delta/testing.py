@@ -22,9 +22,16 @@ import pyarrow.fs as pafs
 from txsink.connectors.delta.sink import DeltaSink
 from txsink.connectors.delta.storage import LOG_FOLDER, Storage
 from txsink.testing.adapter import ConnectorTesting
+from txsink.testing.observer import Snapshot, Target, by_epoch
 from txsink.testing.verifiers import SinkVerifier
 
-__all__ = ["ADAPTER", "DeltaTesting", "DeltaVerifier", "storage_options"]
+__all__ = [
+    "ADAPTER",
+    "DeltaTableTarget",
+    "DeltaTesting",
+    "DeltaVerifier",
+    "storage_options",
+]
 
 _logger = logging.getLogger(__name__)
 
@@ -108,6 +115,32 @@ class DeltaVerifier:
         return list(self._table().file_uris())
 
 
+class DeltaTableTarget:
+    """The observer's view of a Delta table: its ids read with delta-rs at each sample (a
+    reader of the latest version: whole epochs only, each once)."""
+
+    counts_rows = True
+    guaranteed = True
+
+    def __init__(
+        self, table: str, *, name: str = "delta", options: Mapping[str, str] | None = None
+    ) -> None:
+        self.table = table
+        self.name = name
+        self.options = dict(options or {})
+
+    def sample(self, epoch_of: Mapping[int, int]) -> Snapshot:
+        from deltalake import DeltaTable
+
+        data = DeltaTable(self.table, storage_options=self.options or None).to_pyarrow_table(
+            columns=["id"]
+        )
+        return by_epoch((int(v) for v in data.column("id").to_pylist()), epoch_of)
+
+    def close(self) -> None:
+        return None
+
+
 class DeltaTesting(ConnectorTesting):
     """A fresh table per target: a local folder, or a fresh bucket with ``s3=True``."""
 
@@ -161,6 +194,9 @@ class DeltaTesting(ConnectorTesting):
             spec.get("uid", "delta"),
             options=storage_options(spec["table"], env),
         )
+
+    def observer_targets(self, spec: Mapping[str, Any], env: Mapping[str, str]) -> list[Target]:
+        return [DeltaTableTarget(spec["table"], options=storage_options(spec["table"], env))]
 
     def drop_target(self, spec: Mapping[str, Any], env: Mapping[str, str]) -> None:
         """Delete the table's folder (and its bucket on S3), best effort."""

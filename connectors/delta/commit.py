@@ -1,0 +1,159 @@
+"""The epoch's commit: one Delta commit adding every file of the epoch, with the app's
+transaction (``txn``: app id + epoch) in the same log entry.
+
+Steps (each attempt starts again at step 1, on a freshly read table):
+
+1. Read the version the table records for the app id ``txsink.<app>.<uid>``. At or past the
+   epoch: committed before (by this or an earlier driver), verified in the log. delta-rs
+   does not enforce the version, txsink checks it here.
+2. Check every file of the decided handles is there with its size; a file gone means the
+   epoch's rows are lost: :class:`~txsink.errors.CommitError`, never a partial commit.
+3. Commit ``add`` actions + ``txn`` + commit info (app, uid, epoch). delta-rs retries a
+   commit that only races plain appends; a conflict it cannot reconcile (a concurrent commit
+   of the same app id, a metadata change) or an error that leaves the outcome unknown (the
+   log entry's PUT timed out) sends us back to step 1, which decides from the log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from txsink._logging import EpochLogger
+from txsink.connectors.delta.errors import describe, is_conflict
+from txsink.connectors.delta.handles import DeltaHandle
+from txsink.contract import EpochCommit
+from txsink.errors import CommitError
+
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
+
+__all__ = ["ATTEMPTS", "app_txn_id", "commit_epoch", "recorded_version"]
+
+#: Commit attempts before giving up (the next run retries from step 1).
+ATTEMPTS = 4
+
+
+def app_txn_id(app: str, uid: str) -> str:
+    """The Delta ``txn`` app id of one txsink app and sink uid."""
+    return f"txsink.{app}.{uid}"
+
+
+def recorded_version(table: DeltaTable, app: str, uid: str) -> int | None:
+    """The last epoch the table records for ``app`` and ``uid`` (None: none yet)."""
+    version = table.transaction_version(app_txn_id(app, uid))
+    return None if version is None else int(version)
+
+
+def commit_epoch(
+    request: EpochCommit[DeltaHandle],
+    *,
+    uid: str,
+    open_table: Callable[[], DeltaTable],
+    size_of: Callable[[str], int | None],
+    log: EpochLogger,
+    ctx: Mapping[str, Any],
+) -> None:
+    """Make the epoch's files part of the table, once (see the module's steps)."""
+    handles = request.handles
+    if not handles:
+        return  # nothing to add: no commit (the next epoch's txn supersedes)
+    app, epoch = handles[0].txn.app, request.epoch
+    last: BaseException | None = None
+    for attempt in range(1, ATTEMPTS + 1):
+        # Step 1
+        table = open_table()
+        recorded = recorded_version(table, app, uid)
+        if recorded is not None and recorded >= epoch:
+            log.info("epoch %d already in the Delta log (app version %d)", epoch, recorded)
+            request.committed(handles)
+            return
+        # Step 2
+        _check_files(handles, size_of, epoch, ctx)
+        # Step 3
+        try:
+            _commit(table, handles, app_txn_id(app, uid), epoch, uid)
+        except Exception as err:
+            last = err
+            what = "conflicts with a concurrent commit" if is_conflict(err) else "failed"
+            log.warning(
+                "Delta commit attempt %d/%d %s (%s); re-reading the log to decide",
+                attempt,
+                ATTEMPTS,
+                what,
+                describe(err),
+            )
+            continue
+        request.committed(handles)
+        return
+    table = open_table()
+    recorded = recorded_version(table, app, uid)
+    if recorded is not None and recorded >= epoch:
+        request.committed(handles)
+        return
+    why = describe(last) if last is not None else "unknown"
+    raise CommitError(
+        f"could not commit epoch {epoch} to the Delta table after {ATTEMPTS} attempts "
+        f"(last: {why}); the table records app version {recorded}. The decision stands and "
+        "the next run commits it again: check the storage, and that no other writer keeps "
+        "changing the table's metadata or writes with the same app id (sink uid)",
+        epoch=epoch,
+        **ctx,
+    ) from last
+
+
+def _check_files(
+    handles: tuple[DeltaHandle, ...],
+    size_of: Callable[[str], int | None],
+    epoch: int,
+    ctx: Mapping[str, Any],
+) -> None:
+    for handle in handles:
+        for f in handle.files:
+            size = size_of(f.path)
+            if size != f.size:
+                state = "is gone" if size is None else f"has {size} bytes, not {f.size}"
+                raise CommitError(
+                    f"data file {f.path} of {handle.txn} {state}, and the table does not "
+                    f"record epoch {epoch}: its rows are lost (aborted or deleted by hand, or "
+                    "by VACUUM while the epoch waited for its commit). Replay the epoch from "
+                    "the source if it still holds it",
+                    epoch=epoch,
+                    partition=handle.txn.partition,
+                    **ctx,
+                )
+
+
+def _commit(
+    table: DeltaTable, handles: tuple[DeltaHandle, ...], app_id: str, epoch: int, uid: str
+) -> None:
+    from deltalake import CommitProperties, Transaction
+    from deltalake.transaction import AddAction, RemoveAction
+
+    adds: list[AddAction | RemoveAction] = [
+        AddAction(
+            f.path,  # delta-rs URI-encodes it into the log
+            f.size,
+            dict(f.partition),
+            f.modified_ms,
+            True,
+            f.stats,
+        )
+        for h in handles
+        for f in h.files
+    ]
+    table.create_write_transaction(
+        adds,
+        "append",
+        table.schema(),
+        partition_by=list(table.metadata().partition_columns) or None,
+        commit_properties=CommitProperties(
+            custom_metadata={
+                "txsink.app": handles[0].txn.app,
+                "txsink.uid": uid,
+                "txsink.epoch": epoch,
+                "txsink.rows": sum(h.rows for h in handles),
+            },
+            app_transactions=[Transaction(app_id, epoch)],
+        ),
+    )

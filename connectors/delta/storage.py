@@ -1,0 +1,163 @@
+"""Where a table lives: a local folder or ``s3://bucket/path``, reached two ways.
+
+delta-rs reads and commits the table (its ``storage_options``); pyarrow's filesystems write,
+list, size and delete the data files txsink names (the same options, translated here). The
+options may hold keys: they are never logged, never put in handles, specs or reprs.
+
+On S3, delta-rs 1.x commits each log entry with a conditional PUT (``If-None-Match: *``),
+which AWS S3 and MinIO honour: no locking provider is needed, and
+``AWS_S3_ALLOW_UNSAFE_RENAME`` must not be set (:func:`check_options` refuses it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import urllib.parse
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from txsink._fs import fsync_dir
+
+__all__ = ["Storage", "check_options", "table_uri"]
+
+#: Storage option names (upper-cased) that locate and authenticate an S3 server.
+_S3_KEYS = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_REGION",
+    "AWS_ENDPOINT_URL",
+    "AWS_ALLOW_HTTP",
+)
+LOG_FOLDER = "_delta_log"
+
+
+def table_uri(uri: str) -> str:
+    """``s3://`` URIs as given (without a trailing ``/``); local paths made absolute."""
+    parsed = urllib.parse.urlparse(uri)
+    if parsed.scheme in ("s3", "s3a"):
+        if not parsed.netloc:
+            raise ValueError(f"DeltaSink table {uri!r} names no bucket: use s3://bucket/path")
+        return f"s3://{parsed.netloc}/{parsed.path.strip('/')}".rstrip("/")
+    if parsed.scheme == "file":
+        return str(Path(urllib.parse.unquote(parsed.path)).resolve())
+    if parsed.scheme:
+        raise ValueError(
+            f"DeltaSink table {uri!r}: txsink's Delta connector writes local paths and "
+            "s3:// URIs only"
+        )
+    return str(Path(uri).resolve())
+
+
+def check_options(options: Mapping[str, str]) -> None:
+    """Refuse storage options that would make concurrent commits unsafe."""
+    for key, value in options.items():
+        if key.upper() == "AWS_S3_ALLOW_UNSAFE_RENAME" and str(value).lower() == "true":
+            raise ValueError(
+                "DeltaSink storage option AWS_S3_ALLOW_UNSAFE_RENAME=true lets two commits "
+                "overwrite each other's log entry: remove it (delta-rs commits with a "
+                "conditional PUT, which S3 and MinIO support)"
+            )
+
+
+@dataclass(frozen=True)
+class Storage:
+    """One table's storage: ``uri`` (no secret) and the ``options`` (secrets, never shown)."""
+
+    uri: str
+    options: Mapping[str, str]
+
+    def __repr__(self) -> str:
+        return f"Storage({self.uri!r})"
+
+    @property
+    def is_s3(self) -> bool:
+        return self.uri.startswith("s3://")
+
+    def delta_options(self) -> dict[str, str] | None:
+        """``storage_options`` for delta-rs (the user's, plus the S3 ones from the
+        environment delta-rs would read anyway, so both sides see one server)."""
+        if not self.is_s3:
+            return dict(self.options) or None
+        merged = {k.upper(): str(v) for k, v in self.options.items()}
+        for key in _S3_KEYS:
+            if key not in merged and os.environ.get(key):
+                merged[key] = os.environ[key]
+        endpoint = merged.get("AWS_ENDPOINT_URL", "")
+        if endpoint.startswith("http://") and "AWS_ALLOW_HTTP" not in merged:
+            merged["AWS_ALLOW_HTTP"] = "true"
+        return merged
+
+    def filesystem(self) -> tuple[pafs.FileSystem, str]:
+        """A pyarrow filesystem and the table's root in it."""
+        if not self.is_s3:
+            return pafs.LocalFileSystem(), self.uri
+        opts = self.delta_options() or {}
+        kwargs: dict[str, Any] = {
+            "access_key": opts.get("AWS_ACCESS_KEY_ID"),
+            "secret_key": opts.get("AWS_SECRET_ACCESS_KEY"),
+            "session_token": opts.get("AWS_SESSION_TOKEN"),
+            "region": opts.get("AWS_REGION") or "us-east-1",
+            "allow_bucket_creation": False,
+            "allow_bucket_deletion": False,
+            "connect_timeout": 5,
+            "request_timeout": 30,
+        }
+        endpoint = opts.get("AWS_ENDPOINT_URL")
+        if endpoint:
+            parsed = urllib.parse.urlparse(endpoint)
+            kwargs["endpoint_override"] = parsed.netloc or parsed.path
+            kwargs["scheme"] = parsed.scheme or "https"
+        return pafs.S3FileSystem(**kwargs), self.uri.removeprefix("s3://")
+
+    def files(self) -> Iterator[tuple[str, int]]:
+        """Every data file under the table's root (not its log): relative path and size."""
+        fs, root = self.filesystem()
+        try:
+            infos = fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
+        except FileNotFoundError:
+            return
+        for info in infos:
+            if info.type != pafs.FileType.File:
+                continue
+            rel = info.path[len(root) :].lstrip("/")
+            if rel.startswith(f"{LOG_FOLDER}/"):
+                continue
+            yield rel, int(info.size or 0)
+
+    def size(self, path: str) -> int | None:
+        """The size of a file under the root; None when it does not exist."""
+        fs, root = self.filesystem()
+        info = fs.get_file_info(f"{root}/{path}")
+        return None if info.type == pafs.FileType.NotFound else int(info.size or 0)
+
+    def delete(self, path: str) -> None:
+        """Delete a file under the root; a file already gone is fine."""
+        fs, root = self.filesystem()
+        with contextlib.suppress(FileNotFoundError):
+            fs.delete_file(f"{root}/{path}")
+
+    def sync(self, path: str) -> None:
+        """Make a written file durable: fsync it and its folder (local); an S3 PUT is."""
+        if self.is_s3:
+            return
+        full = Path(self.uri, path)
+        fd = os.open(full, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        fsync_dir(full.parent)
+
+    def open_output(self, path: str) -> Any:
+        """A writable stream for a new file under the root (folders made as needed)."""
+        fs, root = self.filesystem()
+        full = f"{root}/{path}"
+        if not self.is_s3:
+            fs.create_dir(full.rsplit("/", 1)[0], recursive=True)
+        return fs.open_output_stream(full)

@@ -239,6 +239,10 @@ class DeltaSink(TwoPhaseCommitSink[OpenTxn, DeltaHandle]):
             target.delete(f.path)
 
     @override
+    def recorded_epoch(self, app_id: str) -> int | None:
+        return commit.recorded_version(self._open("check"), app_id, self.uid)
+
+    @override
     def list_prepared(self, app_id: str) -> Iterator[DeltaHandle]:
         target = self._storage
         referenced = self._referenced()

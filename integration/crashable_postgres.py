@@ -1,0 +1,172 @@
+"""A PostgreSQL server of a test's own, to crash: SIGKILL of the whole server, then a restart.
+
+The suite's shared server (``integration/services``) must never be killed: other tests use
+it. A target-crash test starts a private cluster instead (Debian's binaries, the harness's
+``find_bindir``): ``initdb`` into a fresh folder (a throw-away loopback-only server, trust
+authentication), ``pg_ctl start`` on a free port with ``max_prepared_transactions``,
+``fsync`` and ``synchronous_commit`` on: what a prepared transaction has to survive is a
+real crash, and crash recovery replays the WAL at the next start.
+
+:meth:`CrashablePostgres.kill` SIGKILLs the postmaster and every process it started (the
+machine lost its power, as far as the server can tell); :meth:`start` starts it again on the
+same port and folder. As root every server command runs as ``postgres`` (initdb insists),
+and the cluster lives under ``/var/lib/txsink-services`` (a test's tmp folder is 0700).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from _services.common import is_root
+from _services.postgres import _as_server_user, _chown_to_server_user, find_bindir
+
+__all__ = ["CrashablePostgres"]
+
+USER = "txsink"
+DATABASE = "postgres"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie, dead but not reaped, is not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2 :].split()[0] != "Z"
+
+
+@dataclass
+class CrashablePostgres:
+    """One private PostgreSQL cluster: :attr:`dsn`, :meth:`kill`, :meth:`start`, :meth:`stop`."""
+
+    folder: Path
+    port: int = field(default_factory=_free_port)
+    kills: int = 0
+
+    @classmethod
+    def create(cls) -> CrashablePostgres:
+        base = Path("/var/lib/txsink-services") if is_root() else Path("/tmp")
+        server = cls(base / f"crashable-pg-{uuid.uuid4().hex[:8]}")
+        server._initdb()
+        server.start()
+        return server
+
+    @property
+    def data(self) -> Path:
+        return self.folder / "data"
+
+    @property
+    def dsn(self) -> str:
+        return f"postgresql://{USER}@127.0.0.1:{self.port}/{DATABASE}"
+
+    def _bin(self, name: str) -> str:
+        bindir = find_bindir()
+        if bindir is None:
+            raise RuntimeError("no PostgreSQL binaries (integration/services up postgres)")
+        return str(bindir / name)
+
+    def _run(self, argv: list[str]) -> None:
+        done = subprocess.run(
+            _as_server_user(argv), capture_output=True, text=True, timeout=180, check=False
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"{argv[0]} failed: {done.stdout[-1500:]} {done.stderr[-1500:]}")
+
+    def _initdb(self) -> None:
+        self.folder.mkdir(parents=True)
+        self.folder.chmod(0o755)
+        _chown_to_server_user(self.folder)
+        self._run(
+            [
+                self._bin("initdb"),
+                "-D",
+                str(self.data),
+                "-U",
+                USER,
+                "--auth=trust",
+                "--encoding=UTF8",
+                "--no-locale",
+                "--no-sync",
+            ]
+        )
+        with (self.data / "postgresql.conf").open("a") as conf:
+            conf.write(
+                "\n".join(
+                    [
+                        "",
+                        "listen_addresses = '127.0.0.1'",
+                        f"port = {self.port}",
+                        "unix_socket_directories = ''",
+                        "max_prepared_transactions = 50",
+                        "fsync = on",
+                        "synchronous_commit = on",
+                        "log_min_messages = warning",
+                        "",
+                    ]
+                )
+            )
+
+    def pids(self) -> list[int]:
+        """The postmaster and every process whose parent it is."""
+        try:
+            postmaster = int((self.data / "postmaster.pid").read_text().splitlines()[0])
+        except (OSError, ValueError, IndexError):
+            return []
+        found = [postmaster]
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    stat = (entry / "stat").read_text()
+                    if int(stat[stat.rindex(")") + 2 :].split()[1]) == postmaster:
+                        found.append(int(entry.name))
+        return found
+
+    def running(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                return True
+        except OSError:
+            return False
+
+    def start(self) -> None:
+        """Start (again): crash recovery replays the WAL, prepared transactions come back."""
+        log = self.folder / "postgres.log"
+        log.touch()
+        _chown_to_server_user(log)
+        self._run(
+            [self._bin("pg_ctl"), "-D", str(self.data), "-l", str(log), "-w", "-t", "120", "start"]
+        )
+
+    def kill(self) -> None:
+        """SIGKILL the postmaster and all its processes at once, and wait until they are gone."""
+        pids = self.pids()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # A killed postmaster may linger as a zombie (nobody reaps it here), which a new
+        # postmaster would take for a running one: its lock file goes with it.
+        (self.data / "postmaster.pid").unlink(missing_ok=True)
+        self.kills += 1
+
+    def stop(self) -> None:
+        """Kill it and delete its folder (a test's end)."""
+        self.kill()
+        shutil.rmtree(self.folder, ignore_errors=True)

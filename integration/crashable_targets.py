@@ -1,7 +1,9 @@
-"""A PostgreSQL server of a test's own, to crash: SIGKILL of the whole server, then a restart.
+"""Target servers of a test's own, to crash: SIGKILL of the whole server, then a restart.
 
-The suite's shared server (``integration/services``) must never be killed: other tests use
-it. A target-crash test starts a private cluster instead (Debian's binaries, the harness's
+The suite's shared servers (``integration/services``) must never be killed: other tests use
+them. A target-crash test starts a private one instead.
+
+:class:`CrashablePostgres` is a private PostgreSQL cluster (Debian's binaries, the harness's
 ``find_bindir``): ``initdb`` into a fresh folder (a throw-away loopback-only server, trust
 authentication), ``pg_ctl start`` on a free port with ``max_prepared_transactions``,
 ``fsync`` and ``synchronous_commit`` on: what a prepared transaction has to survive is a
@@ -11,6 +13,10 @@ real crash, and crash recovery replays the WAL at the next start.
 machine lost its power, as far as the server can tell); :meth:`start` starts it again on the
 same port and folder. As root every server command runs as ``postgres`` (initdb insists),
 and the cluster lives under ``/var/lib/txsink-services`` (a test's tmp folder is 0700).
+
+:class:`CrashableMinio` is a private MinIO server (the harness's binary) on its own data
+folder and port: :meth:`~CrashableMinio.kill` SIGKILLs it, :meth:`~CrashableMinio.start`
+starts it again on the same folder, where objects and open multipart uploads survive.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from pathlib import Path
 from _services.common import is_root
 from _services.postgres import _as_server_user, _chown_to_server_user, find_bindir
 
-__all__ = ["CrashablePostgres"]
+__all__ = ["CrashableMinio", "CrashablePostgres"]
 
 USER = "txsink"
 DATABASE = "postgres"
@@ -168,5 +174,92 @@ class CrashablePostgres:
 
     def stop(self) -> None:
         """Kill it and delete its folder (a test's end)."""
+        self.kill()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+@dataclass
+class CrashableMinio:
+    """One private MinIO server: :attr:`endpoint`, :meth:`kill`, :meth:`start`, :meth:`stop`."""
+
+    folder: Path
+    port: int = field(default_factory=_free_port)
+    console_port: int = field(default_factory=_free_port)
+    proc: subprocess.Popen[bytes] | None = None
+    kills: int = 0
+
+    access_key: str = "crash-user"
+    secret_key: str = "crash-secret"  # a throw-away loopback-only server
+
+    @classmethod
+    def create(cls, folder: Path) -> CrashableMinio:
+        server = cls(folder)
+        (folder / "data").mkdir(parents=True)
+        server.start()
+        return server
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def env(self) -> dict[str, str]:
+        """The variables a test's S3 clients take it from (``connectors.s3.testing``)."""
+        return {
+            "TXSINK_S3_ENDPOINT": self.endpoint,
+            "TXSINK_S3_ACCESS_KEY": self.access_key,
+            "TXSINK_S3_SECRET_KEY": self.secret_key,
+            "TXSINK_S3_REGION": "us-east-1",
+        }
+
+    def running(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                return True
+        except OSError:
+            return False
+
+    def start(self) -> None:
+        from _services.s3 import minio_binary
+
+        env = {
+            **os.environ,
+            "MINIO_ROOT_USER": self.access_key,
+            "MINIO_ROOT_PASSWORD": self.secret_key,
+        }
+        address = f"127.0.0.1:{self.port}"
+        console = f"127.0.0.1:{self.console_port}"
+        cmd = [str(minio_binary()), "server", str(self.folder / "data"), "--address", address]
+        with open(self.folder / "minio.log", "ab") as out:
+            self.proc = subprocess.Popen(
+                [*cmd, "--console-address", console, "--quiet"],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + 60
+        while not self._ready():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"MinIO did not start: see {self.folder / 'minio.log'}")
+            time.sleep(0.1)
+
+    def _ready(self) -> bool:
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"{self.endpoint}/minio/health/ready", timeout=1) as r:
+                return int(r.status) == 200
+        except OSError:
+            return False
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(30)
+        self.kills += 1
+
+    def stop(self) -> None:
         self.kill()
         shutil.rmtree(self.folder, ignore_errors=True)

@@ -17,6 +17,9 @@ and the cluster lives under ``/var/lib/txsink-services`` (a test's tmp folder is
 :class:`CrashableMinio` is a private MinIO server (the harness's binary) on its own data
 folder and port: :meth:`~CrashableMinio.kill` SIGKILLs it, :meth:`~CrashableMinio.start`
 starts it again on the same folder, where objects and open multipart uploads survive.
+
+:class:`CrashableKafka` is a private single-node KRaft broker (the harness's jars) whose log
+folder, transaction state included, survives a SIGKILL.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from pathlib import Path
 from _services.common import is_root
 from _services.postgres import _as_server_user, _chown_to_server_user, find_bindir
 
-__all__ = ["CrashableMinio", "CrashablePostgres"]
+__all__ = ["CrashableKafka", "CrashableMinio", "CrashablePostgres"]
 
 USER = "txsink"
 DATABASE = "postgres"
@@ -252,6 +255,150 @@ class CrashableMinio:
                 return int(r.status) == 200
         except OSError:
             return False
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(30)
+        self.kills += 1
+
+    def stop(self) -> None:
+        self.kill()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+@dataclass
+class CrashableKafka:
+    """One private single-node KRaft broker (the harness's jars): :attr:`bootstrap`,
+    :meth:`kill`, :meth:`start`, :meth:`stop`. Its log folder, the transaction state among
+    it, survives a kill, as a broker's disk does."""
+
+    folder: Path
+    port: int = field(default_factory=_free_port)
+    controller_port: int = field(default_factory=_free_port)
+    proc: subprocess.Popen[bytes] | None = None
+    kills: int = 0
+
+    @classmethod
+    def create(cls, folder: Path) -> CrashableKafka:
+        from _services.common import StartReport
+        from _services.kafka import ensure_jars
+
+        server = cls(folder)
+        folder.mkdir(parents=True)
+        server._configure()
+        jars = ensure_jars(StartReport("crashable-kafka", {}))
+        cluster = (
+            subprocess.run(
+                server._java(jars, "kafka.tools.StorageTool", "random-uuid"),
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            .stdout.strip()
+            .splitlines()[-1]
+        )
+        subprocess.run(
+            server._java(
+                jars, "kafka.tools.StorageTool", "format", "-t", cluster, "-c", str(server.props)
+            ),
+            capture_output=True,
+            check=True,
+        )
+        server.start()
+        return server
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def props(self) -> Path:
+        return self.folder / "server.properties"
+
+    def _configure(self) -> None:
+        props = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
+            "listeners": f"PLAINTEXT://{self.bootstrap},CONTROLLER://127.0.0.1:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://{self.bootstrap}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "log.dirs": str(self.folder / "data"),
+            "num.partitions": "1",
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "1",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.num.partitions": "1",
+            "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
+            "auto.create.topics.enable": "false",
+            "group.initial.rebalance.delay.ms": "0",
+        }
+        self.props.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+        (self.folder / "log4j2.properties").write_text(
+            "status = warn\nappender.file.type = File\nappender.file.name = file\n"
+            f"appender.file.fileName = {self.folder / 'kafka.log'}\n"
+            "appender.file.layout.type = PatternLayout\n"
+            "appender.file.layout.pattern = [%d] %p %m (%c)%n\n"
+            "rootLogger.level = WARN\nrootLogger.appenderRef.file.ref = file\n"
+        )
+
+    def _java(self, jars: Path, main: str, *args: str) -> list[str]:
+        log4j = self.folder / "log4j2.properties"
+        return [
+            "java",
+            "-Xmx384m",
+            "-XX:+ExitOnOutOfMemoryError",
+            "-XX:TieredStopAtLevel=1",
+            f"-Dlog4j2.configurationFile={log4j}",
+            f"-Dkafka.logs.dir={self.folder}",
+            "-cp",
+            f"{jars}/*",
+            main,
+            *args,
+        ]
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None and self._accepts()
+
+    def _accepts(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                return True
+        except OSError:
+            return False
+
+    def start(self) -> None:
+        """Start (again) and wait until a transaction can run (the transaction state topic
+        loaded: what a producer's init_transactions waits for)."""
+        from _services.kafka import jars_dir
+        from confluent_kafka import Producer
+
+        with open(self.folder / "stdout.log", "ab") as out:
+            self.proc = subprocess.Popen(
+                self._java(jars_dir(), "kafka.Kafka", str(self.props)),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                cwd=self.folder,
+            )
+        deadline = time.monotonic() + 120
+        while not self._accepts():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"Kafka did not start: see {self.folder / 'stdout.log'}")
+            time.sleep(0.2)
+        producer = Producer(
+            {"bootstrap.servers": self.bootstrap, "transactional.id": f"warmup-{uuid.uuid4()}"}
+        )
+        producer.init_transactions(90)
+        producer.begin_transaction()
+        producer.abort_transaction(60)
 
     def kill(self) -> None:
         if self.proc is not None:

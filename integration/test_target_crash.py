@@ -1,14 +1,14 @@
 """The target crashes: its server SIGKILLed in the middle of an epoch, restarted, recovered.
 
 txsink's own crash points kill txsink's side. Here the *server* dies (issue 20, part 1): a
-private PostgreSQL cluster or MinIO server (:mod:`crashable_targets`, never the shared
-ones) is SIGKILLed whole when the pipeline reaches a crash point of epoch 1, and stays
+private PostgreSQL cluster, MinIO server or Kafka broker (:mod:`crashable_targets`, never
+the shared ones) is SIGKILLed whole when the pipeline reaches a crash point of epoch 1, and stays
 down until the supervisor restarts the query (the server is started again first, as an
 operator or an orchestrator would). The server's own recovery must bring back what was
 prepared (PostgreSQL's prepared transactions from its WAL, MinIO's open multipart uploads
-from its disk), and txsink's recovery must commit the decided ones and abort the rest.
-The target is then read back (psycopg; boto3 through the manifests): every id once,
-nothing prepared or uploaded-but-open left.
+from its disk, Kafka's transaction state), and txsink's recovery must commit the decided
+ones and abort the rest. The target is then read back (psycopg; boto3 through the
+manifests; a read_committed consumer): every id once, nothing prepared or open left.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from crashable_targets import CrashableMinio, CrashablePostgres
+from crashable_targets import CrashableKafka, CrashableMinio, CrashablePostgres
 
 from tests.streaming import prepare_input, run_until_done
 from txsink import Coordinator
@@ -104,6 +104,36 @@ def test_s3_server_killed_mid_epoch_and_restarted(spark: Any, tmp_path: Path, po
             spark, tmp_path, point, server, lambda: S3Sink(url, "s3", client_options=options)
         )
         verdict = verify(S3Verifier(url, range(ROWS), uid="s3", client_options=options))
+    finally:
+        server.stop()
+    assert verdict.ok and verdict.lingering == 0, (verdict, errors[-1:])
+
+
+@pytest.mark.spark
+@pytest.mark.kafka  # the harness fetches the broker's jars
+@pytest.mark.parametrize(
+    "point",
+    [
+        pytest.param("after_decision", marks=pytest.mark.slow),
+        "during_commit",  # one shard's transaction committed, the other's open
+    ],
+)
+def test_kafka_broker_killed_mid_epoch_and_restarted(
+    spark: Any, tmp_path: Path, point: str
+) -> None:
+    """The broker (a private single-node KRaft cluster) dies; its restart reloads the
+    transaction state, and txsink's recovery commits the epoch's shards from the WAL once:
+    read_committed, every id once, no transaction left open (LSO = high watermark)."""
+    from txsink.testing.adapter import adapter
+    from txsink.testing.verifiers import verify
+
+    server = CrashableKafka.create(tmp_path / "kafka")
+    kafka = adapter("kafka")
+    env = {"TXSINK_KAFKA_BOOTSTRAP": server.bootstrap}
+    try:
+        spec = {**kafka.new_target(tmp_path, "crash", env), "timeout_s": 10}
+        errors = _crash_run(spark, tmp_path, point, server, lambda: kafka.build_sink(spec, env))
+        verdict = verify(kafka.verifier(spec, range(ROWS), env, log=str(tmp_path / "txlog")))
     finally:
         server.stop()
     assert verdict.ok and verdict.lingering == 0, (verdict, errors[-1:])

@@ -70,13 +70,30 @@ def _cells() -> list[tuple[str, str, list[Any], tuple[str, str, int]]]:
     ]
 
 
+#: The "fault twice" cells every connector's first variant runs by default: a killed worker's
+#: prepared transaction left by both attempts, then the query's restart (its recovery finds
+#: and aborts them). The other three "twice" cells test Spark's retries and the core's
+#: restart, not the connector: the files connector runs them by default, the others with
+#: --run-slow.
+TWICE_FOR_ALL = {("after_precommit", "kill-worker", 2)}
+TWICE_CONNECTOR = "files"
+
+
 def _slow(connector: str, variant: str, cell: tuple[Any, ...] | None = None) -> list[Any]:
-    """``[pytest.mark.slow]`` for a cell (None: the kill-driver run) of a slow variant, and
-    for the cells of a connector's other variants outside :data:`VARIANT_CELLS`."""
+    """``[pytest.mark.slow]`` for a cell (None: the kill-driver run) of a slow variant, for
+    the cells of a connector's other variants outside :data:`VARIANT_CELLS`, and for the
+    "twice" cells outside :data:`TWICE_FOR_ALL` of connectors other than the files one."""
     found = adapters()[connector]
     slow = variant in found.slow_variants and cell not in QUICK_CELLS
-    other = cell is not None and cell not in VARIANT_CELLS and variant != next(iter(found.variants))
-    return [pytest.mark.slow] if slow or other else []
+    first = variant == next(iter(found.variants))
+    other = cell is not None and cell not in VARIANT_CELLS and not first
+    twice = (
+        cell is not None
+        and cell[-1] == 2
+        and cell not in TWICE_FOR_ALL
+        and connector != TWICE_CONNECTOR
+    )
+    return [pytest.mark.slow] if slow or other or twice else []
 
 
 def _target(request: pytest.FixtureRequest, tmp: Path, connector: str, variant: str) -> RunTarget:

@@ -33,7 +33,7 @@ class World:
     store: MemStore = field(default_factory=MemStore)
     targets: dict[str, MemTarget] = field(default_factory=lambda: {u: MemTarget() for u in UIDS})
     spark_done: set[int] = field(default_factory=set)
-    metrics: RecordingMetrics = field(default_factory=RecordingMetrics)
+    metrics: Any = field(default_factory=RecordingMetrics)  # RecordingMetrics, or an exporter
 
     def coordinator(self, crasher: Crasher, metrics: Any = None) -> Coordinator:
         self.store.crasher = crasher

@@ -63,8 +63,8 @@ class Meter:
 
     def skipped(self, seconds: Mapping[str, float]) -> None:
         """An epoch was skipped (Spark's replay); ``seconds``: the recovery before it."""
-        self.epoch("skipped")
         self.phases(seconds)
+        self.epoch("skipped")
 
     def phases(self, seconds: Mapping[str, float]) -> None:
         for phase, s in seconds.items():
@@ -100,7 +100,6 @@ class Meter:
     ) -> None:
         """Epoch ``epoch`` is committed (its mark written): one committed epoch, its rows
         and bytes per sink, its phases' durations, and the gauges it moves."""
-        self.epoch("committed")
         self.phases(seconds or {})
         for sink in sinks:
             mine = handles.get(sink.uid, ())
@@ -115,6 +114,7 @@ class Meter:
         self.gauge("decided_uncommitted_epochs", len(self._pending))
         self.gauge("last_committed_epoch", epoch)
         self.settled(sinks)
+        self.epoch("committed")  # last: an exporter may push on it
 
     def voided(self, sinks: Iterable[SinkContract[Any, Any]]) -> None:
         """A round was voided and what it prepared aborted."""

@@ -46,7 +46,8 @@ class Metrics:
     you export. ``app_id`` labels every call; sinks are named by uid and connector."""
 
     def epoch(self, app_id: str, outcome: str) -> None:
-        """An epoch ended with ``outcome`` (one of :data:`EPOCH_OUTCOMES`)."""
+        """An epoch ended with ``outcome`` (one of :data:`EPOCH_OUTCOMES`); called after
+        the epoch's other metrics (an exporter may push here)."""
 
     def rows(self, app_id: str, sink_uid: str, connector: str, rows: int, nbytes: int) -> None:
         """A sink's share of an epoch became visible: ``rows`` rows, ``nbytes`` bytes (as

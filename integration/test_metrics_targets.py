@@ -17,8 +17,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from txsink.faults import FaultPlan
 from txsink.log import open_log
 
-pytestmark = [pytest.mark.postgres, pytest.mark.spark]
-
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
@@ -42,6 +40,8 @@ def _prepared(postgres: Any, uid: str) -> int:
     return sum(1 for (g,) in gids if f".{uid}." in g)
 
 
+@pytest.mark.postgres
+@pytest.mark.spark
 def test_prometheus_counters_equal_postgres_after_crash_and_recovery(
     spark: Any, postgres: Any, tmp_path: Path
 ) -> None:
@@ -123,3 +123,39 @@ def test_prometheus_counters_equal_postgres_after_crash_and_recovery(
     assert _prepared(postgres, uid) == 0
     recover = ("txsink_phase_duration_seconds_count", (*app, ("phase", "recover")))
     assert after[recover] >= 1
+
+
+@pytest.mark.kafka
+def test_kafka_reports_its_commit_time_against_transaction_timeout(
+    kafka: Any, tmp_path: Path
+) -> None:
+    """A WAL-mode commit reports its span over ``transaction.timeout.ms`` once, through
+    the generic ``EpochCommit.report_timeout_ratio``; the core never names Kafka."""
+    import time
+    import uuid
+
+    import pyarrow as pa
+
+    from txsink.connectors.kafka import KafkaSink
+    from txsink.contract import EpochCommit
+    from txsink.txid import TxnId
+
+    schema = pa.schema([("id", pa.int64()), ("key", pa.string())])
+    topic, uid = kafka.new_topic(2), "k" + uuid.uuid4().hex[:10]
+    config = {"transaction.timeout.ms": 20000}
+    sink = KafkaSink(
+        kafka.bootstrap, topic, uid=uid, wal=tmp_path / "wal", key="key", shards=2,
+        producer_config=config,
+    )  # fmt: skip
+    sink.check(schema, "app")
+    handles = []
+    for p in range(2):
+        open_ = sink.begin(TxnId("app", uid, 0, 0, p, p), schema)
+        sink.write(open_, pa.RecordBatch.from_pydict({"id": [p], "key": ["k"]}, schema=schema))
+        handles.append(sink.prepare(open_))
+    ratios: list[float] = []
+    started = time.monotonic()
+    sink.commit_epoch(EpochCommit(0, tuple(handles), on_timeout_ratio=ratios.append))
+    elapsed = time.monotonic() - started
+    assert len(ratios) == 1
+    assert 0 < ratios[0] <= elapsed / 20.0

@@ -118,6 +118,13 @@ def test_prometheus_needs_an_endpoint_or_a_gateway() -> None:
         PrometheusMetrics()
 
 
+def test_a_taken_port_is_a_configuration_error(prom: PrometheusMetrics) -> None:
+    from txsink.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match=rf"127\.0\.0\.1:{prom.port} .*choose a free port"):
+        PrometheusMetrics(port=prom.port)
+
+
 def test_prometheus_metrics_pickle_as_configuration(prom: PrometheusMetrics) -> None:
     prom.epoch(APP, "committed")
     again = pickle.loads(pickle.dumps(prom))

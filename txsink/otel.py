@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from txsink._version import __version__
+from txsink.errors import ConfigurationError
 from txsink.metrics import Metrics
 
 if TYPE_CHECKING:
@@ -63,7 +64,12 @@ class OTelMetrics(Metrics):
         self._setup()
 
     def _setup(self) -> None:
-        from opentelemetry import metrics
+        try:
+            from opentelemetry import metrics
+        except ImportError as err:
+            raise ConfigurationError(
+                "OTelMetrics needs the opentelemetry-api package: pip install 'txsink[otel]'"
+            ) from err
 
         m = metrics.get_meter("txsink", __version__, meter_provider=self._provider)
         self._lock = threading.Lock()

@@ -87,7 +87,13 @@ class PrometheusMetrics(Metrics):
         self._setup()
 
     def _setup(self) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+        try:
+            from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+        except ImportError as err:
+            raise ConfigurationError(
+                "PrometheusMetrics needs the prometheus-client package: pip install "
+                "'txsink[prometheus]'"
+            ) from err
 
         self.registry: CollectorRegistry = CollectorRegistry()
         r = self.registry
@@ -116,9 +122,14 @@ class PrometheusMetrics(Metrics):
         if port is not None:
             from prometheus_client import start_http_server
 
-            self._server, _thread = start_http_server(
-                int(port), addr=str(self._config["addr"]), registry=r
-            )
+            addr = str(self._config["addr"])
+            try:
+                self._server, _thread = start_http_server(int(port), addr=addr, registry=r)
+            except OSError as err:
+                raise ConfigurationError(
+                    f"PrometheusMetrics cannot serve on {addr}:{port} ({err.strerror or err}): "
+                    "choose a free port (port=0 picks one: see .port), or stop what holds it"
+                ) from err
 
     @property
     def port(self) -> int | None:
@@ -182,7 +193,7 @@ class PrometheusMetrics(Metrics):
         self._config = state["_config"]
         try:
             self._setup()
-        except OSError as err:  # the port is taken in this process' host
+        except ConfigurationError as err:  # the port is taken on this process' host
             get_logger(__name__).warning(
                 "metrics: no Prometheus endpoint on port %s here (%s); counting without one",
                 self._config["port"],

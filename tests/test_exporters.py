@@ -179,3 +179,30 @@ def test_otel_is_a_no_op_without_an_sdk() -> None:
     world = World(metrics=OTelMetrics())
     world.run()  # the global provider is the API's no-op: nothing to see, nothing fails
     assert len(world.targets["a"].visible()) == EPOCHS * PARTITIONS * ROWS
+
+
+def test_a_coordinator_with_exporters_travels_as_spark_connect_pickles_it(
+    tmp_path: Any,
+) -> None:
+    """Spark Connect pickles the coordinator: its exporters travel as configuration and
+    start again on arrival (a new endpoint; OTel on the receiving process' provider)."""
+    from tests.memsink import Crasher, MemSink, MemTarget, batches_for, memory_precommit
+    from txsink import Coordinator
+
+    prom = PrometheusMetrics(port=0)
+    sink = MemSink("a", MemTarget(), Crasher())
+    coord = Coordinator(
+        [sink], log=str(tmp_path / "log"), app_id=APP, metrics=[prom, OTelMetrics()]
+    )
+    coord.run_epoch(0, memory_precommit(batches_for(0, 1, 1)), app_id=APP)
+    arrived = pickle.loads(pickle.dumps(coord))
+    try:
+        new_prom = arrived._meter.metrics[0]
+        assert isinstance(new_prom, PrometheusMetrics) and new_prom.port not in (None, prom.port)
+        assert arrived._meter.app == "" and arrived._recovery.meter is arrived._meter
+        arrived.run_epoch(1, memory_precommit(batches_for(1, 1, 1)), app_id=APP)
+        got = scrape(new_prom.port or 0)
+        assert got[("txsink_epochs_total", (("app_id", APP), ("outcome", "committed")))] == 1
+    finally:
+        prom.close()
+        arrived._meter.metrics[0].close()

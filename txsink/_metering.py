@@ -45,6 +45,13 @@ class Meter:
         self._pending: set[int] = set()
         self._oldest: dict[str, float] = {}  # sink uid -> prepared since (Unix time)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Travels as its exporters alone (Spark Connect): what this run learnt stays."""
+        return {"metrics": self.metrics}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["metrics"])  # type: ignore[misc]
+
     def __bool__(self) -> bool:
         return bool(self.metrics)
 

@@ -206,3 +206,23 @@ def test_a_coordinator_with_exporters_travels_as_spark_connect_pickles_it(
     finally:
         prom.close()
         arrived._meter.metrics[0].close()
+
+
+def test_the_grafana_dashboard_queries_only_metrics_the_exporter_has() -> None:
+    import json
+    import re
+    from pathlib import Path
+
+    dashboard = json.loads(
+        (Path(__file__).parent.parent / "docs/grafana-dashboard.json").read_text()
+    )
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    used = {name for e in exprs for name in re.findall(r"\btxsink_[a-z_]+", e)}
+    prom = PrometheusMetrics(push_gateway="http://unused.invalid")
+    known = {
+        family.name + suffix
+        for family in prom.registry.collect()
+        for suffix in ("", "_total", "_bucket", "_count", "_sum")
+    }
+    assert used and used <= known, sorted(used - known)
+    assert {"txsink_decided_uncommitted_epochs", "txsink_commit_timeout_ratio"} <= used

@@ -12,7 +12,10 @@ import pytest
 from tests.streaming import files_coordinator, prepare_input, start_query
 from txsink.sparkview import EpochProgress, progress_listener
 
-pytestmark = pytest.mark.spark
+pytestmark = [
+    pytest.mark.spark,
+    pytest.mark.slow,
+]  # docs/observability.md runs the same view by default
 
 
 def test_progress_joined_with_the_txsink_log(spark: Any, tmp_path: Path) -> None:

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from txsink._logging import EpochLogger
 from txsink.contract import EpochCommit, EpochData, SinkContract, TaskRunner, local_tasks
 from txsink.errors import CommitError, TxsinkError
 from txsink.handles import Handle
+
+if TYPE_CHECKING:
+    from txsink._metering import Meter
 
 __all__ = ["abort_one", "commit_share"]
 
@@ -32,13 +35,30 @@ def commit_share(
     data: EpochData | None,
     on_committed: Callable[[Sequence[Handle]], None],
     tasks: TaskRunner = local_tasks,
+    meter: Meter | None = None,
+    recovering: bool = False,
 ) -> None:
     """``sink.commit_epoch`` for ``handles`` (its decided handles of ``epoch``).
 
     ``data`` is the epoch's rows when this runs inside that epoch's replay; a sink that
     commits from data and has handles cannot be finished without them. ``tasks`` runs a
     commit spread over the cluster (the query's Spark session; in-process without one).
+    ``meter`` counts the handle outcomes (``recovering``: recovery's commit).
     """
+    ratio: Callable[[float], None] | None = None
+    failed: Callable[[int], None] = _nothing
+    notify = on_committed
+    if meter:
+        reported, ratio, failed = meter.commit_watch(sink, recovering=recovering)
+        if recovering:
+            meter.handles(sink, "retried", len(handles))
+
+        def counted(hs: Sequence[Handle]) -> None:
+            reported(hs)
+            on_committed(hs)
+
+        notify = counted
+
     if sink.commits_from_data:
         if not handles:
             return
@@ -52,11 +72,10 @@ def commit_share(
                 phase="recover",
                 connector=sink.connector,
             )
-    request = EpochCommit(
-        epoch, tuple(handles), data if sink.commits_from_data else None, on_committed, tasks
-    )
+    rows = data if sink.commits_from_data else None
+    request = EpochCommit(epoch, tuple(handles), rows, notify, tasks, ratio)
     try:
-        sink.commit_epoch(request)
+        _commit_counted(sink, request, failed)
     except TxsinkError as err:
         err.with_context(sink_uid=sink.uid, epoch=epoch, phase="commit", connector=sink.connector)
         raise
@@ -71,6 +90,20 @@ def commit_share(
         ) from err
 
 
+def _nothing(_count: int) -> None:
+    pass
+
+
+def _commit_counted(
+    sink: SinkContract[Any, Any], request: EpochCommit[Any], failed: Callable[[int], None]
+) -> None:
+    try:
+        sink.commit_epoch(request)
+    except BaseException:
+        failed(len(request.handles))
+        raise
+
+
 def abort_one(
     sink: SinkContract[Any, Any],
     handle: Handle,
@@ -80,6 +113,7 @@ def abort_one(
     by: str = "",
     level: int = logging.INFO,
     best_effort: bool = False,
+    meter: Meter | None = None,
 ) -> bool:
     """``sink.abort(handle)``, then one line: ``[by: ]aborted <txn>: <why>``.
 
@@ -97,4 +131,6 @@ def abort_one(
         line.warning("%scould not abort %s (recovery retries it): %s", lead, txn, err)
         return False
     line.log(level, "%saborted %s: %s", lead, txn, why)
+    if meter:
+        meter.handles(sink, "aborted", 1)
     return True

@@ -13,6 +13,7 @@ from typing import Any
 
 from txsink._commit import abort_one
 from txsink._logging import EpochLogger
+from txsink._metering import Meter
 from txsink.contract import SinkContract
 from txsink.errors import FencedError
 from txsink.handles import Handle, dump_handle
@@ -31,6 +32,7 @@ def decide_epoch(
     rows: Mapping[str, int],
     seconds: Mapping[str, float] | None = None,
     logger: EpochLogger,
+    meter: Meter | None = None,
 ) -> None:
     """Void the epoch's earlier rounds, then create round ``round_``'s decision.
 
@@ -46,6 +48,7 @@ def decide_epoch(
                 handles,
                 why=f"round {earlier} was decided by another driver",
                 logger=logger,
+                meter=meter,
             )
     docs = {uid: [dump_handle(h) for h in hs] for uid, hs in handles.items()}
     stats: dict[str, Any] = {"rows": dict(rows)}
@@ -59,6 +62,7 @@ def decide_epoch(
             handles,
             why=f"round {round_} was voided by another driver",
             logger=logger,
+            meter=meter,
         )
 
 
@@ -70,10 +74,11 @@ def _lost(
     *,
     why: str,
     logger: EpochLogger,
+    meter: Meter | None = None,
 ) -> None:
     for sink in sinks:
         for handle in handles.get(sink.uid, ()):
-            abort_one(sink, handle, f"this driver lost epoch {epoch}", log=logger)
+            abort_one(sink, handle, f"this driver lost epoch {epoch}", log=logger, meter=meter)
     raise FencedError(
         f"this driver lost epoch {epoch} (its round {round_}): {why}. Its transactions "
         "were aborted; the other driver's decision stands. Another query is writing "

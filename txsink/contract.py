@@ -177,11 +177,22 @@ class EpochCommit(Generic[H]):
         default=None, repr=False, compare=False
     )
     tasks: TaskRunner = dataclasses.field(default=local_tasks, repr=False, compare=False)
+    on_timeout_ratio: Callable[[float], None] | None = dataclasses.field(
+        default=None, repr=False, compare=False
+    )
 
     def committed(self, handles: Sequence[H]) -> None:
         """Report that ``handles`` are now visible (committed now or verified as before)."""
         if self.on_committed is not None:
             self.on_committed(handles)
+
+    def report_timeout_ratio(self, ratio: float) -> None:
+        """Report how long this commit held the target's transactions open, as a share of
+        the target's transaction timeout (1.0: the target would abort it); the metric
+        ``commit_timeout_ratio`` of docs/observability.md. Optional; a connector whose
+        target has such a timeout reports it once per commit."""
+        if self.on_timeout_ratio is not None:
+            self.on_timeout_ratio(ratio)
 
     @property
     def app_id(self) -> str | None:

@@ -33,6 +33,7 @@ from txsink import _precheck, _spark
 from txsink._commit import commit_share
 from txsink._decide import decide_epoch
 from txsink._logging import committed_text, failures_logged, get_logger, install_console
+from txsink._metering import Meter
 from txsink._operator import OperatorMixin
 from txsink._remote import arrived_state, location_of, portable_state
 from txsink._singlepass import SinglePassJob, SinglePassOutcome, run_in_rounds, run_single_pass
@@ -42,6 +43,7 @@ from txsink.errors import EpochAbortedError, FencedError
 from txsink.faults import CrashPoint, FaultPlan
 from txsink.handles import Handle
 from txsink.log import LogStore, TxLog, open_log
+from txsink.metrics import Metrics
 from txsink.recovery import Recovery
 from txsink.txid import check_name
 
@@ -93,6 +95,8 @@ class Coordinator(OperatorMixin):
             checkpoint before ``foreachBatch`` runs, so the checkpoint copy must be
             restored before the query starts (``txsink savepoint restore
             --checkpoint``); see docs/upgrades.md.
+        metrics: one :class:`~txsink.metrics.Metrics` or several (exporters:
+            docs/observability.md), called on the driver; they travel with the coordinator.
     """
 
     def __init__(
@@ -106,6 +110,7 @@ class Coordinator(OperatorMixin):
         retain_epochs: int = 100,
         faults: FaultPlan | str | None = None,
         from_savepoint: str | os.PathLike[str] | LogStore | TxLog | None = None,
+        metrics: Metrics | Sequence[Metrics] | None = None,
     ) -> None:
         self.sinks: tuple[AnySink, ...] = (
             (sinks,) if isinstance(sinks, SinkContract) else tuple(sinks)
@@ -136,6 +141,7 @@ class Coordinator(OperatorMixin):
         self._needs_recovery = True
         self._probe_votes = True  # single pass: executors reach the driver? once per run
         self._last_committed: int | None = None
+        self._meter = Meter(metrics)
         install_console()  # one line per epoch on stderr, unless logging is configured
         self._log = get_logger(__name__, uid="+".join(uids))
         self._recovery = self._new_recovery()
@@ -148,6 +154,7 @@ class Coordinator(OperatorMixin):
             allow_non_restored_state=self.allow_non_restored_state,
             fire=self._fire,
             logger=self._log,
+            meter=self._meter,
         )
 
     def __getstate__(self) -> dict[str, Any]:
@@ -253,6 +260,7 @@ class Coordinator(OperatorMixin):
         # Step 2
         if self._already_committed(epoch):
             self._log.bind(epoch=epoch).info("already committed: Spark's replay skipped")
+            self._meter.skipped({k: v for k, v in timings.items() if recovered})
             return EpochResult(epoch, "skipped")
         try:
             round_ = self.log.claim_round(epoch) if tasks_round is None else tasks_round
@@ -261,6 +269,7 @@ class Coordinator(OperatorMixin):
                     f"round {round_} was claimed by another driver: {_TWO}", epoch=epoch
                 )
             done: set[str] = set()
+            self._meter.preparing(self.sinks)
             if isinstance(precommit, SinglePassJob):  # steps 3, 4 and most of 5
                 round_, handles, rows, done = self._single_pass(
                     epoch, round_, precommit, timings, app_id
@@ -290,6 +299,7 @@ class Coordinator(OperatorMixin):
         timings["commit"] = time.monotonic() - t0
         count = sum(len(hs) for hs in handles.values())
         shown = {k: v for k, v in timings.items() if recovered or k != "recover"}
+        self._meter.finished(epoch, self.sinks, handles, rows, shown)
         self._log.bind(epoch=epoch).info(
             "committed: %s",
             committed_text(rows, shown),
@@ -385,10 +395,12 @@ class Coordinator(OperatorMixin):
                 f"round {round_} of epoch {epoch} was decided meanwhile", epoch=epoch
             ) from err
         self._recovery.abort_attempts(app_id, epoch, round_=round_, best_effort=True)
+        self._meter.voided(self.sinks)
 
     def _abort_round(self, epoch: int, round_: int, app_id: str, err: BaseException) -> NoReturn:
         """A pre-commit failed: void and abort the round; raise the epoch's abort."""
         self._void_round(epoch, round_, app_id, err)
+        self._meter.epoch("aborted")
         if isinstance(err, EpochAbortedError) or not isinstance(err, Exception):
             raise err
         raise EpochAbortedError.wrapping(epoch, err, _spark.failure_text(err)) from err
@@ -413,10 +425,12 @@ class Coordinator(OperatorMixin):
                 rows=rows,
                 seconds=seconds,
                 logger=self._log,
+                meter=self._meter,
             )
         except FencedError:
             self._needs_recovery = True
             raise
+        self._meter.decided(epoch)
         self._fire(CrashPoint.AFTER_DECISION, epoch)
 
     # -- step 5: commit --------------------------------------------------------------
@@ -444,6 +458,7 @@ class Coordinator(OperatorMixin):
                 mine = [h for h in handles[sink.uid] if str(h.txn) not in done]
                 if len(mine) < len(handles[sink.uid]):
                     committed([h for h in handles[sink.uid] if str(h.txn) in done])
+                    self._meter.handles(sink, "committed", len(handles[sink.uid]) - len(mine))
                 commit_share(
                     sink,
                     epoch,
@@ -451,6 +466,7 @@ class Coordinator(OperatorMixin):
                     data=data,
                     on_committed=committed,
                     tasks=self._recovery.tasks,
+                    meter=self._meter,
                 )
             self._fire(CrashPoint.AFTER_COMMIT_BEFORE_MARK, epoch)
             self.log.mark_committed(epoch, round_)
@@ -465,7 +481,7 @@ class Coordinator(OperatorMixin):
         if self._bound_app != app_id:
             self._restore_once()
             self.log.bind_app(app_id)
-            self._bound_app = app_id
+            self._bound_app = self._meter.app = app_id
             self._last_committed = None
             self._needs_recovery = True
 

@@ -21,6 +21,7 @@ A plan is a list of :class:`RecoveryAction`, in execution order:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,9 +29,11 @@ from typing import Any
 from txsink._actions import ABORTS, ActionKind, RecoveryAction, decided, on_handle, summary
 from txsink._commit import abort_one, commit_share
 from txsink._logging import EpochLogger
+from txsink._metering import Meter
 from txsink.contract import EpochData, SinkContract, TaskRunner, local_tasks
 from txsink.errors import CheckpointMismatchError, NonRestoredStateError, StateError
 from txsink.faults import CrashPoint
+from txsink.handles import Handle
 from txsink.log import EpochDecision, TxLog
 
 __all__ = ["ActionKind", "Recovery", "RecoveryAction"]
@@ -54,6 +57,7 @@ class Recovery:
         allow_non_restored_state: bool,
         fire: Callable[[CrashPoint, int], None],
         logger: EpochLogger,
+        meter: Meter | None = None,
     ) -> None:
         self.log = log
         self.sinks = tuple(sinks)
@@ -64,6 +68,10 @@ class Recovery:
         #: Runs commits spread over the cluster: the coordinator sets the query's Spark
         #: tasks while it runs an epoch; in-process otherwise (``txsink recover``).
         self.tasks: TaskRunner = local_tasks
+        #: The coordinator's metrics (none for an operator's command).
+        self.meter = meter or Meter(None)
+        self._found: dict[AnySink, list[Handle]] = {}
+        self._since: dict[str, float] = {}
 
     def operator_app(self, app_id: str | None) -> str:
         """The app id for an operator's call (default: the log's), checked against the log."""
@@ -95,13 +103,16 @@ class Recovery:
         """
         actions: list[RecoveryAction] = []
         covered: set[str] = set()  # transactions a pending decision's finish handles
-        for decision in self.log.pending():
+        pending = self.log.pending()
+        self._found, self._since = {}, {}
+        for decision in pending:
             covered |= decision.txn_names()
             if not abort:
                 actions += self.plan_finish(decision, self.allow_non_restored_state)
             elif decision.epoch == epoch:
                 actions += self._plan_give_up(decision)
         lingering = self._plan_lingering(app_id, covered)
+        self.meter.recovery_found([d.epoch for d in pending], self._found, self._since)
         if abort:
             lingering = [
                 a
@@ -183,9 +194,11 @@ class Recovery:
         actions: list[RecoveryAction] = []
         for sink in (*self.sinks, *self.retired):
             retired = sink in self.retired
-            for handle in list(sink.list_prepared(app_id)):
+            self._found[sink] = list(sink.list_prepared(app_id))
+            for handle in self._found[sink]:
                 txn = handle.txn
                 name = str(txn)
+                self._prepared_at(sink.uid, txn.epoch)
                 if name in covered:
                     continue
                 if floor is not None and txn.epoch < floor:
@@ -231,6 +244,13 @@ class Recovery:
                     )
         return actions
 
+    def _prepared_at(self, uid: str, epoch: int) -> None:
+        """When a prepared transaction was prepared, at the latest: its epoch's decision,
+        else now (its age is then a lower bound, from this recovery on)."""
+        decision = self.log.decision(epoch) if self.meter else None
+        at = decision.decided_at if decision is not None and decision.decided_at else time.time()
+        self._since[uid] = min(self._since.get(uid, at), at)
+
     def _given_up(self, epoch: int, uid: str) -> bool:
         record = self.log.committed(epoch)
         return record is not None and uid in record.not_restored
@@ -264,7 +284,9 @@ class Recovery:
                     else f"an attempt the decision of epoch {epoch} did not use (a retried or "
                     "speculative task)"
                 )
-                abort_one(sink, handle, why, log=self._log, best_effort=best_effort)
+                abort_one(
+                    sink, handle, why, log=self._log, best_effort=best_effort, meter=self.meter
+                )
 
     # -- execute -----------------------------------------------------------------------
 
@@ -306,6 +328,7 @@ class Recovery:
         log = self._log.bind(epoch=epoch)
         if decision is None:
             log.info("recovery: %s", action.describe(done=True))
+            self.meter.epoch("voided")
             return [action]
         run.lost[(epoch, round_)] = decision
         log.warning(
@@ -332,6 +355,7 @@ class Recovery:
                     list(action.not_restored),
                 )
             self.log.mark_committed(epoch, action.round or 0, not_restored=action.not_restored)
+            self.meter.finished(epoch, self.sinks, run.shares.pop(epoch, {}))
             log.info("recovery: %s", action.describe(done=True))
             return action
         if kind is ActionKind.SKIP_NOT_RESTORED:
@@ -358,7 +382,10 @@ class Recovery:
             given_up = kind is ActionKind.ABORT_NOT_RESTORED
             why = f"{action.reason} (not restored)" if given_up else action.reason
             level = logging.WARNING if given_up else logging.INFO
-            abort_one(sink, action.handles[0], why, log=self._log, by="recovery", level=level)
+            abort_one(
+                sink, action.handles[0], why, log=self._log, by="recovery", level=level,
+                meter=self.meter,
+            )  # fmt: skip
             if not run.finishing and not run.fired:
                 run.fired.add(epoch)
                 self._fire(CrashPoint.DURING_RECOVERY, epoch)
@@ -371,8 +398,12 @@ class Recovery:
                 data=run.data if epoch == run.current else None,
                 on_committed=lambda _handles: self._committed(epoch, run),
                 tasks=self.tasks,
+                meter=self.meter,
+                recovering=True,
             )
             run.committed.add((sink.uid, epoch))
+            if epoch in run.finishing:
+                run.shares.setdefault(epoch, {})[sink.uid] = action.handles
             log.info("recovery: %s", action.describe(done=True, names=False))
         return action
 
@@ -401,3 +432,4 @@ class _Run:
     fired: set[int] = field(default_factory=set)
     lost: dict[tuple[int, int], EpochDecision] = field(default_factory=dict)
     committed: set[tuple[str, int]] = field(default_factory=set)
+    shares: dict[int, dict[str, Sequence[Handle]]] = field(default_factory=dict)

@@ -49,6 +49,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar, Literal, TypeAlias
@@ -339,13 +340,20 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
         (``request.tasks`` is ``local_tasks``: ``txsink recover``): the driver commits
         shard after shard with its own producers and reports each one as it committed.
         """
+        started = time.monotonic()
         if self.mode == "replay":
             replay.commit_epoch(request, self.settings, self.records)
         elif self.mode == "direct":
             direct.commit_leftovers(request, self.settings, self.records)
             self._generation = uuid.uuid4().hex  # its tasks fenced pooled producers
+            return  # its transactions began in the pre-commit tasks: not measured here
         else:
             self._wal.commit_epoch(request, self.settings, lambda: self._producers)
+        if request.handles:
+            # Each shard's transaction begins and commits inside this call: its span bounds
+            # them all from above (docs/observability.md, commit_timeout_ratio).
+            elapsed = time.monotonic() - started
+            request.report_timeout_ratio(elapsed / self.settings.txn_timeout_s)
 
     @override
     def abort(self, handle: Any) -> None:

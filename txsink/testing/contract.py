@@ -311,7 +311,7 @@ def empty_epoch_commits(run: ContractRun) -> None:
 def recorded_epoch_is_reported(run: ContractRun) -> None:
     """A sink that implements ``recorded_epoch`` reports the epoch it committed, for its
     own app only; before any commit, nothing."""
-    spec, sink = run.target()
+    _spec, sink = run.target()
     _expect(sink.recorded_epoch(run.app_id) is None, "a fresh target reports a recorded epoch")
     run.commit(sink, 3, run.prepare(sink, 3, PARTS), PARTS)
     recorded = sink.recorded_epoch(run.app_id)

@@ -1,0 +1,659 @@
+"""Delta Lake benchmark: txsink's DeltaSink next to delta-rs's own ``write_deltalake`` appends
+(from the driver and from the tasks) and Spark's Delta writer, on the same cached rows.
+
+    integration/benchmarks/run delta [--rows N] [--partitions 2,8] [--repeat K]
+                                     [--epochs K] [--epoch-rows N] [--s3]
+
+Writers (each into its own fresh Delta table, read back with delta-rs, checked, deleted):
+
+txsink   ``Coordinator([DeltaSink(path, uid, create_table=True)], log=...).write(df, epoch=0)``:
+         tasks write Parquet files no log entry names; the driver records the decision in a
+         local txsink log and makes one Delta commit with the epoch's ``txn`` action.
+driver   ``write_deltalake(path, df.toArrow(), mode="append")``: what a user without txsink
+         writes. ``toArrow`` collects every row to the driver, which encodes and commits.
+tasks    ``mapInArrow`` tasks that each ``write_deltalake(path, batches, mode="append")`` their
+         partition: one Delta commit per task, concurrent (delta-rs retries conflicting
+         appends); the driver creates the empty table first.
+spark    ``df.write.format("delta").save(path)`` with Delta's own jar, when it runs on this
+         PySpark (probed in a child process first; the reason is reported when it does not).
+feed     not a writer: tasks that only receive the batches (Spark's own cost).
+
+Small epochs: ``--epochs`` epochs of ``--epoch-rows`` rows through one coordinator (a
+stream's steady state) next to as many ``write_deltalake`` appends from the driver; the
+per-epoch wall time and txsink's commit latency (``EpochResult.seconds``).
+
+With ``--s3`` every writer but Spark's also writes to the S3 server (MinIO) as
+``s3://<fresh bucket>/...``; credentials reach delta-rs and pyarrow through ``AWS_*``
+environment variables (set from ``TXSINK_S3_*`` before Spark starts), never in a closure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import itertools
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+try:
+    from benchmarks import _bench
+    from benchmarks import s3 as s3_bench
+except ImportError:  # run as a plain script: python integration/benchmarks/delta.py
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks import _bench
+    from benchmarks import s3 as s3_bench
+
+from txsink import Coordinator
+
+WRITERS = ("txsink", "driver", "tasks", "spark")
+LABELS = {
+    "txsink": "txsink DeltaSink",
+    "driver": "write_deltalake from the driver (toArrow)",
+    "tasks": "write_deltalake in each task",
+    "spark": "Spark df.write.format('delta')",
+    "feed": "(Spark feed only, no table)",
+}
+TARGET = 0.9  # txsink / plain write_deltalake
+DELTA_PACKAGE = os.environ.get("TXSINK_DELTA_SPARK_PACKAGE", "io.delta:delta-spark_2.13:4.4.0")
+DELTA_CONF = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+}
+_PH = ("precommit", "decide", "commit")  # txsink's phases shown per small epoch
+S3 = "@s3"  # suffix of a writer's name for its runs on the S3 server
+
+
+# -- task functions: these run in Spark's Python workers; keep them self-contained -----------
+
+
+def _rows_result(rows: int) -> Iterator[pa.RecordBatch]:
+    yield pa.RecordBatch.from_pydict({"rows": [rows]}, schema=pa.schema([("rows", pa.int64())]))
+
+
+def _append_task(
+    uri: str, options: dict[str, str], batches: Iterator[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
+    """``write_deltalake(..., mode="append")`` of this partition's batches, streamed."""
+    from deltalake import write_deltalake
+
+    first = next(batches, None)
+    if first is None:
+        yield from _rows_result(0)
+        return
+    count = [0]
+
+    def counted() -> Iterator[pa.RecordBatch]:
+        for batch in itertools.chain([first], batches):
+            count[0] += batch.num_rows
+            yield batch
+
+    reader = pa.RecordBatchReader.from_batches(first.schema, counted())
+    write_deltalake(uri, reader, mode="append", storage_options=options or None)
+    yield from _rows_result(count[0])
+
+
+def _feed_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Only receive the batches. Also warms the worker up (imports)."""
+    import deltalake  # noqa: F401
+
+    import txsink.connectors.delta  # noqa: F401
+
+    yield from _rows_result(sum(batch.num_rows for batch in batches))
+
+
+# -- the benchmark ----------------------------------------------------------------------------
+
+
+@dataclass
+class Where:
+    """Where tables go: a local folder, or a bucket on the S3 server."""
+
+    root: str
+    options: dict[str, str]  # delta-rs storage options, no secret (keys come from AWS_*)
+    suffix: str = ""  # "" local, S3 on the S3 server
+    client: Any = None
+    bucket: str = ""
+
+    def delete(self, uri: str) -> None:
+        if self.client is None:
+            shutil.rmtree(uri, ignore_errors=True)
+        else:
+            s3_bench.delete_prefix(self.client, self.bucket, uri.split("/", 3)[3] + "/")
+
+    def file_bytes(self, uris: Sequence[str]) -> int:
+        if self.client is None:
+            return sum(os.path.getsize(u.removeprefix("file://")) for u in uris)
+        prefix = self.root.split("/", 3)[3]
+        sizes = s3_bench.list_objects(self.client, self.bucket, prefix)
+        return sum(sizes.get(u.split("/", 3)[3], 0) for u in uris)
+
+
+@dataclass
+class Bench:
+    spark: Any
+    cpu: _bench.CpuMeter
+    workdir: Path
+    void: list[str] = field(default_factory=list)
+
+
+def write_txsink(bench: Bench, where: Where, df: Any, uri: str, tag: str) -> dict[str, Any]:
+    from txsink.connectors.delta import DeltaSink
+
+    sink = DeltaSink(uri, f"bench-{tag}", create_table=True, storage_options=where.options)
+    log = str(bench.workdir / f"txlog-{tag}{where.suffix}")
+    result = Coordinator([sink], log=log, app_id="bench").write(df, epoch=0)
+    if result.status != "committed":
+        raise RuntimeError(f"txsink epoch not committed: {result}")
+    return {"phases": dict(result.seconds), "handles": result.handles}
+
+
+def write_driver(where: Where, df: Any, uri: str) -> dict[str, Any]:
+    from deltalake import write_deltalake
+
+    write_deltalake(uri, df.toArrow(), mode="append", storage_options=where.options or None)
+    return {}
+
+
+def write_tasks(where: Where, df: Any, uri: str) -> dict[str, Any]:
+    from deltalake import DeltaTable
+
+    schema = df.limit(0).toArrow().schema
+    DeltaTable.create(uri, schema, storage_options=where.options or None)
+    task = functools.partial(_append_task, uri, where.options)
+    return {"task_rows": sum(r["rows"] for r in df.mapInArrow(task, "rows long").collect())}
+
+
+def write_spark(df: Any, uri: str) -> dict[str, Any]:
+    df.write.format("delta").mode("errorifexists").save(uri)
+    return {}
+
+
+def read_back(where: Where, uri: str, extra: dict[str, Any]) -> pa.Table:
+    from deltalake import DeltaTable
+
+    table = DeltaTable(uri, storage_options=where.options or None)
+    files = table.file_uris()
+    extra.update(files=len(files), bytes=where.file_bytes(files), version=table.version())
+    return table.to_pyarrow_table()
+
+
+def measure(
+    bench: Bench,
+    where: Where,
+    writer: str,
+    df: Any,
+    *,
+    rows: int,
+    partitions: int,
+    expected: tuple[Any, ...],
+    tag: str,
+) -> _bench.Measurement:
+    """Time one writer into a fresh table, verify what delta-rs reads back, delete it."""
+    uri = f"{where.root}/{writer}-{tag}"
+    writers: dict[str, Callable[[], dict[str, Any]]] = {
+        "txsink": lambda: write_txsink(bench, where, df, uri, f"{writer}-{tag}"),
+        "driver": lambda: write_driver(where, df, uri),
+        "tasks": lambda: write_tasks(where, df, uri),
+        "spark": lambda: write_spark(df, uri),
+        "feed": lambda: {
+            "task_rows": sum(r["rows"] for r in df.mapInArrow(_feed_task, "rows long").collect())
+        },
+    }
+    try:
+        m = _bench.timed_run(bench.cpu, writer + where.suffix, partitions, rows, writers[writer])
+        found = (
+            expected
+            if writer == "feed"
+            else s3_bench.arrow_fingerprint(read_back(where, uri, m.extra))
+        )
+    finally:
+        where.delete(uri)
+    extra, problems = m.extra, []
+    if "task_rows" in extra and extra["task_rows"] != rows:
+        problems.append(f"the tasks saw {extra['task_rows']} rows")
+    if found[:2] != (rows, rows):
+        problems.append(f"table holds {found[0]} rows, {found[1]} distinct ids (want {rows})")
+    elif found != expected:
+        problems.append(f"column aggregates differ: {found} != {expected}")
+    _bench.void_if(problems, m, tag, bench.void)
+    mb = extra.get("bytes", 0) / 1e6
+    middle = f"{mb:.1f} MB ({extra.get('files', '-')} files, version {extra.get('version')})  "
+    _bench.log_run(m, tag, width=10, middle=middle)
+    return m
+
+
+def run_epochs(bench: Bench, where: Where, res: Results, epochs: int, rows: int) -> None:
+    """``epochs`` small epochs through one coordinator vs as many driver appends."""
+    from deltalake import DeltaTable, write_deltalake
+
+    from txsink.connectors.delta import DeltaSink
+
+    df = s3_bench.make_frame(bench.spark, rows, 2)
+    for writer in ("txsink", "driver"):
+        uri = f"{where.root}/epochs-{writer}"
+        walls: list[float] = []
+        phases: list[dict[str, float]] = []
+        coordinator = Coordinator(
+            [DeltaSink(uri, "epochs", create_table=True, storage_options=where.options)],
+            log=str(bench.workdir / f"txlog-epochs{where.suffix}"),
+            app_id="bench-epochs",
+        )
+        try:
+            for epoch in range(epochs):
+                t0 = time.perf_counter()
+                if writer == "txsink":
+                    phases.append(dict(coordinator.write(df, epoch=epoch).seconds))
+                else:
+                    write_deltalake(
+                        uri, df.toArrow(), mode="append", storage_options=where.options or None
+                    )
+                walls.append(time.perf_counter() - t0)
+            table = DeltaTable(uri, storage_options=where.options or None).to_pyarrow_table()
+            found = (table.num_rows, pc.count_distinct(table["id"]).as_py())
+        finally:
+            where.delete(uri)
+        name = writer + where.suffix
+        res.epochs[name] = {"wall": walls, **{k: [p.get(k, 0.0) for p in phases] for k in _PH}}
+        if found != (rows * epochs, rows):
+            message = f"VOID epochs {name}: table holds {found[0]} rows, {found[1]} distinct ids"
+            bench.void.append(message)
+            res.epochs[name]["void"] = [1.0]
+            _bench.log(message)
+        _bench.log(f"epochs {name}: {[round(s, 3) for s in walls]} s")
+    df.unpersist(blocking=True)
+
+
+# -- Spark's Delta writer ---------------------------------------------------------------------
+
+_PROBE = """
+import sys, tempfile
+from deltalake import DeltaTable
+from pyspark.sql import SparkSession
+b = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
+for k, v in [("spark.jars.packages", sys.argv[1]), *zip(sys.argv[2::2], sys.argv[3::2])]:
+    b = b.config(k, v)
+spark = b.getOrCreate()
+path = tempfile.mkdtemp() + "/t"
+spark.range(10).write.format("delta").save(path)
+assert DeltaTable(path).to_pyarrow_table().num_rows == 10, "delta-rs reads back the wrong rows"
+print("WRITE-OK", flush=True)
+spark.read.format("delta").load(path).count()
+"""
+
+
+def _java_error(stderr: str) -> str:
+    lines = [ln.strip().removeprefix(": ") for ln in stderr.splitlines()]
+    why = [ln for ln in lines if ln.startswith(("java.", "py4j.protocol.", "AssertionError"))]
+    return "; ".join(why[:2])[:400] or (lines[-1:] or ["?"])[0]
+
+
+def probe_spark_delta() -> tuple[bool, str]:
+    """Whether Spark writes a Delta table with Delta's jar here (10 rows, read back with
+    delta-rs), and what failed: the write, or Spark's own read of the table ("" if none)."""
+    conf = [x for kv in DELTA_CONF.items() for x in kv]
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", _PROBE, DELTA_PACKAGE, *conf],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return False, "the probe (a 10-row write) did not finish in 300 s"
+    wrote = "WRITE-OK" in proc.stdout
+    return wrote, "" if proc.returncode == 0 else _java_error(proc.stderr)
+
+
+# -- report -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Results(_bench.Results):
+    """The runs, the small epochs, and how Spark's Delta writer fared."""
+
+    name: ClassVar[str] = "delta"
+    title: ClassVar[str] = "Delta Lake"
+    server: ClassVar[str] = "s3"
+    baseline: ClassVar[str] = "driver"
+    after: ClassVar[str | None] = "s3"
+    from_args: ClassVar[tuple[str, ...]] = ("epoch_rows",)
+
+    epoch_rows: int = 10_000
+    epochs: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    spark: str = ""  # why Spark's Delta writer did not run, or its package
+    spark_ok: bool = False
+
+    def mbytes(self, writer: str, partitions: int) -> float:
+        return _bench.median([m.extra.get("bytes", 0) / 1e6 for m in self.of(writer, partitions)])
+
+
+class ResultsS3(Results):
+    """The same results, ratios against the driver append on the S3 server."""
+
+    baseline: ClassVar[str] = "driver" + S3
+
+
+def throughput_table(res: Results, suffix: str) -> str:
+    shown = [w + suffix for w in (*WRITERS, "feed")]
+    labels = {w + suffix: label for w, label in LABELS.items()}
+    return _bench.throughput_table(
+        res,
+        labels,
+        shown,
+        [w + suffix for w in WRITERS],
+        rate_header="rows/s (median)",
+        vs_header="vs write_deltalake (driver)",
+        server_header="S3 server",
+        columns=[
+            (
+                "MB / files",
+                "r",
+                lambda w, p, runs: (
+                    f"{res.mbytes(w, p):.1f} / {runs[0].extra.get('files', '-')}"
+                    if "feed" not in w
+                    else ""
+                ),
+            )
+        ],
+    )
+
+
+def target_table(res: Results, suffix: str) -> str:
+    t, d, k, s = (w + suffix for w in ("txsink", "driver", "tasks", "spark"))
+    rows = [
+        [
+            str(p),
+            _bench.ratio_cell(res, t, p, d, target=TARGET),
+            _bench.ratio_cell(res, t, p, k, target=TARGET),
+            _bench.ratio_cell(res, s, p, d) if res.seconds(s, p) else "not measured",
+        ]
+        for p in res.partitions
+    ]
+    headers = [
+        "partitions",
+        f"txsink / driver append (target >= {TARGET}x)",
+        f"txsink / task appends (target >= {TARGET}x)",
+        "Spark Delta / driver append",
+    ]
+    return _bench.markdown_table(headers, rows, "rrrr")
+
+
+def _ms(values: Sequence[float]) -> str:
+    return f"{_bench.median(values) * 1000:.0f}" if values else "-"
+
+
+def epochs_table(res: Results) -> str:
+    rows = []
+    for name, data in res.epochs.items():
+        walls = data["wall"][1:] or data["wall"]
+        rows.append(
+            [
+                LABELS[name.removesuffix(S3)] + (" (S3)" if name.endswith(S3) else ""),
+                _ms(walls) + (" VOID" if "void" in data else ""),
+                f"{min(walls) * 1000:.0f}-{max(walls) * 1000:.0f}",
+                f"{data['wall'][0] * 1000:.0f}",
+                *(_ms(data.get(k, [])[1:]) for k in _PH),
+            ]
+        )
+    headers = ["writer", "ms per epoch (median)", "range", "first epoch ms"]
+    headers += [f"{k} ms" for k in _PH]
+    return _bench.markdown_table(headers, rows, "lrrrrrr")
+
+
+def epoch_overhead(res: Results, suffix: str = "") -> tuple[float, float, float] | None:
+    """(txsink's median ms per epoch, the driver append's, txsink's median commit ms)."""
+    t, d = res.epochs.get("txsink" + suffix), res.epochs.get("driver" + suffix)
+    if not t or not d:
+        return None
+    med = [_bench.median(x["wall"][1:] or x["wall"]) * 1000 for x in (t, d)]
+    return med[0], med[1], _bench.median(t["commit"][1:] or t["commit"]) * 1000
+
+
+def reading(res: Results, suffixes: Sequence[str]) -> list[str]:
+    """The numbers, read: generated from the results so a rerun cannot contradict them."""
+    out: list[str] = []
+    for sfx in suffixes:
+        where = " on the S3 server" if sfx else " on local disk"
+        t, d, k = "txsink" + sfx, "driver" + sfx, "tasks" + sfx
+        ps = [p for p in res.partitions if res.seconds(t, p) and res.seconds(d, p)]
+        for over, what in ((d, "the driver append"), (k, "the task appends")):
+            got = [p for p in ps if res.seconds(over, p)]
+            if not got:
+                continue
+            ratios = [res.ratio(t, p, over) for p in got]
+            verdict = "met" if min(ratios) >= TARGET else "NOT met"
+            out.append(
+                f"**txsink vs {what}{where}**: "
+                + "; ".join(f"{r:.2f}x at {p} partitions" for r, p in zip(ratios, got, strict=True))
+                + f". Target >= {TARGET}x: {verdict}."
+            )
+    out.append(
+        "**What each writer does**: txsink encodes Parquet in the tasks (pyarrow, one file per "
+        "task and partition value, with exact statistics for the add actions), then the "
+        "driver writes the decision to its log and makes one Delta commit with the `txn` "
+        "action. The driver append collects every row to the driver with `toArrow` (the "
+        "whole epoch in the driver's memory) and encodes it there in one process; the task "
+        "appends encode in the tasks like txsink but make one Delta commit per task, so a "
+        "reader can see part of an epoch and a retried task appends its rows twice."
+    )
+    for p in res.partitions:
+        feed = res.seconds("feed", p)
+        if feed and res.seconds("txsink", p):
+            ph = res.phases(p)
+            out.append(
+                f"**Where txsink's time goes at {p} partitions** (local disk): Spark alone "
+                f"(feed) {_bench.median(feed):.2f} s; txsink's pre-commit (encode + write in "
+                f"the tasks) {ph['precommit']:.2f} s, decide {ph['decide']:.3f} s, the Delta "
+                f"commit {ph['commit']:.3f} s, checks and schema {ph['other']:.2f} s."
+            )
+    for sfx in ("", S3):
+        small = epoch_overhead(res, sfx)
+        if small:
+            tx, dr, commit = small
+            out.append(
+                f"**Small epochs{' on the S3 server' if sfx else ''}** ({res.epoch_rows:,} "
+                f"rows each, first epoch left out): txsink {tx:.0f} ms per epoch, "
+                f"`write_deltalake` from the driver {dr:.0f} ms: txsink's overhead per epoch is "
+                f"{tx - dr:+.0f} ms, of which the Delta commit (`seconds['commit']`: read the "
+                f"table's txn version, check the files, commit) is {commit:.0f} ms."
+            )
+    ps = [p for p in res.partitions if res.seconds("spark", p) and res.seconds("txsink", p)]
+    if ps:
+        out.append(
+            "**txsink vs Spark's Delta writer** (txsink's rate / Spark's): "
+            + ", ".join(f"{res.ratio('txsink', p, 'spark'):.2f}x at {p} partitions" for p in ps)
+            + ". Spark encodes in the JVM (no Arrow hand-over to Python workers) and commits "
+            "once per job; it records no app transaction unless `txnAppId`/`txnVersion` are "
+            "given, and then the skip of a replayed batch is Delta's, for that one table only."
+        )
+    if not res.spark_ok:
+        out.append(f"**Spark's Delta writer** was not measured: {res.spark}")
+    return out
+
+
+def render(res: Results) -> str:
+    v, mach = res.versions, res.machine
+    suffixes = ["", S3] if any(m.writer.endswith(S3) for m in res.runs) else [""]
+    parts = [
+        *_bench.header(res, "Delta Lake", "The load average counts the benchmark itself."),
+        f"- Versions: PySpark {v.get('pyspark')} (`local[2]`, {mach['java']}), Python "
+        f"{mach['python']}, pyarrow {v.get('pyarrow')}, deltalake (delta-rs) "
+        f"{v.get('deltalake')}. Spark's Delta writer: {res.spark}",
+        f"- Data: {res.rows:,} rows of the S3 benchmark's order line (`"
+        f"{', '.join(n for n, _ in s3_bench.COLUMNS)}`), generated in Spark, repartitioned and "
+        "cached before any timing. Every writer appends into its own fresh Delta table (on "
+        "local disk; with `--s3` also in a bucket on the S3 server), read back with "
+        "`deltalake.DeltaTable(...).to_pyarrow_table()` and checked (count, distinct ids, "
+        "column aggregates equal to the source's), then deleted.",
+        "- Writers: **txsink** `Coordinator([DeltaSink(path, uid, create_table=True)], "
+        "log=...).write(df, epoch=0)` (txsink log on local disk); **write_deltalake from the "
+        'driver** `write_deltalake(path, df.toArrow(), mode="append")`, what a user without '
+        "txsink writes (it collects all rows to the driver); **write_deltalake in each task** "
+        "`mapInArrow` tasks appending their partition concurrently (delta-rs retries "
+        "conflicting commits; the driver creates the empty table first, inside the timing); "
+        '**Spark** `df.write.format("delta").save(path)` with Delta\'s own jar. The feed row '
+        "is not a writer: tasks that only receive the batches.",
+        f"- Times are wall-clock per run, {res.repeat} run(s) each, after an untimed warm-up "
+        "of every writer on 50,000 rows; the ratio is against the driver append. *CPU s*: "
+        "this benchmark's process tree, the S3 server's (nan on local disk) and the rest.",
+    ]
+    for sfx in suffixes:
+        view = res if not sfx else ResultsS3(**{k: getattr(res, k) for k in vars(res)})
+        parts += _bench.blocks(
+            throughput_table(view, sfx),
+            target_table(view, sfx),
+            title="Throughput" + (" on the S3 server" if sfx else " on local disk"),
+        )
+    if any(res.seconds("txsink", p) for p in res.partitions):
+        parts += _bench.blocks(
+            "Driver phases on local disk (`EpochResult.seconds`, median; *commit* reads the "
+            "table's txn version, checks every file's size and makes the Delta commit):",
+            _bench.phase_table(res),
+            title="Where txsink's time goes",
+        )
+    if res.epochs:
+        parts += _bench.blocks(
+            f"{len(next(iter(res.epochs.values()))['wall'])} epochs of {res.epoch_rows:,} rows "
+            "(2 partitions) per writer into one table; the first epoch (warm-up: checks, "
+            "table creation, workers) is shown apart and left out of the median. txsink "
+            "through one `Coordinator` (as in a stream), the driver append by "
+            '`write_deltalake(path, df.toArrow(), mode="append")` per epoch.',
+            epochs_table(res),
+            title="Small epochs",
+        )
+    parts += _bench.bullets("Reading", reading(res, suffixes))
+    if res.void:
+        parts += _bench.bullets("Void runs", res.void)
+    return "\n".join(parts) + "\n"
+
+
+# -- main -------------------------------------------------------------------------------------
+
+
+def parser() -> _bench.BenchParser:
+    def options(p: _bench.BenchParser) -> None:
+        p.add_count("--epochs", 12, "small epochs per writer, the first a warm-up (default 12)")
+        p.add_count("--epoch-rows", 10_000, "rows per small epoch (default 10000)")
+        p.add_argument("--s3", action="store_true", help="also write to the S3 server")
+        p.add_argument("--region", default=os.environ.get("TXSINK_S3_REGION", "us-east-1"))
+
+    return _bench.BenchParser(
+        Results,
+        __doc__,
+        writers=WRITERS,
+        server=_bench.Server("--endpoint", "TXSINK_S3_ENDPOINT", "S3 endpoint", required=False),
+        options=options,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return _bench.main(argv, parser(), Results, run, render)
+
+
+def _s3_where(args: argparse.Namespace) -> Where:
+    from txsink.connectors.s3.client import make_client
+
+    if not args.endpoint:
+        raise SystemExit("--s3 needs the S3 server: set TXSINK_S3_ENDPOINT or --endpoint")
+    client = make_client()
+    bucket = f"txsink-bench-delta-{uuid.uuid4().hex[:8]}"
+    client.create_bucket(Bucket=bucket)
+    options = {"AWS_ENDPOINT_URL": args.endpoint, "AWS_REGION": args.region}
+    if args.endpoint.startswith("http://"):
+        options["AWS_ALLOW_HTTP"] = "true"
+    return Where(f"s3://{bucket}/t", options, S3, client, bucket)
+
+
+def run(res: Results, args: argparse.Namespace) -> list[str]:
+    """Every writer at every partition count, then the small epochs, into ``res``."""
+    import deltalake
+    import pyspark
+
+    if args.s3:
+        s3_bench._export_credentials(args)
+    conf: dict[str, str] = {}
+    if "spark" in args.writers:
+        _bench.log(f"probing Spark's Delta writer ({DELTA_PACKAGE}) in a child process")
+        wrote, why = probe_spark_delta()
+        jar = f"{DELTA_PACKAGE} (the newest Delta release, built on Spark 4.2)"
+        if wrote:
+            res.spark, res.spark_ok = f"{jar} through `spark.jars.packages`.", True
+            conf = {"spark.jars.packages": DELTA_PACKAGE, **DELTA_CONF}
+            if why:
+                res.spark += (
+                    f" On PySpark {pyspark.__version__} it writes tables (read back here with "
+                    f"delta-rs) but Spark cannot read them back with it: `{why}`."
+                )
+        else:
+            res.spark = (
+                f"{jar} does not run on PySpark {pyspark.__version__}: a 10-row write with it "
+                f"failed: `{why}`."
+            )
+            args.writers.remove("spark")
+        _bench.log(f"Spark's Delta writer: {res.spark}")
+    else:
+        res.spark = "not asked for (--writers)."
+    spark = _bench.spark_session("txsink-bench-delta", conf=conf)
+    res.versions = {
+        "pyspark": pyspark.__version__,
+        "pyarrow": pa.__version__,
+        "deltalake": deltalake.__version__,
+    }
+    workdir = Path(tempfile.mkdtemp(prefix="txsink-bench-delta-"))
+    places = [Where(str(workdir / "tables"), {})]
+    if args.s3:
+        places.append(_s3_where(args))
+    bench = Bench(spark, _bench.CpuMeter({"spark": os.getpid()}), workdir)
+    if args.s3:
+        bench.cpu.roots.update(s3_bench._server_pid(args.endpoint))
+    try:
+        warm = min(args.rows, 50_000)
+        _bench.log(f"warm-up (untimed): each writer once on {warm:,} rows")
+        df = s3_bench.make_frame(spark, warm, 2)
+        expected = s3_bench.spark_fingerprint(df)
+        for where in places:
+            for writer in ("feed", *args.writers):
+                if writer != "spark" or not where.suffix:
+                    measure(bench, where, writer, df, rows=warm, partitions=2,
+                            expected=expected, tag="warmup")  # fmt: skip
+        df.unpersist(blocking=True)
+        for p in args.partitions:
+            _bench.log(f"generating {args.rows:,} rows in {p} partitions")
+            df = s3_bench.make_frame(spark, args.rows, p)
+            expected = s3_bench.spark_fingerprint(df)
+            common: dict[str, Any] = {"rows": args.rows, "partitions": p, "expected": expected}
+            for rep in range(args.repeat):
+                tag = f"p{p}-r{rep}"
+                for where in places:
+                    res.runs.append(measure(bench, where, "feed", df, tag=tag, **common))
+                    for writer in _bench.swap_on_odd(args.writers, rep, "txsink", "driver"):
+                        if writer != "spark" or not where.suffix:
+                            res.runs.append(measure(bench, where, writer, df, tag=tag, **common))
+            df.unpersist(blocking=True)
+        for where in places:
+            _bench.log(f"small epochs: {args.epochs} x {args.epoch_rows:,} rows{where.suffix}")
+            run_epochs(bench, where, res, args.epochs, args.epoch_rows)
+    finally:
+        for where in places[1:]:
+            s3_bench.delete_prefix(where.client, where.bucket, "")
+            where.client.delete_bucket(Bucket=where.bucket)
+        shutil.rmtree(workdir, ignore_errors=True)
+        spark.stop()
+    return bench.void
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -162,6 +162,17 @@ def reading(res: Results, suffixes: Sequence[str]) -> list[str]:
         "appends encode in the tasks like txsink but make one Delta commit per task, so a "
         "reader can see part of an epoch and a retried task appends its rows twice."
     )
+    sizes = [(p, res.mbytes("txsink", p), res.mbytes("driver", p)) for p in res.partitions]
+    sizes = [(p, t, d) for p, t, d in sizes if t == t and d == d and d > 0]
+    if sizes:
+        each = [f"{t:.1f} MB against {d:.1f} MB ({t / d - 1:+.0%}) at {p}" for p, t, d in sizes]
+        out.append(
+            f"**Output size**: txsink's files against the driver append's: {'; '.join(each)} "
+            "partitions. DeltaSink writes one Parquet row group per Arrow batch (Spark hands "
+            "over 10,000 rows at a time); delta-rs buffers larger row groups, which encode "
+            "smaller and faster (pyarrow alone, these columns: 10,000-row groups are ~27% "
+            "larger and take ~1.7x the encoding time of one 1M-row group)."
+        )
     for p in res.partitions:
         feed = res.seconds("feed", p)
         if feed and res.seconds("txsink", p):

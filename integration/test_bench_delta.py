@@ -54,6 +54,10 @@ def test_report_ratios_verdicts_and_epoch_overhead() -> None:
     assert "txsink's overhead per epoch is +200 ms" in reading
     assert "takes 50 ms" in reading
     assert "**Spark's Delta writer** was not measured: not asked for" in reading
+    assert "**Noise**" not in reading
+    for m in res.runs:
+        m.load_before = 4.0  # twice the cores
+    assert "**Noise**: the machine was busy (median load 4.0" in render(res)
 
 
 def test_spark_error_is_the_jvm_line_shortened() -> None:

@@ -153,6 +153,16 @@ def reading(res: Results, suffixes: Sequence[str]) -> list[str]:
                 + "; ".join(f"{r:.2f}x at {p} partitions" for r, p in zip(ratios, got, strict=True))
                 + f". Target >= {TARGET}x: {verdict}."
             )
+    loads = [m.load_before for m in res.runs]
+    cores = int(res.machine.get("cores", "0") or 0)
+    if loads and cores and _bench.median(loads) > cores:
+        others = _bench.median([m.extra.get("cpu", {}).get("others", 0.0) for m in res.runs])
+        out.append(
+            f"**Noise**: the machine was busy (median load {_bench.median(loads):.1f} at the "
+            f"start of a run on {cores} cores; other jobs took {others:.1f} CPU-s per run, "
+            "median): the single runs' spread in the tables is mostly that. Rerun on a quiet "
+            "machine before reading small differences."
+        )
     out.append(
         "**What each writer does**: txsink encodes Parquet in the tasks (pyarrow, one file per "
         "task and partition value, with exact statistics for the add actions), then the "

@@ -227,32 +227,46 @@ def measure(
     return m
 
 
-def run_epochs(bench: Bench, where: Where, res: Results, epochs: int, rows: int) -> None:
-    """``epochs`` small epochs through one coordinator vs as many driver appends."""
-    from deltalake import DeltaTable, write_deltalake
+def _epoch_step(
+    bench: Bench, where: Where, writer: str, df: Any, uri: str
+) -> Callable[[int], dict[str, float]]:
+    """One small epoch of ``writer`` into ``uri``; returns txsink's phases (the append: {})."""
+    from deltalake import write_deltalake
 
     from txsink.connectors.delta import DeltaSink
+
+    if writer == "driver":
+
+        def append(epoch: int) -> dict[str, float]:
+            write_deltalake(uri, df.toArrow(), mode="append", storage_options=where.options or None)
+            return {}
+
+        return append
+    coordinator = Coordinator(
+        [DeltaSink(uri, "epochs", create_table=True, storage_options=where.options)],
+        log=str(bench.workdir / f"txlog-epochs{where.suffix}"),
+        app_id="bench-epochs",
+    )
+    return lambda epoch: dict(coordinator.write(df, epoch=epoch).seconds)
+
+
+def run_epochs(bench: Bench, where: Where, res: Results, epochs: int, rows: int) -> None:
+    """``epochs`` small epochs through one coordinator vs as many driver appends."""
+    from deltalake import DeltaTable
 
     df = s3_bench.make_frame(bench.spark, rows, 2)
     for writer in ("txsink", "driver"):
         uri = f"{where.root}/epochs-{writer}"
         walls: list[float] = []
         phases: list[dict[str, float]] = []
-        coordinator = Coordinator(
-            [DeltaSink(uri, "epochs", create_table=True, storage_options=where.options)],
-            log=str(bench.workdir / f"txlog-epochs{where.suffix}"),
-            app_id="bench-epochs",
-        )
+        step = _epoch_step(bench, where, writer, df, uri)
         try:
             for epoch in range(epochs):
                 t0 = time.perf_counter()
-                if writer == "txsink":
-                    phases.append(dict(coordinator.write(df, epoch=epoch).seconds))
-                else:
-                    write_deltalake(
-                        uri, df.toArrow(), mode="append", storage_options=where.options or None
-                    )
+                done = step(epoch)
                 walls.append(time.perf_counter() - t0)
+                if done:
+                    phases.append(done)
             table = DeltaTable(uri, storage_options=where.options or None).to_pyarrow_table()
             found = (table.num_rows, pc.count_distinct(table["id"]).as_py())
         finally:

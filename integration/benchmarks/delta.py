@@ -295,7 +295,8 @@ b = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
 for k, v in [("spark.jars.packages", sys.argv[1]), *zip(sys.argv[2::2], sys.argv[3::2])]:
     b = b.config(k, v)
 spark = b.getOrCreate()
-path = tempfile.mkdtemp() + "/t"
+tmp = tempfile.TemporaryDirectory()
+path = tmp.name + "/t"
 spark.range(10).write.format("delta").save(path)
 assert DeltaTable(path).to_pyarrow_table().num_rows == 10, "delta-rs reads back the wrong rows"
 print("WRITE-OK", flush=True)

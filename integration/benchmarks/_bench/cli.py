@@ -33,6 +33,7 @@ class Server:
     flag: str  # "--dsn"
     env: str  # "TXSINK_PG_DSN"
     what: str  # "DSN", for the error when neither is given
+    required: bool = True  # False: the server is optional (e.g. only for an extra option)
 
     @property
     def dest(self) -> str:
@@ -96,7 +97,7 @@ class BenchParser(argparse.ArgumentParser):
         if unknown:
             self.error(f"unknown writers {sorted(unknown)}; choose from {list(self.writers)}")
         server = self.server
-        if not getattr(args, server.dest) and args.render is None:
+        if server.required and not getattr(args, server.dest) and args.render is None:
             self.error(
                 f"no {server.what}: set {server.env} (integration/benchmarks/run does) "
                 f"or {server.flag}"

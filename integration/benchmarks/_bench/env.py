@@ -7,7 +7,7 @@ import platform
 import shutil
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +50,12 @@ def machine() -> dict[str, str]:
 
 
 def spark_session(
-    app_name: str, *, jars: Sequence[Path] = (), driver_memory: str = "2g", slots: int = 2
+    app_name: str,
+    *,
+    jars: Sequence[Path] = (),
+    driver_memory: str = "2g",
+    slots: int = 2,
+    conf: Mapping[str, str] | None = None,
 ) -> Any:
     """A local SparkSession for benchmarks.
 
@@ -59,7 +64,8 @@ def spark_session(
     would handicap the JVM-side writers), ``driver_memory`` for the cached input, the given
     jars, and the session time zone pinned to UTC. ``slots``: ``local[slots]`` (a
     single-pass writer runs all of an epoch's tasks at once, so it needs a slot per
-    partition; every writer of a run shares the one session).
+    partition; every writer of a run shares the one session). ``conf``: more settings
+    (e.g. ``spark.jars.packages`` and SQL extensions), set before the session starts.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -76,6 +82,8 @@ def spark_session(
     )
     if jars:
         builder = builder.config("spark.jars", ",".join(str(j) for j in jars))
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark

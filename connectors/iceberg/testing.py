@@ -127,6 +127,8 @@ class IcebergTesting(ConnectorTesting):
     env_vars: ClassVar[tuple[str, ...]] = (DSN, ENDPOINT)
     services: ClassVar[tuple[str, ...]] = ("postgres", "s3")
     variants: ClassVar[Mapping[str, Mapping[str, Any]]] = {"sql-s3": {"catalog": "postgres"}}
+    #: The default suite runs the matrix's quick cells only (the rest with --run-slow).
+    slow_variants: ClassVar[frozenset[str]] = frozenset({"sql-s3"})
 
     def child_env(self, env: Mapping[str, str]) -> dict[str, str]:
         names = (DSN, ENDPOINT, ACCESS_KEY, SECRET_KEY, REGION)

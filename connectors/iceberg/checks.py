@@ -32,7 +32,7 @@ def _allowed(source: pa.DataType, target: pa.DataType) -> bool:
     if source.equals(target) or pa.types.is_null(source):
         return True
     if pa.types.is_integer(source) and pa.types.is_integer(target):
-        return pa.types.is_signed_integer(source) and source.bit_width <= target.bit_width
+        return bool(pa.types.is_signed_integer(source) and source.bit_width <= target.bit_width)
     if pa.types.is_floating(source) and pa.types.is_floating(target):
         return bool(source.bit_width <= target.bit_width)
     strings = (pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view)
@@ -49,7 +49,9 @@ def _allowed(source: pa.DataType, target: pa.DataType) -> bool:
     return False
 
 
-def check_schema(stream: pa.Schema, table: pa.Schema, *, uid: str, connector: str, name: str) -> None:
+def check_schema(
+    stream: pa.Schema, table: pa.Schema, *, uid: str, connector: str, name: str
+) -> None:
     """Raise :class:`ConfigurationError` for a stream the table cannot take (module doc)."""
 
     def refuse(message: str, column: str) -> ConfigurationError:

@@ -23,7 +23,14 @@ from txsink.errors import CommitError, RetryableError
 if TYPE_CHECKING:
     from pyiceberg.table import Table
 
-__all__ = ["SUMMARY_APP", "SUMMARY_EPOCH", "SUMMARY_UID", "commit_files", "committed_epoch", "epoch_key"]
+__all__ = [
+    "SUMMARY_APP",
+    "SUMMARY_EPOCH",
+    "SUMMARY_UID",
+    "commit_files",
+    "committed_epoch",
+    "epoch_key",
+]
 
 _log = get_logger(__name__)
 
@@ -44,8 +51,12 @@ def committed_epoch(table: Table, app: str, uid: str) -> int:
     snapshot = table.current_snapshot()
     while snapshot is not None:  # a table whose property was removed by hand: the summaries
         summary = snapshot.summary
-        if summary is not None and summary.get(SUMMARY_APP) == app and summary.get(SUMMARY_UID) == uid:
-            return int(summary[SUMMARY_EPOCH])
+        if (
+            summary is not None
+            and summary.get(SUMMARY_APP) == app
+            and summary.get(SUMMARY_UID) == uid
+        ):
+            return int(str(summary[SUMMARY_EPOCH]))
         parent = snapshot.parent_snapshot_id
         snapshot = table.snapshot_by_id(parent) if parent is not None else None
     return -1
@@ -75,8 +86,9 @@ def commit_files(
             for prepared in handle.files:
                 entry = data_file(table, prepared)
                 if entry is None:
+                    name = prepared[0].rsplit("/", 1)[-1]
                     raise CommitError(
-                        f"cannot commit {handle.txn}: its data file {prepared[0].rsplit('/', 1)[-1]} "
+                        f"cannot commit {handle.txn}: its data file {name} "
                         "is gone and the table does not record this epoch as committed, so "
                         "its rows are lost. Was it deleted by hand or by orphan-file cleanup "
                         "(remove_orphan_files with a short older_than)?",

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
-from typing_extensions import Self, override
+from typing_extensions import override
 
 from txsink.handles import Handle, register_handle
 

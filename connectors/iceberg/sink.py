@@ -16,6 +16,7 @@ table from the stream's schema when missing).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -135,7 +136,9 @@ class IcebergSink(TwoPhaseCommitSink[_Open, IcebergHandle]):
     def prepare(self, txn: _Open) -> IcebergHandle:
         table = self._load()
         data = pa.Table.from_batches(txn.batches)
-        data = conform(data, target_arrow_schema(table.schema()), uid=self.uid, connector=self.connector)
+        data = conform(
+            data, target_arrow_schema(table.schema()), uid=self.uid, connector=self.connector
+        )
         files = write_prepared(table, txn.txn, data) if data.num_rows else ()
         return IcebergHandle(txn=txn.txn, rows=data.num_rows, nbytes=data.nbytes, files=files)
 
@@ -153,10 +156,8 @@ class IcebergSink(TwoPhaseCommitSink[_Open, IcebergHandle]):
         for path, *_ in handle.files:
             if cat.path_key(table, path) in referenced:
                 continue  # committed: never delete a file the table reads
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 table.io.delete(path)
-            except FileNotFoundError:
-                pass
 
     @override
     def list_prepared(self, app_id: str) -> Iterator[IcebergHandle]:
@@ -174,7 +175,9 @@ class IcebergSink(TwoPhaseCommitSink[_Open, IcebergHandle]):
         for txn in sorted(ours):
             left = [k for k in ours[txn] if k not in referenced]
             if left:
-                files = tuple((scheme + k, 0, table.metadata.default_spec_id, None) for k in sorted(left))
+                files = tuple(
+                    (scheme + k, 0, table.metadata.default_spec_id, None) for k in sorted(left)
+                )
                 yield IcebergHandle(txn=txn, files=files)
 
     def __repr__(self) -> str:

@@ -50,7 +50,11 @@ def _sqlalchemy_url(dsn: str) -> str:
 def catalog_properties(spec: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, str]:
     """pyiceberg catalog properties for a spec (secrets from ``env``: never print them)."""
     if spec["catalog"] == "sqlite":
-        return {"type": "sql", "uri": f"sqlite:///{spec['catalog_file']}", "warehouse": spec["warehouse"]}
+        return {
+            "type": "sql",
+            "uri": f"sqlite:///{spec['catalog_file']}",
+            "warehouse": spec["warehouse"],
+        }
     return {
         "type": "sql",
         "uri": _sqlalchemy_url(env[DSN]),
@@ -64,7 +68,9 @@ def catalog_properties(spec: Mapping[str, Any], env: Mapping[str, str]) -> dict[
 
 def _load(spec: Mapping[str, Any], env: Mapping[str, str]) -> Any:
     # A fresh catalog, as any pyiceberg reader would open it: not the sink's objects.
-    return cat.load_catalog(spec["catalog_name"], catalog_properties(spec, env)).load_table(spec["table"])
+    return cat.load_catalog(spec["catalog_name"], catalog_properties(spec, env)).load_table(
+        spec["table"]
+    )
 
 
 def _read(spec: Mapping[str, Any], env: Mapping[str, str]) -> tuple[list[int], list[int]]:
@@ -110,7 +116,9 @@ class IcebergTarget:
     guaranteed = True
     counts_rows = True
 
-    def __init__(self, spec: Mapping[str, Any], env: Mapping[str, str], name: str = "iceberg") -> None:
+    def __init__(
+        self, spec: Mapping[str, Any], env: Mapping[str, str], name: str = "iceberg"
+    ) -> None:
         self.spec, self.env, self.name = spec, env, name
 
     def sample(self, epoch_of: Mapping[int, int]) -> Snapshot:
@@ -199,7 +207,9 @@ class IcebergTesting(ConnectorTesting):
 
             client = make_client(client_options(env))
             prefix = str(spec["warehouse"]).split(f"{BUCKET}/", 1)[1] + "/"
-            for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix):
+            for page in client.get_paginator("list_objects_v2").paginate(
+                Bucket=BUCKET, Prefix=prefix
+            ):
                 keys = [{"Key": o["Key"]} for o in page.get("Contents", []) if "Key" in o]
                 if keys:
                     client.delete_objects(Bucket=BUCKET, Delete={"Objects": keys})  # type: ignore[typeddict-item]
@@ -211,7 +221,9 @@ def _schema() -> Any:
     from pyiceberg.types import DoubleType, LongType, NestedField, StringType
 
     types = {"id": LongType(), "key": StringType(), "amount": DoubleType(), "payload": StringType()}
-    return Schema(*(NestedField(n, f.name, types[f.name], required=False) for n, f in enumerate(SCHEMA, 1)))
+    return Schema(
+        *(NestedField(n, f.name, types[f.name], required=False) for n, f in enumerate(SCHEMA, 1))
+    )
 
 
 def _spec(options: Mapping[str, Any]) -> Any:
@@ -226,7 +238,9 @@ def _spec(options: Mapping[str, Any]) -> Any:
     fields = []
     for n, item in enumerate(wanted):
         kind, column = item.split(":")
-        transform: Any = BucketTransform(int(kind[6:])) if kind.startswith("bucket") else IdentityTransform()
+        transform: Any = (
+            BucketTransform(int(kind[6:])) if kind.startswith("bucket") else IdentityTransform()
+        )
         fields.append(PartitionField(ids[column], 1000 + n, transform, f"{column}_{kind}"))
     return PartitionSpec(*fields)
 

@@ -200,3 +200,67 @@ def test_unreachable_catalog_hides_the_uri(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError) as err:
         IcebergSink(props, "ns.t", uid="u").check(SCHEMA, "app")
     assert "s3cret" not in str(err.value) and "catalog" in str(err.value)
+
+
+def test_unknown_commit_outcome_is_read_back_not_assumed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pyiceberg.exceptions import CommitStateUnknownException
+    from pyiceberg.table import Transaction
+
+    run, spec, sink = _run(tmp_path)
+    handles = run.prepare(sink, 0, [[1, 2], [3]])
+    real = Transaction.commit_transaction
+    calls: list[str] = []
+
+    def landed_but_lost(self: Transaction) -> Any:
+        calls.append("landed")
+        real(self)  # the snapshot lands, the answer is lost
+        raise CommitStateUnknownException("the answer was lost")
+
+    monkeypatch.setattr(Transaction, "commit_transaction", landed_but_lost)
+    run.commit(sink, 0, handles)
+    assert calls == ["landed"]  # read back: committed, so no second append
+    monkeypatch.undo()
+    seen, lingering = run.seen(spec, [1, 2, 3])
+    contract.assert_exactly_once([1, 2, 3], seen, lingering=lingering)
+
+    handles = run.prepare(sink, 1, [[4]])
+
+    def lost_before_landing(self: Transaction) -> Any:
+        calls.append("lost")
+        if calls.count("lost") == 1:
+            raise CommitStateUnknownException("cut before the catalog saw it")
+        return real(self)
+
+    monkeypatch.setattr(Transaction, "commit_transaction", lost_before_landing)
+    run.commit(sink, 1, handles)
+    assert calls.count("lost") == 2  # read back: not committed, so committed again
+    monkeypatch.undo()
+    seen, lingering = run.seen(spec, [1, 2, 3, 4])
+    contract.assert_exactly_once([1, 2, 3, 4], seen, lingering=lingering)
+
+
+def test_concurrent_commit_is_retried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pyiceberg.exceptions import CommitFailedException
+    from pyiceberg.table import Transaction
+
+    run, spec, sink = _run(tmp_path)
+    handles = run.prepare(sink, 0, [[1, 2]])
+    real = Transaction.commit_transaction
+    other = ADAPTER.build_sink(spec, {})
+    raced: list[int] = []
+
+    def race(self: Transaction) -> Any:
+        if not raced:  # another writer appends first: this commit loses the race
+            raced.append(1)
+            monkeypatch.setattr(Transaction, "commit_transaction", real)
+            other._load().append(pa.Table.from_batches([contract.rows([500])]))
+            raise CommitFailedException("Table has been updated by another process")
+        return real(self)
+
+    monkeypatch.setattr(Transaction, "commit_transaction", race)
+    run.commit(sink, 0, handles)
+    monkeypatch.undo()
+    seen, _ = run.seen(spec)
+    assert sorted(seen) == [1, 2, 500]

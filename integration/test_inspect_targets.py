@@ -25,7 +25,12 @@ from txsink.inspect import epoch_table, log_table, read_log
 pytestmark = [pytest.mark.postgres, pytest.mark.kafka, pytest.mark.s3, pytest.mark.spark]
 
 ROWS, FILES = 300, 3
-SERIALIZERS = {"kafka": "kafka.wal", "postgres": "postgres.prepared", "s3": "s3.multipart"}
+SERIALIZERS = {
+    "kafka": "kafka.wal",
+    "postgres": "postgres.prepared",
+    "s3": "s3.multipart",
+    "iceberg": "iceberg.files",
+}
 
 #: The pipeline file an operator would point --pipeline at: the same sinks, built from
 #: specs that name no secret; servers and credentials come from the environment.

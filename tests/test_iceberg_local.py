@@ -264,3 +264,25 @@ def test_concurrent_commit_is_retried(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.undo()
     seen, _ = run.seen(spec)
     assert sorted(seen) == [1, 2, 500]
+
+
+def test_data_source_options_build_the_sink(tmp_path: Path) -> None:
+    import json
+
+    from txsink._dsoptions import parse_options
+    from txsink.connectors.iceberg.sink import IcebergSink
+
+    props = {"type": "sql", "uri": f"sqlite:///{tmp_path}/c.db", "warehouse": tmp_path.as_uri()}
+    config = parse_options(
+        {
+            "connector": "iceberg",
+            "catalog": json.dumps(props),
+            "table": "ns.t",
+            "uid": "ds",
+            "create": "true",
+            "log": str(tmp_path / "log"),
+        }
+    )
+    assert isinstance(config.sink, IcebergSink)
+    assert config.sink.catalog_properties == props and config.sink.create is True
+    config.sink.check(SCHEMA, "app")  # creates the table

@@ -23,7 +23,7 @@ CONNECTORS = ROOT / "connectors"
 #: Names a core module must not use outside docstrings and comments: the connectors and
 #: their client libraries.
 CONNECTOR_WORDS = re.compile(
-    r"kafka|postgres|psycopg|confluent|\bboto|\bs3a?\b|minio|\bdelta(?:lake)?\b", re.I
+    r"kafka|postgres|psycopg|confluent|\bboto|\bs3a?\b|minio|\bdelta(?:lake)?\b|iceberg", re.I
 )
 MAX_LINES = 500
 

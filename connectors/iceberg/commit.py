@@ -1,0 +1,140 @@
+"""The epoch's commit: one Iceberg table transaction appending every file of the epoch and
+recording the epoch, in the table's own metadata, in the same atomic step.
+
+"Already committed" is the table property ``txsink.<app>.<uid>.committed-epoch`` (it
+survives snapshot expiry, unlike the snapshot summary, which also carries app, uid and
+epoch for people and other tools). It is read before committing and again after any
+failure whose outcome is unknown; a concurrent commit by another writer (appends do not
+conflict) is retried on the refreshed table.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from txsink._logging import get_logger
+from txsink.connectors.iceberg.catalog import describe
+from txsink.connectors.iceberg.files import data_file
+from txsink.connectors.iceberg.handles import IcebergHandle
+from txsink.errors import CommitError, RetryableError
+
+if TYPE_CHECKING:
+    from pyiceberg.table import Table
+
+__all__ = [
+    "SUMMARY_APP",
+    "SUMMARY_EPOCH",
+    "SUMMARY_UID",
+    "commit_files",
+    "committed_epoch",
+    "epoch_key",
+]
+
+_log = get_logger(__name__)
+
+SUMMARY_APP, SUMMARY_UID, SUMMARY_EPOCH = "txsink.app", "txsink.uid", "txsink.epoch"
+ATTEMPTS = 8
+
+
+def epoch_key(app: str, uid: str) -> str:
+    """The table property holding the last epoch committed by ``app``'s sink ``uid``."""
+    return f"txsink.{app}.{uid}.committed-epoch"
+
+
+def committed_epoch(table: Table, app: str, uid: str) -> int:
+    """The last epoch the table says ``app``'s sink ``uid`` committed (-1: none)."""
+    value = table.properties.get(epoch_key(app, uid))
+    if value is not None:
+        return int(value)
+    snapshot = table.current_snapshot()
+    while snapshot is not None:  # a table whose property was removed by hand: the summaries
+        summary = snapshot.summary
+        if (
+            summary is not None
+            and summary.get(SUMMARY_APP) == app
+            and summary.get(SUMMARY_UID) == uid
+        ):
+            return int(str(summary[SUMMARY_EPOCH]))
+        parent = snapshot.parent_snapshot_id
+        snapshot = table.snapshot_by_id(parent) if parent is not None else None
+    return -1
+
+
+def commit_files(
+    load: Callable[[], Table],
+    epoch: int,
+    handles: Sequence[IcebergHandle],
+    *,
+    uid: str,
+    connector: str,
+) -> None:
+    """Make ``handles`` visible as one snapshot, unless the table says it already is."""
+    from pyiceberg.exceptions import CommitFailedException
+
+    app = handles[0].txn.app
+    log = _log.bind(uid=uid, epoch=epoch)
+    for attempt in range(ATTEMPTS):
+        table = load()
+        done = committed_epoch(table, app, uid)
+        if done >= epoch:
+            log.info("epoch already committed in the table (its committed epoch is %d)", done)
+            return
+        files = []
+        for handle in handles:
+            for prepared in handle.files:
+                entry = data_file(table, prepared)
+                if entry is None:
+                    name = prepared[0].rsplit("/", 1)[-1]
+                    raise CommitError(
+                        f"cannot commit {handle.txn}: its data file {name} "
+                        "is gone and the table does not record this epoch as committed, so "
+                        "its rows are lost. Was it deleted by hand or by orphan-file cleanup "
+                        "(remove_orphan_files with a short older_than)?",
+                        sink_uid=uid,
+                        epoch=epoch,
+                        partition=handle.txn.partition,
+                        connector=connector,
+                        phase="commit",
+                    )
+                files.append(entry)
+        summary = {SUMMARY_APP: app, SUMMARY_UID: uid, SUMMARY_EPOCH: str(epoch)}
+        try:
+            tx = table.transaction()
+            tx.set_properties({epoch_key(app, uid): str(epoch)})
+            with tx.update_snapshot(snapshot_properties=summary).fast_append() as append:
+                for entry in files:
+                    append.append_data_file(entry)
+            tx.commit_transaction()
+        except CommitFailedException:
+            log.info("concurrent commit on the table; retrying on its new state (%d)", attempt)
+            time.sleep(min(0.05 * 2**attempt, 2.0))
+            continue
+        except Exception as exc:  # commit state unknown, a cut connection...: look, never assume
+            log.warning("commit outcome unknown (%s): reading the table back", describe(exc))
+            try:
+                if committed_epoch(load(), app, uid) >= epoch:
+                    return
+            except Exception as again:
+                raise RetryableError(
+                    f"the Iceberg commit's outcome is unknown ({describe(exc)}) and the table "
+                    f"cannot be read back ({describe(again)}): the next run decides from the "
+                    "table; check the catalog is reachable",
+                    sink_uid=uid,
+                    epoch=epoch,
+                    connector=connector,
+                    phase="commit",
+                ) from None
+            time.sleep(min(0.05 * 2**attempt, 2.0))
+            continue
+        log.info("committed %d data file(s) as one snapshot", len(files))
+        return
+    raise RetryableError(
+        f"the Iceberg commit did not go through in {ATTEMPTS} attempts (other writers kept "
+        "committing, or the catalog kept failing): the decision stands, the next run retries",
+        sink_uid=uid,
+        epoch=epoch,
+        connector=connector,
+        phase="commit",
+    )

@@ -1,0 +1,184 @@
+"""Exactly-once into an Apache Iceberg table, on pyiceberg.
+
+    prepare  (task)   the partition's rows as Parquet data files in the table's data
+                      location, named after the transaction (:mod:`.naming`): durable, and
+                      invisible (no snapshot references them)
+    commit   (driver) one table transaction per epoch: append every file of the epoch and
+                      set ``txsink.<app>.<uid>.committed-epoch`` (:mod:`.commit`)
+    abort             delete the handle's files
+    recover           ``list_prepared`` lists the data location for transaction-named files
+                      of this app and sink that no snapshot references
+
+Options: ``catalog`` (pyiceberg catalog properties: ``type``, ``uri``, ``warehouse``,
+``s3.*``...), ``table`` (``namespace.name``), ``catalog_name``, ``create`` (create the
+table from the stream's schema when missing).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import pyarrow as pa
+from typing_extensions import override
+
+from txsink import Handle, TwoPhaseCommitSink, TxnId
+from txsink._logging import get_logger
+from txsink.connectors.iceberg import catalog as cat
+from txsink.connectors.iceberg.checks import check_schema, conform, target_arrow_schema
+from txsink.connectors.iceberg.commit import commit_files
+from txsink.connectors.iceberg.files import write_prepared
+from txsink.connectors.iceberg.handles import IcebergHandle
+from txsink.connectors.iceberg.naming import txn_of
+from txsink.contract import EpochCommit
+from txsink.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.table import Table
+
+__all__ = ["IcebergSink"]
+
+_log = get_logger(__name__)
+
+
+@dataclass
+class _Open:
+    txn: TxnId
+    batches: list[pa.RecordBatch] = field(default_factory=list)
+
+
+class IcebergSink(TwoPhaseCommitSink[_Open, IcebergHandle]):
+    """Exactly-once appends into the Iceberg table ``table`` (see the module doc)."""
+
+    connector: ClassVar[str] = "iceberg"
+    handle_type: ClassVar[type[Handle]] = IcebergHandle
+
+    def __init__(
+        self,
+        catalog: Mapping[str, str],
+        table: str,
+        uid: str,
+        *,
+        catalog_name: str = "txsink",
+        create: bool = False,
+        **options: Any,
+    ) -> None:
+        super().__init__(uid, **options)
+        self.catalog_properties = dict(catalog)
+        self.table = table
+        self.catalog_name = catalog_name
+        self.create = create
+        self._catalog: Catalog | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_catalog"] = None  # connections stay where they were opened
+        return state
+
+    def _cat(self) -> Catalog:
+        if self._catalog is None:
+            try:
+                self._catalog = cat.load_catalog(self.catalog_name, self.catalog_properties)
+            except Exception as exc:
+                raise ConfigurationError(
+                    f"cannot open Iceberg catalog {self.catalog_name!r} ({cat.describe(exc)}): "
+                    "check its 'type', 'uri' and credentials, and that the server is reachable",
+                    sink_uid=self.uid,
+                    connector=self.connector,
+                ) from None
+        return self._catalog
+
+    def _load(self) -> Table:
+        return cat.load_table(self._cat(), self.table, uid=self.uid, connector=self.connector)
+
+    @override
+    def check(self, schema: pa.Schema, app_id: str) -> None:
+        from pyiceberg.exceptions import NoSuchTableError
+
+        catalog = self._cat()
+        try:
+            table = catalog.load_table(self.table)
+        except NoSuchTableError:
+            if not self.create:
+                table = self._load()  # raises the ConfigurationError
+            else:
+                namespace = self.table.rsplit(".", 1)[0]
+                catalog.create_namespace_if_not_exists(namespace)
+                table = catalog.create_table_if_not_exists(self.table, schema=schema)
+                _log.bind(uid=self.uid).info("created Iceberg table %s", self.table)
+        except Exception as exc:
+            raise ConfigurationError(
+                f"cannot reach Iceberg catalog {self.catalog_name!r} ({cat.describe(exc)}): "
+                "check its 'uri' and credentials, and that the server is up",
+                sink_uid=self.uid,
+                connector=self.connector,
+            ) from None
+        check_schema(
+            schema,
+            target_arrow_schema(table.schema()),
+            uid=self.uid,
+            connector=self.connector,
+            name=self.table,
+        )
+
+    @override
+    def begin(self, txn: TxnId, schema: pa.Schema) -> _Open:
+        return _Open(txn)
+
+    @override
+    def write(self, txn: _Open, batch: pa.RecordBatch) -> None:
+        txn.batches.append(batch)
+
+    @override
+    def prepare(self, txn: _Open) -> IcebergHandle:
+        table = self._load()
+        data = pa.Table.from_batches(txn.batches)
+        data = conform(
+            data, target_arrow_schema(table.schema()), uid=self.uid, connector=self.connector
+        )
+        files = write_prepared(table, txn.txn, data) if data.num_rows else ()
+        return IcebergHandle(txn=txn.txn, rows=data.num_rows, nbytes=data.nbytes, files=files)
+
+    @override
+    def commit_epoch(self, request: EpochCommit[IcebergHandle]) -> None:
+        handles = [h for h in request.handles if h.files]
+        if handles:
+            commit_files(self._load, request.epoch, handles, uid=self.uid, connector=self.connector)
+        request.committed(request.handles)
+
+    @override
+    def abort(self, handle: IcebergHandle) -> None:
+        table = self._load()
+        referenced = cat.referenced(table)
+        for path, *_ in handle.files:
+            if cat.path_key(table, path) in referenced:
+                continue  # committed: never delete a file the table reads
+            with contextlib.suppress(FileNotFoundError):
+                table.io.delete(path)
+
+    @override
+    def list_prepared(self, app_id: str) -> Iterator[IcebergHandle]:
+        table = self._load()
+        ours: dict[TxnId, list[str]] = {}
+        for key in cat.list_files(table):
+            txn = txn_of(key)
+            if txn is not None and txn.belongs_to(app_id, self.uid):
+                ours.setdefault(txn, []).append(key)
+        if not ours:
+            return
+        referenced = cat.referenced(table)
+        location = cat.data_location(table)
+        scheme = location.split("://", 1)[0] + "://" if "://" in location else ""
+        for txn in sorted(ours):
+            left = [k for k in ours[txn] if k not in referenced]
+            if left:
+                files = tuple(
+                    (scheme + k, 0, table.metadata.default_spec_id, None) for k in sorted(left)
+                )
+                yield IcebergHandle(txn=txn, files=files)
+
+    def __repr__(self) -> str:
+        return f"IcebergSink(table={self.table!r}, uid={self.uid!r})"

@@ -1,0 +1,288 @@
+"""The Iceberg connector on a local SQLite catalog and a local warehouse (no servers): the
+contract suite, the epoch recorded in the table, partitioned tables, schema checks, recovery."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from txsink.connectors.iceberg import IcebergHandle
+from txsink.connectors.iceberg import catalog as cat
+from txsink.connectors.iceberg.commit import epoch_key
+from txsink.connectors.iceberg.naming import txn_of
+from txsink.connectors.iceberg.testing import ADAPTER, IcebergVerifier
+from txsink.errors import CommitError, ConfigurationError
+from txsink.handles import Handle
+from txsink.testing import contract
+from txsink.testing.contract import SCHEMA
+
+pytest.importorskip("pyiceberg")
+
+LOCAL = {"catalog": "sqlite"}
+
+
+def _iceberg(handles: list[Handle]) -> list[IcebergHandle]:
+    return [h for h in handles if isinstance(h, IcebergHandle)]
+
+
+@pytest.mark.parametrize("check", contract.CHECKS, ids=contract.CHECK_NAMES)
+def test_contract_local(check: Callable[[contract.ContractRun], None], tmp_path: Path) -> None:
+    check(contract.ContractRun(ADAPTER, tmp_path, env={}, options=LOCAL))
+
+
+def _run(tmp_path: Path, **options: Any) -> tuple[contract.ContractRun, dict[str, Any], Any]:
+    run = contract.ContractRun(ADAPTER, tmp_path, env={}, options={**LOCAL, **options})
+    spec, sink = run.target()
+    return run, spec, sink
+
+
+def test_epoch_in_table_properties_and_summary(tmp_path: Path) -> None:
+    run, spec, sink = _run(tmp_path)
+    run.commit(sink, 0, run.prepare(sink, 0, [[1, 2], [3]]))
+    run.commit(sink, 1, run.prepare(sink, 1, [[4]]))
+    table = sink._load()
+    assert table.properties[epoch_key(run.app_id, sink.uid)] == "1"
+    summary = table.current_snapshot().summary
+    assert summary["txsink.epoch"] == "1" and summary["txsink.app"] == run.app_id
+    assert len(table.snapshots()) == 2  # one snapshot per epoch
+    assert IcebergVerifier(spec, {}).epochs() == 2
+
+
+def test_replayed_epoch_is_skipped_by_the_table_property(tmp_path: Path) -> None:
+    run, spec, sink = _run(tmp_path)
+    run.commit(sink, 0, run.prepare(sink, 0, [[1, 2]]))
+    # A replay of epoch 0 (another attempt, new files): the property says it is done.
+    again = run.prepare(sink, 0, [[1, 2]], round_=1)
+    run.commit(sink, 0, again)
+    seen, _ = run.seen(spec)
+    assert sorted(seen) == [1, 2]
+    assert len(sink._load().snapshots()) == 1
+
+
+def test_commit_of_deleted_files_raises(tmp_path: Path) -> None:
+    run, _spec, sink = _run(tmp_path)
+    handles = run.prepare(sink, 0, [[1, 2]])
+    sink._load().io.delete(_iceberg(handles)[0].files[0][0])
+    with pytest.raises(CommitError, match="is gone"):
+        run.commit(sink, 0, handles)
+
+
+def test_recovery_deletes_unreferenced_files_only(tmp_path: Path) -> None:
+    run, spec, sink = _run(tmp_path)
+    run.commit(sink, 0, run.prepare(sink, 0, [[1, 2]]))
+    run.prepare(sink, 1, [[3], [4]])  # prepared, never decided: orphans
+    listed = list(sink.list_prepared(run.app_id))
+    assert sorted(h.txn.partition for h in listed) == [0, 1]
+    assert all(h.txn.epoch == 1 for h in listed)
+    for handle in listed:
+        sink.abort(handle)
+    table = sink._load()
+    keys = [k for k in cat.list_files(table) if txn_of(k) is not None]
+    assert len(keys) == 1  # the committed epoch's file stays
+    seen, lingering = run.seen(spec, [1, 2])
+    assert (sorted(seen), lingering) == ([1, 2], 0)
+
+
+@pytest.mark.parametrize(
+    "partition", [["identity:key"], ["bucket4:id"], ["identity:key", "bucket2:id"]]
+)
+def test_partitioned_tables(tmp_path: Path, partition: list[str]) -> None:
+    run, spec, sink = _run(tmp_path, partition=partition)
+    ids = list(range(40))
+    handles = run.prepare(sink, 0, [ids[:25], ids[25:]])
+    assert sum(len(h.files) for h in _iceberg(handles)) > 2  # split by partition value
+    run.commit(sink, 0, handles)
+    seen, lingering = run.seen(spec, ids)
+    contract.assert_exactly_once(ids, seen, lingering=lingering)
+    table = sink._load()
+    # pyiceberg prunes by the partition values txsink recorded: they must be right.
+    got = table.scan(row_filter="key = 'k3'", selected_fields=("id",)).to_arrow()
+    assert sorted(got["id"].to_pylist()) == [3]
+
+
+def test_day_partitioned_table(tmp_path: Path) -> None:
+    from pyiceberg.partitioning import PartitionField, PartitionSpec
+    from pyiceberg.transforms import DayTransform
+
+    from txsink.connectors.iceberg.sink import IcebergSink
+
+    props = {"type": "sql", "uri": f"sqlite:///{tmp_path}/c.db", "warehouse": tmp_path.as_uri()}
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import LongType, NestedField, TimestampType
+
+    schema = Schema(NestedField(1, "id", LongType()), NestedField(2, "at", TimestampType()))
+    catalog = cat.load_catalog("day", props)
+    catalog.create_namespace("ns")
+    catalog.create_table(
+        "ns.t",
+        schema=schema,
+        partition_spec=PartitionSpec(PartitionField(2, 1000, DayTransform(), "at_day")),
+    )
+    sink = IcebergSink(props, "ns.t", uid="day", catalog_name="day")
+    stream = pa.schema([("id", pa.int32()), ("at", pa.timestamp("ns"))])  # promoted and cast
+    sink.check(stream, "app")
+    from txsink.txid import TxnId
+
+    open_ = sink.begin(TxnId("app", "day", 0, 0, 0, 1), stream)
+    day = 86_400 * 10**9
+    sink.write(
+        open_, pa.RecordBatch.from_pydict({"id": [1, 2, 3], "at": [0, day, day + 5]}, schema=stream)
+    )
+    handle = sink.prepare(open_)
+    assert len(handle.files) == 2
+    contract.commit(sink, 0, [handle])
+    assert sorted(sink._load().scan().to_arrow()["id"].to_pylist()) == [1, 2, 3]
+
+
+@pytest.mark.parametrize(
+    ("stream", "column", "match"),
+    [
+        (pa.schema([("id", pa.int64()), ("nope", pa.string())]), "nope", "has no column 'nope'"),
+        (pa.schema([("id", pa.string())]), "id", "does not promote"),
+        (pa.schema([("id", pa.float64())]), "id", "does not promote"),
+    ],
+)
+def test_schema_checks(tmp_path: Path, stream: pa.Schema, column: str, match: str) -> None:
+    *_, sink = _run(tmp_path)
+    with pytest.raises(ConfigurationError, match=match) as err:
+        sink.check(stream, "app")
+    assert err.value.column == column and err.value.sink_uid == sink.uid
+
+
+def test_required_columns(tmp_path: Path) -> None:
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import LongType, NestedField, StringType
+
+    from txsink.connectors.iceberg.sink import IcebergSink
+
+    props = {"type": "sql", "uri": f"sqlite:///{tmp_path}/c.db", "warehouse": tmp_path.as_uri()}
+    catalog = cat.load_catalog("req", props)
+    catalog.create_namespace("ns")
+    catalog.create_table(
+        "ns.t",
+        schema=Schema(
+            NestedField(1, "id", LongType(), required=True),
+            NestedField(2, "note", StringType(), required=False),
+        ),
+    )
+    sink = IcebergSink(props, "ns.t", uid="req", catalog_name="req")
+    with pytest.raises(ConfigurationError, match="required column 'id' is missing"):
+        sink.check(pa.schema([("note", pa.string())]), "app")
+    with pytest.raises(
+        ConfigurationError, match=r"required \(NOT NULL\) in the table but nullable"
+    ):
+        sink.check(pa.schema([("id", pa.int64())]), "app")
+    sink.check(pa.schema([pa.field("id", pa.int64(), nullable=False)]), "app")  # note: optional
+
+
+def test_missing_table_and_create(tmp_path: Path) -> None:
+    from txsink.connectors.iceberg.sink import IcebergSink
+
+    props = {"type": "sql", "uri": f"sqlite:///{tmp_path}/c.db", "warehouse": tmp_path.as_uri()}
+    with pytest.raises(ConfigurationError, match="does not exist"):
+        IcebergSink(props, "ns.t", uid="u").check(SCHEMA, "app")
+    IcebergSink(props, "ns.t", uid="u", create=True).check(SCHEMA, "app")
+    assert cat.load_catalog("txsink", props).load_table("ns.t").schema().find_field("payload")
+
+
+def test_unreachable_catalog_hides_the_uri(tmp_path: Path) -> None:
+    from txsink.connectors.iceberg.sink import IcebergSink
+
+    props = {
+        "type": "sql",
+        "uri": "postgresql+psycopg://u:s3cret@127.0.0.1:1/db",
+        "warehouse": tmp_path.as_uri(),
+    }
+    with pytest.raises(ConfigurationError) as err:
+        IcebergSink(props, "ns.t", uid="u").check(SCHEMA, "app")
+    assert "s3cret" not in str(err.value) and "catalog" in str(err.value)
+
+
+def test_unknown_commit_outcome_is_read_back_not_assumed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pyiceberg.exceptions import CommitStateUnknownException
+    from pyiceberg.table import Transaction
+
+    run, spec, sink = _run(tmp_path)
+    handles = run.prepare(sink, 0, [[1, 2], [3]])
+    real = Transaction.commit_transaction
+    calls: list[str] = []
+
+    def landed_but_lost(self: Transaction) -> Any:
+        calls.append("landed")
+        real(self)  # the snapshot lands, the answer is lost
+        raise CommitStateUnknownException("the answer was lost")
+
+    monkeypatch.setattr(Transaction, "commit_transaction", landed_but_lost)
+    run.commit(sink, 0, handles)
+    assert calls == ["landed"]  # read back: committed, so no second append
+    monkeypatch.undo()
+    seen, lingering = run.seen(spec, [1, 2, 3])
+    contract.assert_exactly_once([1, 2, 3], seen, lingering=lingering)
+
+    handles = run.prepare(sink, 1, [[4]])
+
+    def lost_before_landing(self: Transaction) -> Any:
+        calls.append("lost")
+        if calls.count("lost") == 1:
+            raise CommitStateUnknownException("cut before the catalog saw it")
+        return real(self)
+
+    monkeypatch.setattr(Transaction, "commit_transaction", lost_before_landing)
+    run.commit(sink, 1, handles)
+    assert calls.count("lost") == 2  # read back: not committed, so committed again
+    monkeypatch.undo()
+    seen, lingering = run.seen(spec, [1, 2, 3, 4])
+    contract.assert_exactly_once([1, 2, 3, 4], seen, lingering=lingering)
+
+
+def test_concurrent_commit_is_retried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pyiceberg.exceptions import CommitFailedException
+    from pyiceberg.table import Transaction
+
+    run, spec, sink = _run(tmp_path)
+    handles = run.prepare(sink, 0, [[1, 2]])
+    real = Transaction.commit_transaction
+    other = ADAPTER.build_sink(spec, {})
+    raced: list[int] = []
+
+    def race(self: Transaction) -> Any:
+        if not raced:  # another writer appends first: this commit loses the race
+            raced.append(1)
+            monkeypatch.setattr(Transaction, "commit_transaction", real)
+            other._load().append(pa.Table.from_batches([contract.rows([500])]))
+            raise CommitFailedException("Table has been updated by another process")
+        return real(self)
+
+    monkeypatch.setattr(Transaction, "commit_transaction", race)
+    run.commit(sink, 0, handles)
+    monkeypatch.undo()
+    seen, _ = run.seen(spec)
+    assert sorted(seen) == [1, 2, 500]
+
+
+def test_data_source_options_build_the_sink(tmp_path: Path) -> None:
+    import json
+
+    from txsink._dsoptions import parse_options
+    from txsink.connectors.iceberg.sink import IcebergSink
+
+    props = {"type": "sql", "uri": f"sqlite:///{tmp_path}/c.db", "warehouse": tmp_path.as_uri()}
+    config = parse_options(
+        {
+            "connector": "iceberg",
+            "catalog": json.dumps(props),
+            "table": "ns.t",
+            "uid": "ds",
+            "create": "true",
+            "log": str(tmp_path / "log"),
+        }
+    )
+    assert isinstance(config.sink, IcebergSink)
+    assert config.sink.catalog_properties == props and config.sink.create is True
+    config.sink.check(SCHEMA, "app")  # creates the table

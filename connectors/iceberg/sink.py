@@ -28,7 +28,7 @@ from txsink import Handle, TwoPhaseCommitSink, TxnId
 from txsink._logging import get_logger
 from txsink.connectors.iceberg import catalog as cat
 from txsink.connectors.iceberg.checks import check_schema, conform, target_arrow_schema
-from txsink.connectors.iceberg.commit import commit_files
+from txsink.connectors.iceberg.commit import commit_files, committed_epoch
 from txsink.connectors.iceberg.files import write_prepared
 from txsink.connectors.iceberg.handles import IcebergHandle
 from txsink.connectors.iceberg.naming import txn_of
@@ -158,6 +158,11 @@ class IcebergSink(TwoPhaseCommitSink[_Open, IcebergHandle]):
                 continue  # committed: never delete a file the table reads
             with contextlib.suppress(FileNotFoundError):
                 table.io.delete(path)
+
+    @override
+    def recorded_epoch(self, app_id: str) -> int | None:
+        found = committed_epoch(self._load(), app_id, self.uid)
+        return None if found < 0 else found
 
     @override
     def list_prepared(self, app_id: str) -> Iterator[IcebergHandle]:

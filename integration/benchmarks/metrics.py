@@ -9,8 +9,9 @@ after epoch, as a stream does. Writers: **none** (no metrics), **prometheus**
 (``PrometheusMetrics(port=0)``: the HTTP endpoint served on the driver and scraped over
 HTTP after every epoch, as a Prometheus server would, on its own schedule, scrape it),
 **otel** (``OTelMetrics()`` with the OpenTelemetry SDK configured and an in-memory
-reader collecting after every epoch). The three take turns epoch by epoch (round-robin, so
-drift in the machine's load hits each the same), the first round is a warm-up. Every
+reader collecting after every epoch). The three take turns epoch by epoch, the order of each
+round rotated (so drift in the machine's load, and whatever the first place in a round
+costs, hits each the same); the first round is a warm-up. Every
 output is read back: the rows must be exact; the Prometheus counters must equal them.
 """
 
@@ -84,7 +85,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         tmp = Path(folder)
         writers = _writers(tmp)
         for epoch in range(args.epochs):
-            for name in WRITERS:
+            shift = epoch % len(WRITERS)  # each writer takes each place in the round in turn
+            for name in WRITERS[shift:] + WRITERS[:shift]:
                 coordinator, read = writers[name]
                 t0 = time.perf_counter()
                 coordinator.write(df, epoch=epoch)

@@ -50,6 +50,53 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _accepts(port: int) -> bool:
+    """Something listens on 127.0.0.1:``port``."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+@dataclass
+class _Server:
+    """A server of a test's own in ``folder``: :meth:`kill` SIGKILLs the process group it
+    was spawned in (:meth:`_spawn`), :meth:`stop` kills it and deletes its folder."""
+
+    folder: Path
+    port: int = field(default_factory=_free_port)
+    proc: subprocess.Popen[bytes] | None = None
+    kills: int = 0
+
+    def _spawn(self, cmd: list[str], log: str, env: dict[str, str] | None = None) -> None:
+        with open(self.folder / log, "ab") as out:
+            self.proc = subprocess.Popen(
+                cmd,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # its own group: kill() takes all its processes
+                cwd=self.folder,
+            )
+
+    def running(self) -> bool:
+        return _accepts(self.port)
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(30)
+        self.kills += 1
+
+    def stop(self) -> None:
+        """Kill it and delete its folder (a test's end)."""
+        self.kill()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
 def _alive(pid: int) -> bool:
     """Running (a zombie, dead but not reaped, is not)."""
     try:
@@ -60,12 +107,9 @@ def _alive(pid: int) -> bool:
 
 
 @dataclass
-class CrashablePostgres:
-    """One private PostgreSQL cluster: :attr:`dsn`, :meth:`kill`, :meth:`start`, :meth:`stop`."""
-
-    folder: Path
-    port: int = field(default_factory=_free_port)
-    kills: int = 0
+class CrashablePostgres(_Server):
+    """One private PostgreSQL cluster: :attr:`dsn`, :meth:`kill`, :meth:`start`, :meth:`stop`
+    (``pg_ctl`` detaches the postmaster: its processes are found by parent, not by group)."""
 
     @classmethod
     def create(cls) -> CrashablePostgres:
@@ -145,13 +189,6 @@ class CrashablePostgres:
                         found.append(int(entry.name))
         return found
 
-    def running(self) -> bool:
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=1):
-                return True
-        except OSError:
-            return False
-
     def start(self) -> None:
         """Start (again): crash recovery replays the WAL, prepared transactions come back."""
         log = self.folder / "postgres.log"
@@ -175,22 +212,12 @@ class CrashablePostgres:
         (self.data / "postmaster.pid").unlink(missing_ok=True)
         self.kills += 1
 
-    def stop(self) -> None:
-        """Kill it and delete its folder (a test's end)."""
-        self.kill()
-        shutil.rmtree(self.folder, ignore_errors=True)
-
 
 @dataclass
-class CrashableMinio:
+class CrashableMinio(_Server):
     """One private MinIO server: :attr:`endpoint`, :meth:`kill`, :meth:`start`, :meth:`stop`."""
 
-    folder: Path
-    port: int = field(default_factory=_free_port)
     console_port: int = field(default_factory=_free_port)
-    proc: subprocess.Popen[bytes] | None = None
-    kills: int = 0
-
     access_key: str = "crash-user"
     secret_key: str = "crash-secret"  # a throw-away loopback-only server
 
@@ -214,13 +241,6 @@ class CrashableMinio:
             "TXSINK_S3_REGION": "us-east-1",
         }
 
-    def running(self) -> bool:
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=1):
-                return True
-        except OSError:
-            return False
-
     def start(self) -> None:
         from _services.s3 import minio_binary
 
@@ -232,18 +252,10 @@ class CrashableMinio:
         address = f"127.0.0.1:{self.port}"
         console = f"127.0.0.1:{self.console_port}"
         cmd = [str(minio_binary()), "server", str(self.folder / "data"), "--address", address]
-        with open(self.folder / "minio.log", "ab") as out:
-            self.proc = subprocess.Popen(
-                [*cmd, "--console-address", console, "--quiet"],
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+        self._spawn([*cmd, "--console-address", console, "--quiet"], "minio.log", env)
         deadline = time.monotonic() + 60
         while not self._ready():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
+            if self.proc is None or self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"MinIO did not start: see {self.folder / 'minio.log'}")
             time.sleep(0.1)
 
@@ -256,29 +268,14 @@ class CrashableMinio:
         except OSError:
             return False
 
-    def kill(self) -> None:
-        if self.proc is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(30)
-        self.kills += 1
-
-    def stop(self) -> None:
-        self.kill()
-        shutil.rmtree(self.folder, ignore_errors=True)
-
 
 @dataclass
-class CrashableKafka:
+class CrashableKafka(_Server):
     """One private single-node KRaft broker (the harness's jars): :attr:`bootstrap`,
     :meth:`kill`, :meth:`start`, :meth:`stop`. Its log folder, the transaction state among
     it, survives a kill, as a broker's disk does."""
 
-    folder: Path
-    port: int = field(default_factory=_free_port)
     controller_port: int = field(default_factory=_free_port)
-    proc: subprocess.Popen[bytes] | None = None
-    kills: int = 0
 
     @classmethod
     def create(cls, folder: Path) -> CrashableKafka:
@@ -364,14 +361,7 @@ class CrashableKafka:
         ]
 
     def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None and self._accepts()
-
-    def _accepts(self) -> bool:
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=1):
-                return True
-        except OSError:
-            return False
+        return self.proc is not None and self.proc.poll() is None and _accepts(self.port)
 
     def start(self) -> None:
         """Start (again) and wait until a transaction can run (the transaction state topic
@@ -379,18 +369,10 @@ class CrashableKafka:
         from _services.kafka import jars_dir
         from confluent_kafka import Producer
 
-        with open(self.folder / "stdout.log", "ab") as out:
-            self.proc = subprocess.Popen(
-                self._java(jars_dir(), "kafka.Kafka", str(self.props)),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                cwd=self.folder,
-            )
+        self._spawn(self._java(jars_dir(), "kafka.Kafka", str(self.props)), "stdout.log")
         deadline = time.monotonic() + 120
-        while not self._accepts():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
+        while not _accepts(self.port):
+            if self.proc is None or self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"Kafka did not start: see {self.folder / 'stdout.log'}")
             time.sleep(0.2)
         producer = Producer(
@@ -399,14 +381,3 @@ class CrashableKafka:
         producer.init_transactions(90)
         producer.begin_transaction()
         producer.abort_transaction(60)
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(30)
-        self.kills += 1
-
-    def stop(self) -> None:
-        self.kill()
-        shutil.rmtree(self.folder, ignore_errors=True)

@@ -201,20 +201,14 @@ def render(scrapes: list[tuple[float, dict[str, float]]]) -> str:
     )
 
 
-def screenshot(page: Path, png: Path, height: int) -> None:
-    sys.path.insert(0, str(HERE.parent.parent))  # the repository root, for tests.chromium
-    from tests.chromium import run_chromium
-
-    profile = Path(tempfile.mkdtemp(prefix="txsink-chromium-"))
-    run_chromium([f"--screenshot={png}", f"--window-size=1280,{height}", page.as_uri()], profile)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(HERE / "metrics-dashboard.png"))
     parser.add_argument("--height", type=int, default=900, help="window height in pixels")
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from make_inspect_screenshot import screenshot  # this folder's: Chromium at 1280 px
+
     with tempfile.TemporaryDirectory(prefix="txsink-docs-") as tmp:
         scrapes = record(Path(tmp))
         page = Path(tmp) / "metrics.html"

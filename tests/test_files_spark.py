@@ -195,3 +195,17 @@ def test_racing_driver_is_fenced_with_real_log(spark: Any, tmp_path: Path) -> No
     verdict = verify_files(tmp_path / "output", range(200))
     assert verdict.ok, verdict
     assert isinstance(CheckpointMismatchError, type)
+
+
+@pytest.mark.parametrize(("max_tasks", "tasks"), [(None, 6), (4, 4), ("slots", 2), (8, 6)])
+def test_max_tasks_coalesces_the_epoch(
+    spark: Any, tmp_path: Path, max_tasks: Any, tasks: int
+) -> None:
+    """``max_tasks`` bounds the pre-commit tasks (one prepared handle, one file each) without
+    a shuffle; "slots" is local[2]'s two; a bound above the partitions changes nothing."""
+    coordinator = files_coordinator(tmp_path, app_id="coalesced", max_tasks=max_tasks)
+    result = coordinator.write(spark.range(0, 600, 1, 6), epoch=0)
+    assert (result.status, result.handles) == ("committed", tasks)
+    assert len(list((tmp_path / "output").rglob("*.parquet"))) == tasks
+    ids = read_committed(tmp_path / "output").column("id").to_pylist()
+    assert sorted(ids) == list(range(600))

@@ -407,3 +407,32 @@ def test_a_fresh_log_is_refused_where_the_target_remembers_the_app(
     check_sinks([sink], schema, "b", log=open_log(tmp_path / "other"))
     _committed_log(tmp_path / "own-log", "a", 5)
     check_sinks([sink], schema, "a", log=open_log(tmp_path / "own-log"))
+
+
+# -- max_tasks: refused when the coordinator is built ----------------------------------
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, "all", 2.0])
+def test_max_tasks_must_be_a_positive_int_or_slots(tmp_path: Path, bad: Any) -> None:
+    with pytest.raises(ValueError, match="max_tasks"):
+        Coordinator([CheckSink("a")], log=str(tmp_path / "log"), max_tasks=bad)
+
+
+def test_max_tasks_refused_for_a_fixed_task_count(tmp_path: Path) -> None:
+    sink = CheckSink("shards", part=Partitioning(("k",), num_partitions=4))
+    with pytest.raises(ConfigurationError, match="exactly 4 tasks") as err:
+        Coordinator([CheckSink("a"), sink], log=str(tmp_path / "log"), max_tasks="slots")
+    assert err.value.sink_uid == "shards"
+    # a key without a fixed count keeps its rows together through a coalesce: allowed
+    Coordinator(
+        [CheckSink("keyed", part=Partitioning(("k",)))], log=str(tmp_path / "l"), max_tasks=2
+    )
+
+
+def test_max_tasks_refused_for_a_sink_that_commits_in_its_tasks(tmp_path: Path) -> None:
+    from tests.test_single_pass_core import InTaskSink
+
+    with pytest.raises(ConfigurationError, match="barrier stage") as err:
+        Coordinator([InTaskSink("in-task", MemTarget(), Crasher())], log=str(tmp_path / "l"),
+                    max_tasks=2)  # fmt: skip
+    assert err.value.sink_uid == "in-task"

@@ -10,10 +10,11 @@ Quick use::
     df.writeStream.foreachBatch(coordinator).option("checkpointLocation", ...).start()
 """
 
+from txsink._epochresult import EpochResult
 from txsink._logging import configure_logging
 from txsink._precheck import CheckResult
 from txsink._version import __version__
-from txsink.coordinator import Coordinator, EpochResult
+from txsink.coordinator import Coordinator
 from txsink.errors import (
     CheckpointMismatchError,
     CommitError,

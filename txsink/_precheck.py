@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from txsink import _spark
+from txsink import _layout, _spark
 from txsink.errors import CheckpointMismatchError, ConfigurationError, LogError, TxsinkError
 
 if TYPE_CHECKING:
@@ -156,7 +156,7 @@ def check_sinks(
 ) -> None:
     """What the first batch of a query run checks: partitioning, then each sink's hook;
     on a ``log`` that holds no epoch, that no target remembers epochs of ``app_id``."""
-    _spark.required_partitioning([s.required_partitioning() for s in sinks], schema.names)
+    _layout.required_partitioning([s.required_partitioning() for s in sinks], schema.names)
     fresh = log is not None and not log.epochs()
     for sink in sinks:
         check_sink(sink, schema, app_id)
@@ -225,7 +225,7 @@ def _schema(df: DataFrame) -> tuple[pa.Schema, str]:
 
 
 def _partitioning(sinks: Sequence[SinkContract[Any, Any]], arrow: pa.Schema) -> tuple[None, str]:
-    part = _spark.required_partitioning([s.required_partitioning() for s in sinks], arrow.names)
+    part = _layout.required_partitioning([s.required_partitioning() for s in sinks], arrow.names)
     return None, "any" if part is None else f"by {list(part.columns)}"
 
 

@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import pyarrow as pa
 
+from txsink._layout import task_slots
 from txsink._logging import EpochLogger, one_line
 from txsink._singlepass import SinglePassJob, probe_vote_service
-from txsink.contract import Partitioning, TaskInfo, TaskRunner
+from txsink.contract import TaskInfo, TaskRunner
 from txsink.errors import (
     ConfigurationError,
     InjectedFault,
@@ -42,8 +43,6 @@ __all__ = [
     "driver_host",
     "failure_text",
     "is_connect",
-    "partitioned",
-    "required_partitioning",
     "streaming_query_id",
     "task_retries",
 ]
@@ -151,30 +150,26 @@ def check_single_pass(
         # No SparkContext, no RDD: the slots and the partitions are out of sight; Spark's
         # own barrier check (spark.scheduler.barrier.maxConcurrentTasksCheck.*) applies.
         return 1
+    now = task_slots(session)
     try:
-        jsc = session.sparkContext._jsc.sc()
-
-        def slots() -> int:
-            profile = jsc.resourceProfileManager().defaultResourceProfile()
-            return int(jsc.maxNumConcurrentTasks(profile))
-
-        now = slots()
         partitions = int(df.rdd.getNumPartitions())
-        if partitions > now and not str(session.conf.get("spark.master", "")).startswith("local"):
-            if log is not None:
-                log.warning(
-                    "%d partitions, %d task slots: waiting up to %.0f s for executors",
-                    partitions,
-                    now,
-                    wait_s,
-                )
-            for _ in range(int(wait_s / 0.5)):
-                sleep(0.5)
-                now = slots()
-                if partitions <= now:
-                    break
     except Exception:  # a Spark without these: Spark checks it itself
         return 1
+    if now is None:
+        return 1
+    if partitions > now and not str(session.conf.get("spark.master", "")).startswith("local"):
+        if log is not None:
+            log.warning(
+                "%d partitions, %d task slots: waiting up to %.0f s for executors",
+                partitions,
+                now,
+                wait_s,
+            )
+        for _ in range(int(wait_s / 0.5)):
+            sleep(0.5)
+            now = task_slots(session) or now
+            if partitions <= now:
+                break
     if partitions > now:
         raise ConfigurationError(
             f"this epoch has {partitions} partitions, but the cluster runs {now} tasks at "
@@ -245,43 +240,6 @@ def arrow_schema(df: DataFrame) -> pa.Schema:
             "column before the sink (e.g. to a string with to_json)",
             phase="check",
         ) from err
-
-
-def required_partitioning(
-    wanted: Iterable[Partitioning | None], columns: Iterable[str] | None = None
-) -> Partitioning | None:
-    """The one partitioning the sinks need (None: any), checked: the sinks agree, and its
-    columns are among ``columns`` (the DataFrame's, when given)."""
-    parts = set(wanted) - {None}
-    if len(parts) > 1:
-        raise ConfigurationError(
-            f"sinks of one coordinator need different partitioning {sorted(map(str, parts))}: "
-            "use the same key (and shard count) for all of them, or separate coordinators",
-            phase="check",
-        )
-    part = parts.pop() if parts else None
-    if part is not None and columns is not None:
-        have = set(columns)
-        missing = [c for c in part.columns if c not in have]
-        if missing:
-            raise ConfigurationError(
-                f"the sinks partition each epoch by {list(part.columns)}, but the DataFrame "
-                f"has no column {missing[0]!r}: add it, or change the sinks' key (upsert key, "
-                "shard_by)",
-                column=missing[0],
-                phase="check",
-            )
-    return part
-
-
-def partitioned(df: DataFrame, wanted: Iterable[Partitioning | None]) -> DataFrame:
-    """Repartition as the sinks require (upsert keys, Kafka shards), if any."""
-    part = required_partitioning(wanted)
-    if part is None:
-        return df
-    if part.num_partitions is not None:
-        return df.repartition(part.num_partitions, *part.columns)
-    return df.repartition(*part.columns)
 
 
 class SparkTaskRunner:

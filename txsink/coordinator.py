@@ -26,12 +26,12 @@ import os
 import socket
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn, final
 
-from txsink import _precheck, _spark
+from txsink import _layout, _precheck, _spark
 from txsink._commit import commit_share
 from txsink._decide import decide_epoch
+from txsink._epochresult import EpochResult
 from txsink._logging import committed_text, failures_logged, get_logger, install_console
 from txsink._metering import Meter
 from txsink._operator import OperatorMixin
@@ -55,18 +55,6 @@ __all__ = ["Coordinator", "EpochResult"]
 
 AnySink = SinkContract[Any, Any]
 _TWO = "another query is writing with the same txsink log: stop one of them"
-
-
-@dataclass(frozen=True)
-class EpochResult:
-    """What one call did: ``committed``, or ``skipped`` (already committed: a replay)."""
-
-    epoch: int
-    status: str
-    round: int | None = None
-    rows: dict[str, int] = field(default_factory=dict)
-    handles: int = 0
-    seconds: dict[str, float] = field(default_factory=dict)
 
 
 class Coordinator(OperatorMixin):
@@ -97,6 +85,11 @@ class Coordinator(OperatorMixin):
             --checkpoint``); see docs/upgrades.md.
         metrics: one :class:`~txsink.metrics.Metrics` or several (exporters:
             docs/observability.md), called on the driver; they travel with the coordinator.
+        max_tasks: at most this many pre-commit tasks per epoch: an int, ``"slots"`` (the
+            task slots the cluster runs at once, read at each epoch) or None (one task per
+            partition of the batch). The epoch is ``coalesce``d (no shuffle): fewer, larger
+            tasks, prepared transactions and files. Not with sinks that commit in their
+            tasks or need a fixed task count (refused here). See docs/performance.md.
     """
 
     def __init__(
@@ -111,6 +104,7 @@ class Coordinator(OperatorMixin):
         faults: FaultPlan | str | None = None,
         from_savepoint: str | os.PathLike[str] | LogStore | TxLog | None = None,
         metrics: Metrics | Sequence[Metrics] | None = None,
+        max_tasks: _layout.MaxTasks = None,
     ) -> None:
         self.sinks: tuple[AnySink, ...] = (
             (sinks,) if isinstance(sinks, SinkContract) else tuple(sinks)
@@ -125,6 +119,8 @@ class Coordinator(OperatorMixin):
             )
         if retain_epochs < 1:
             raise ValueError("retain_epochs must be >= 1")
+        _layout.check_max_tasks(max_tasks, self.sinks)
+        self.max_tasks = max_tasks
         self.log = open_log(log)
         self._log_location = location_of(log)  # what travels to Spark Connect (_remote)
         self.app_id = check_name("app id", app_id) if app_id is not None else None
@@ -206,7 +202,8 @@ class Coordinator(OperatorMixin):
     def _run_spark_epoch(self, epoch: int, df: DataFrame, app_id: str) -> EpochResult:
         # Commits spread over the cluster (and recovery's) run as this session's tasks.
         self._recovery.tasks = _spark.SparkTaskRunner(df.sparkSession)
-        data = _spark.partitioned(df, [s.required_partitioning() for s in self.sinks])
+        wanted = [s.required_partitioning() for s in self.sinks]
+        data = _layout.laid_out(df, wanted, self.max_tasks)
         in_task = [s.uid for s in self.sinks if s.commits_in_task]
         if in_task:
             log, uids = self._log.bind(epoch=epoch), "+".join(in_task)

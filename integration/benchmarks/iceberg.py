@@ -78,17 +78,22 @@ class Catalog:
         self.catalog.purge_table(name)
 
 
+#: txsink's writers: the coordinator's ``max_tasks`` for each.
+TXSINK: dict[str, Any] = {"txsink": None, "txsink-slots": "slots"}
+WRITERS = ("feed", *TXSINK, "append")
+
+
 def write(writer: str, catalog: Catalog, df: Any, name: str, log: Path) -> dict[str, float]:
     """One writer's whole write of ``df`` into table ``name``; txsink's phases."""
-    if writer == "txsink":
+    if writer in TXSINK:
         from txsink.connectors.iceberg import IcebergSink
 
         sink = IcebergSink(catalog.props, name, name.replace(".", "-"), catalog_name="bench",
                            create=True)  # fmt: skip
-        result = Coordinator([sink], log=str(log), app_id=f"bench-{uuid.uuid4().hex[:6]}").write(
-            df, epoch=0
+        coordinator = Coordinator(
+            [sink], log=str(log), app_id=f"bench-{uuid.uuid4().hex[:6]}", max_tasks=TXSINK[writer]
         )
-        return dict(result.seconds)
+        return dict(coordinator.write(df, epoch=0).seconds)
     if writer == "append":
         data = df.toArrow()
         table = catalog.catalog.create_table(name, schema=data.schema)
@@ -150,6 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--partitions", default="2,8")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=2, help="untimed full-size runs each")
     parser.add_argument("--epochs", type=int, default=12, help="small epochs (first: warm-up)")
     parser.add_argument("--epoch-rows", type=int, default=10_000)
     args = parser.parse_args(argv)
@@ -157,24 +163,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="txsink-bench-iceberg-"))
     catalog = Catalog(tmp)
     results: dict[tuple[int, str], list[float]] = {}
-    phases: dict[int, list[dict[str, float]]] = {}
+    phases: dict[tuple[int, str], list[dict[str, float]]] = {}
     ok = True
     try:
         warm = s3_bench.make_frame(spark, 50_000, 2)
-        for writer in ("feed", "txsink", "append"):
+        for writer in WRITERS:
             measure(catalog, writer, warm, 50_000, s3_bench.spark_fingerprint(warm), tmp)
         warm.unpersist(blocking=True)
         for p in [int(x) for x in args.partitions.split(",")]:
             df = s3_bench.make_frame(spark, args.rows, p)
             expected = s3_bench.spark_fingerprint(df)
+            # The JVM's JIT takes several full-size runs to settle (a stream's steady
+            # state): untimed, every writer alike.
+            for _ in range(args.warmup):
+                for writer in WRITERS:
+                    measure(catalog, writer, df, args.rows, expected, tmp)
             for rep in range(args.repeat):
-                order = ["feed", *(["txsink", "append"] if rep % 2 == 0 else ["append", "txsink"])]
-                for writer in order:
+                shift = rep % len(WRITERS)
+                for writer in WRITERS[shift:] + WRITERS[:shift]:
                     secs, ph, verdict = measure(catalog, writer, df, args.rows, expected, tmp)
                     ok = ok and verdict == "ok"
                     results.setdefault((p, writer), []).append(secs)
-                    if writer == "txsink":
-                        phases.setdefault(p, []).append(ph)
+                    if writer in TXSINK:
+                        phases.setdefault((p, writer), []).append(ph)
             df.unpersist(blocking=True)
         small = s3_bench.make_frame(spark, args.epoch_rows, 2)
         epochs = small_epochs(catalog, small, args.epochs, tmp)
@@ -198,9 +209,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(_bench.markdown_table(
         ["partitions", "writer", "rows/s (median)", "wall s per run", "vs pyiceberg append"],
         rows, "llrrr"))  # fmt: skip
-    for p, runs in phases.items():
+    for (p, writer), runs in phases.items():
         keys = ("recover", "precommit", "decide", "commit")
-        print(f"\ntxsink phases at {p} partitions (median s): " + ", ".join(
+        print(f"\n{writer} phases at {p} partitions (median s): " + ", ".join(
             f"{k} {statistics.median(x.get(k, 0.0) for x in runs):.3f}" for k in keys))  # fmt: skip
     print(f"\n{args.epochs} small epochs of {args.epoch_rows:,} rows (first left out)\n")
     ep_rows = []

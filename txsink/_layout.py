@@ -1,0 +1,117 @@
+"""How an epoch's rows are laid out in tasks before the pre-commit job.
+
+Two inputs decide it: the partitioning the sinks need (rows of one upsert key in one task,
+one task per shard: :meth:`~txsink.contract.SinkContract.required_partitioning`), and the
+coordinator's ``max_tasks``, an upper bound on the epoch's task count.
+
+Why a bound: every pre-commit task pays a fixed cost (a Python worker's hand-over, a
+connection or a producer, a file per task for a table), and a stream read from many
+input partitions runs its epoch in many small tasks, in waves on a small cluster. A
+``coalesce`` (no shuffle) to the number of task slots keeps every slot busy with fewer,
+larger tasks: fewer prepared transactions per epoch, fewer and larger files in a table.
+It cannot run in a barrier stage (sinks that commit in their tasks), and it would break
+a fixed task count a sink asks for, so both are refused when the coordinator is built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+
+from txsink.contract import Partitioning, SinkContract
+from txsink.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+__all__ = ["MaxTasks", "check_max_tasks", "laid_out", "required_partitioning", "task_slots"]
+
+#: An upper bound on an epoch's task count: a number, ``"slots"`` (the task slots the
+#: cluster runs at once, read at each epoch), or None (the DataFrame's own partitions).
+MaxTasks: TypeAlias = int | Literal["slots"] | None
+
+
+def check_max_tasks(max_tasks: MaxTasks, sinks: Sequence[SinkContract[Any, Any]]) -> None:
+    """Refuse, when the coordinator is built, a ``max_tasks`` its sinks cannot run with."""
+    if max_tasks is None:
+        return
+    if max_tasks != "slots" and (
+        not isinstance(max_tasks, int) or isinstance(max_tasks, bool) or max_tasks < 1
+    ):
+        raise ValueError(f"max_tasks must be an int >= 1, 'slots' or None, got {max_tasks!r}")
+    for sink in sinks:
+        if sink.commits_in_task:
+            raise ConfigurationError(
+                "max_tasks cannot apply to a sink that commits in its tasks: its epoch is one "
+                "barrier stage, where Spark cannot coalesce(). Drop max_tasks and "
+                "repartition the stream before the sink (df.repartition(n))",
+                sink_uid=sink.uid,
+                phase="check",
+            )
+        part = sink.required_partitioning()
+        if part is not None and part.num_partitions is not None:
+            raise ConfigurationError(
+                f"max_tasks cannot apply: this sink needs exactly {part.num_partitions} tasks "
+                "per epoch (one per shard). Drop max_tasks, or use a separate coordinator for "
+                "this sink",
+                sink_uid=sink.uid,
+                phase="check",
+            )
+
+
+def required_partitioning(
+    wanted: Iterable[Partitioning | None], columns: Iterable[str] | None = None
+) -> Partitioning | None:
+    """The one partitioning the sinks need (None: any), checked: the sinks agree, and its
+    columns are among ``columns`` (the DataFrame's, when given)."""
+    parts = set(wanted) - {None}
+    if len(parts) > 1:
+        raise ConfigurationError(
+            f"sinks of one coordinator need different partitioning {sorted(map(str, parts))}: "
+            "use the same key (and shard count) for all of them, or separate coordinators",
+            phase="check",
+        )
+    part = parts.pop() if parts else None
+    if part is not None and columns is not None:
+        have = set(columns)
+        missing = [c for c in part.columns if c not in have]
+        if missing:
+            raise ConfigurationError(
+                f"the sinks partition each epoch by {list(part.columns)}, but the DataFrame "
+                f"has no column {missing[0]!r}: add it, or change the sinks' key (upsert key, "
+                "shard_by)",
+                column=missing[0],
+                phase="check",
+            )
+    return part
+
+
+def task_slots(session: Any) -> int | None:
+    """How many tasks the cluster runs at once now; None where Spark does not tell
+    (Spark Connect: no SparkContext)."""
+    try:
+        jsc = session.sparkContext._jsc.sc()
+        profile = jsc.resourceProfileManager().defaultResourceProfile()
+        return int(jsc.maxNumConcurrentTasks(profile))
+    except Exception:  # Spark Connect, or a Spark without these
+        return None
+
+
+def laid_out(
+    df: DataFrame, wanted: Iterable[Partitioning | None], max_tasks: MaxTasks = None
+) -> DataFrame:
+    """``df`` partitioned as the sinks require (upsert keys, shards), then coalesced to at
+    most ``max_tasks`` tasks (``"slots"``: the cluster's task slots; left alone where they
+    are unknown or none are up). A coalesce never adds partitions or shuffles rows, and
+    keeps the rows of one key together."""
+    part = required_partitioning(wanted)
+    if part is not None:
+        df = (
+            df.repartition(part.num_partitions, *part.columns)
+            if part.num_partitions is not None
+            else df.repartition(*part.columns)
+        )
+    bound = task_slots(df.sparkSession) if max_tasks == "slots" else max_tasks
+    if bound is None or bound < 1:
+        return df
+    return df.coalesce(bound)

@@ -87,6 +87,28 @@ def test_recovery_deletes_unreferenced_files_only(tmp_path: Path) -> None:
     assert (sorted(seen), lingering) == ([1, 2], 0)
 
 
+@pytest.mark.parametrize("expire", [False, True])
+def test_recovery_keeps_the_committed_attempt_of_an_epoch(tmp_path: Path, expire: bool) -> None:
+    """A second attempt of a committed epoch (a replay's leftover) is deleted, the committed
+    attempt's file stays: read from that epoch's own snapshot, or, once that snapshot is
+    expired, from the whole history."""
+    run, spec, sink = _run(tmp_path)
+    run.commit(sink, 0, run.prepare(sink, 0, [[1, 2]]))
+    run.commit(sink, 1, run.prepare(sink, 1, [[3]]))
+    if expire:  # epoch 0's snapshot goes; its file is still in epoch 1's
+        first = sink._load().snapshots()[0].snapshot_id
+        sink._load().maintenance.expire_snapshots().by_id(first).commit()
+    run.prepare(sink, 0, [[1, 2]], round_=1)  # the leftover of a replayed attempt
+    listed = list(sink.list_prepared(run.app_id))
+    assert [(h.txn.epoch, h.txn.round) for h in listed] == [(0, 1)]
+    for handle in listed:
+        sink.abort(handle)
+    keys = [k for k in cat.list_files(sink._load()) if txn_of(k) is not None]
+    assert len(keys) == 2  # epochs 0 and 1, committed
+    seen, lingering = run.seen(spec, [1, 2, 3])
+    assert (sorted(seen), lingering) == ([1, 2, 3], 0)
+
+
 @pytest.mark.parametrize(
     "partition", [["identity:key"], ["bucket4:id"], ["identity:key", "bucket2:id"]]
 )
@@ -102,6 +124,54 @@ def test_partitioned_tables(tmp_path: Path, partition: list[str]) -> None:
     # pyiceberg prunes by the partition values txsink recorded: they must be right.
     got = table.scan(row_filter="key = 'k3'", selected_fields=("id",)).to_arrow()
     assert sorted(got["id"].to_pylist()) == [3]
+
+
+@pytest.mark.parametrize("partition", [[], ["identity:key"]])
+def test_rows_are_encoded_in_row_groups_as_they_arrive(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, partition: list[str]
+) -> None:
+    """A task's rows reach the encoding thread a row group at a time (here 4 rows), into
+    one file per partition value across row groups; an encoding error surfaces typed."""
+    import pyarrow.parquet as pq
+
+    from txsink.connectors.iceberg import writer
+    from txsink.testing.contract import rows
+    from txsink.txid import TxnId
+
+    monkeypatch.setattr(writer, "FLUSH_ROWS", 4)
+    run, spec, sink = _run(tmp_path, partition=partition)
+    ids = list(range(30))
+    open_ = sink.begin(TxnId(run.app_id, sink.uid, 0, 0, 0, 1), SCHEMA)
+    for start in range(0, 30, 3):
+        sink.write(open_, rows(ids[start : start + 3]))
+    handle = sink.prepare(open_)
+    paths = [f[0] for f in handle.files]
+    assert len(paths) == len(set(paths)) == (1 if not partition else len(ids))  # key: k<id>
+    if not partition:  # batches of 3 rows, handed over at >= 4 rows: 5 groups of 6
+        assert pq.ParquetFile(paths[0].removeprefix("file://")).num_row_groups == 5
+    run.commit(sink, 0, [handle])
+    seen, lingering = run.seen(spec, ids)
+    contract.assert_exactly_once(ids, seen, lingering=lingering)
+
+
+def test_a_value_the_table_cannot_take_is_a_write_error_from_the_encoding_thread(
+    tmp_path: Path,
+) -> None:
+    """Data the start-up check could not see (here: a batch of another schema) fails in the
+    encoding thread; the task gets a WriteError naming the column, and discard() leaves
+    no file behind."""
+    from txsink.errors import WriteError
+    from txsink.txid import TxnId
+
+    run, _spec, sink = _run(tmp_path)
+    open_ = sink.begin(TxnId(run.app_id, sink.uid, 0, 0, 0, 1), SCHEMA)
+    bad = pa.RecordBatch.from_pydict({"id": [1], "amount": ["not a number"]})
+    with pytest.raises(WriteError, match="'amount'") as err:
+        sink.write(open_, bad)
+        sink.prepare(open_)
+    assert (err.value.column, err.value.sink_uid) == ("amount", sink.uid)
+    sink.discard(open_)
+    assert [k for k in cat.list_files(sink._load()) if txn_of(k) is not None] == []
 
 
 def test_day_partitioned_table(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ Catalog properties are pyiceberg's own (``type``, ``uri``, ``warehouse``, ``s3.e
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from txsink.errors import ConfigurationError
@@ -16,7 +16,15 @@ if TYPE_CHECKING:
     from pyiceberg.io.pyarrow import PyArrowFileIO
     from pyiceberg.table import Table
 
-__all__ = ["data_location", "list_files", "load_catalog", "load_table", "path_key", "referenced"]
+__all__ = [
+    "added_in_epochs",
+    "data_location",
+    "list_files",
+    "load_catalog",
+    "load_table",
+    "path_key",
+    "referenced",
+]
 
 _IO = "pyiceberg.io.pyarrow.PyArrowFileIO"
 
@@ -86,6 +94,41 @@ def referenced(table: Table) -> set[str]:
             if manifest.manifest_path in seen_manifests:
                 continue
             seen_manifests.add(manifest.manifest_path)
+            for entry in manifest.fetch_manifest_entry(io, discard_deleted=False):
+                found.add(path_key(table, entry.data_file.file_path))
+    return found
+
+
+def added_in_epochs(table: Table, app: str, uid: str, epochs: Iterable[int]) -> set[str] | None:
+    """The data files the commits of ``epochs`` by ``app``'s sink ``uid`` added (scheme-less
+    keys), read from those snapshots' own manifests only; None when one of those snapshots
+    is gone (expired): then only :func:`referenced`, the whole history, can tell.
+
+    Why: recovery and abort ask "is this prepared file in the table?" for files of a few
+    epochs; reading every manifest of every snapshot for that grows with the table's
+    history, this with the epochs asked about.
+    """
+    from txsink.connectors.iceberg.naming import SUMMARY_APP, SUMMARY_EPOCH, SUMMARY_UID
+
+    wanted = {str(e) for e in epochs}
+    ours = {}
+    for snapshot in table.snapshots():
+        summary = snapshot.summary
+        if (
+            summary is not None
+            and summary.get(SUMMARY_APP) == app
+            and summary.get(SUMMARY_UID) == uid
+            and summary.get(SUMMARY_EPOCH) in wanted
+        ):
+            ours[snapshot.snapshot_id] = snapshot
+    if {str(s.summary[SUMMARY_EPOCH]) for s in ours.values() if s.summary} != wanted:
+        return None
+    io = table.io
+    found: set[str] = set()
+    for sid, snapshot in ours.items():
+        for manifest in snapshot.manifests(io):
+            if manifest.added_snapshot_id != sid:
+                continue
             for entry in manifest.fetch_manifest_entry(io, discard_deleted=False):
                 found.add(path_key(table, entry.data_file.file_path))
     return found

@@ -18,6 +18,7 @@ from txsink._logging import get_logger
 from txsink.connectors.iceberg.catalog import describe
 from txsink.connectors.iceberg.files import data_file
 from txsink.connectors.iceberg.handles import IcebergHandle
+from txsink.connectors.iceberg.naming import SUMMARY_APP, SUMMARY_EPOCH, SUMMARY_UID
 from txsink.errors import CommitError, RetryableError
 
 if TYPE_CHECKING:
@@ -34,7 +35,6 @@ __all__ = [
 
 _log = get_logger(__name__)
 
-SUMMARY_APP, SUMMARY_UID, SUMMARY_EPOCH = "txsink.app", "txsink.uid", "txsink.epoch"
 ATTEMPTS = 8
 
 

@@ -13,7 +13,10 @@ import re
 
 from txsink.txid import TxnId
 
-__all__ = ["data_file_name", "txn_of"]
+__all__ = ["SUMMARY_APP", "SUMMARY_EPOCH", "SUMMARY_UID", "data_file_name", "txn_of"]
+
+#: The snapshot summary keys of an epoch's commit: which app, sink and epoch it is.
+SUMMARY_APP, SUMMARY_UID, SUMMARY_EPOCH = "txsink.app", "txsink.uid", "txsink.epoch"
 
 _FILE = re.compile(r"^(?P<txn>txsink\.[A-Za-z0-9_.-]+)-f(?P<n>[0-9]+)\.parquet$")
 

@@ -1,8 +1,9 @@
 """Exactly-once into an Apache Iceberg table, on pyiceberg.
 
     prepare  (task)   the partition's rows as Parquet data files in the table's data
-                      location, named after the transaction (:mod:`.naming`): durable, and
-                      invisible (no snapshot references them)
+                      location, named after the transaction (:mod:`.naming`), encoded while
+                      the rows arrive (:mod:`.writer`): durable, and invisible (no snapshot
+                      references them)
     commit   (driver) one table transaction per epoch: append every file of the epoch and
                       set ``txsink.<app>.<uid>.committed-epoch`` (:mod:`.commit`)
     abort             delete the handle's files
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
@@ -27,11 +27,11 @@ from typing_extensions import override
 from txsink import Handle, TwoPhaseCommitSink, TxnId
 from txsink._logging import get_logger
 from txsink.connectors.iceberg import catalog as cat
-from txsink.connectors.iceberg.checks import check_schema, conform, target_arrow_schema
+from txsink.connectors.iceberg.checks import check_schema, target_arrow_schema
 from txsink.connectors.iceberg.commit import commit_files, committed_epoch
-from txsink.connectors.iceberg.files import write_prepared
 from txsink.connectors.iceberg.handles import IcebergHandle
 from txsink.connectors.iceberg.naming import txn_of
+from txsink.connectors.iceberg.writer import PreparedWriter
 from txsink.contract import EpochCommit
 from txsink.errors import ConfigurationError
 
@@ -44,13 +44,7 @@ __all__ = ["IcebergSink"]
 _log = get_logger(__name__)
 
 
-@dataclass
-class _Open:
-    txn: TxnId
-    batches: list[pa.RecordBatch] = field(default_factory=list)
-
-
-class IcebergSink(TwoPhaseCommitSink[_Open, IcebergHandle]):
+class IcebergSink(TwoPhaseCommitSink[PreparedWriter, IcebergHandle]):
     """Exactly-once appends into the Iceberg table ``table`` (see the module doc)."""
 
     connector: ClassVar[str] = "iceberg"
@@ -125,22 +119,21 @@ class IcebergSink(TwoPhaseCommitSink[_Open, IcebergHandle]):
         )
 
     @override
-    def begin(self, txn: TxnId, schema: pa.Schema) -> _Open:
-        return _Open(txn)
+    def begin(self, txn: TxnId, schema: pa.Schema) -> PreparedWriter:
+        return PreparedWriter(self._load(), txn, self.uid, self.connector)
 
     @override
-    def write(self, txn: _Open, batch: pa.RecordBatch) -> None:
-        txn.batches.append(batch)
+    def write(self, txn: PreparedWriter, batch: pa.RecordBatch) -> None:
+        txn.add(batch)
 
     @override
-    def prepare(self, txn: _Open) -> IcebergHandle:
-        table = self._load()
-        data = pa.Table.from_batches(txn.batches)
-        data = conform(
-            data, target_arrow_schema(table.schema()), uid=self.uid, connector=self.connector
-        )
-        files = write_prepared(table, txn.txn, data) if data.num_rows else ()
-        return IcebergHandle(txn=txn.txn, rows=data.num_rows, nbytes=data.nbytes, files=files)
+    def prepare(self, txn: PreparedWriter) -> IcebergHandle:
+        files = txn.finish()
+        return IcebergHandle(txn=txn.txn, rows=txn.rows, nbytes=txn.nbytes, files=files)
+
+    @override
+    def discard(self, txn: PreparedWriter) -> None:
+        txn.discard()
 
     @override
     def commit_epoch(self, request: EpochCommit[IcebergHandle]) -> None:
@@ -149,10 +142,21 @@ class IcebergSink(TwoPhaseCommitSink[_Open, IcebergHandle]):
             commit_files(self._load, request.epoch, handles, uid=self.uid, connector=self.connector)
         request.committed(request.handles)
 
+    def _in_table(self, table: Table, app: str, epochs: set[int]) -> set[str]:
+        """Which of this sink's files of ``epochs`` the table references (scheme-less keys).
+        An epoch past the committed-epoch property has nothing in the table (the property
+        and the files commit in one transaction); the others' own snapshots say."""
+        done = committed_epoch(table, app, self.uid)
+        maybe = {e for e in epochs if e <= done}
+        if not maybe:
+            return set()
+        found = cat.added_in_epochs(table, app, self.uid, maybe)
+        return cat.referenced(table) if found is None else found
+
     @override
     def abort(self, handle: IcebergHandle) -> None:
         table = self._load()
-        referenced = cat.referenced(table)
+        referenced = self._in_table(table, handle.txn.app, {handle.txn.epoch})
         for path, *_ in handle.files:
             if cat.path_key(table, path) in referenced:
                 continue  # committed: never delete a file the table reads
@@ -174,7 +178,7 @@ class IcebergSink(TwoPhaseCommitSink[_Open, IcebergHandle]):
                 ours.setdefault(txn, []).append(key)
         if not ours:
             return
-        referenced = cat.referenced(table)
+        referenced = self._in_table(table, app_id, {txn.epoch for txn in ours})
         location = cat.data_location(table)
         scheme = location.split("://", 1)[0] + "://" if "://" in location else ""
         for txn in sorted(ours):

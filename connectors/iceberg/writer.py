@@ -1,0 +1,192 @@
+"""A task's prepared data files, written while its rows arrive.
+
+Rows are gathered to a row group's worth (:data:`FLUSH_ROWS` or :data:`FLUSH_BYTES`), then
+conformed to the table's schema, split by partition value and encoded by pyiceberg's own
+Parquet writer (field ids, the table's codec and writer properties) in one background
+thread per task. Why: the task's thread goes straight back to reading the next rows
+from Spark while pyarrow encodes the last ones (it releases the GIL), so encoding overlaps
+Spark's hand-over instead of following it, and a task never holds more than two row
+groups of its partition in memory. One file per partition value the task holds, named
+after the transaction (:func:`~txsink.connectors.iceberg.naming.data_file_name`); the
+statistics are read back from the footers at commit
+(:func:`~txsink.connectors.iceberg.files.data_file`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from txsink.connectors.iceberg.checks import conform, target_arrow_schema
+from txsink.connectors.iceberg.files import encode_partition
+from txsink.connectors.iceberg.handles import IcebergFile
+from txsink.connectors.iceberg.naming import data_file_name
+from txsink.txid import TxnId
+
+if TYPE_CHECKING:
+    from pyiceberg.io.fileformat import FileFormatWriter
+    from pyiceberg.table import Table
+
+__all__ = ["FLUSH_BYTES", "FLUSH_ROWS", "PreparedWriter"]
+
+#: Rows gathered before they are encoded as one row group (at most the table's
+#: ``write.parquet.row-group-limit``): big enough to encode as well as one large group
+#: (pyarrow, these sizes: within a few per cent in time and size), small enough to overlap.
+FLUSH_ROWS = 131_072
+#: ... or this many bytes of Arrow data, whichever comes first (wide rows).
+FLUSH_BYTES = 64 << 20
+
+
+@dataclass
+class _File:
+    writer: FileFormatWriter
+    path: str
+    values: tuple[str | None, ...]
+    rows: int = 0
+
+
+@dataclass
+class PreparedWriter:
+    """The data files of transaction ``txn`` in ``table``: :meth:`add` batches, then
+    :meth:`finish` (the files, durable) or :meth:`discard` (nothing left behind)."""
+
+    table: Table
+    txn: TxnId
+    uid: str
+    connector: str
+    _pending: list[pa.RecordBatch] = field(default_factory=list)
+    _pending_rows: int = 0
+    _pending_bytes: int = 0
+    _files: dict[str, _File] = field(default_factory=dict)
+    _inflight: Future[None] | None = None
+    _pool: ThreadPoolExecutor | None = None
+    rows: int = 0
+    nbytes: int = 0
+
+    def __post_init__(self) -> None:
+        from pyiceberg.io.fileformat import FileFormatFactory
+        from pyiceberg.manifest import FileFormat
+        from pyiceberg.schema import sanitize_column_names
+        from pyiceberg.table import TableProperties
+        from pyiceberg.table.locations import load_location_provider
+        from pyiceberg.utils.properties import property_as_int
+
+        metadata = self.table.metadata
+        self._schema = metadata.schema()
+        self._file_schema = sanitize_column_names(self._schema)
+        self._spec = metadata.spec()
+        self._arrow = target_arrow_schema(self._schema)
+        self._format = FileFormatFactory.get(
+            FileFormat(
+                metadata.properties.get(
+                    TableProperties.WRITE_FILE_FORMAT, TableProperties.WRITE_FILE_FORMAT_DEFAULT
+                )
+            )
+        )
+        self._locations = load_location_provider(metadata.location, metadata.properties)
+        limit = property_as_int(
+            metadata.properties,
+            TableProperties.PARQUET_ROW_GROUP_LIMIT,
+            TableProperties.PARQUET_ROW_GROUP_LIMIT_DEFAULT,
+        )
+        self._flush_rows = min(FLUSH_ROWS, limit or FLUSH_ROWS)
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        """Gather ``batch``; hand a full row group to the encoding thread."""
+        if not batch.num_rows:
+            return
+        self._pending.append(batch)
+        self._pending_rows += batch.num_rows
+        self._pending_bytes += batch.nbytes
+        if self._pending_rows >= self._flush_rows or self._pending_bytes >= FLUSH_BYTES:
+            self._flush()
+
+    def finish(self) -> tuple[IcebergFile, ...]:
+        """Encode what is left, close every file; the files as the handle records them."""
+        self._flush()
+        self._wait()
+        if self._pool is not None:
+            self._pool.shutdown()
+        out = []
+        for file in self._files.values():
+            file.writer.close()
+            out.append((file.path, file.rows, self.table.metadata.default_spec_id, file.values))
+        return tuple(out)
+
+    def discard(self) -> None:
+        """After a failure: stop, close and delete whatever was written (best effort;
+        recovery deletes what a killed task leaves)."""
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+        for file in self._files.values():
+            with contextlib.suppress(Exception):
+                file.writer.close()
+            with contextlib.suppress(Exception):
+                self.table.io.delete(file.path)
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        chunk = pa.Table.from_batches(self._pending)
+        self._pending, self._pending_rows, self._pending_bytes = [], 0, 0
+        self._wait()  # at most one row group encoding while the next one gathers
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="txsink-iceberg-encode")
+        self._inflight = self._pool.submit(self._write, chunk)
+
+    def _wait(self) -> None:
+        if self._inflight is not None:
+            inflight, self._inflight = self._inflight, None
+            inflight.result()  # an encoding error surfaces in the task, typed
+
+    def _write(self, chunk: pa.Table) -> None:
+        from pyiceberg.io.pyarrow import _determine_partitions
+
+        data = conform(chunk, self._arrow, uid=self.uid, connector=self.connector)
+        self.rows += data.num_rows
+        self.nbytes += data.nbytes
+        if self._spec.is_unpartitioned():
+            self._encode(None, data)
+            return
+        for part in _determine_partitions(self._spec, self._schema, data):
+            self._encode(part.partition_key, part.arrow_table_partition)
+
+    def _encode(self, key: Any, data: pa.Table) -> None:
+        from pyiceberg.io.pyarrow import _to_requested_schema
+        from pyiceberg.table import DOWNCAST_NS_TIMESTAMP_TO_US_ON_WRITE
+        from pyiceberg.utils.config import Config
+
+        if not data.num_rows:
+            return
+        slot = "" if key is None else key.to_path()
+        file = self._files.get(slot)
+        if file is None:
+            name = data_file_name(self.txn, len(self._files))
+            path = self._locations.new_data_location(data_file_name=name, partition_key=key)
+            writer = self._format.create_writer(
+                self.table.io.new_output(path), self._file_schema, self.table.metadata.properties
+            )
+            values = (
+                () if key is None else encode_partition(self._spec, self._schema, key.partition)
+            )
+            file = self._files[slot] = _File(writer, path, values)
+        downcast = Config().get_bool(DOWNCAST_NS_TIMESTAMP_TO_US_ON_WRITE) or False
+        batches = [
+            _to_requested_schema(
+                requested_schema=self._file_schema,
+                file_schema=self._schema,
+                batch=batch,
+                downcast_ns_timestamp_to_us=downcast,
+                include_field_ids=True,
+                format_model=self._format,
+            )
+            for batch in data.to_batches()
+        ]
+        file.writer.write(pa.Table.from_batches(batches))
+        file.rows += data.num_rows

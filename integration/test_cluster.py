@@ -155,6 +155,7 @@ def test_executor_killed_once_per_task_point_is_absorbed(
     assert _executors_killed(tmp_path) == 2
 
 
+@pytest.mark.slow  # 29 s; the default suite loses an executor once per task point
 def test_executor_killed_twice(cluster_spark: ClusterSpark, tmp_path: Path) -> None:
     """Partition 1's task loses its executor on two attempts (spark.task.maxFailures=2).
 

@@ -158,7 +158,11 @@ def _zombie(spark: Any, cross: Cross, point: str, ending: str, partition: int | 
 
 
 @pytest.mark.spark
-@pytest.mark.parametrize("point", list(ZOMBIE_POINTS))
+@pytest.mark.parametrize(
+    "point",
+    # during_commit ends as after_decision does (B's recovery commits A's decision): slow
+    [p if p != "during_commit" else pytest.param(p, marks=pytest.mark.slow) for p in ZOMBIE_POINTS],
+)
 def test_stale_driver_resumed_after_a_takeover_changes_nothing(
     spark: Any, cross: Cross, point: str
 ) -> None:

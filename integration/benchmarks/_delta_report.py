@@ -18,9 +18,10 @@ except ImportError:  # run as a plain script
     from benchmarks import _bench
     from benchmarks.s3 import COLUMNS
 
-WRITERS = ("txsink", "driver", "tasks", "spark")
+WRITERS = ("txsink", "slots", "driver", "tasks", "spark")
 LABELS = {
     "txsink": "txsink DeltaSink",
+    "slots": "txsink DeltaSink, max_tasks='slots'",
     "driver": "write_deltalake from the driver (toArrow)",
     "tasks": "write_deltalake in each task",
     "spark": "Spark df.write.format('delta')",
@@ -83,11 +84,12 @@ def throughput_table(res: Results, suffix: str) -> str:
 
 
 def target_table(res: Results, suffix: str) -> str:
-    t, d, k, s = (w + suffix for w in ("txsink", "driver", "tasks", "spark"))
+    t, m, d, k, s = (w + suffix for w in ("txsink", "slots", "driver", "tasks", "spark"))
     rows = [
         [
             str(p),
             _bench.ratio_cell(res, t, p, d, target=TARGET),
+            _bench.ratio_cell(res, m, p, d, target=TARGET) if res.seconds(m, p) else "-",
             _bench.ratio_cell(res, t, p, k, target=TARGET),
             _bench.ratio_cell(res, s, p, d) if res.seconds(s, p) else "not measured",
         ]
@@ -96,10 +98,11 @@ def target_table(res: Results, suffix: str) -> str:
     headers = [
         "partitions",
         f"txsink / driver append (target >= {TARGET}x)",
+        "txsink, max_tasks='slots' / driver append",
         f"txsink / task appends (target >= {TARGET}x)",
         "Spark Delta / driver append",
     ]
-    return _bench.markdown_table(headers, rows, "rrrr")
+    return _bench.markdown_table(headers, rows, "rrrrr")
 
 
 def _ms(values: Sequence[float]) -> str:

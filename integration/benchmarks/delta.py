@@ -9,6 +9,8 @@ Writers (each into its own fresh Delta table, read back with delta-rs, checked, 
 txsink   ``Coordinator([DeltaSink(path, uid, create_table=True)], log=...).write(df, epoch=0)``:
          tasks write Parquet files no log entry names; the driver records the decision in a
          local txsink log and makes one Delta commit with the epoch's ``txn`` action.
+slots    the same with ``Coordinator(..., max_tasks="slots")``: the epoch coalesced to the
+         task slots (2 here), so 8 partitions run as 2 tasks and 2 files.
 driver   ``write_deltalake(path, df.toArrow(), mode="append")``: what a user without txsink
          writes. ``toArrow`` collects every row to the driver, which encodes and commits.
 tasks    ``mapInArrow`` tasks that each ``write_deltalake(path, batches, mode="append")`` their
@@ -140,12 +142,15 @@ class Bench:
     void: list[str] = field(default_factory=list)
 
 
-def write_txsink(bench: Bench, where: Where, df: Any, uri: str, tag: str) -> dict[str, Any]:
+def write_txsink(
+    bench: Bench, where: Where, df: Any, uri: str, tag: str, max_tasks: Any = None
+) -> dict[str, Any]:
     from txsink.connectors.delta import DeltaSink
 
     sink = DeltaSink(uri, f"bench-{tag}", create_table=True, storage_options=where.options)
     log = str(bench.workdir / f"txlog-{tag}{where.suffix}")
-    result = Coordinator([sink], log=log, app_id="bench").write(df, epoch=0)
+    coordinator = Coordinator([sink], log=log, app_id="bench", max_tasks=max_tasks)
+    result = coordinator.write(df, epoch=0)
     if result.status != "committed":
         raise RuntimeError(f"txsink epoch not committed: {result}")
     return {"phases": dict(result.seconds), "handles": result.handles}
@@ -196,6 +201,7 @@ def measure(
     uri = f"{where.root}/{writer}-{tag}"
     writers: dict[str, Callable[[], dict[str, Any]]] = {
         "txsink": lambda: write_txsink(bench, where, df, uri, f"{writer}-{tag}"),
+        "slots": lambda: write_txsink(bench, where, df, uri, f"{writer}-{tag}", "slots"),
         "driver": lambda: write_driver(where, df, uri),
         "tasks": lambda: write_tasks(where, df, uri),
         "spark": lambda: write_spark(df, uri),
@@ -338,6 +344,9 @@ def parser() -> _bench.BenchParser:
         p.add_count("--epochs", 12, "small epochs per writer, the first a warm-up (default 12)")
         p.add_count("--epoch-rows", 10_000, "rows per small epoch (default 10000)")
         p.add_argument("--s3", action="store_true", help="also write to the S3 server")
+        p.add_argument(
+            "--warmup", type=int, default=2, help="untimed full-size runs of each writer first"
+        )
         p.add_argument("--region", default=os.environ.get("TXSINK_S3_REGION", "us-east-1"))
 
     return _bench.BenchParser(
@@ -425,6 +434,11 @@ def run(res: Results, args: argparse.Namespace) -> list[str]:
             df = s3_bench.make_frame(spark, args.rows, p)
             expected = s3_bench.spark_fingerprint(df)
             common: dict[str, Any] = {"rows": args.rows, "partitions": p, "expected": expected}
+            for _ in range(args.warmup):  # the JVM's JIT takes a few full-size runs to settle
+                for where in places:
+                    for writer in ("feed", *args.writers):
+                        if writer != "spark" or not where.suffix:
+                            measure(bench, where, writer, df, **{**common, "tag": "warmup"})
             for rep in range(args.repeat):
                 tag = f"p{p}-r{rep}"
                 for where in places:

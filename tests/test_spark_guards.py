@@ -78,3 +78,39 @@ def test_refuses_modes_that_break_replay(execution: str, what: str) -> None:
 
 def test_accepts_micro_batch() -> None:
     _spark.check_query_mode(_df(_Query("q1", "MicroBatchExecution")), "q1")
+
+
+class _Conf:
+    def __init__(self, **values: str) -> None:
+        self.values = dict(values)
+        self.seen: list[str | None] = []
+
+    def get(self, key: str, default: str | None = None) -> str | None:
+        return self.values.get(key, default)
+
+    def set(self, key: str, value: str) -> None:
+        self.values[key] = value
+
+    def unset(self, key: str) -> None:
+        del self.values[key]
+
+
+@pytest.mark.parametrize("user", [None, "128MB"])
+def test_arrow_byte_cap_is_lifted_for_txsinks_job_only(user: str | None) -> None:
+    """Spark 4 measures the Arrow batch after every row while the byte cap holds: lifted
+    (Int.MaxValue: Spark skips the check) during txsink's job, restored after; a value the
+    user set is kept."""
+    conf = _Conf(**({_spark.ARROW_BYTES: user} if user else {}))
+
+    class Session:
+        pass
+
+    session = Session()
+    session.conf = conf  # type: ignore[attr-defined]
+    with _spark.arrow_batches_cut_by_rows(session):
+        during = conf.get(_spark.ARROW_BYTES)
+    assert during == (user or "2147483647")
+    assert conf.get(_spark.ARROW_BYTES) == user
+    with pytest.raises(RuntimeError), _spark.arrow_batches_cut_by_rows(session):
+        raise RuntimeError("the job failed")
+    assert conf.get(_spark.ARROW_BYTES) == user

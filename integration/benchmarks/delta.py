@@ -434,11 +434,11 @@ def run(res: Results, args: argparse.Namespace) -> list[str]:
             df = s3_bench.make_frame(spark, args.rows, p)
             expected = s3_bench.spark_fingerprint(df)
             common: dict[str, Any] = {"rows": args.rows, "partitions": p, "expected": expected}
-            for _ in range(args.warmup):  # the JVM's JIT takes a few full-size runs to settle
+            for i in range(args.warmup):  # the JVM's JIT takes a few full-size runs to settle
                 for where in places:
                     for writer in ("feed", *args.writers):
                         if writer != "spark" or not where.suffix:
-                            measure(bench, where, writer, df, **{**common, "tag": "warmup"})
+                            measure(bench, where, writer, df, **common, tag=f"warm-p{p}-{i}")
             for rep in range(args.repeat):
                 tag = f"p{p}-r{rep}"
                 for where in places:

@@ -18,7 +18,8 @@ tasks    ``mapInArrow`` tasks that each ``write_deltalake(path, batches, mode="a
          appends); the driver creates the empty table first.
 spark    ``df.write.format("delta").save(path)`` with Delta's own jar, when it runs on this
          PySpark (probed in a child process first; the reason is reported when it does not).
-feed     not a writer: tasks that only receive the batches (Spark's own cost).
+feed     not a writer: tasks that only receive the batches (Spark's own cost, with the Arrow
+         byte cap lifted as txsink lifts it for its own job).
 
 Small epochs: ``--epochs`` epochs of ``--epoch-rows`` rows through one coordinator (a
 stream's steady state) next to as many ``write_deltalake`` appends from the driver; the
@@ -177,6 +178,17 @@ def write_spark(df: Any, uri: str) -> dict[str, Any]:
     return {}
 
 
+def _feed(df: Any) -> dict[str, Any]:
+    """Spark's own cost: tasks that only receive the batches, with the Arrow byte cap lifted
+    as txsink lifts it for its own job."""
+    from txsink._spark import arrow_batches_cut_by_rows
+
+    with arrow_batches_cut_by_rows(df.sparkSession):
+        return {
+            "task_rows": sum(r["rows"] for r in df.mapInArrow(_feed_task, "rows long").collect())
+        }
+
+
 def read_back(where: Where, uri: str, extra: dict[str, Any]) -> pa.Table:
     from deltalake import DeltaTable
 
@@ -205,9 +217,7 @@ def measure(
         "driver": lambda: write_driver(where, df, uri),
         "tasks": lambda: write_tasks(where, df, uri),
         "spark": lambda: write_spark(df, uri),
-        "feed": lambda: {
-            "task_rows": sum(r["rows"] for r in df.mapInArrow(_feed_task, "rows long").collect())
-        },
+        "feed": lambda: _feed(df),
     }
     try:
         m = _bench.timed_run(bench.cpu, writer + where.suffix, partitions, rows, writers[writer])

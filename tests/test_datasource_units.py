@@ -74,6 +74,7 @@ def test_options_are_the_sink_constructor_parameters_converted_by_type(tmp_path:
         ({"uid": "out", "target_file_bytes": "lots"}, "'target_file_bytes'"),
         ({"uid": "out", "target_file_bytes": "0"}, "target_file_bytes must be >= 1"),
         ({"uid": "out", "retain_epochs": "0"}, "'retain_epochs'"),
+        ({"uid": "out", "max_tasks": "2"}, r"stream.coalesce\(n\)"),
     ],
 )
 def test_a_wrong_option_is_refused_naming_it(

@@ -70,6 +70,14 @@ def parse_options(options: Mapping[str, str]) -> DsConfig:
     cls = registry.load(record.sink, record)
     params = _sink_params(cls)
     unknown = sorted(set(opts) - set(params) - set(OWN) - SPARK)
+    if "max_tasks" in unknown:
+        raise ConfigurationError(
+            "max_tasks is an option of foreachBatch(Coordinator(...)): through "
+            "format('txsink') Spark plans the write's tasks itself. Coalesce the stream "
+            "before writeStream instead (stream.coalesce(n).writeStream...)",
+            connector=name,
+            phase="check",
+        )
     if unknown:
         raise ConfigurationError(
             f"unknown option(s) {unknown} for format('txsink') with connector {name!r}: the "

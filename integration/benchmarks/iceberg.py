@@ -75,6 +75,13 @@ class Catalog:
 
         return load_catalog("bench", **self.props).load_table(name).scan().to_arrow()
 
+    def footprint(self, name: str) -> tuple[float, int]:
+        """The table's data files: MB and count."""
+        from pyiceberg.catalog import load_catalog
+
+        tasks = list(load_catalog("bench", **self.props).load_table(name).scan().plan_files())
+        return sum(t.file.file_size_in_bytes for t in tasks) / 1e6, len(tasks)
+
     def drop(self, name: str) -> None:
         self.catalog.purge_table(name)
 
@@ -107,8 +114,18 @@ def write(writer: str, catalog: Catalog, df: Any, name: str, log: Path) -> dict[
     return {}
 
 
+#: (partitions, writer) -> the tables' (MB, files), per run.
+FOOTPRINT: dict[tuple[int, str], list[tuple[float, int]]] = {}
+
+
 def measure(
-    catalog: Catalog, writer: str, df: Any, rows: int, expected: tuple[Any, ...], tmp: Path
+    catalog: Catalog,
+    writer: str,
+    df: Any,
+    rows: int,
+    expected: tuple[Any, ...],
+    tmp: Path,
+    partitions: int = 0,
 ) -> tuple[float, dict[str, float], str]:
     name = f"bench.{writer}_{uuid.uuid4().hex[:8]}"
     t0 = time.perf_counter()
@@ -118,6 +135,7 @@ def measure(
     if writer != "feed":
         try:
             found = s3_bench.arrow_fingerprint(catalog.read(name))
+            FOOTPRINT.setdefault((partitions, writer), []).append(catalog.footprint(name))
         finally:
             catalog.drop(name)
         if found != expected:
@@ -185,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for rep in range(args.repeat):
                 shift = rep % len(WRITERS)
                 for writer in WRITERS[shift:] + WRITERS[:shift]:
-                    secs, ph, verdict = measure(catalog, writer, df, args.rows, expected, tmp)
+                    secs, ph, verdict = measure(catalog, writer, df, args.rows, expected, tmp, p)
                     ok = ok and verdict == "ok"
                     results.setdefault((p, writer), []).append(secs)
                     if writer in TXSINK:
@@ -200,19 +218,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         med = statistics.median(walls)
         base = statistics.median(results[(p, "append")])
         ratio = f"{base / med:.2f}x" if writer != "feed" else ""
+        sizes = FOOTPRINT.get((p, writer))
+        size = f"{statistics.median(m for m, _ in sizes):.1f} / {sizes[0][1]}" if sizes else ""
         rows.append(
             [
                 str(p),
                 writer,
                 f"{args.rows / med:,.0f}",
+                size,
                 " / ".join(f"{s:.2f}" for s in walls),
                 ratio,
             ]
         )
     print(f"\n{args.rows:,} rows, {args.repeat} runs each (txsink / append: ratio of rates)\n")
     print(_bench.markdown_table(
-        ["partitions", "writer", "rows/s (median)", "wall s per run", "vs pyiceberg append"],
-        rows, "llrrr"))  # fmt: skip
+        ["partitions", "writer", "rows/s (median)", "MB / files", "wall s per run",
+         "vs pyiceberg append"], rows, "llrrrr"))  # fmt: skip
     for (p, writer), runs in phases.items():
         keys = ("recover", "precommit", "decide", "commit")
         print(f"\n{writer} phases at {p} partitions (median s): " + ", ".join(

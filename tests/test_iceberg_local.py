@@ -356,3 +356,23 @@ def test_data_source_options_build_the_sink(tmp_path: Path) -> None:
     assert isinstance(config.sink, IcebergSink)
     assert config.sink.catalog_properties == props and config.sink.create is True
     config.sink.check(SCHEMA, "app")  # creates the table
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize(("max_tasks", "files"), [("auto", 2), (None, 6), (3, 3)])
+def test_a_table_sink_coalesces_each_epoch_to_the_slots_by_default(
+    spark: Any, tmp_path: Path, max_tasks: Any, files: int
+) -> None:
+    """A table sink prefers fewer, larger tasks: the coordinator's default (``"auto"``)
+    coalesces a 6-partition epoch to local[2]'s two slots; None keeps one per partition."""
+    from txsink import Coordinator
+    from txsink.connectors.iceberg import IcebergSink
+
+    props = {"type": "sql", "uri": f"sqlite:///{tmp_path}/c.db", "warehouse": tmp_path.as_uri()}
+    sink = IcebergSink(props, "ns.t", uid="auto", catalog_name="auto", create=True)
+    coordinator = Coordinator([sink], log=str(tmp_path / "log"), app_id="auto", max_tasks=max_tasks)
+    result = coordinator.write(spark.range(0, 600, 1, 6), epoch=0)
+    assert (result.status, result.handles) == ("committed", files)
+    scan = sink._load().scan()
+    assert len(list(scan.plan_files())) == files
+    assert sorted(scan.to_arrow()["id"].to_pylist()) == list(range(600))

@@ -436,3 +436,22 @@ def test_max_tasks_refused_for_a_sink_that_commits_in_its_tasks(tmp_path: Path) 
         Coordinator([InTaskSink("in-task", MemTarget(), Crasher())], log=str(tmp_path / "l"),
                     max_tasks=2)  # fmt: skip
     assert err.value.sink_uid == "in-task"
+
+
+def test_auto_max_tasks_coalesces_only_when_every_sink_prefers_fewer_tasks(
+    tmp_path: Path,
+) -> None:
+    class Table(CheckSink):
+        @property
+        @override
+        def fewer_tasks(self) -> bool:
+            return True
+
+    def resolved(*sinks: Any) -> Any:
+        return Coordinator(list(sinks), log=str(tmp_path / "log")).max_tasks
+
+    assert resolved(Table("t1"), Table("t2")) == "slots"
+    assert resolved(Table("t1"), CheckSink("other")) is None
+    assert resolved(CheckSink("other")) is None
+    # a table next to a sink with a fixed task count: auto leaves the epoch alone
+    assert resolved(Table("t1"), Table("t2", part=Partitioning(("k",), 3))) is None

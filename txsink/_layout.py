@@ -24,21 +24,48 @@ from txsink.errors import ConfigurationError
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["MaxTasks", "check_max_tasks", "laid_out", "required_partitioning", "task_slots"]
+__all__ = [
+    "MaxTasks",
+    "check_max_tasks",
+    "laid_out",
+    "required_partitioning",
+    "resolve_max_tasks",
+    "task_slots",
+]
 
 #: An upper bound on an epoch's task count: a number, ``"slots"`` (the task slots the
-#: cluster runs at once, read at each epoch), or None (the DataFrame's own partitions).
-MaxTasks: TypeAlias = int | Literal["slots"] | None
+#: cluster runs at once, read at each epoch), None (the DataFrame's own partitions), or
+#: ``"auto"``: ``"slots"`` when every sink prefers fewer tasks
+#: (:attr:`~txsink.contract.SinkContract.fewer_tasks`: tables), else None.
+MaxTasks: TypeAlias = int | Literal["slots", "auto"] | None
+
+
+def resolve_max_tasks(
+    max_tasks: MaxTasks, sinks: Sequence[SinkContract[Any, Any]]
+) -> int | Literal["slots"] | None:
+    """``max_tasks`` with ``"auto"`` decided for these sinks (checked: :func:`check_max_tasks`)."""
+    if max_tasks != "auto":
+        return max_tasks
+    if all(s.fewer_tasks for s in sinks) and not any(_refuses(s) for s in sinks):
+        return "slots"
+    return None
+
+
+def _refuses(sink: SinkContract[Any, Any]) -> bool:
+    part = sink.required_partitioning()
+    return sink.commits_in_task or (part is not None and part.num_partitions is not None)
 
 
 def check_max_tasks(max_tasks: MaxTasks, sinks: Sequence[SinkContract[Any, Any]]) -> None:
     """Refuse, when the coordinator is built, a ``max_tasks`` its sinks cannot run with."""
-    if max_tasks is None:
+    if max_tasks is None or max_tasks == "auto":
         return
     if max_tasks != "slots" and (
         not isinstance(max_tasks, int) or isinstance(max_tasks, bool) or max_tasks < 1
     ):
-        raise ValueError(f"max_tasks must be an int >= 1, 'slots' or None, got {max_tasks!r}")
+        raise ValueError(
+            f"max_tasks must be an int >= 1, 'slots', 'auto' or None, got {max_tasks!r}"
+        )
     for sink in sinks:
         if sink.commits_in_task:
             raise ConfigurationError(
@@ -98,7 +125,9 @@ def task_slots(session: Any) -> int | None:
 
 
 def laid_out(
-    df: DataFrame, wanted: Iterable[Partitioning | None], max_tasks: MaxTasks = None
+    df: DataFrame,
+    wanted: Iterable[Partitioning | None],
+    max_tasks: int | Literal["slots"] | None = None,
 ) -> DataFrame:
     """``df`` partitioned as the sinks require (upsert keys, shards), then coalesced to at
     most ``max_tasks`` tasks (``"slots"``: the cluster's task slots; left alone where they

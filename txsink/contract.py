@@ -254,6 +254,17 @@ class SinkContract(abc.ABC, Generic[T, H]):
         """
         return False
 
+    @property
+    def fewer_tasks(self) -> bool:
+        """True for sinks better served by fewer, larger tasks per epoch (a table's data
+        files: one or more per task, and small files cost every reader).
+
+        When every sink of a coordinator says so, its default ``max_tasks="auto"`` coalesces
+        each epoch to the cluster's task slots (no shuffle); ``max_tasks=None`` keeps one
+        task per partition.
+        """
+        return False
+
     def required_partitioning(self) -> Partitioning | None:
         """How this sink needs the epoch's rows partitioned (default: any way).
 

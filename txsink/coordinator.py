@@ -86,10 +86,12 @@ class Coordinator(OperatorMixin):
         metrics: one :class:`~txsink.metrics.Metrics` or several (exporters:
             docs/observability.md), called on the driver; they travel with the coordinator.
         max_tasks: at most this many pre-commit tasks per epoch: an int, ``"slots"`` (the
-            task slots the cluster runs at once, read at each epoch) or None (one task per
-            partition of the batch). The epoch is ``coalesce``d (no shuffle): fewer, larger
-            tasks, prepared transactions and files. Not with sinks that commit in their
-            tasks or need a fixed task count (refused here). See docs/performance.md.
+            task slots the cluster runs at once, read at each epoch), None (one task per
+            partition of the batch), or ``"auto"`` (the default): ``"slots"`` when every
+            sink prefers fewer tasks (tables), else None. The epoch is ``coalesce``d (no
+            shuffle): fewer, larger tasks, prepared transactions and files. Not with sinks
+            that commit in their tasks or need a fixed task count (refused here). See
+            docs/performance.md.
     """
 
     def __init__(
@@ -104,7 +106,7 @@ class Coordinator(OperatorMixin):
         faults: FaultPlan | str | None = None,
         from_savepoint: str | os.PathLike[str] | LogStore | TxLog | None = None,
         metrics: Metrics | Sequence[Metrics] | None = None,
-        max_tasks: _layout.MaxTasks = None,
+        max_tasks: _layout.MaxTasks = "auto",
     ) -> None:
         self.sinks: tuple[AnySink, ...] = (
             (sinks,) if isinstance(sinks, SinkContract) else tuple(sinks)
@@ -120,7 +122,7 @@ class Coordinator(OperatorMixin):
         if retain_epochs < 1:
             raise ValueError("retain_epochs must be >= 1")
         _layout.check_max_tasks(max_tasks, self.sinks)
-        self.max_tasks = max_tasks
+        self.max_tasks = _layout.resolve_max_tasks(max_tasks, self.sinks)
         self.log = open_log(log)
         self._log_location = location_of(log)  # what travels to Spark Connect (_remote)
         self.app_id = check_name("app id", app_id) if app_id is not None else None

@@ -146,6 +146,13 @@ class DeltaSink(TwoPhaseCommitSink[OpenTxn, DeltaHandle]):
 
     # -- driver: start -------------------------------------------------------------------
 
+    @property
+    @override
+    def fewer_tasks(self) -> bool:
+        """Each task writes data files of its own: fewer, larger ones serve every reader
+        (the coordinator's default ``max_tasks="auto"`` coalesces to the task slots)."""
+        return True
+
     @override
     def check(self, schema: pa.Schema, app_id: str) -> None:
         ctx = self._ctx(phase="check")

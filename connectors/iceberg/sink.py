@@ -72,6 +72,13 @@ class IcebergSink(TwoPhaseCommitSink[PreparedWriter, IcebergHandle]):
         state["_catalog"] = None  # connections stay where they were opened
         return state
 
+    @property
+    @override
+    def fewer_tasks(self) -> bool:
+        """Each task writes data files of its own: fewer, larger ones serve every reader
+        (the coordinator's default ``max_tasks="auto"`` coalesces to the task slots)."""
+        return True
+
     def _cat(self) -> Catalog:
         if self._catalog is None:
             try:

@@ -18,10 +18,10 @@ except ImportError:  # run as a plain script
     from benchmarks import _bench
     from benchmarks.s3 import COLUMNS
 
-WRITERS = ("txsink", "slots", "driver", "tasks", "spark")
+WRITERS = ("txsink", "perpart", "driver", "tasks", "spark")
 LABELS = {
     "txsink": "txsink DeltaSink",
-    "slots": "txsink DeltaSink, max_tasks='slots'",
+    "perpart": "txsink DeltaSink, max_tasks=None",
     "driver": "write_deltalake from the driver (toArrow)",
     "tasks": "write_deltalake in each task",
     "spark": "Spark df.write.format('delta')",
@@ -84,7 +84,7 @@ def throughput_table(res: Results, suffix: str) -> str:
 
 
 def target_table(res: Results, suffix: str) -> str:
-    t, m, d, k, s = (w + suffix for w in ("txsink", "slots", "driver", "tasks", "spark"))
+    t, m, d, k, s = (w + suffix for w in ("txsink", "perpart", "driver", "tasks", "spark"))
     rows = [
         [
             str(p),
@@ -98,7 +98,7 @@ def target_table(res: Results, suffix: str) -> str:
     headers = [
         "partitions",
         f"txsink / driver append (target >= {TARGET}x)",
-        "txsink, max_tasks='slots' / driver append",
+        "txsink, max_tasks=None / driver append",
         f"txsink / task appends (target >= {TARGET}x)",
         "Spark Delta / driver append",
     ]

@@ -9,8 +9,9 @@ Writers (each into its own fresh Delta table, read back with delta-rs, checked, 
 txsink   ``Coordinator([DeltaSink(path, uid, create_table=True)], log=...).write(df, epoch=0)``:
          tasks write Parquet files no log entry names; the driver records the decision in a
          local txsink log and makes one Delta commit with the epoch's ``txn`` action.
-slots    the same with ``Coordinator(..., max_tasks="slots")``: the epoch coalesced to the
-         task slots (2 here), so 8 partitions run as 2 tasks and 2 files.
+         The default ``max_tasks="auto"`` coalesces the epoch to the task slots (2 here: 8
+         partitions run as 2 tasks and 2 files), as for every table sink.
+perpart  the same with ``Coordinator(..., max_tasks=None)``: one task and file per partition.
 driver   ``write_deltalake(path, df.toArrow(), mode="append")``: what a user without txsink
          writes. ``toArrow`` collects every row to the driver, which encodes and commits.
 tasks    ``mapInArrow`` tasks that each ``write_deltalake(path, batches, mode="append")`` their
@@ -144,7 +145,7 @@ class Bench:
 
 
 def write_txsink(
-    bench: Bench, where: Where, df: Any, uri: str, tag: str, max_tasks: Any = None
+    bench: Bench, where: Where, df: Any, uri: str, tag: str, max_tasks: Any = "auto"
 ) -> dict[str, Any]:
     from txsink.connectors.delta import DeltaSink
 
@@ -213,7 +214,7 @@ def measure(
     uri = f"{where.root}/{writer}-{tag}"
     writers: dict[str, Callable[[], dict[str, Any]]] = {
         "txsink": lambda: write_txsink(bench, where, df, uri, f"{writer}-{tag}"),
-        "slots": lambda: write_txsink(bench, where, df, uri, f"{writer}-{tag}", "slots"),
+        "perpart": lambda: write_txsink(bench, where, df, uri, f"{writer}-{tag}", None),
         "driver": lambda: write_driver(where, df, uri),
         "tasks": lambda: write_tasks(where, df, uri),
         "spark": lambda: write_spark(df, uri),

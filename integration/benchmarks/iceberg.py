@@ -11,7 +11,9 @@ aggregates equal to the source's: the S3 benchmark's order-line rows), then drop
 txsink   ``Coordinator([IcebergSink(catalog, table, uid)], log=...).write(df, epoch=0)``:
          tasks write Parquet data files no snapshot references; the driver records the
          decision in a local txsink log and commits one table transaction (append + the
-         committed-epoch property).
+         committed-epoch property). The default ``max_tasks="auto"`` coalesces the epoch
+         to the task slots (a table sink prefers fewer, larger files).
+txsink-per-part  the same with ``max_tasks=None``: one task (and file) per partition.
 append   ``table.append(df.toArrow())``: what a user without txsink writes (pyiceberg
          writes and commits from the driver; ``toArrow`` collects every row there).
 feed     not a writer: tasks that only receive the batches (Spark's own cost), with the
@@ -86,8 +88,9 @@ class Catalog:
         self.catalog.purge_table(name)
 
 
-#: txsink's writers: the coordinator's ``max_tasks`` for each.
-TXSINK: dict[str, Any] = {"txsink": None, "txsink-slots": "slots"}
+#: txsink's writers: the coordinator's ``max_tasks`` for each (the default, ``"auto"``,
+#: coalesces a table sink's epoch to the task slots; None keeps one task per partition).
+TXSINK: dict[str, Any] = {"txsink": "auto", "txsink-per-part": None}
 WRITERS = ("feed", *TXSINK, "append")
 
 

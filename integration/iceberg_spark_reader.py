@@ -1,0 +1,88 @@
+"""A second, independent reader of Iceberg tables: Spark with Apache Iceberg's own Spark
+runtime, through Iceberg's JDBC catalog on the PostgreSQL database pyiceberg's SQL catalog
+writes (the same ``iceberg_tables`` rows), and Iceberg's S3FileIO on the S3 server.
+
+Run with an interpreter whose PySpark an Iceberg runtime supports (not txsink's venv: no
+Iceberg release runs on PySpark 4.3 yet; ``./dev iceberg-reader`` makes
+``.venv-iceberg-spark`` with PySpark 4.1 for ``iceberg-spark-runtime-4.1_2.13``). It imports
+nothing of txsink. Connection settings come from the environment (``TXSINK_PG_DSN``,
+``TXSINK_S3_*``, as ``integration/services up`` writes them); nothing secret is printed.
+Prints one JSON line: the table's ids, its snapshots (with their summaries) and its
+properties::
+
+    .venv-iceberg-spark/bin/python integration/iceberg_spark_reader.py CATALOG NS.TABLE WAREHOUSE
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from urllib.parse import unquote, urlsplit
+
+ICEBERG = os.environ.get("TXSINK_ICEBERG_SPARK_VERSION", "1.12.0")
+PACKAGES = ",".join(
+    [
+        f"org.apache.iceberg:iceberg-spark-runtime-4.1_2.13:{ICEBERG}",
+        f"org.apache.iceberg:iceberg-aws-bundle:{ICEBERG}",
+        "org.postgresql:postgresql:42.7.14",
+    ]
+)
+
+
+def _jdbc(dsn: str) -> tuple[str, str, str]:
+    """A libpq URL as (JDBC URL, user, password)."""
+    parts = urlsplit(dsn)
+    url = f"jdbc:postgresql://{parts.hostname}:{parts.port or 5432}{parts.path}"
+    return url, unquote(parts.username or ""), unquote(parts.password or "")
+
+
+def main(catalog: str, table: str, warehouse: str, id_column: str = "id") -> int:
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    url, user, password = _jdbc(os.environ["TXSINK_PG_DSN"])
+    prefix = f"spark.sql.catalog.{catalog}"
+    builder = (
+        SparkSession.builder.master("local[1]")
+        .appName("iceberg-second-reader")
+        .config("spark.jars.packages", PACKAGES)
+        .config(
+            "spark.sql.extensions",
+            "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
+        )
+        .config("spark.ui.enabled", "false")
+        .config(prefix, "org.apache.iceberg.spark.SparkCatalog")
+        .config(f"{prefix}.catalog-impl", "org.apache.iceberg.jdbc.JdbcCatalog")
+        .config(f"{prefix}.uri", url)
+        .config(f"{prefix}.warehouse", warehouse)
+        .config(f"{prefix}.jdbc.user", user)
+        .config(f"{prefix}.jdbc.password", password)
+        .config(f"{prefix}.io-impl", "org.apache.iceberg.aws.s3.S3FileIO")
+        .config(f"{prefix}.s3.endpoint", os.environ["TXSINK_S3_ENDPOINT"])
+        .config(f"{prefix}.s3.path-style-access", "true")
+        .config(f"{prefix}.s3.access-key-id", os.environ.get("TXSINK_S3_ACCESS_KEY", ""))
+        .config(f"{prefix}.s3.secret-access-key", os.environ.get("TXSINK_S3_SECRET_KEY", ""))
+        .config(f"{prefix}.client.region", os.environ.get("TXSINK_S3_REGION") or "us-east-1")
+    )
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    name = f"{catalog}.{table}"
+    try:
+        ids = [r[0] for r in spark.table(name).select(id_column).collect()]
+        snapshots = [
+            {"snapshot_id": r.snapshot_id, "operation": r.operation, "summary": dict(r.summary)}
+            for r in spark.sql(
+                f"SELECT snapshot_id, operation, summary FROM {name}.snapshots "
+                "ORDER BY committed_at"
+            ).collect()
+        ]
+        properties = {r.key: r.value for r in spark.sql(f"SHOW TBLPROPERTIES {name}").collect()}
+    finally:
+        spark.stop()
+    print(json.dumps({"ids": ids, "snapshots": snapshots, "properties": properties}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:]))

@@ -114,3 +114,44 @@ def test_arrow_byte_cap_is_lifted_for_txsinks_job_only(user: str | None) -> None
     with pytest.raises(RuntimeError), _spark.arrow_batches_cut_by_rows(session):
         raise RuntimeError("the job failed")
     assert conf.get(_spark.ARROW_BYTES) == user
+
+
+def test_arrow_schema_on_a_pyspark_without_the_timezone_argument(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """PySpark 4.0 and 4.1 convert a schema to Arrow only in UTC (``timestamp_utc=``); 4.2+
+    take ``timezone=``. txsink supports both (pyproject: pyspark>=4.0)."""
+    import pyarrow as pa
+    from pyspark.sql.pandas import types
+    from pyspark.sql.types import LongType, StructField, StructType, TimestampType
+
+    calls: list[dict[str, Any]] = []
+
+    def old(
+        schema: Any,
+        error_on_duplicated_field_names_in_struct: bool = False,
+        timestamp_utc: bool = True,
+        prefers_large_types: bool = False,
+    ) -> pa.Schema:
+        calls.append({"timestamp_utc": timestamp_utc})
+        return pa.schema([("id", pa.int64()), ("at", pa.timestamp("us", tz="UTC"))])
+
+    monkeypatch.setattr(types, "to_arrow_schema", old)
+    _spark._takes_timezone.cache_clear()
+
+    class Conf:
+        def get(self, key: str, default: Any = None) -> str:
+            return "Europe/Berlin"
+
+    class Session:
+        conf = Conf()
+
+    class DF:
+        sparkSession = Session()
+        schema = StructType([StructField("id", LongType()), StructField("at", TimestampType())])
+
+    try:
+        assert _spark.arrow_schema(DF()).field("at").type == pa.timestamp("us", tz="UTC")  # type: ignore[arg-type]
+        assert calls == [{"timestamp_utc": True}]
+    finally:
+        _spark._takes_timezone.cache_clear()

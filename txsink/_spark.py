@@ -228,13 +228,27 @@ def check_query_mode(df: DataFrame, query_id: str) -> None:
             )
 
 
+@functools.cache
+def _takes_timezone() -> bool:
+    """PySpark 4.2+ converts a schema to Arrow in a given time zone (``timezone=``); 4.0 and
+    4.1 only in UTC (``timestamp_utc=``)."""
+    import inspect
+
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return "timezone" in inspect.signature(to_arrow_schema).parameters
+
+
 def arrow_schema(df: DataFrame) -> pa.Schema:
-    """The DataFrame's schema as the sinks see it (Arrow, in the session's time zone)."""
+    """The DataFrame's schema as the sinks see it (Arrow; timestamps in the session's time
+    zone, in UTC on PySpark before 4.2)."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
     tz = df.sparkSession.conf.get("spark.sql.session.timeZone")
     try:
-        return to_arrow_schema(df.schema, timezone=tz)
+        if _takes_timezone():
+            return to_arrow_schema(df.schema, timezone=tz)
+        return to_arrow_schema(df.schema, timestamp_utc=True)  # type: ignore[call-arg, unused-ignore]
     except (TypeError, ValueError) as err:  # a Spark type Arrow cannot carry
         raise ConfigurationError(
             f"the DataFrame's schema cannot be written through Arrow: {err}. Cast or drop that "

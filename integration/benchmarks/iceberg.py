@@ -91,7 +91,9 @@ class Catalog:
 #: txsink's writers: the coordinator's ``max_tasks`` for each (the default, ``"auto"``,
 #: coalesces a table sink's epoch to the task slots; None keeps one task per partition).
 TXSINK: dict[str, Any] = {"txsink": "auto", "txsink-per-part": None}
-WRITERS = ("feed", *TXSINK, "append")
+WRITERS: tuple[str, ...] = ("feed", *TXSINK, "append")
+#: Spark's own Iceberg writer (``--spark-iceberg``: a PySpark an Iceberg runtime supports).
+SPARK_RUNTIME = "org.apache.iceberg:iceberg-spark-runtime-{spark}_2.13:{version}"
 
 
 def write(writer: str, catalog: Catalog, df: Any, name: str, log: Path) -> dict[str, float]:
@@ -105,6 +107,11 @@ def write(writer: str, catalog: Catalog, df: Any, name: str, log: Path) -> dict[
             [sink], log=str(log), app_id=f"bench-{uuid.uuid4().hex[:6]}", max_tasks=TXSINK[writer]
         )
         return dict(coordinator.write(df, epoch=0).seconds)
+    if writer == "spark":
+        # Spark's Iceberg writer (CTAS: create and write in one commit), a Hadoop catalog in
+        # a warehouse folder of its own; read back through the same catalog.
+        df.writeTo(f"sparkcat.{name}").using("iceberg").create()
+        return {}
     if writer == "append":
         data = df.toArrow()
         table = catalog.catalog.create_table(name, schema=data.schema)
@@ -135,7 +142,13 @@ def measure(
     phases = write(writer, catalog, df, name, tmp / f"log-{name}")
     seconds = time.perf_counter() - t0
     verdict = "ok"
-    if writer != "feed":
+    if writer == "spark":
+        table = df.sparkSession.table(f"sparkcat.{name}")
+        found = s3_bench.spark_fingerprint(table)
+        df.sparkSession.sql(f"DROP TABLE sparkcat.{name} PURGE")
+        if found != expected:
+            verdict = f"WRONG: {found[:2]} rows/ids, want {rows}"
+    elif writer != "feed":
         try:
             found = s3_bench.arrow_fingerprint(catalog.read(name))
             FOOTPRINT.setdefault((partitions, writer), []).append(catalog.footprint(name))
@@ -183,16 +196,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=2, help="untimed full-size runs each")
     parser.add_argument("--epochs", type=int, default=12, help="small epochs (first: warm-up)")
     parser.add_argument("--epoch-rows", type=int, default=10_000)
+    parser.add_argument(
+        "--spark-iceberg",
+        metavar="VERSION",
+        help="also Spark's own Iceberg writer, with iceberg-spark-runtime VERSION for this "
+        "PySpark's minor version (none runs on PySpark 4.3: use .venv-iceberg-spark)",
+    )
     args = parser.parse_args(argv)
-    spark = _bench.spark_session("txsink-bench-iceberg")
     tmp = Path(tempfile.mkdtemp(prefix="txsink-bench-iceberg-"))
+    conf: dict[str, str] = {}
+    writers = WRITERS
+    if args.spark_iceberg:
+        import pyspark
+
+        minor = ".".join(pyspark.__version__.split(".")[:2])
+        conf = {
+            "spark.jars.packages": SPARK_RUNTIME.format(spark=minor, version=args.spark_iceberg),
+            "spark.sql.catalog.sparkcat": "org.apache.iceberg.spark.SparkCatalog",
+            "spark.sql.catalog.sparkcat.type": "hadoop",
+            "spark.sql.catalog.sparkcat.warehouse": (tmp / "spark-warehouse").as_uri(),
+        }
+        writers = (*WRITERS, "spark")
+    spark = _bench.spark_session("txsink-bench-iceberg", conf=conf)
     catalog = Catalog(tmp)
     results: dict[tuple[int, str], list[float]] = {}
     phases: dict[tuple[int, str], list[dict[str, float]]] = {}
     ok = True
     try:
         warm = s3_bench.make_frame(spark, 50_000, 2)
-        for writer in WRITERS:
+        for writer in writers:
             measure(catalog, writer, warm, 50_000, s3_bench.spark_fingerprint(warm), tmp)
         warm.unpersist(blocking=True)
         for p in [int(x) for x in args.partitions.split(",")]:
@@ -201,11 +233,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             # The JVM's JIT takes several full-size runs to settle (a stream's steady
             # state): untimed, every writer alike.
             for _ in range(args.warmup):
-                for writer in WRITERS:
+                for writer in writers:
                     measure(catalog, writer, df, args.rows, expected, tmp)
             for rep in range(args.repeat):
-                shift = rep % len(WRITERS)
-                for writer in WRITERS[shift:] + WRITERS[:shift]:
+                shift = rep % len(writers)
+                for writer in writers[shift:] + writers[:shift]:
                     secs, ph, verdict = measure(catalog, writer, df, args.rows, expected, tmp, p)
                     ok = ok and verdict == "ok"
                     results.setdefault((p, writer), []).append(secs)

@@ -30,7 +30,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -165,8 +165,14 @@ def start_cluster(
     *,
     workdir: Path = WORK,
     timeout: float = 90.0,
+    worker_hosts: Sequence[str] = (),
 ) -> Cluster:
-    """Start a master and ``workers`` workers; return once every worker is ALIVE on the master."""
+    """Start a master and ``workers`` workers; return once every worker is ALIVE on the master.
+
+    ``worker_hosts``: worker N's address (default ``127.0.0.1``). Distinct loopback addresses
+    (``127.0.0.2``, ...) make the workers distinct hosts to Spark's scheduler, which never
+    places a speculative copy of a task on a host that already runs an attempt of it.
+    """
     began = time.monotonic()
     home = spark_home()
     logs = workdir / "logs"
@@ -208,13 +214,14 @@ def start_cluster(
         for n in range(workers):
             wdir = workdir / f"worker-{n}"
             wdir.mkdir(exist_ok=True)
+            host = worker_hosts[n] if n < len(worker_hosts) else "127.0.0.1"
             cluster.processes[f"worker-{n}"] = _spawn(
                 f"worker-{n}",
                 [
                     "org.apache.spark.deploy.worker.Worker",
                     cluster.master_url,
                     "--host",
-                    "127.0.0.1",
+                    host,
                     "--port",
                     "0",
                     "--webui-port",
@@ -226,7 +233,7 @@ def start_cluster(
                     "--work-dir",
                     str(wdir),
                 ],
-                env,
+                dict(env, SPARK_LOCAL_IP=host),
                 logs,
             )
         deadline = time.monotonic() + timeout

@@ -17,9 +17,13 @@ and the cluster lives under ``/var/lib/txsink-services`` (a test's tmp folder is
 :class:`CrashableMinio` is a private MinIO server (the harness's binary) on its own data
 folder and port: :meth:`~CrashableMinio.kill` SIGKILLs it, :meth:`~CrashableMinio.start`
 starts it again on the same folder, where objects and open multipart uploads survive.
+``CrashableMinio.create(folder, env={...})`` adds server settings (``MINIO_API_*``, e.g.
+a short stale-upload expiry for the expiry tests), kept across restarts.
 
 :class:`CrashableKafka` is a private single-node KRaft broker (the harness's jars) whose log
 folder, transaction state included, survives a SIGKILL.
+``CrashableKafka.create(folder, broker={...})`` adds (or overrides) broker properties
+(short transaction or transactional-id expiry, a fast log cleaner, for the expiry tests).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import socket
 import subprocess
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -220,10 +225,12 @@ class CrashableMinio(_Server):
     console_port: int = field(default_factory=_free_port)
     access_key: str = "crash-user"
     secret_key: str = "crash-secret"  # a throw-away loopback-only server
+    #: Extra server environment (``MINIO_API_STALE_UPLOADS_EXPIRY``, ...), every start.
+    extra_env: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def create(cls, folder: Path) -> CrashableMinio:
-        server = cls(folder)
+    def create(cls, folder: Path, *, env: Mapping[str, str] | None = None) -> CrashableMinio:
+        server = cls(folder, extra_env=dict(env or {}))
         (folder / "data").mkdir(parents=True)
         server.start()
         return server
@@ -248,6 +255,7 @@ class CrashableMinio(_Server):
             **os.environ,
             "MINIO_ROOT_USER": self.access_key,
             "MINIO_ROOT_PASSWORD": self.secret_key,
+            **self.extra_env,
         }
         address = f"127.0.0.1:{self.port}"
         console = f"127.0.0.1:{self.console_port}"
@@ -276,13 +284,15 @@ class CrashableKafka(_Server):
     it, survives a kill, as a broker's disk does."""
 
     controller_port: int = field(default_factory=_free_port)
+    #: Extra broker properties, over the defaults (``transaction.max.timeout.ms``, ...).
+    broker: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def create(cls, folder: Path) -> CrashableKafka:
+    def create(cls, folder: Path, *, broker: Mapping[str, str] | None = None) -> CrashableKafka:
         from _services.common import StartReport
         from _services.kafka import ensure_jars
 
-        server = cls(folder)
+        server = cls(folder, broker={k: str(v) for k, v in (broker or {}).items()})
         folder.mkdir(parents=True)
         server._configure()
         jars = ensure_jars(StartReport("crashable-kafka", {}))
@@ -335,6 +345,7 @@ class CrashableKafka(_Server):
             "share.coordinator.state.topic.min.isr": "1",
             "auto.create.topics.enable": "false",
             "group.initial.rebalance.delay.ms": "0",
+            **self.broker,
         }
         self.props.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
         (self.folder / "log4j2.properties").write_text(
@@ -375,8 +386,14 @@ class CrashableKafka(_Server):
             if self.proc is None or self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"Kafka did not start: see {self.folder / 'stdout.log'}")
             time.sleep(0.2)
+        # Within the broker's transaction.max.timeout.ms, when a test lowers it.
+        timeout_ms = min(60_000, int(self.broker.get("transaction.max.timeout.ms", 60_000)))
         producer = Producer(
-            {"bootstrap.servers": self.bootstrap, "transactional.id": f"warmup-{uuid.uuid4()}"}
+            {
+                "bootstrap.servers": self.bootstrap,
+                "transactional.id": f"warmup-{uuid.uuid4()}",
+                "transaction.timeout.ms": timeout_ms,
+            }
         )
         producer.init_transactions(90)
         producer.begin_transaction()

@@ -139,3 +139,99 @@ def test_kafka_broker_killed_mid_epoch_and_restarted(
     finally:
         server.stop()
     assert verdict.ok and verdict.lingering == 0, (verdict, errors[-1:])
+
+
+# -- kill-target faults through the chaos toolkit: the cross-system move, the soak ---------
+
+
+def _private_servers(tmp_path: Path) -> tuple[Any, Any, dict[str, str]]:
+    import os
+
+    pg = CrashablePostgres.create()
+    minio = CrashableMinio.create(tmp_path / "minio")
+    env = {**os.environ, "TXSINK_PG_DSN": pg.dsn, **minio.env()}
+    return pg, minio, env
+
+
+@pytest.mark.spark
+@pytest.mark.chaos
+@pytest.mark.postgres
+@pytest.mark.s3
+@pytest.mark.parametrize(
+    "plan",
+    [
+        "after_decision:kill-target=postgres@1",
+        pytest.param("during_commit:kill-target=s3@1", marks=pytest.mark.slow),
+        # a task's transaction prepared in both servers, then both die at once
+        pytest.param("after_precommit:kill-target@1#0", marks=pytest.mark.slow),
+        # no crash point: PostgreSQL dies whenever the clock says (timer below)
+        pytest.param("", marks=pytest.mark.slow),
+    ],
+)
+def test_cross_system_move_survives_a_target_crash(tmp_path: Path, plan: str) -> None:
+    """One coordinator writes files, PostgreSQL and S3; a ``kill-target`` fault SIGKILLs a
+    server mid-epoch (run by :func:`txsink.testing.run_chaos`, which starts it again before
+    the query restarts). Every target reads back every id once, nothing lingering, and the
+    report names the kill."""
+    from txsink.testing import run_chaos
+    from txsink.testing.inputs import make_input
+    from txsink.testing.targets import child_env, new_targets
+
+    pg, minio, env = _private_servers(tmp_path)
+    try:
+        make_input(tmp_path / "input", ROWS, FILES)
+        made = new_targets(["files", "postgres", "s3"], tmp_path, tag="xcrash", env=env)
+        log = str(tmp_path / "txlog")
+        report = run_chaos(
+            "txsink.testing.pipelines:run_stream",
+            plan,
+            workdir=tmp_path,
+            sinks_verifiers={t.connector: t.verifier(range(ROWS), log=log) for t in made},
+            args={"workdir": str(tmp_path), "sinks": [t.spec for t in made], "log": log},
+            env={**env, **child_env(made)},
+            targets={"postgres": pg, "s3": minio},
+            down_s=1.0,
+            kill_target_after=None if plan else (8.0, "postgres"),
+        )
+    finally:
+        pg.stop()
+        minio.stop()
+    assert report.ok, report.table()
+    killed = 2 if "kill-target@" in plan else 1
+    assert len(report.target_kills) == killed and report.restarts >= 1, report.table()
+    assert all(v.lingering == 0 for v in report.verdicts.values()), report.table()
+
+
+@pytest.mark.spark
+@pytest.mark.chaos
+@pytest.mark.postgres
+@pytest.mark.s3
+@pytest.mark.slow
+def test_soak_draws_target_crashes_and_resumes(tmp_path: Path) -> None:
+    """Two plans of ``kill-target`` faults, then one more from the same results file: the
+    second run runs index 2 only, and the file tallies all three."""
+    from txsink.testing.soak import soak
+    from txsink.testing.soaklog import read, summary
+
+    pg, minio, env = _private_servers(tmp_path)
+    results = tmp_path / "results.jsonl"
+    try:
+        common: dict[str, Any] = {
+            "workdir": tmp_path / "plans",
+            "connectors": ["postgres", "s3"],
+            "modes": ["kill-target"],
+            "env": env,
+            "targets": {"postgres": pg, "s3": minio},
+            "down_s": 1.0,
+            "results": results,
+        }
+        first = soak(2, 11, **common)
+        second = soak(1, 11, **common)
+    finally:
+        pg.stop()
+        minio.stop()
+    assert first.ok and second.ok, (first.table(), second.table())
+    assert [line["index"] for line in read(results)] == [0, 1, 2]
+    kills = sum(len(r.target_kills) for r in first.reports + second.reports)
+    assert kills >= 3, (first.table(), second.table())
+    assert "| 3 | 11 | postgres, s3 |" in summary(results)

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from txsink._procs import _ppid_from_stat
 from txsink.errors import ConfigurationError, EpochAbortedError
 from txsink.faults import (
     EXECUTOR_MAIN_CLASSES,
@@ -19,7 +20,6 @@ from txsink.faults import (
     Fault,
     FaultMode,
     FaultPlan,
-    _ppid_from_stat,
     find_executor_jvm,
 )
 

@@ -19,7 +19,11 @@ Modes: ``raise`` (an :class:`~txsink.errors.InjectedFault`), ``kill-worker``
 (SIGKILL of the Python worker running the task; task points only),
 ``kill-executor`` (SIGKILL of the executor JVM running the task; task points
 on a cluster only: local mode has no executor JVM and refuses it) and
-``kill-driver`` (SIGKILL of the driver process, from the driver or the task).
+``kill-driver`` (SIGKILL of the driver process, from the driver or the task) and
+``kill-target[=NAME]`` (the *target's server* dies: the firing process asks the chaos
+supervisor serving the plan's state folder to SIGKILL the server registered as ``NAME``,
+or every registered one, waits until it is dead, and goes on against the dead server; see
+:mod:`txsink.testing.targetcrash`. Without a supervisor it raises, naming the fix).
 
 Choose faults by API (``Coordinator(..., faults=FaultPlan.parse("..."))``) or
 by environment, so a query in a subprocess can be given one::
@@ -54,6 +58,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
+from txsink._procs import EXECUTOR_MAIN_CLASSES, find_executor_jvm
 from txsink.errors import ConfigurationError, InjectedFault
 
 __all__ = [
@@ -61,6 +66,9 @@ __all__ = [
     "EXECUTOR_MAIN_CLASSES",
     "FAULT_LINE",
     "SINGLE_PASS_POINTS",
+    "TARGET_DONE",
+    "TARGET_KILL_WAIT_S",
+    "TARGET_REQUEST",
     "TASK_POINTS",
     "CrashPoint",
     "Fault",
@@ -88,6 +96,7 @@ class FaultMode(enum.StrEnum):
     KILL_WORKER = "kill-worker"
     KILL_EXECUTOR = "kill-executor"
     KILL_DRIVER = "kill-driver"
+    KILL_TARGET = "kill-target"
 
 
 #: How the stderr line of a firing fault begins; :mod:`txsink.runner` reads it as the cause
@@ -105,12 +114,11 @@ _TASK_ONLY_MODES = {
     FaultMode.KILL_EXECUTOR: "there is no executor",
 }
 
-#: Main classes of Spark's executor JVMs: standalone and local-cluster, YARN, Kubernetes.
-EXECUTOR_MAIN_CLASSES = (
-    "org.apache.spark.executor.CoarseGrainedExecutorBackend",
-    "org.apache.spark.executor.YarnCoarseGrainedExecutorBackend",
-    "org.apache.spark.scheduler.cluster.k8s.KubernetesExecutorBackend",
-)
+#: How long a ``kill-target`` fault waits for the supervisor to answer that the target died.
+TARGET_KILL_WAIT_S = 120.0
+#: The suffixes of the request a ``kill-target`` fault leaves in the plan's state folder
+#: and of the answer the supervisor (:mod:`txsink.testing.targetcrash`) writes next to it.
+TARGET_REQUEST, TARGET_DONE = ".kill-target", ".killed"
 
 
 @dataclass(frozen=True)
@@ -122,8 +130,15 @@ class Fault:
     epoch: int | None = None
     partition: int | None = None
     times: int = 1
+    #: ``kill-target`` only: the name the supervisor registered the server under (``None``:
+    #: every registered server).
+    target: str | None = None
 
     def __post_init__(self) -> None:
+        if self.target is not None and self.mode is not FaultMode.KILL_TARGET:
+            raise ValueError(f"fault {self.point}:{self.mode}: =NAME applies to kill-target only")
+        if self.target is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", self.target):
+            raise ValueError(f"fault kill-target={self.target!r}: use letters, digits, _ . -")
         if self.mode in _TASK_ONLY_MODES and self.point not in TASK_POINTS:
             raise ValueError(
                 f"fault {self.point}:{self.mode}: {_TASK_ONLY_MODES[self.mode]} at a "
@@ -137,7 +152,7 @@ class Fault:
 
     @classmethod
     def parse(cls, spec: str) -> Fault:
-        """Parse ``POINT[:MODE][@EPOCH][#PARTITION][*TIMES]``."""
+        """Parse ``POINT[:MODE[=TARGET]][@EPOCH][#PARTITION][*TIMES]``."""
         text = spec.strip()
         times = partition = epoch = None
         if "*" in text:
@@ -150,6 +165,7 @@ class Fault:
             text, e = text.rsplit("@", 1)
             epoch = int(e)
         point, _, mode = text.partition(":")
+        mode, _, target = mode.partition("=")
         try:
             cp = CrashPoint(point)
         except ValueError:
@@ -162,10 +178,12 @@ class Fault:
             raise ValueError(
                 f"unknown fault mode {mode!r} in {spec!r}; known: {[m.value for m in FaultMode]}"
             ) from None
-        return cls(cp, fm, epoch, partition, times or 1)
+        return cls(cp, fm, epoch, partition, times or 1, target or None)
 
     def __str__(self) -> str:
         s = f"{self.point}:{self.mode}"
+        if self.target is not None:
+            s += f"={self.target}"
         if self.epoch is not None:
             s += f"@{self.epoch}"
         if self.partition is not None:
@@ -280,7 +298,8 @@ class FaultPlan:
                 continue
             # Found before the marker is claimed: a refused kill-executor has not fired.
             executor = _executor_pid(fault, epoch, partition, point)
-            if not self._claim(index, fault):
+            marker = self._claim(index, fault)
+            if marker is None:
                 continue
             where = f"epoch={epoch}" + (f" partition={partition}" if partition is not None else "")
             remote = driver_host is not None and driver_host != socket.gethostname()
@@ -303,6 +322,9 @@ class FaultPlan:
                 raise InjectedFault(
                     f"injected fault {fault}", epoch=epoch, partition=partition, phase=str(point)
                 )
+            if fault.mode is FaultMode.KILL_TARGET:
+                _await_target_kill(marker, fault, epoch, partition, point)
+                return
             if executor is not None:
                 # The executor's death takes its task down; this worker goes with it rather
                 # than linger as an orphan.
@@ -314,11 +336,13 @@ class FaultPlan:
     def fired(self) -> list[str]:
         """Marker names of the faults that fired so far."""
         try:
-            return sorted(os.listdir(self.state_dir))
+            names = os.listdir(self.state_dir)
         except FileNotFoundError:
             return []
+        return sorted(n for n in names if _is_marker(n))
 
-    def _claim(self, index: int, fault: Fault) -> bool:
+    def _claim(self, index: int, fault: Fault) -> str | None:
+        """The marker this firing created, or ``None`` when every firing is taken."""
         os.makedirs(self.state_dir, exist_ok=True)
         for n in range(fault.times):
             marker = os.path.join(self.state_dir, f"{index:02d}-{fault.point}-{n}")
@@ -329,8 +353,52 @@ class FaultPlan:
             os.write(fd, f"{fault} pid={os.getpid()} at={time.time()}\n".encode())
             os.fsync(fd)
             os.close(fd)
-            return True
-        return False
+            return marker
+        return None
+
+
+def _is_marker(name: str) -> bool:
+    """A fault's marker, not a ``kill-target`` request or answer next to it."""
+    return not name.endswith((TARGET_REQUEST, TARGET_DONE, ".tmp"))
+
+
+def _await_target_kill(
+    marker: str, fault: Fault, epoch: int, partition: int | None, point: CrashPoint
+) -> None:
+    """Ask the supervisor to kill the target's server and wait for its answer.
+
+    The request is a file next to the fault's marker (the supervisor polls the state
+    folder); the answer is the file the supervisor writes once the server is dead: empty,
+    or the text of what went wrong, which is raised here. Why not kill it from here: the
+    server is the supervisor's to restart, and it may run where this process cannot reach.
+    """
+    request, done = marker + TARGET_REQUEST, marker + TARGET_DONE
+    with open(request + ".tmp", "w") as f:
+        f.write(fault.target or "")
+    os.replace(request + ".tmp", request)
+    deadline = time.monotonic() + TARGET_KILL_WAIT_S
+    while not os.path.exists(done):
+        if time.monotonic() > deadline:
+            raise InjectedFault(
+                f"injected fault {fault}: no supervisor killed the target in "
+                f"{TARGET_KILL_WAIT_S:.0f}s. kill-target needs one serving the fault state "
+                f"folder {os.path.dirname(marker)}: run the pipeline under "
+                "txsink.testing.run_chaos(..., targets={name: control}) or `txsink chaos` "
+                "with --targets, or serve the folder with txsink.testing.TargetCrashes",
+                epoch=epoch,
+                partition=partition,
+                phase=str(point),
+            )
+        time.sleep(0.02)
+    with open(done) as f:
+        failure = f.read().strip()
+    if failure:
+        raise InjectedFault(
+            f"injected fault {fault}: the supervisor could not kill the target: {failure}",
+            epoch=epoch,
+            partition=partition,
+            phase=str(point),
+        )
 
 
 def _victim(
@@ -340,6 +408,8 @@ def _victim(
     me = os.getpid()
     if fault.mode is FaultMode.RAISE:
         return me, "raising InjectedFault"
+    if fault.mode is FaultMode.KILL_TARGET:
+        return me, f"asking the supervisor to kill the server of target {fault.target or '*'}"
     if fault.mode is FaultMode.KILL_DRIVER and remote:
         return me, "the driver runs on another host: raising InjectedFault instead"
     if executor is not None:
@@ -369,49 +439,3 @@ def _executor_pid(fault: Fault, epoch: int, partition: int | None, point: CrashP
             phase=str(point),
         )
     return pid
-
-
-def find_executor_jvm(pid: int | None = None) -> int | None:
-    """The nearest ancestor of ``pid`` (default: this process) that is a Spark executor JVM.
-
-    A task's Python worker is a child of ``pyspark.daemon`` (or of the JVM itself without
-    the daemon), which is a child of the executor JVM. Walks the parent pids in ``/proc``
-    and matches the main class on each ancestor's command line (see
-    :data:`EXECUTOR_MAIN_CLASSES`); stops at a driver JVM (``SparkSubmit``), so the driver's
-    JVM is never returned. ``None`` without ``/proc`` or without an executor ancestor.
-    """
-    current = os.getpid() if pid is None else pid
-    for _ in range(64):  # a loop guard: real chains are 2-4 processes long
-        parent = _parent_pid(current)
-        if parent is None or parent <= 1:
-            return None
-        argv = _cmdline(parent)
-        if "org.apache.spark.deploy.SparkSubmit" in argv:
-            return None
-        if any(cls in argv for cls in EXECUTOR_MAIN_CLASSES):
-            return parent
-        current = parent
-    return None
-
-
-def _parent_pid(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return _ppid_from_stat(f.read().decode(errors="replace"))
-    except OSError:
-        return None
-
-
-def _ppid_from_stat(stat: str) -> int | None:
-    # "pid (comm) state ppid ...": comm may hold spaces and parentheses; split after the last ")".
-    close = stat.rfind(")")
-    fields = stat[close + 1 :].split() if close >= 0 else []
-    return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
-
-
-def _cmdline(pid: int) -> list[str]:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().decode(errors="replace").split("\0")
-    except OSError:
-        return []

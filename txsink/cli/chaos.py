@@ -71,6 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "connector at once. Connectors that need no server are always available; the others "
         "when the environment names their server (docs/testing-recovery.md lists them).",
     )
+    _tally_parser(sub)
     soak.add_argument("--plans", type=int, default=5, help="how many plans (default 5)")
     soak.add_argument("--seed", type=int, default=0, help="the soak's seed (default 0)")
     soak.add_argument(
@@ -90,8 +91,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1,
         help="plans run at once (default 1; results do not depend on it)",
     )
+    soak.add_argument(
+        "--targets",
+        metavar="MODULE:FUNCTION",
+        help="a function returning {name: control} of the target servers kill-target faults "
+        "may SIGKILL (txsink.testing.TargetControl; see docs/testing-recovery.md)",
+    )
+    soak.add_argument(
+        "--down", type=float, default=2.0, help="seconds a killed server stays down (default 2)"
+    )
+    soak.add_argument(
+        "--timer-kills",
+        type=float,
+        default=0.0,
+        help="chance that a plan also kills a server at a random moment (default 0)",
+    )
+    soak.add_argument(
+        "--results",
+        type=Path,
+        help="append each plan to this JSON-lines file and resume from it: plans already in "
+        "it are not run again (see `txsink chaos tally`)",
+    )
+    soak.add_argument(
+        "--prune", action="store_true", help="delete the folders of plans that passed"
+    )
     soak.add_argument("--json", action="store_true", help="print every report as JSON at the end")
     soak.add_argument("--verbose", action="store_true", help="show the children's txsink lines")
+
+
+def _tally_parser(sub: Any) -> None:
+    tally = sub.add_parser(
+        "tally",
+        help="the tables of a soak's results file (every run appended to it)",
+        description="Tally a results file of `txsink chaos soak --results`: totals, fault "
+        "modes, servers killed, as Markdown tables.",
+    )
+    tally.add_argument("results", type=Path)
 
 
 def _plan_options(parser: argparse.ArgumentParser) -> None:
@@ -252,6 +287,11 @@ def soak_command(args: argparse.Namespace) -> int:
         jobs=args.jobs,
         on_progress=_say(args.verbose),
         on_plan=on_plan,
+        targets=_targets(args.targets),
+        down_s=args.down,
+        timer_kills=args.timer_kills,
+        results=args.results,
+        prune=args.prune,
     )
     print(result.table(), flush=True)
     if args.json:
@@ -259,11 +299,29 @@ def soak_command(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
+def _targets(spec: str | None) -> dict[str, Any] | None:
+    """The target servers' controls, from ``--targets MODULE:FUNCTION``."""
+    if spec is None:
+        return None
+    from txsink.runner import load_callable
+    from txsink.testing.targetcrash import TargetControl
+
+    made = load_callable(spec)()
+    if not isinstance(made, dict) or not all(isinstance(c, TargetControl) for c in made.values()):
+        raise TypeError(f"--targets {spec} must return a dict of name -> TargetControl")
+    return made
+
+
 def chaos_command(args: argparse.Namespace) -> int:
     from txsink._jvmcds import ensure_archive
 
     # Every query run starts a driver: build the class-data archive once (~45 s the first
     # time on a machine) to start each of them ~5 s faster.
+    if args.chaos_command == "tally":
+        from txsink.testing.soaklog import summary
+
+        print(summary(args.results))
+        return 0
     ensure_archive()
     try:
         if args.chaos_command == "run":

@@ -39,6 +39,7 @@ from txsink.testing.observer import (
 )
 from txsink.testing.plan import DEFAULT_MODES, DEFAULT_POINTS, ChaosPlan
 from txsink.testing.soak import SoakResult, soak
+from txsink.testing.targetcrash import ServerProcess, TargetControl, TargetCrashes, TargetKill
 from txsink.testing.targets import RunTarget, available_connectors, new_targets
 from txsink.testing.verifiers import IdsVerifier, SinkVerifier, verify
 
@@ -56,10 +57,14 @@ __all__ = [
     "ObserverReport",
     "PointHooks",
     "RunTarget",
+    "ServerProcess",
     "SinkVerifier",
     "Snapshot",
     "SoakResult",
     "Target",
+    "TargetControl",
+    "TargetCrashes",
+    "TargetKill",
     "adapter",
     "adapters",
     "append_input",

@@ -11,6 +11,10 @@ would. Afterwards:
   committed after it (``committed.json``'s ``committed_at``), i.e. until the pipeline made
   progress again. Both clocks are the wall clock of this machine;
 - one :class:`~txsink.verify.Verdict` per sink from its verifier.
+
+Given ``targets``, a :class:`~txsink.testing.targetcrash.TargetCrashes` serves the plan's
+``kill-target`` faults (and ``kill_target_after``, a kill at a moment of the clock): the
+server dies, stays down ``down_s``, and every server is up again before the child restarts.
 """
 
 from __future__ import annotations
@@ -26,7 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from txsink.faults import FaultPlan
 from txsink.testing.plan import ChaosPlan
+from txsink.testing.targetcrash import TargetControl, TargetCrashes
 from txsink.testing.verifiers import SinkVerifier, verify
 from txsink.verify import Verdict
 
@@ -51,6 +57,8 @@ class ChaosReport:
     errors: dict[str, str] = field(default_factory=dict)
     seed: int | None = None
     notes: list[str] = field(default_factory=list)
+    #: One line per server the run killed: ``NAME killed by CAUSE, down 2.3s``.
+    target_kills: list[str] = field(default_factory=list)
 
     @property
     def restarts(self) -> int:
@@ -94,6 +102,7 @@ class ChaosReport:
             "sinks": {name: v.as_dict() for name, v in self.verdicts.items()},
             "errors": self.errors,
             "notes": self.notes,
+            "target_kills": self.target_kills,
         }
 
     def table(self) -> str:
@@ -105,6 +114,8 @@ class ChaosReport:
             f"{len(self.faults_fired)}/{self.faults_planned}, recovery max {rec}, "
             f"{self.seconds:.1f}s"
         )
+        if self.target_kills:
+            head += "\nservers killed: " + "; ".join(self.target_kills)
         cols = (
             "sink",
             "expected",
@@ -167,6 +178,9 @@ def run_chaos(
     max_runs: int = 10,
     timeout: float = 900.0,
     on_progress: Callable[[str], None] | None = None,
+    targets: Mapping[str, TargetControl] | None = None,
+    down_s: float = 2.0,
+    kill_target_after: tuple[float, str | None] | None = None,
 ) -> ChaosReport:
     """Run ``pipeline`` under ``plan`` until it finishes (or ``max_runs``), then verify.
 
@@ -184,6 +198,11 @@ def run_chaos(
         max_runs: give up after this many runs of the child.
         timeout: seconds one run of the child may take before it is killed.
         on_progress: receives one human-readable line per event.
+        targets: name -> control of each target server the plan may kill
+            (``kill-target`` faults; see :mod:`txsink.testing.targetcrash`).
+        down_s: how long a killed server stays down.
+        kill_target_after: ``(seconds, name)``: also kill ``name`` (``None``: every
+            target) that many seconds after the first run started.
     """
     chaos = plan if isinstance(plan, ChaosPlan) else ChaosPlan.parse(plan)
     root = Path(workdir)
@@ -212,27 +231,42 @@ def run_chaos(
             seen.add(int(told.group(1)))
         _report_commits(log_location, seen, say)
 
+    crashes = None if not targets else TargetCrashes(state, targets, down_s=down_s)
+
     def on_restart(_run: int, _code: int) -> None:
         _report_commits(log_location, seen, say)
+        if crashes is not None:
+            crashes.restore()  # the servers come back before the query does
 
     say(f"chaos: {pipeline} under {chaos}")
-    runner = run_until_done(
-        command,
-        env=child_env,
-        max_runs=max_runs,
-        on_line=on_line,
-        on_restart=on_restart,
-        timeout=timeout,
-        say=say,
-        label="run",
-    )
+    if crashes is not None:
+        crashes.start()
+        if kill_target_after is not None:
+            crashes.kill_after(*kill_target_after)
+    try:
+        runner = run_until_done(
+            command,
+            env=child_env,
+            max_runs=max_runs,
+            on_line=on_line,
+            on_restart=on_restart,
+            timeout=timeout,
+            say=say,
+            label="run",
+        )
+    finally:
+        if crashes is not None:
+            crashes.stop()
     _report_commits(log_location, seen, say)
     fired = _fired(state)
-    crash_times = sorted(t for _, t in fired)
+    timed = [k.at for k in crashes.kills if k.cause.startswith("timer")] if crashes else []
+    crash_times = sorted([t for _, t in fired] + timed)
     commits, log_error = _commit_times(log_location)
     recovery = [_recovery(t, commits) for t in crash_times]
     verdicts: dict[str, Verdict] = {}
     errors: dict[str, str] = {}
+    if crashes is not None and crashes.errors:
+        errors["target crashes"] = "; ".join(crashes.errors)[:500]
     for name, verifier in sinks_verifiers.items():
         try:
             verdicts[name] = verify(verifier)
@@ -253,6 +287,10 @@ def run_chaos(
         errors=errors,
         seed=chaos.seed,
         notes=[log_error] if log_error else [],
+        target_kills=[
+            f"{k.target} killed by {k.cause}, down {_fmt_s(k.down_s)}"
+            for k in (crashes.kills if crashes else [])
+        ],
     )
     say(
         f"chaos: {'ok' if report.ok else 'FAILED'}: {report.restarts} restart(s), "
@@ -269,7 +307,7 @@ _TOLD_COMMIT = re.compile(r"txsink: \[[^\]]* epoch (\d+)\] committed: ")
 def _fired(state: Path) -> list[tuple[str, float]]:
     """(marker text, firing time) of every fault that fired, from the plan's state folder."""
     out = []
-    for name in sorted(os.listdir(state)) if state.is_dir() else []:
+    for name in sorted(FaultPlan((), str(state)).fired()) if state.is_dir() else []:
         text = (state / name).read_text().strip()
         stamp = next((w[3:] for w in text.split() if w.startswith("at=")), "")
         try:

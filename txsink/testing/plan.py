@@ -9,7 +9,7 @@ all a child process needs (``TXSINK_FAULT``).
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from txsink.faults import TASK_POINTS, CrashPoint, Fault, FaultMode, FaultPlan
@@ -77,6 +77,7 @@ class ChaosPlan:
         modes: Iterable[FaultMode | str] = DEFAULT_MODES,
         n: int = 1,
         probability: float = 1.0,
+        targets: Sequence[str] = (),
     ) -> ChaosPlan:
         """``n`` faults drawn with ``random.Random(seed)``, each at its own epoch.
 
@@ -90,6 +91,8 @@ class ChaosPlan:
             n: how many faults to draw.
             probability: each drawn fault is kept with this probability, decided here
                 with the same generator (so the plan stays reproducible).
+            targets: the target servers a ``kill-target`` fault may name (one is drawn per
+                fault); needed when ``modes`` has ``kill-target``.
 
         A ``during_recovery`` fault at epoch ``e`` comes with a ``during_commit`` fault at
         ``e`` first, so that recovery has a half-committed epoch to finish.
@@ -104,6 +107,11 @@ class ChaosPlan:
         mode_list = sorted({FaultMode(m) for m in modes}, key=list(FaultMode).index)
         if not point_list or not mode_list:
             raise ValueError("ChaosPlan.random: points and modes must not be empty")
+        if FaultMode.KILL_TARGET in mode_list and not targets:
+            raise ValueError(
+                "ChaosPlan.random: kill-target needs the names of the target servers "
+                "(targets=...; `txsink chaos soak --targets`)"
+            )
         rng = random.Random(seed)  # noqa: S311 - a reproducible plan, not a secret
         chosen = sorted(rng.sample(range(epochs), min(n, epochs)))
         faults: list[Fault] = []
@@ -112,12 +120,14 @@ class ChaosPlan:
             allowed = [m for m in mode_list if _fits(point, m)]
             mode = rng.choice(allowed) if allowed else FaultMode.RAISE
             partition = rng.randrange(partitions) if point in TASK_POINTS else None
+            # Drawn only for kill-target: plans without it replay as they always did.
+            target = rng.choice(list(targets)) if mode is FaultMode.KILL_TARGET else None
             keep = rng.random() < probability
             if not keep:
                 continue
             if point is CrashPoint.DURING_RECOVERY:
-                faults.append(Fault(CrashPoint.DURING_COMMIT, mode, epoch=epoch))
-            faults.append(Fault(point, mode, epoch=epoch, partition=partition))
+                faults.append(Fault(CrashPoint.DURING_COMMIT, mode, epoch=epoch, target=target))
+            faults.append(Fault(point, mode, epoch=epoch, partition=partition, target=target))
         return cls(tuple(faults), seed)
 
     # -- derived ---------------------------------------------------------------------

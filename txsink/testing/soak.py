@@ -11,15 +11,28 @@ no server (files) is always available; the others when the environment names the
 server (``TXSINK_PG_DSN``, ``TXSINK_KAFKA_BOOTSTRAP``, ``TXSINK_S3_ENDPOINT`` with
 ``TXSINK_S3_ACCESS_KEY``, ``TXSINK_S3_SECRET_KEY``, ``TXSINK_S3_REGION``: the
 variables ``integration/services up`` writes to ``integration/.services.env``).
+
+Target crashes: given ``targets`` (name -> :class:`~txsink.testing.targetcrash.TargetControl`)
+and ``kill-target`` among ``modes``, plans draw faults that SIGKILL a target's server at a
+crash point; ``timer_kills`` is the chance that a plan also kills a drawn server at a
+random moment (1-20 s into its first run). Every server is up again before a restart.
+
+Resumable: with ``results`` (a JSON-lines file), every finished plan is appended to it as
+it ends, and a later call with the same file and settings runs the plans that are not in
+it yet: the ones an interrupted run left out, then the next seeds of the same sequence.
+:func:`txsink.testing.soaklog.summary` tallies the file across every run.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import shutil
 import statistics
 import threading
-from collections.abc import Callable, Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +44,8 @@ from txsink.testing.adapter import adapter
 from txsink.testing.chaos import ChaosReport, format_table, run_chaos
 from txsink.testing.inputs import make_input
 from txsink.testing.plan import DEFAULT_MODES, DEFAULT_POINTS, ChaosPlan
+from txsink.testing.soaklog import done_indices, settings_line
+from txsink.testing.targetcrash import TargetControl
 from txsink.testing.targets import available_connectors, child_env, new_targets
 
 __all__ = ["SoakResult", "available_connectors", "soak"]
@@ -124,6 +139,12 @@ def soak(
     jobs: int = 1,
     on_progress: Callable[[str], None] | None = None,
     on_plan: Callable[[int, ChaosReport, SoakResult], None] | None = None,
+    env: Mapping[str, str] | None = None,
+    targets: Mapping[str, TargetControl] | None = None,
+    down_s: float = 2.0,
+    timer_kills: float = 0.0,
+    results: str | os.PathLike[str] | None = None,
+    prune: bool = False,
 ) -> SoakResult:
     """Run ``plans`` random chaos plans; ``on_plan(index, report, result_so_far)`` after each.
 
@@ -132,27 +153,56 @@ def soak(
     ``jobs`` plans run at once (each its own queries, tables, topics and buckets; they
     share the servers and Kafka's marker topic, as pipelines in production do). The plans
     and the final order of ``reports`` depend only on ``seed``, never on ``jobs``.
+
+    ``env``: where the servers are (default ``os.environ``). ``targets``, ``down_s``,
+    ``timer_kills``: target crashes (module doc). ``results``: the JSON-lines file that
+    makes the soak resumable (module doc). ``prune``: delete the folder of a plan that
+    passed (a long soak's disk), keep the failed ones.
     """
     if jobs < 1:
         raise ValueError(f"soak: jobs must be at least 1, not {jobs}")
-    chosen = list(connectors) if connectors is not None else available_connectors()
+    source = dict(os.environ if env is None else env)
+    chosen = list(connectors) if connectors is not None else available_connectors(source)
     unknown = sorted(set(chosen) - set(registry.connectors()))
     if unknown:
         raise ValueError(
             f"soak: unknown connector(s) {unknown}; registered: {list(registry.connectors())}"
         )
-    not_served = [c for c in chosen if not adapter(c).available()]
+    not_served = [c for c in chosen if not adapter(c).available(source)]
     if not_served:
         raise ValueError(
             "soak: no server for "
             + ", ".join(f"{c} (set {', '.join(adapter(c).env_vars)})" for c in not_served)
         )
     point_list = list(points)
-    mode_list = list(modes)
+    mode_list = [FaultMode(m) for m in modes]
+    servers = dict(targets or {})
+    if FaultMode.KILL_TARGET in mode_list and not servers:
+        raise ValueError("soak: kill-target needs targets (name -> a control of its server)")
+    settings = settings_line(
+        seed=seed,
+        connectors=chosen,
+        epochs=epochs,
+        rows=rows,
+        partitions=partitions,
+        faults_per_plan=faults_per_plan,
+        points=[str(p) for p in point_list],
+        modes=[str(m) for m in mode_list],
+        probability=probability,
+        targets=sorted(servers),
+        timer_kills=timer_kills,
+    )
+    already = done_indices(results, settings) if results is not None else set()
+    indices: list[int] = []
+    candidate = 0
+    while len(indices) < plans:
+        if candidate not in already:
+            indices.append(candidate)
+        candidate += 1
 
     result = SoakResult(seed, chosen)
     seeds = random.Random(seed)  # noqa: S311 - a reproducible soak, not a secret
-    plan_seeds = [seeds.randrange(2**31) for _ in range(plans)]
+    plan_seeds = [seeds.randrange(2**31) for _ in range(candidate)]
     lock = threading.Lock()
     done: dict[int, ChaosReport] = {}
 
@@ -165,39 +215,84 @@ def soak(
             modes=mode_list,
             n=faults_per_plan,
             probability=probability,
+            targets=sorted(servers),
         )
-        folder = Path(workdir, f"plan-{index:03d}").resolve()
-        folder.mkdir(parents=True, exist_ok=False)
+        timer = _draw_timer(plan_seeds[index], sorted(servers), timer_kills)
+        folder = Path(workdir, f"plan-{index:04d}").resolve()
+        shutil.rmtree(folder, ignore_errors=True)  # an interrupted run's, not in results
+        folder.mkdir(parents=True)
         make_input(folder / "input", rows, epochs)
         variants = _draw_variants(chosen, plan_seeds[index])
-        targets = new_targets(chosen, folder, tag=f"chaos_{seed}_{index}", options=variants)
+        made = new_targets(
+            chosen, folder, tag=f"chaos_{seed}_{index}", env=source, options=variants
+        )
         log = str(folder / "txlog")
         report = run_chaos(
             PIPELINE,
             plan,
             workdir=folder,
-            sinks_verifiers={t.connector: t.verifier(range(rows), log=log) for t in targets},
+            sinks_verifiers={t.connector: t.verifier(range(rows), log=log) for t in made},
             args={
                 "workdir": str(folder),
-                "sinks": [t.spec for t in targets],
+                "sinks": [t.spec for t in made],
                 "partitions": partitions,
                 "log": log,
             },
-            env=child_env(targets),
+            env={**source, **child_env(made)},
             max_runs=max_runs,
             on_progress=on_progress,
+            targets=servers,
+            down_s=down_s,
+            kill_target_after=timer,
         )
         with lock:
             done[index] = report
             result.reports = [done[i] for i in sorted(done)]
+            if results is not None:
+                _append(results, settings, index, plan_seeds[index], report)
             if on_plan is not None:
                 on_plan(index, report, result)
+        if prune and report.ok:
+            shutil.rmtree(folder, ignore_errors=True)
 
-    if jobs == 1:
-        for index in range(plans):
+    if jobs == 1 or servers:
+        # Target crashes kill shared servers: plans side by side would crash each other.
+        for index in indices:
             run_one(index)
     else:
         with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="soak") as pool:
-            for future in [pool.submit(run_one, i) for i in range(plans)]:
+            for future in [pool.submit(run_one, i) for i in indices]:
                 future.result()
     return result
+
+
+def _draw_timer(
+    seed: int, servers: Sequence[str], chance: float
+) -> tuple[float, str | None] | None:
+    """With ``chance``, a kill of one drawn server at a drawn moment (1-20 s) of the plan."""
+    if not servers or chance <= 0:
+        return None
+    rng = random.Random(seed ^ 0x7133)  # noqa: S311 - a reproducible soak, not a secret
+    if rng.random() >= chance:
+        return None
+    return round(rng.uniform(1.0, 20.0), 1), rng.choice(list(servers))
+
+
+def _append(
+    path: str | os.PathLike[str],
+    settings: Mapping[str, Any],
+    index: int,
+    plan_seed: int,
+    report: ChaosReport,
+) -> None:
+    line = {
+        "soak": settings,
+        "index": index,
+        "plan_seed": plan_seed,
+        "finished_at": round(time.time(), 1),
+        "report": report.as_dict(),
+    }
+    with open(path, "a") as f:
+        f.write(json.dumps(line, sort_keys=True) + "\n")
+        f.flush()
+        os.fsync(f.fileno())

@@ -44,6 +44,7 @@ from typing import Any
 
 import pytest
 from crashable_targets import CrashableKafka, CrashableMinio
+from pyarrow.fs import FileSystemHandler
 
 from tests.streaming import prepare_input, run_until_done, start_query
 from txsink import Coordinator
@@ -247,40 +248,98 @@ def _verdict(broker: CrashableKafka, topic: str, tmp_path: Path, log: str) -> No
     assert txlog.pending() == [] and txlog.last_committed() == FILES - 1
 
 
+def _txsink_error(err: BaseException) -> str:
+    """The txsink error's line in a failed query's error (its last ``txsink.errors``)."""
+    lines = [line for line in str(err).splitlines() if "txsink.errors." in line]
+    return lines[-1].strip() if lines else str(err)[-3000:]
+
+
 # -- 1. a commit past transaction.timeout.ms ------------------------------------------------
 
 
+class _StallingHandler(FileSystemHandler):  # type: ignore[misc]
+    """A local ``pyarrow.fs`` filesystem (``PyFileSystem`` over ``LocalFileSystem``)
+    whose second read of a WAL file stalls ``stall_s`` once (flag files in ``flags``,
+    claimed by whichever process reads). The WAL commit reads a shard's files one after
+    the other inside the shard's Kafka transaction, so the transaction, begun with the
+    first file's records, outlives ``transaction.timeout.ms``: what a slow object store
+    does in production. Pickled by value into the commit tasks (:func:`by_value`)."""
+
+    def __init__(self, flags: str, stall_s: float) -> None:
+        from pyarrow.fs import LocalFileSystem
+
+        self.flags, self.stall_s, self.fs = flags, stall_s, LocalFileSystem()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _StallingHandler) and other.flags == self.flags
+
+    def __hash__(self) -> int:
+        return hash(self.flags)
+
+    def equals(self, other: Any) -> bool:
+        return bool(self == other)
+
+    def get_type_name(self) -> str:
+        return "stalling"
+
+    def normalize_path(self, path: str) -> str:
+        return path
+
+    def get_file_info(self, paths: list[str]) -> Any:
+        return self.fs.get_file_info(paths)
+
+    def get_file_info_selector(self, selector: Any) -> Any:
+        return self.fs.get_file_info(selector)
+
+    def create_dir(self, path: str, recursive: bool) -> None:
+        self.fs.create_dir(path, recursive=recursive)
+
+    def delete_dir(self, path: str) -> None:
+        self.fs.delete_dir(path)
+
+    def delete_dir_contents(self, path: str, missing_dir_ok: bool = False) -> None:
+        self.fs.delete_dir_contents(path, missing_dir_ok=missing_dir_ok)
+
+    def delete_root_dir_contents(self) -> None:
+        raise OSError("not here")
+
+    def delete_file(self, path: str) -> None:
+        self.fs.delete_file(path)
+
+    def move(self, src: str, dest: str) -> None:
+        self.fs.move(src, dest)
+
+    def copy_file(self, src: str, dest: str) -> None:
+        self.fs.copy_file(src, dest)
+
+    def open_input_stream(self, path: str) -> Any:
+        if path.endswith("records.arrow") and self._claim():
+            time.sleep(self.stall_s)
+        return self.fs.open_input_stream(path)
+
+    def open_input_file(self, path: str) -> Any:
+        return self.fs.open_input_file(path)
+
+    def open_output_stream(self, path: str, metadata: Any) -> Any:
+        return self.fs.open_output_stream(path, metadata=metadata)
+
+    def open_append_stream(self, path: str, metadata: Any) -> Any:
+        return self.fs.open_append_stream(path, metadata=metadata)
+
+    def _claim(self) -> bool:
+        """True at the second WAL read of the test, once."""
+        for name in ("first-read", "stalled"):
+            with contextlib.suppress(FileExistsError):
+                os.close(os.open(os.path.join(self.flags, name), os.O_CREAT | os.O_EXCL))
+                return name == "stalled"
+        return False
+
+
 def _stalling_filesystem(flags: Path, stall_s: float) -> Any:
-    """A local ``pyarrow.fs`` filesystem (fsspec's, through ``PyFileSystem``) whose
-    second read of a WAL file stalls ``stall_s`` once: the WAL commit reads a shard's files
-    one after the other inside the shard's Kafka transaction, so the transaction, begun
-    with the first file's records, outlives ``transaction.timeout.ms``. A slow object
-    store does this in production. Pickled by value into the commit tasks."""
-    from fsspec.implementations.local import LocalFileSystem
-    from pyarrow.fs import FSSpecHandler, PyFileSystem
-
-    class StallingFileSystem(LocalFileSystem):  # type: ignore[misc]
-        cachable = False
-
-        def __init__(self, flags: str, stall_s: float, **kwargs: Any) -> None:
-            super().__init__(**kwargs)
-            self.flags, self.stall_s = flags, stall_s
-
-        def _open(self, path: str, mode: str = "rb", *args: Any, **kwargs: Any) -> Any:
-            if "r" in mode and path.endswith("records.arrow") and self._claim():
-                time.sleep(self.stall_s)
-            return super()._open(path, mode, *args, **kwargs)
-
-        def _claim(self) -> bool:
-            """True at the second WAL read of the run, once (flag files, any process)."""
-            for name in ("first-read", "stalled"):
-                with contextlib.suppress(FileExistsError):
-                    os.close(os.open(os.path.join(self.flags, name), os.O_CREAT | os.O_EXCL))
-                    return name == "stalled"
-            return False
+    from pyarrow.fs import PyFileSystem
 
     flags.mkdir(parents=True, exist_ok=True)
-    return PyFileSystem(FSSpecHandler(StallingFileSystem(str(flags), stall_s)))
+    return PyFileSystem(_StallingHandler(str(flags), stall_s))
 
 
 @pytest.fixture
@@ -326,8 +385,10 @@ def test_kafka_wal_commit_past_transaction_timeout(
     restarts, errors = run_until_done(spark, tmp_path, make)
     assert (flags / "stalled").exists(), "the WAL read never stalled: test is void"
     assert restarts >= 1, f"the stalled commit did not fail: {errors}"
-    text = str(errors[0])
-    assert "transaction.timeout.ms" in text and "aborted" in text, text[-3000:]
+    text = _txsink_error(errors[0])
+    assert "CommitError" in text and "the broker aborted the commit transaction" in text, text
+    assert "past transaction.timeout.ms (10s)" in text, text
+    print(text)
     # The broker aborted the shard's transaction: the first file's records reached it
     # (a read_uncommitted reader sees them) and its log has the abort.
     assert _aborted_by_broker(broker.bootstrap, topic) == [f"{topic}-orders-0"]

@@ -2,6 +2,7 @@
 
 ::
 
+    fenced, after about transaction.timeout.ms               -> CommitError (timed out)
     fenced (_FENCED, PRODUCER_FENCED, INVALID_PRODUCER_EPOCH)  -> FencedError
     TRANSACTIONAL_ID_AUTHORIZATION_FAILED                      -> ConfigurationError
     retriable, or _TIMED_OUT                                   -> RetryableError
@@ -16,6 +17,13 @@ TLS (_SSL), anything else with its code.
 Each text says what to do; a transaction that ran close to ``transaction.timeout.ms``
 says that the broker aborted it, and a failed ``init_transactions`` what the brokers
 need for transactions.
+
+A broker that aborts a timed-out transaction bumps its producer epoch, so the producer's
+next request is refused as *fenced* ("fenced by a newer instance", measured with Kafka
+4.1 and librdkafka 2.16): the same codes a zombie meets. After about
+``transaction.timeout.ms`` the timeout is the cause, and the error says so first
+(a CommitError: the decision stands, recovery retries), not "another producer took the
+id over" (docs/time-limits.md).
 """
 
 from __future__ import annotations
@@ -106,7 +114,19 @@ def commit_error(
     ctx = settings.context(phase, epoch=epoch)
     tid = settings.transactional_id(shard)
     detail = f"{err.str()}" + (f"; first delivery error: {delivery[0]}" if delivery else "")
-    if elapsed >= 0.9 * settings.txn_timeout_s:
+    timed_out = elapsed >= 0.9 * settings.txn_timeout_s
+    if timed_out and has_code(err, *_FENCED):
+        return CommitError(
+            f"Kafka shard {shard}: the broker aborted the commit transaction of "
+            f"{tid!r}: it ran {elapsed:.0f}s, past transaction.timeout.ms "
+            f"({settings.txn_timeout_s:.0f}s), and a broker fences the producer of a "
+            "transaction it timed out. Nothing of it is visible; the decision stands and "
+            "recovery retries the commit. Raise transaction.timeout.ms in producer_config "
+            "(up to the brokers' transaction.max.timeout.ms), use more shards, or find "
+            f"what held the commit up ({detail})",
+            **ctx,
+        )
+    if timed_out:
         detail += (
             f"; the transaction ran {elapsed:.0f}s, about transaction.timeout.ms "
             f"({settings.txn_timeout_s:.0f}s), so the broker aborted it: raise "

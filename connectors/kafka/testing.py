@@ -180,6 +180,7 @@ class KafkaTarget:
         self.config = dict(config or {})
         self._consumer: Any = None
         self._ids: list[int] = []
+        self._logs: dict[int, list[int]] = {}
 
     def _open(self) -> Any:
         from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
@@ -215,8 +216,11 @@ class KafkaTarget:
                 continue  # partition EOF and transient errors: the next sample reads on
             value = msg.value()
             with contextlib.suppress(ValueError, TypeError, KeyError):
-                self._ids.append(int(json.loads(value or b"null")[self.id_field]))
-        return by_epoch(self._ids, epoch_of)
+                id_ = int(json.loads(value or b"null")[self.id_field])
+                self._ids.append(id_)
+                self._logs.setdefault(int(msg.partition()), []).append(id_)
+        # The partitions' logs in order: the history checker's epoch-order check.
+        return by_epoch(self._ids, epoch_of, logs=self._logs)
 
     def close(self) -> None:
         if self._consumer is not None:

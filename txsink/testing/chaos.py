@@ -25,12 +25,13 @@ import re
 import shutil
 import statistics
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from txsink.faults import FaultPlan
+from txsink.testing.observer import Observer, Target
 from txsink.testing.plan import ChaosPlan
 from txsink.testing.targetcrash import TargetControl, TargetCrashes
 from txsink.testing.verifiers import SinkVerifier, verify
@@ -59,6 +60,11 @@ class ChaosReport:
     notes: list[str] = field(default_factory=list)
     #: One line per server the run killed: ``NAME killed by CAUSE, down 2.3s``.
     target_kills: list[str] = field(default_factory=list)
+    #: What concurrent readers saw during the run (``observe=``): the observer's
+    #: violations, the history checker's among them; each one counts as a violation.
+    observed: list[str] = field(default_factory=list)
+    #: Samples the readers took, per view (``observe=``).
+    samples: dict[str, int] = field(default_factory=dict)
 
     @property
     def restarts(self) -> int:
@@ -68,7 +74,7 @@ class ChaosReport:
     def violations(self) -> int:
         """Sinks that fail the exactly-once check or could not be read, +1 if unfinished."""
         bad = sum(1 for v in self.verdicts.values() if not v.ok) + len(self.errors)
-        return bad + (0 if self.finished else 1)
+        return bad + len(self.observed) + (0 if self.finished else 1)
 
     @property
     def ok(self) -> bool:
@@ -103,6 +109,8 @@ class ChaosReport:
             "errors": self.errors,
             "notes": self.notes,
             "target_kills": self.target_kills,
+            "observed": self.observed,
+            "samples": self.samples,
         }
 
     def table(self) -> str:
@@ -116,6 +124,11 @@ class ChaosReport:
         )
         if self.target_kills:
             head += "\nservers killed: " + "; ".join(self.target_kills)
+        if self.samples:
+            head += "\nreaders during the run: " + ", ".join(
+                f"{name} {n} samples" for name, n in self.samples.items()
+            )
+        head += "".join(f"\n  VIOLATION seen by a reader: {v}" for v in self.observed)
         cols = (
             "sink",
             "expected",
@@ -181,6 +194,8 @@ def run_chaos(
     targets: Mapping[str, TargetControl] | None = None,
     down_s: float = 2.0,
     kill_target_after: tuple[float, str | None] | None = None,
+    observe: Sequence[Target] = (),
+    expected_epochs: Mapping[int, Sequence[int]] | None = None,
 ) -> ChaosReport:
     """Run ``pipeline`` under ``plan`` until it finishes (or ``max_runs``), then verify.
 
@@ -203,6 +218,10 @@ def run_chaos(
         down_s: how long a killed server stays down.
         kill_target_after: ``(seconds, name)``: also kill ``name`` (``None``: every
             target) that many seconds after the first run started.
+        observe: views to read concurrently during the whole run (an
+            :class:`~txsink.testing.observer.Observer`: all-or-nothing across targets,
+            and the history checker of :mod:`txsink.testing.history`); needs
+            ``expected_epochs`` (epoch -> its ids; :func:`~txsink.testing.input_epochs`).
     """
     chaos = plan if isinstance(plan, ChaosPlan) else ChaosPlan.parse(plan)
     root = Path(workdir)
@@ -238,7 +257,12 @@ def run_chaos(
         if crashes is not None:
             crashes.restore()  # the servers come back before the query does
 
+    if observe and expected_epochs is None:
+        raise ValueError("run_chaos: observe= needs expected_epochs (epoch -> its ids)")
+    observer = Observer(observe, expected_epochs or {}) if observe else None
     say(f"chaos: {pipeline} under {chaos}")
+    if observer is not None:
+        observer.start()
     if crashes is not None:
         crashes.start()
         if kill_target_after is not None:
@@ -257,6 +281,7 @@ def run_chaos(
     finally:
         if crashes is not None:
             crashes.stop()
+        watched = None if observer is None else observer.stop()
     _report_commits(log_location, seen, say)
     fired = _fired(state)
     timed = [k.at for k in crashes.kills if k.cause.startswith("timer")] if crashes else []
@@ -291,6 +316,8 @@ def run_chaos(
             f"{k.target} killed by {k.cause}, down {_fmt_s(k.down_s)}"
             for k in (crashes.kills if crashes else [])
         ],
+        observed=[] if watched is None else list(watched.violations),
+        samples={} if watched is None else dict(watched.samples),
     )
     say(
         f"chaos: {'ok' if report.ok else 'FAILED'}: {report.restarts} restart(s), "

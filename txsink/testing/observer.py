@@ -55,16 +55,17 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import statistics
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
+from txsink.testing.history import HistoryChecker
 from txsink.testing.inputs import input_epochs
+from txsink.testing.visibility import EpochVisibility, ObserverReport
 
 __all__ = [
     "EpochVisibility",
@@ -91,6 +92,12 @@ class Snapshot:
     rows: Mapping[int, int]
     duplicates: int = 0
     unexpected: int = 0
+    #: The distinct ids visible (``None``: the view counts without ids), for the history
+    #: checker (:mod:`txsink.testing.history`); ``duplicate_ids``: those visible twice.
+    ids: frozenset[int] | None = None
+    duplicate_ids: tuple[int, ...] = ()
+    #: A log view's partitions: partition -> every id read from it so far, in log order.
+    logs: Mapping[int, tuple[int, ...]] | None = None
 
 
 @runtime_checkable
@@ -112,8 +119,14 @@ class Target(Protocol):
         ...
 
 
-def by_epoch(ids: Iterable[int], epoch_of: Mapping[int, int]) -> Snapshot:
-    """A snapshot from the ids a reader sees: distinct ids per epoch, duplicates, strays."""
+def by_epoch(
+    ids: Iterable[int],
+    epoch_of: Mapping[int, int],
+    *,
+    logs: Mapping[int, Sequence[int]] | None = None,
+) -> Snapshot:
+    """A snapshot from the ids a reader sees: distinct ids per epoch, duplicates, strays
+    (``logs``: a log view's ids per partition in log order, see :class:`Snapshot`)."""
     counts = Counter(ids)
     rows: Counter[int] = Counter()
     unexpected = 0
@@ -123,7 +136,15 @@ def by_epoch(ids: Iterable[int], epoch_of: Mapping[int, int]) -> Snapshot:
             unexpected += 1
         else:
             rows[epoch] += 1
-    return Snapshot(dict(rows), sum(n - 1 for n in counts.values() if n > 1), unexpected)
+    twice = tuple(sorted(i for i, n in counts.items() if n > 1))
+    return Snapshot(
+        dict(rows),
+        sum(n - 1 for n in counts.values() if n > 1),
+        unexpected,
+        ids=frozenset(counts),
+        duplicate_ids=twice,
+        logs=None if logs is None else {p: tuple(v) for p, v in logs.items()},
+    )
 
 
 @dataclass
@@ -140,150 +161,6 @@ class _Track:
     samples: int = 0
     errors: int = 0
     last_error: str = ""
-
-
-@dataclass(frozen=True)
-class EpochVisibility:
-    """One epoch: when each target first showed it, when it was complete there, and the end."""
-
-    epoch: int
-    expected_rows: int
-    first_seen: Mapping[str, float]
-    complete_at: Mapping[str, float]
-    final_rows: Mapping[str, int]
-    guaranteed: tuple[str, ...]
-
-    @property
-    def skew(self) -> float | None:
-        """Seconds from the first guaranteed target showing the epoch to the last one
-        (None unless every guaranteed target showed it)."""
-        times = [self.first_seen[t] for t in self.guaranteed if t in self.first_seen]
-        if not times or len(times) != len(self.guaranteed):
-            return None
-        return max(times) - min(times)
-
-    @property
-    def complete_skew(self) -> float | None:
-        """The same for the time each target showed the epoch *complete*."""
-        times = [self.complete_at[t] for t in self.guaranteed if t in self.complete_at]
-        if not times or len(times) != len(self.guaranteed):
-            return None
-        return max(times) - min(times)
-
-    def partial_seconds(self, target: str) -> float | None:
-        """How long ``target`` showed only part of the epoch (0.0 if never seen partial)."""
-        if target not in self.first_seen or target not in self.complete_at:
-            return None
-        return self.complete_at[target] - self.first_seen[target]
-
-    def lead(self, view: str) -> float | None:
-        """How long before the first guaranteed target a boundary ``view`` showed the epoch."""
-        times = [self.first_seen[t] for t in self.guaranteed if t in self.first_seen]
-        if view not in self.first_seen or not times:
-            return None
-        return min(times) - self.first_seen[view]
-
-
-def _stats(values: Sequence[float]) -> tuple[float | None, float | None]:
-    return (statistics.median(values), max(values)) if values else (None, None)
-
-
-@dataclass(frozen=True)
-class ObserverReport:
-    """What the observer saw: per epoch, per target, and the violations."""
-
-    targets: tuple[str, ...]
-    guaranteed: tuple[str, ...]
-    epochs: Mapping[int, EpochVisibility]
-    violations: tuple[str, ...]
-    samples: Mapping[str, int]
-    sample_errors: Mapping[str, int]
-    interval: float
-
-    @property
-    def ok(self) -> bool:
-        return not self.violations
-
-    @property
-    def skews(self) -> list[float]:
-        """The skew of every epoch all guaranteed targets showed."""
-        return [s for e in self.epochs.values() if (s := e.skew) is not None]
-
-    @property
-    def complete_skews(self) -> list[float]:
-        return [s for e in self.epochs.values() if (s := e.complete_skew) is not None]
-
-    @property
-    def skew_median(self) -> float | None:
-        return _stats(self.skews)[0]
-
-    @property
-    def skew_max(self) -> float | None:
-        return _stats(self.skews)[1]
-
-    def partial_max(self, target: str) -> float | None:
-        """The longest time ``target`` showed an epoch only partly."""
-        values = [p for e in self.epochs.values() if (p := e.partial_seconds(target)) is not None]
-        return max(values) if values else None
-
-    def as_dict(self) -> dict[str, Any]:
-        def r(v: float | None) -> float | None:
-            return None if v is None else round(v, 3)
-
-        return {
-            "ok": self.ok,
-            "targets": list(self.targets),
-            "guaranteed": list(self.guaranteed),
-            "violations": list(self.violations),
-            "samples": dict(self.samples),
-            "sample_errors": dict(self.sample_errors),
-            "interval": self.interval,
-            "skew_median": r(self.skew_median),
-            "skew_max": r(self.skew_max),
-            "complete_skew_median": r(_stats(self.complete_skews)[0]),
-            "complete_skew_max": r(_stats(self.complete_skews)[1]),
-            "partial_max": {t: r(self.partial_max(t)) for t in self.targets},
-        }
-
-    def table(self) -> str:
-        """One row per epoch: first visibility per target (seconds after the earliest), skew."""
-        from txsink.testing.chaos import format_table
-
-        starts = [t for e in self.epochs.values() for t in e.first_seen.values()]
-        t0 = min(starts) if starts else 0.0
-
-        def cell(e: EpochVisibility, target: str) -> str:
-            if target not in e.first_seen:
-                return "-"
-            text = f"{e.first_seen[target] - t0:.2f}"
-            part = e.partial_seconds(target)
-            if part:
-                text += f" (+{part:.2f} partial)"
-            return text + f" [{e.final_rows.get(target, 0)}]"
-
-        rows = [
-            (
-                e.epoch,
-                e.expected_rows,
-                *(cell(e, t) for t in self.targets),
-                "-" if e.skew is None else f"{e.skew:.3f}",
-            )
-            for e in sorted(self.epochs.values(), key=lambda v: v.epoch)
-        ]
-        med, top = self.skew_median, self.skew_max
-        head = (
-            f"observer: {'ok' if self.ok else f'{len(self.violations)} VIOLATION(S)'}; skew "
-            f"median {'-' if med is None else f'{med:.3f}s'}, max "
-            f"{'-' if top is None else f'{top:.3f}s'} over {len(self.skews)} epoch(s); samples "
-            f"{dict(self.samples)}, errors {dict(self.sample_errors)}"
-        )
-        cols = ("epoch", "rows", *self.targets, "skew s")
-        body = format_table(cols, rows)
-        return "\n".join([head, body, *(f"  violation: {v}" for v in self.violations)])
-
-    def assert_ok(self) -> None:
-        if not self.ok:
-            raise AssertionError("the cross-system observer saw violations\n" + self.table())
 
 
 class Observer:
@@ -312,6 +189,7 @@ class Observer:
         self.epoch_of = {int(i): int(e) for e, ids in expected.items() for i in ids}
         self.interval = interval
         self._tracks = {t.name: _Track() for t in targets}
+        self.history = HistoryChecker(self.epoch_of, self.expected)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -397,6 +275,15 @@ class Observer:
 
     def _record(self, target: Target, track: _Track, snap: Snapshot, at: float) -> None:
         with self._lock:
+            if target.guaranteed:
+                self.history.observe(
+                    target.name,
+                    at,
+                    rows=snap.rows,
+                    ids=snap.ids,
+                    duplicates=snap.duplicate_ids,
+                    logs=snap.logs,
+                )
             track.samples += 1
             track.duplicates = max(track.duplicates, snap.duplicates)
             track.unexpected = max(track.unexpected, snap.unexpected)
@@ -439,14 +326,18 @@ class Observer:
             for e in shown
         }
         violations: list[str] = []
+        with self._lock:
+            history = tuple(self.history.violations())
+        violations.extend(f"history: {v}" for v in history)
         for name in guaranteed:
             track = tracks[name]
             if track.samples == 0:
                 violations.append(f"{name}: never read ({track.last_error or 'no sample'})")
             violations.extend(track.regressions[:5])
-            if track.duplicates:
+            judged = {v.kind for v in history if v.target == name}
+            if track.duplicates and "duplicate" not in judged:
                 violations.append(f"{name}: {track.duplicates} duplicate id(s)")
-            if track.unexpected:
+            if track.unexpected and "unexpected" not in judged:
                 violations.append(f"{name}: {track.unexpected} id(s) not in the input")
         for e, vis in epochs.items():
             showing = sorted(n for n in guaranteed if n in vis.first_seen)
@@ -475,4 +366,5 @@ class Observer:
             samples={n: t.samples for n, t in tracks.items()},
             sample_errors={n: t.errors for n, t in tracks.items()},
             interval=self.interval,
+            history=history,
         )

@@ -42,7 +42,7 @@ from txsink import registry
 from txsink.faults import CrashPoint, FaultMode
 from txsink.testing.adapter import adapter
 from txsink.testing.chaos import ChaosReport, format_table, run_chaos
-from txsink.testing.inputs import make_input
+from txsink.testing.inputs import input_epochs, make_input
 from txsink.testing.plan import DEFAULT_MODES, DEFAULT_POINTS, ChaosPlan
 from txsink.testing.soaklog import done_indices, settings_line
 from txsink.testing.targetcrash import TargetControl
@@ -145,6 +145,7 @@ def soak(
     timer_kills: float = 0.0,
     results: str | os.PathLike[str] | None = None,
     prune: bool = False,
+    observe: bool = True,
 ) -> SoakResult:
     """Run ``plans`` random chaos plans; ``on_plan(index, report, result_so_far)`` after each.
 
@@ -157,7 +158,9 @@ def soak(
     ``env``: where the servers are (default ``os.environ``). ``targets``, ``down_s``,
     ``timer_kills``: target crashes (module doc). ``results``: the JSON-lines file that
     makes the soak resumable (module doc). ``prune``: delete the folder of a plan that
-    passed (a long soak's disk), keep the failed ones.
+    passed (a long soak's disk), keep the failed ones. ``observe``: read every target
+    concurrently during each plan and check the history those readers saw
+    (:mod:`txsink.testing.history`); its violations count as the plan's.
     """
     if jobs < 1:
         raise ValueError(f"soak: jobs must be at least 1, not {jobs}")
@@ -244,6 +247,8 @@ def soak(
             targets=servers,
             down_s=down_s,
             kill_target_after=timer,
+            observe=[v for t in made for v in t.observer_targets()] if observe else (),
+            expected_epochs=input_epochs(folder / "input") if observe else None,
         )
         with lock:
             done[index] = report

@@ -95,14 +95,14 @@ def _create_topic(bootstrap: str, name: str, partitions: int, **config: str) -> 
 
 
 def _kafka_sink(
-    broker: CrashableKafka, topic: str, tmp_path: Path, mode: str, **options: Any
+    broker: CrashableKafka | str, topic: str, tmp_path: Path, mode: str, **options: Any
 ) -> Any:
     from txsink.connectors.kafka import KafkaSink
 
     options.setdefault("wal", str(tmp_path / "wal") if mode == "wal" else None)
     options.setdefault("shards", 2 if mode == "wal" else 8)
     return KafkaSink(
-        broker.bootstrap,
+        broker if isinstance(broker, str) else broker.bootstrap,
         topic,
         uid="orders",
         mode=mode,  # type: ignore[arg-type]
@@ -474,6 +474,74 @@ def test_kafka_transactional_ids_expire_while_down(
     assert restarts == 1, (restarts, errors)
     assert "InjectedFault" in str(errors[0]), errors[0]
     _verdict(broker, topic, tmp_path, log)
+
+
+def _child_stream(workdir: str, bootstrap: str, topic: str) -> None:
+    """A direct-mode query in a process of its own (``python -m txsink.runner``), killed
+    by its ``TXSINK_FAULT``: the driver's death takes Spark's JVM and workers with it, and
+    the tasks' open transactions stay at the broker."""
+    from txsink.localspark import local_spark
+    from txsink.testing.pipelines import input_stream
+
+    spark = local_spark("local[2]", "txsink-expiry")
+    sink = _kafka_sink(bootstrap, topic, Path(workdir), "direct")
+    coordinator = Coordinator([sink], log=str(Path(workdir, "txlog")))
+    query = (
+        input_stream(spark, workdir, 2)
+        .writeStream.foreachBatch(coordinator)
+        .option("checkpointLocation", str(Path(workdir, "checkpoint")))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+
+
+@pytest.mark.spark
+@pytest.mark.kafka
+@pytest.mark.slow  # two driver processes, each with its own Spark
+def test_kafka_direct_driver_killed_ids_expire_while_down(
+    tmp_path: Path, broker: CrashableKafka
+) -> None:
+    """The driver is SIGKILLed at ``after_decision`` of epoch 1 while its tasks hold the
+    epoch's transactions open. The tasks lose the driver's vote connection and abort them
+    at once (measured: nothing is left open by the time the driver's process is gone);
+    the query stays down until the broker has forgotten the transactional ids
+    (``transactional.id.expiration.ms``); the restart commits the decided epoch from its
+    replay: every id once."""
+    from txsink.runner import run_until_done as run_child
+
+    topic = f"killed-{uuid.uuid4().hex[:6]}"
+    _create_topic(broker.bootstrap, topic, 3)
+    prepare_input(tmp_path, ROWS, FILES)
+    tids = [f"{topic}-orders-0", f"{topic}-orders-1"]
+    seen_open: list[int] = []
+
+    def down(run: int, code: int) -> None:
+        seen_open.append(_open_transactions(broker.bootstrap, topic))
+        _wait_for("the open transactions to expire", lambda: _expired(broker.bootstrap, tids))
+
+    repo = Path(__file__).resolve().parent.parent
+    env = dict(
+        os.environ,
+        TXSINK_FAULT="after_decision:kill-driver@1",
+        TXSINK_FAULT_STATE=str(tmp_path / "faults"),
+        PYTHONPATH=os.pathsep.join([str(repo), str(repo / "integration")]),
+    )
+    args = {"workdir": str(tmp_path), "bootstrap": broker.bootstrap, "topic": topic}
+    command = [
+        sys.executable,
+        "-m",
+        "txsink.runner",
+        f"{Path(__file__).resolve()}:_child_stream",
+        json.dumps(args),
+    ]
+    report = run_child(command, env=env, max_runs=3, on_restart=down)
+    assert report.finished and report.restarts == 1, report
+    # The killed driver's tasks aborted their transactions (the broker's log has the
+    # aborts, nothing was open while the query was down), and the ids then expired.
+    assert seen_open == [0], seen_open
+    assert set(tids) <= set(_aborted_by_broker(broker.bootstrap, topic))
+    _verdict(broker, topic, tmp_path, str(tmp_path / "txlog"))
 
 
 # -- 3. the marker topic compacted hard ---------------------------------------------------------

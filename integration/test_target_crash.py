@@ -153,34 +153,54 @@ def _private_servers(tmp_path: Path) -> tuple[Any, Any, dict[str, str]]:
     return pg, minio, env
 
 
+CROSS = ("files", "postgres", "s3")
+
+
 @pytest.mark.spark
 @pytest.mark.chaos
 @pytest.mark.postgres
 @pytest.mark.s3
 @pytest.mark.parametrize(
-    "plan",
+    ("connectors", "plan"),
     [
-        "after_decision:kill-target=postgres@1",
-        pytest.param("during_commit:kill-target=s3@1", marks=pytest.mark.slow),
+        (CROSS, "after_decision:kill-target=postgres@1"),
+        pytest.param(CROSS, "during_commit:kill-target=s3@1", marks=pytest.mark.slow),
         # a task's transaction prepared in both servers, then both die at once
-        pytest.param("after_precommit:kill-target@1#0", marks=pytest.mark.slow),
+        pytest.param(CROSS, "after_precommit:kill-target@1#0", marks=pytest.mark.slow),
         # no crash point: PostgreSQL dies whenever the clock says (timer below)
-        pytest.param("", marks=pytest.mark.slow),
+        pytest.param(CROSS, "", marks=pytest.mark.slow),
+        # Iceberg: its SQL catalog dies with the decision made; its warehouse with a
+        # task's data files written
+        pytest.param(
+            ("iceberg", "postgres"), "after_decision:kill-target=postgres@1", marks=pytest.mark.slow
+        ),
+        pytest.param(("iceberg",), "after_precommit:kill-target=s3@1#0", marks=pytest.mark.slow),
+        # the broker dies with PostgreSQL's transactions prepared and the decision made
+        pytest.param(
+            ("kafka", "postgres"), "after_decision:kill-target=kafka@1", marks=pytest.mark.slow
+        ),
     ],
 )
-def test_cross_system_move_survives_a_target_crash(tmp_path: Path, plan: str) -> None:
-    """One coordinator writes files, PostgreSQL and S3; a ``kill-target`` fault SIGKILLs a
-    server mid-epoch (run by :func:`txsink.testing.run_chaos`, which starts it again before
-    the query restarts). Every target reads back every id once, nothing lingering, and the
-    report names the kill."""
+def test_cross_system_move_survives_a_target_crash(
+    tmp_path: Path, connectors: tuple[str, ...], plan: str
+) -> None:
+    """One coordinator writes to ``connectors``; a ``kill-target`` fault SIGKILLs a server
+    mid-epoch (run by :func:`txsink.testing.run_chaos`, which starts it again before the
+    query restarts) while concurrent readers watch every target. Every target reads back
+    every id once, nothing lingering, the readers' history is clean, and the report names
+    the kill."""
     from txsink.testing import run_chaos
-    from txsink.testing.inputs import make_input
+    from txsink.testing.inputs import input_epochs, make_input
     from txsink.testing.targets import child_env, new_targets
 
     pg, minio, env = _private_servers(tmp_path)
+    servers: dict[str, Any] = {"postgres": pg, "s3": minio}
+    if "kafka" in connectors:
+        servers["kafka"] = CrashableKafka.create(tmp_path / "kafka")
+        env["TXSINK_KAFKA_BOOTSTRAP"] = servers["kafka"].bootstrap
     try:
         make_input(tmp_path / "input", ROWS, FILES)
-        made = new_targets(["files", "postgres", "s3"], tmp_path, tag="xcrash", env=env)
+        made = new_targets(list(connectors), tmp_path, tag="xcrash", env=env)
         log = str(tmp_path / "txlog")
         report = run_chaos(
             "txsink.testing.pipelines:run_stream",
@@ -189,17 +209,20 @@ def test_cross_system_move_survives_a_target_crash(tmp_path: Path, plan: str) ->
             sinks_verifiers={t.connector: t.verifier(range(ROWS), log=log) for t in made},
             args={"workdir": str(tmp_path), "sinks": [t.spec for t in made], "log": log},
             env={**env, **child_env(made)},
-            targets={"postgres": pg, "s3": minio},
+            targets=servers,
             down_s=1.0,
             kill_target_after=None if plan else (8.0, "postgres"),
+            observe=[view for t in made for view in t.observer_targets()],
+            expected_epochs=input_epochs(tmp_path / "input"),
         )
     finally:
-        pg.stop()
-        minio.stop()
+        for server in servers.values():
+            server.stop()
     assert report.ok, report.table()
-    killed = 2 if "kill-target@" in plan else 1
+    killed = len(servers) if "kill-target@" in plan else 1
     assert len(report.target_kills) == killed and report.restarts >= 1, report.table()
     assert all(v.lingering == 0 for v in report.verdicts.values()), report.table()
+    assert all(n > 0 for n in report.samples.values()), report.samples
 
 
 @pytest.mark.spark

@@ -219,3 +219,70 @@ def test_soak_results_file_resumes_and_tallies(tmp_path: Path) -> None:
     table = summary(results)
     assert "| 3 | 1, 2 | files | 3 | 3 / 3 | 2 | **0** |" in table
     assert "| `kill-target` | 2 | 0 |" in table and "| postgres | 2 | 2 | 0 |" in table
+
+
+def test_cli_chaos_run_kills_a_target_and_tallies_a_results_file(tmp_path: Path) -> None:
+    (tmp_path / "tiny.py").write_text(TINY)
+    flag = tmp_path / "up"
+    flag.touch()
+    (tmp_path / "servers.py").write_text(
+        textwrap.dedent(
+            f"""
+            from pathlib import Path
+            FLAG = Path({str(flag)!r})
+
+            class Flag:
+                def kill(self): FLAG.unlink()
+                def start(self): FLAG.touch()
+                def running(self): return FLAG.exists()
+
+            def make():
+                return {{"db": Flag()}}
+
+            def checks(args):
+                import json
+                from txsink.testing import IdsVerifier
+                return {{"tiny": IdsVerifier(args["ids"], lambda: json.load(open(args["out"])))}}
+            """
+        )
+    )
+    args = {"out": str(tmp_path / "out.json"), "flag": str(flag), "ids": [0, 1]}
+    common = [sys.executable, "-m", "txsink.cli", "chaos"]
+    proc = subprocess.run(
+        [
+            *common,
+            "run",
+            "--pipeline",
+            f"{tmp_path / 'tiny.py'}:run",
+            "--args",
+            json.dumps(args),
+            "--plan",
+            "after_decision:kill-target=db@0",
+            "--targets",
+            f"{tmp_path / 'servers.py'}:make",
+            "--down",
+            "0.1",
+            "--verifiers",
+            f"{tmp_path / 'servers.py'}:checks",
+            "--workdir",
+            str(tmp_path / "w"),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["ok"] and report["restarts"] == 1, report
+    assert report["target_kills"][0].startswith("db killed by fault 00-after_decision-0")
+
+    results = tmp_path / "results.jsonl"
+    line = {"soak": {"seed": 5, "connectors": ["files"]}, "index": 0, "report": report}
+    results.write_text(json.dumps(line) + "\n")
+    tally = subprocess.run(
+        [*common, "tally", str(results)], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert "| 1 | 5 | files | 1 | 1 / 1 | 1 | **0** |" in tally.stdout
+    assert "| db | 1 | 1 | 0 |" in tally.stdout

@@ -63,6 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--max-runs", type=int, default=10, help="give up after this many runs")
     run.add_argument("--json", action="store_true", help="print the report as one JSON line")
     run.add_argument("--quiet", action="store_true", help="no progress lines")
+    _target_options(run)
 
     soak = sub.add_parser(
         "soak",
@@ -91,15 +92,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1,
         help="plans run at once (default 1; results do not depend on it)",
     )
-    soak.add_argument(
-        "--targets",
-        metavar="MODULE:FUNCTION",
-        help="a function returning {name: control} of the target servers kill-target faults "
-        "may SIGKILL (txsink.testing.TargetControl; see docs/testing-recovery.md)",
-    )
-    soak.add_argument(
-        "--down", type=float, default=2.0, help="seconds a killed server stays down (default 2)"
-    )
+    _target_options(soak)
     soak.add_argument(
         "--timer-kills",
         type=float,
@@ -117,6 +110,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     soak.add_argument("--json", action="store_true", help="print every report as JSON at the end")
     soak.add_argument("--verbose", action="store_true", help="show the children's txsink lines")
+
+
+def _target_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--targets",
+        metavar="MODULE:FUNCTION",
+        help="a function returning {name: control} of the target servers kill-target faults "
+        "may SIGKILL (txsink.testing.TargetControl; see docs/fault-injection.md)",
+    )
+    parser.add_argument(
+        "--down", type=float, default=2.0, help="seconds a killed server stays down (default 2)"
+    )
 
 
 def _tally_parser(sub: Any) -> None:
@@ -176,6 +181,7 @@ def run_command(args: argparse.Namespace) -> int:
     from txsink.testing.targets import child_env, new_targets
 
     workdir = args.workdir.resolve()
+    controls = _targets(args.targets)
     if args.seed is not None:
         plan = ChaosPlan.random(
             args.seed,
@@ -185,6 +191,7 @@ def run_command(args: argparse.Namespace) -> int:
             modes=args.modes,
             n=args.faults,
             probability=args.probability,
+            targets=sorted(controls or {}),
         )
     else:
         plan = ChaosPlan.parse(args.plan or "")
@@ -241,6 +248,8 @@ def run_command(args: argparse.Namespace) -> int:
         env=env,
         max_runs=args.max_runs,
         on_progress=_say(not args.quiet),
+        targets=controls,
+        down_s=args.down,
     )
     print(json.dumps(report.as_dict()) if args.json else report.table(), flush=True)
     return 0 if report.ok else 1

@@ -27,7 +27,7 @@ targets watched during a run, docs/reliability.md.
 
 from txsink.localspark import local_spark
 from txsink.testing.adapter import ConnectorTesting, adapter, adapters
-from txsink.testing.chaos import ChaosReport, format_table, run_chaos
+from txsink.testing.chaos import ChaosReport, run_chaos
 from txsink.testing.hooks import HookPlan, PointHooks
 from txsink.testing.inputs import INPUT_SCHEMA, append_input, input_epochs, make_input
 from txsink.testing.observer import (
@@ -39,6 +39,7 @@ from txsink.testing.observer import (
 )
 from txsink.testing.plan import DEFAULT_MODES, DEFAULT_POINTS, ChaosPlan
 from txsink.testing.soak import SoakResult, soak
+from txsink.testing.tables import format_table
 from txsink.testing.targetcrash import ServerProcess, TargetControl, TargetCrashes, TargetKill
 from txsink.testing.targets import RunTarget, available_connectors, new_targets
 from txsink.testing.verifiers import IdsVerifier, SinkVerifier, verify

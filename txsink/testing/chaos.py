@@ -33,6 +33,7 @@ from typing import Any
 from txsink.faults import FaultPlan
 from txsink.testing.observer import Observer, Target
 from txsink.testing.plan import ChaosPlan
+from txsink.testing.tables import format_table
 from txsink.testing.targetcrash import TargetControl, TargetCrashes
 from txsink.testing.verifiers import SinkVerifier, verify
 from txsink.verify import Verdict
@@ -164,15 +165,6 @@ class ChaosReport:
         """Raise ``AssertionError`` with the summary table unless every sink is exactly-once."""
         if not self.ok:
             raise AssertionError("chaos run failed the exactly-once check\n" + self.table())
-
-
-def format_table(cols: tuple[str, ...], rows: list[tuple[Any, ...]]) -> str:
-    """A plain-text table, columns padded to their widest cell."""
-    cells = [list(map(str, cols))] + [[str(c) for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(cols))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
 
 
 def _fmt_s(value: float | None) -> str:

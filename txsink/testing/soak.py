@@ -41,10 +41,11 @@ from typing import Any
 from txsink import registry
 from txsink.faults import CrashPoint, FaultMode
 from txsink.testing.adapter import adapter
-from txsink.testing.chaos import ChaosReport, format_table, run_chaos
+from txsink.testing.chaos import ChaosReport, run_chaos
 from txsink.testing.inputs import input_epochs, make_input
 from txsink.testing.plan import DEFAULT_MODES, DEFAULT_POINTS, ChaosPlan
 from txsink.testing.soaklog import done_indices, settings_line
+from txsink.testing.tables import format_table
 from txsink.testing.targetcrash import TargetControl
 from txsink.testing.targets import available_connectors, child_env, new_targets
 

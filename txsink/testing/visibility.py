@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from txsink.testing.history import HistoryViolation
+from txsink.testing.tables import format_table
 
 __all__ = ["EpochVisibility", "ObserverReport"]
 
@@ -123,7 +124,6 @@ class ObserverReport:
 
     def table(self) -> str:
         """One row per epoch: first visibility per target (seconds after the earliest), skew."""
-        from txsink.testing.chaos import format_table
 
         starts = [t for e in self.epochs.values() for t in e.first_seen.values()]
         t0 = min(starts) if starts else 0.0

@@ -217,6 +217,9 @@ def run_speculative(
             cmd, env=_child_env(cluster, targets), max_runs=1, on_line=lines.append, timeout=240
         )
     context = "\n".join(lines[-60:])
+    sys.stderr.write(
+        f"\nspeculation: query {report.seconds:.1f}s, partition 0 held {held.waited_s:.1f}s\n"
+    )
     assert report.finished, f"the query failed ({report.exit_codes}):\n{context}"
     assert [i for i, _ in hooks.fired] == [0], f"partition 0 never paused:\n{context}"
     assert hooks.errors == [], hooks.errors

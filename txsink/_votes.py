@@ -162,8 +162,14 @@ class VoteService:
         with self._lock:
             self._closed = True
             self._answer_all(ABORT, "the job ended before every task voted")
+        # close() alone does not wake a thread blocked in accept() on Linux: the thread
+        # (and the listening socket it holds) would outlive the service, one per epoch.
+        with contextlib.suppress(OSError):
+            self._server.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             self._server.close()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
 
     def __enter__(self) -> VoteService:
         return self

@@ -56,7 +56,7 @@ from txsink.errors import (
 from txsink.handles import Handle, register_handle
 from txsink.txid import TxnId
 
-__all__ = ["KafkaDirectHandle", "OpenDirect", "commit_leftovers", "open_direct"]
+__all__ = ["KafkaDirectHandle", "OpenDirect", "clear", "commit_leftovers", "open_direct"]
 
 
 @register_handle
@@ -111,6 +111,14 @@ def _pooled(
 
 def _evict(settings: KafkaSettings, shard: int) -> None:
     _POOL.pop(settings.transactional_id(shard), None)
+
+
+def clear() -> None:
+    """Close every pooled producer of this process (tests that run tasks in-process)."""
+    pooled = list(_POOL.values())
+    _POOL.clear()
+    for _, producer, _ in pooled:
+        producer.flush(0)
 
 
 def _on_failed_delivery(errors: list[str], err: Any, msg: Any) -> None:

@@ -107,6 +107,11 @@ def test_a_worker_initialises_a_shard_once_across_tasks(kafka: Any, inits: list[
     assert open_transactions(kafka.bootstrap, topic) == 0
 
 
+@pytest.mark.known_leak(
+    rdkafka="the fenced producers stay alive: the fenced error's traceback (its frames hold "
+    "them) is kept by a holder gc cannot see, likely confluent-kafka's C code "
+    "(docs/testing.md, Leak checks)"
+)
 def test_a_pooled_producer_fenced_by_another_is_replaced(kafka: Any, inits: list[str]) -> None:
     """Another worker's task of the same shard ran init_transactions: the pooled producer
     is fenced. Found before the task's records are lost; a new producer does the work once."""

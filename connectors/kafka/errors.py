@@ -3,6 +3,7 @@
 ::
 
     fenced, after about transaction.timeout.ms               -> CommitError (timed out)
+    INVALID_PRODUCER_ID_MAPPING (the id expired)               -> as below, and says so
     fenced (_FENCED, PRODUCER_FENCED, INVALID_PRODUCER_EPOCH)  -> FencedError
     TRANSACTIONAL_ID_AUTHORIZATION_FAILED                      -> ConfigurationError
     retriable, or _TIMED_OUT                                   -> RetryableError
@@ -125,6 +126,13 @@ def commit_error(
             "(up to the brokers' transaction.max.timeout.ms), use more shards, or find "
             f"what held the commit up ({detail})",
             **ctx,
+        )
+    if has_code(err, "INVALID_PRODUCER_ID_MAPPING"):
+        detail += (
+            f"; the broker no longer maps {tid!r} to this producer: the transactional id "
+            "expired (it had no transaction for the brokers' transactional.id.expiration.ms) "
+            "or its transaction was aborted meanwhile. The next attempt initialises a new "
+            "producer"
         )
     if timed_out:
         detail += (

@@ -50,7 +50,9 @@ class ChaosPlan:
             if isinstance(f, Fault):
                 out.append(f)
             else:
-                out.extend(FaultPlan.parse(f).faults)
+                # The faults only: a FaultPlan would make a state folder that stays
+                # until this process ends.
+                out.extend(Fault.parse(s) for s in f.split(",") if s.strip())
         return cls(tuple(out), seed)
 
     @classmethod

@@ -33,6 +33,7 @@ from _services.fixtures import (
 )
 from connect_server import ConnectServer
 from cross import Cross
+from leaks import *  # noqa: F403 - its hooks: the leak checks after every test
 
 from txsink.testing.targets import RunTarget, new_targets
 

@@ -30,8 +30,8 @@ error at its teardown) with a message that lists what leaked. A test that runs i
 known bug not fixed yet says so, per kind: ``@pytest.mark.known_leak(rdkafka="why")``
 turns that kind into a :class:`LeakWarning`. ``TXSINK_LEAK_CHECK=0`` turns the check off.
 
-Registered from ``integration/conftest.py`` by importing its hooks into that
-module's namespace, so it applies to ``integration/`` only; ``pytest -p leaks`` (with
+Registered from ``integration/conftest.py`` by importing its hooks (``__all__``) into
+that module's namespace, so it applies to ``integration/`` only; ``pytest -p leaks`` (with
 ``integration`` on ``PYTHONPATH``) loads it for any run.
 """
 
@@ -54,17 +54,12 @@ from urllib.parse import urlsplit
 
 import pytest
 
+#: The hooks, for ``from leaks import *`` in a conftest (the rest is imported by name).
 __all__ = [
-    "GRACE_S",
-    "LeakWarning",
-    "Leaks",
-    "Snapshot",
-    "check",
     "pytest_configure",
     "pytest_fixture_setup",
     "pytest_runtest_setup",
     "pytest_runtest_teardown",
-    "snapshot",
 ]
 
 #: How long a check waits for threads, clients and connections that are closing.

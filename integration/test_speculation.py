@@ -302,7 +302,9 @@ def test_speculative_attempt_aborted_kafka_and_s3(
     kafka_variant: str,
 ) -> None:
     """The same with Kafka (``read_committed``: no open transaction left) and S3 (no
-    multipart upload left)."""
+    multipart upload left). Kafka's replay mode prepares nothing in Kafka before the
+    decision (its commit is a second job over the epoch's rows): its held
+    attempt has nothing to abort, and only S3's is."""
     targets = new_targets(request, tmp_path, [("kafka", kafka_variant), ("s3", "parquet")])
     lines, _, _ = run_speculative(speculation_cluster, tmp_path, targets)
-    assert_loser_aborted(lines, tmp_path, targets)
+    assert_loser_aborted(lines, tmp_path, targets if kafka_variant == "wal" else targets[1:])

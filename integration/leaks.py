@@ -25,7 +25,8 @@ pool until the JVM collected the query), polling for up to :data:`GRACE_S` so th
 is stopping can finish. What a module- or session-scoped fixture (a SparkSession, a
 server, a cluster) opens while it is set up is baselined then (``pytest_fixture_setup``),
 not blamed on the test that first asked for it; so is the first of each thread txsink
-starts once per process on purpose (:data:`PROCESS_THREADS`). A leak fails the test (an
+starts once per process on purpose (:data:`PROCESS_THREADS`), and the threads of pools a
+library keeps for the life of the process (pyiceberg's executor). A leak fails the test (an
 error at its teardown) with a message that lists what leaked. A test that runs into a
 known bug not fixed yet says so, per kind: ``@pytest.mark.known_leak(rdkafka="why")``
 turns that kind into a :class:`LeakWarning`. ``TXSINK_LEAK_CHECK=0`` turns the check off.
@@ -134,7 +135,12 @@ class _State:
         self.pg_ports: set[int] = set()
 
     def allow_process_threads(self, after: Snapshot) -> None:
-        """Baseline the first instance of each of :data:`PROCESS_THREADS` that appears."""
+        """Baseline the first instance of each of :data:`PROCESS_THREADS` that appears, and
+        the threads of the process-wide pools of :func:`_process_pools`."""
+        pooled = {t.native_id for pool in _process_pools() for t in getattr(pool, "_threads", ())}
+        extra = {(ident, desc) for ident, desc in after.threads if ident in pooled}
+        if extra:
+            self.allowed = replace(self.allowed, threads=self.allowed.threads | extra)
         known = {d for _, d in self.allowed.threads}
         for ident, desc in after.threads:
             name = desc.rsplit(" (", 1)[0].strip("'")
@@ -153,6 +159,16 @@ class _State:
 
 
 _STATE = _State()
+
+
+def _process_pools() -> list[Any]:
+    """Thread pools a library keeps for the life of the process, by design: pyiceberg's
+    ``ExecutorFactory`` (one ``ThreadPoolExecutor`` per process, its threads started as
+    work comes, never shut down)."""
+    concurrent = sys.modules.get("pyiceberg.utils.concurrent")
+    factory = getattr(concurrent, "ExecutorFactory", None)
+    instance = getattr(factory, "_instance", None)
+    return [instance] if instance is not None else []
 
 
 def _port_of(dsn: str) -> int | None:

@@ -315,13 +315,19 @@ class KafkaTesting(ConnectorTesting):
 
         Direct mode: first abort whatever transaction a test left open (a prepared but
         never committed shard is an open Kafka transaction), then delete the sink's own
-        marker topic."""
+        marker topic. Then this process's pooled producers are closed: a test that ran a
+        task's code here (the contract suite) leaves them, and only worker processes
+        should keep them."""
+        from txsink.connectors.kafka import direct, pool
+
         if spec.get("mode") == "direct":
             sink = self.build_sink(spec, env)
             with contextlib.suppress(Exception):
                 fence(sink.settings, [sink.transactional_id(s) for s in range(sink.shards)])
             with contextlib.suppress(Exception):
                 readback.delete_topic(env[BOOTSTRAP], sink.marker_topic)
+        pool.clear()
+        direct.clear()
         with contextlib.suppress(Exception):
             readback.delete_topic(env[BOOTSTRAP], spec["topic"])
         bucket = _bucket(spec)

@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import sys
 import time
 import uuid
@@ -160,9 +161,8 @@ def _hold_until_committed(log_path: Path, held: Held) -> Any:
 
 def _child_env(cluster: Cluster, targets: list[RunTarget]) -> dict[str, str]:
     confs = {**driver_conf(cluster), **SPECULATION}
-    submit = " ".join(f"--conf {k}={v}" for k, v in confs.items() if " " not in v)
-    # Values with spaces (the executors' Java options) are quoted for PySpark's shlex.
-    submit += "".join(f" --conf '{k}={v}'" for k, v in confs.items() if " " in v)
+    # PySpark splits PYSPARK_SUBMIT_ARGS with shlex: values with spaces stay quoted.
+    submit = " ".join(f"--conf {shlex.quote(f'{k}={v}')}" for k, v in confs.items())
     env = dict(os.environ)
     for target in targets:
         env.update(target.child_env())

@@ -38,7 +38,9 @@ def test_random_plan_is_reproducible_and_valid() -> None:
     assert a.spec == b.spec and a.seed == 42
     assert len({ChaosPlan.random(s, epochs=6, partitions=3, n=4).spec for s in range(20)}) > 10
     for seed in range(200):
-        plan = ChaosPlan.random(seed, epochs=4, partitions=2, n=3, modes=list(FaultMode))
+        plan = ChaosPlan.random(
+            seed, epochs=4, partitions=2, n=3, modes=list(FaultMode), targets=["pg", "s3"]
+        )
         parsed = FaultPlan.parse(plan.spec, "/nonexistent")  # a valid txsink.faults spec
         assert parsed.faults == plan.faults
         for i, fault in enumerate(plan.faults):

@@ -43,6 +43,8 @@ from pathlib import Path
 from _services.common import is_root
 from _services.postgres import _as_server_user, _chown_to_server_user, find_bindir
 
+from txsink.testing.targetcrash import child_pids, process_alive
+
 __all__ = ["CrashableKafka", "CrashableMinio", "CrashablePostgres"]
 
 USER = "txsink"
@@ -100,15 +102,6 @@ class _Server:
         """Kill it and delete its folder (a test's end)."""
         self.kill()
         shutil.rmtree(self.folder, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    """Running (a zombie, dead but not reaped, is not)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2 :].split()[0] != "Z"
 
 
 @dataclass
@@ -185,14 +178,7 @@ class CrashablePostgres(_Server):
             postmaster = int((self.data / "postmaster.pid").read_text().splitlines()[0])
         except (OSError, ValueError, IndexError):
             return []
-        found = [postmaster]
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                with contextlib.suppress(OSError, ValueError, IndexError):
-                    stat = (entry / "stat").read_text()
-                    if int(stat[stat.rindex(")") + 2 :].split()[1]) == postmaster:
-                        found.append(int(entry.name))
-        return found
+        return [postmaster, *child_pids(postmaster)]
 
     def start(self) -> None:
         """Start (again): crash recovery replays the WAL, prepared transactions come back."""
@@ -210,7 +196,7 @@ class CrashablePostgres(_Server):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 30
-        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        while any(process_alive(p) for p in pids) and time.monotonic() < deadline:
             time.sleep(0.05)
         # A killed postmaster may linger as a zombie (nobody reaps it here), which a new
         # postmaster would take for a running one: its lock file goes with it.

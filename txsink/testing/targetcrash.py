@@ -52,7 +52,14 @@ from typing import Protocol, runtime_checkable
 
 from txsink.faults import TARGET_DONE, TARGET_REQUEST
 
-__all__ = ["ServerProcess", "TargetControl", "TargetCrashes", "TargetKill"]
+__all__ = [
+    "ServerProcess",
+    "TargetControl",
+    "TargetCrashes",
+    "TargetKill",
+    "child_pids",
+    "process_alive",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -110,12 +117,12 @@ class ServerProcess:
 
     def kill(self) -> None:
         pid = self._pid()
-        victims = [] if pid is None else [pid, *(_children(pid) if self.children else [])]
+        victims = [] if pid is None else [pid, *(child_pids(pid) if self.children else [])]
         for victim in victims:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(victim, signal.SIGKILL)
         deadline = time.monotonic() + 30
-        while any(_alive(v) for v in victims):
+        while any(process_alive(v) for v in victims):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{self.name}: pid(s) {victims} still alive 30 s after SIGKILL")
             time.sleep(0.05)
@@ -135,7 +142,7 @@ class ServerProcess:
             return False
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     """Running; a zombie (dead, not yet reaped) is not."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -144,7 +151,8 @@ def _alive(pid: int) -> bool:
     return stat[stat.rindex(")") + 2 :].split()[0] != "Z"
 
 
-def _children(parent: int) -> list[int]:
+def child_pids(parent: int) -> list[int]:
+    """The pids whose parent is ``parent`` (from ``/proc``)."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():

@@ -312,3 +312,26 @@ def test_same_coordinator_recovers_after_a_failure_after_the_decision() -> None:
     assert result.status == "skipped"
     for target in world.targets.values():
         assert len(target.visible()) == 12 and target.prepared == {}
+
+
+def test_close_and_a_failed_foreach_batch_release_every_sink() -> None:
+    """What the sinks hold in the driver is closed when an epoch fails out of
+    ``foreachBatch`` (Spark ends the query) and by ``close()``; the coordinator still
+    works after it (the sinks open what they need again)."""
+    world = World()
+    coord = world.coordinator(Crasher())
+    released: list[str] = []
+
+    def releaser(uid: str) -> Any:
+        return lambda: released.append(uid)
+
+    for sink in coord.sinks:
+        sink.release = releaser(sink.uid)  # type: ignore[method-assign]
+    with pytest.raises(Exception):  # noqa: B017 - not a DataFrame: fails before any epoch
+        coord(object(), 0)  # type: ignore[arg-type]
+    assert sorted(released) == sorted(UIDS)
+    coord.close()
+    assert sorted(released) == sorted(UIDS * 2)
+    coord.run_epoch(0, memory_precommit(batches_for(0, 2, 3)), app_id=APP)
+    for target in world.targets.values():
+        assert len(target.visible()) == 6

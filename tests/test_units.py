@@ -197,3 +197,17 @@ def test_kafka_replay_checksum_covers_every_field_and_reads_v1_handles() -> None
     )
     assert isinstance(old, KafkaReplayHandle) and old.checksum_version == 1
     assert KafkaReplayHandle.version == 3
+
+
+def test_a_pipeline_file_may_define_dataclasses(tmp_path: Path) -> None:
+    """``txsink chaos run FILE.py:FUNCTION`` loads the file as a module that is in
+    ``sys.modules`` while it runs: a dataclass in it needs that."""
+    from txsink.runner import load_callable
+
+    path = tmp_path / "pipeline.py"
+    path.write_text(
+        "from __future__ import annotations\nfrom dataclasses import dataclass\n\n"
+        "@dataclass\nclass Options:\n    rows: int = 3\n\n"
+        "def main() -> int:\n    return Options().rows\n"
+    )
+    assert load_callable(f"{path}:main")() == 3

@@ -19,7 +19,7 @@ import contextlib
 import logging
 import os
 import sys
-from collections.abc import Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from typing import Any, TextIO
 
 __all__ = [
@@ -241,11 +241,18 @@ def log_failure(logger: EpochLogger, err: BaseException, *, epoch: int | None = 
 
 
 @contextlib.contextmanager
-def failures_logged(logger: EpochLogger, *, epoch: int | None = None) -> Iterator[None]:
+def failures_logged(
+    logger: EpochLogger,
+    *,
+    epoch: int | None = None,
+    on_failure: Callable[[], None] | None = None,
+) -> Iterator[None]:
     """Around an entry point Spark calls: an exception leaving it is logged once
-    (:func:`log_failure`) and raised on."""
+    (:func:`log_failure`), ``on_failure`` runs, and the exception is raised on."""
     try:
         yield
     except Exception as err:
         log_failure(logger, err, epoch=epoch)
+        if on_failure is not None:
+            on_failure()
         raise

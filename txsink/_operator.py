@@ -1,6 +1,6 @@
 """The coordinator's operator entry points: checks before the start, recovery and aborts
-by hand (``txsink check``, ``txsink recover``, ``txsink abort``), and starting from a
-savepoint.
+by hand (``txsink check``, ``txsink recover``, ``txsink abort``), starting from a
+savepoint, and closing what the sinks hold once the query is over.
 
 A mixin of :class:`txsink.Coordinator`, kept apart so the protocol's own module holds
 the epoch's steps only; these methods drive the same :class:`~txsink.recovery.Recovery`
@@ -26,7 +26,8 @@ __all__ = ["OperatorMixin"]
 
 
 class OperatorMixin:
-    """:meth:`check`, :meth:`recovery_plan`, :meth:`recover` and :meth:`abort`."""
+    """:meth:`check`, :meth:`recovery_plan`, :meth:`recover`, :meth:`abort` and
+    :meth:`close`."""
 
     log: TxLog
     sinks: tuple[SinkContract[Any, Any], ...]
@@ -35,7 +36,18 @@ class OperatorMixin:
     _recovery: Recovery
     _needs_recovery: bool
     _restored: bool
+    retired: tuple[SinkContract[Any, Any], ...]
     _log: EpochLogger
+
+    def close(self) -> None:
+        """Close what the sinks hold open in this driver (:meth:`SinkContract.release`):
+        call it once the query has stopped. Using the coordinator again opens what it
+        needs again; a failed epoch closes it by itself (Spark ends the query)."""
+        for sink in (*self.sinks, *self.retired):
+            try:
+                sink.release()
+            except Exception as err:  # best effort: the query is over anyway
+                self._log.warning("%r: release failed: %s", sink, err)
 
     @final
     def check(

@@ -379,6 +379,18 @@ class SinkContract(abc.ABC, Generic[T, H]):
         """
         return None
 
+    def release(self) -> None:
+        """Close what this sink holds open in the driver between epochs (a connection, a
+        producer, a catalog's pool); the next epoch opens it again. Idempotent; default:
+        nothing held.
+
+        Called when an epoch fails out of ``foreachBatch`` (Spark ends the query) and by
+        :meth:`~txsink.Coordinator.close`. Why not leave it to the garbage collector: a
+        query's ``foreachBatch`` function stays in py4j's proxy pool until the JVM has
+        collected the ended query, so connections would outlive the query by an
+        unbounded time (each restart of a query in one driver would add one).
+        """
+
     # -- operator side: upgrades ----------------------------------------------------
 
     def migrate_uid(self, old: str, *, app_id: str, dry_run: bool = False) -> list[str]:

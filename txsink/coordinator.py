@@ -170,7 +170,7 @@ class Coordinator(OperatorMixin):
 
         A failure is logged once at ERROR (one line, with its context) before it goes
         to Spark, which wraps it in a JVM trace; the same for :meth:`write`."""
-        with failures_logged(self._log, epoch=int(batch_id)):
+        with failures_logged(self._log, epoch=int(batch_id), on_failure=self.close):
             query_id = _spark.streaming_query_id(df)
             app_id = self.app_id or query_id
             if app_id is None:

@@ -153,6 +153,9 @@ def load_callable(spec: str) -> Callable[..., object]:
         if module_spec is None or module_spec.loader is None:
             raise ValueError(f"cannot load {target}")
         module = importlib.util.module_from_spec(module_spec)
+        # Registered first, as an import does: a dataclass (or pickle) in the file looks
+        # its module up in sys.modules while the file runs.
+        sys.modules[module_spec.name] = module
         module_spec.loader.exec_module(module)
     else:
         module = importlib.import_module(target)

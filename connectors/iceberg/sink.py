@@ -79,6 +79,12 @@ class IcebergSink(TwoPhaseCommitSink[PreparedWriter, IcebergHandle]):
         (the coordinator's default ``max_tasks="auto"`` coalesces to the task slots)."""
         return True
 
+    @override
+    def release(self) -> None:
+        catalog, self._catalog = self._catalog, None
+        if catalog is not None:
+            catalog.close()  # a SQL catalog's connection pool
+
     def _cat(self) -> Catalog:
         if self._catalog is None:
             try:

@@ -238,6 +238,12 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
         state["_clients"] = None  # producers stay in the process that made them
         return state
 
+    @override
+    def release(self) -> None:
+        clients, self._clients = self._clients, None
+        if clients is not None:
+            clients.close()
+
     @property
     def settings(self) -> KafkaSettings:
         """How this sink's clients reach the brokers, and as whom."""

@@ -188,6 +188,12 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, PgHandle]):
             self._driver_conn = self._connect(autocommit=True, phase=phase)
         return self._driver_conn
 
+    @override
+    def release(self) -> None:
+        conn, self._driver_conn = self._driver_conn, None
+        if conn is not None:
+            conn.close()
+
     def _stall(self, conn: psycopg.Connection[Any]) -> Stall:
         return Stall(conn, self.timeouts.stall_s)
 

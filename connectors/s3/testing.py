@@ -103,13 +103,28 @@ class S3Verifier:
         loc = parse_s3_url(self.url)
         client = make_client(self.client_options)
         # Listed without Prefix: MinIO reads Prefix as an exact key.
-        uploads = sum(1 for key, _ in uploads_in(client, loc.bucket) if key.startswith(loc.prefix))
+        uploads = sum(
+            1
+            for key, upload_id in uploads_in(client, loc.bucket)
+            if key.startswith(loc.prefix) and _upload_exists(client, loc.bucket, key, upload_id)
+        )
         markers = 0
         for listing in client.get_paginator("list_objects_v2").paginate(
             Bucket=loc.bucket, Prefix=f"{loc.prefix}{UPLOADS}"
         ):
             markers += len(listing.get("Contents", []))
         return uploads + markers
+
+
+def _upload_exists(client: Any, bucket: str, key: str, upload_id: str) -> bool:
+    """Whether a listed multipart upload still holds its parts: MinIO keeps listing an
+    upload that its stale-upload expiry purged (``ListParts`` answers ``NoSuchUpload``),
+    and such an upload holds nothing that lingers."""
+    try:
+        client.list_parts(Bucket=bucket, Key=key, UploadId=upload_id, MaxParts=1)
+    except client.exceptions.NoSuchUpload:
+        return False
+    return True
 
 
 class S3ManifestTarget:

@@ -162,3 +162,20 @@ def test_pooled_producer_reports_fresh_once(fake: FakeProducers) -> None:
     assert pool.pooled_producer(SETTINGS, 0) == (1, False)
     pool.evict(SETTINGS, 0)
     assert pool.pooled_producer(SETTINGS, 0) == (2, True)
+
+
+def test_a_transaction_over_half_its_timeout_is_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """WAL, replay and direct mode warn the same way (direct: from the task's start)."""
+    from txsink.connectors.kafka.producers import warn_if_slow
+
+    settings = KafkaSettings(
+        "b:9092", "u", "txsink", "m", 1, 30.0, {"transaction.timeout.ms": 20000}
+    )
+    with caplog.at_level("WARNING"):
+        warn_if_slow(settings, 3, 7, 9.0)
+        assert not caplog.records
+        warn_if_slow(settings, 3, 7, 11.0)
+    (record,) = caplog.records
+    assert (
+        "shard 3" in record.getMessage() and "transaction.timeout.ms (20s)" in record.getMessage()
+    )

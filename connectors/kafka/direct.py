@@ -43,7 +43,7 @@ from txsink.connectors.kafka.clients import KafkaSettings, init_transactions
 from txsink.connectors.kafka.columns import py_columns
 from txsink.connectors.kafka.errors import commit_error
 from txsink.connectors.kafka.markers import Markers
-from txsink.connectors.kafka.producers import fence, produce_records
+from txsink.connectors.kafka.producers import fence, produce_records, warn_if_slow
 from txsink.connectors.kafka.records import RecordFormat
 from txsink.connectors.kafka.replay import CHECKSUM_VERSION, ShardCommit, Tally
 from txsink.contract import EpochCommit
@@ -151,6 +151,9 @@ class OpenDirect:
     def rows(self) -> int:
         return self.tally.rows
 
+    def _elapsed(self) -> float:
+        return time.monotonic() - self.started
+
     def write(self, records: pa.RecordBatch) -> None:
         columns = py_columns(records)  # once, for the checksum and the produce loop
         self.tally.add(records, columns)
@@ -192,6 +195,8 @@ class OpenDirect:
         while True:
             try:
                 self.producer.commit_transaction(max(1.0, deadline - time.monotonic()))
+                # Begun in the pre-commit: the span covers the whole epoch.
+                warn_if_slow(self.settings, self.shard, self.txn.epoch, self._elapsed())
                 return
             except KafkaException as err:
                 kerr = err.args[0]
@@ -218,7 +223,7 @@ class OpenDirect:
             epoch=self.txn.epoch,
             shard=self.shard,
             delivery=self.errors,
-            elapsed=time.monotonic() - self.started,
+            elapsed=self._elapsed(),
             phase=phase,
         )
 

@@ -179,7 +179,7 @@ class ShardProducers:
             raise
         self.markers.remember(shard, epoch)
         self.settings.reachable()
-        self._warn_if_slow(shard, epoch, time.monotonic() - started)
+        warn_if_slow(self.settings, shard, epoch, time.monotonic() - started)
 
     def _commit_transaction(self, producer: Any) -> None:
         """``commit_transaction``, retried on retriable errors as librdkafka asks."""
@@ -194,19 +194,22 @@ class ShardProducers:
                 if not err.args[0].retriable() or time.monotonic() >= deadline:
                     raise
 
-    def _warn_if_slow(self, shard: int, epoch: int, elapsed: float) -> None:
-        uid, limit = self.settings.uid, self.settings.txn_timeout_s
-        if elapsed > limit / 2:
-            get_logger(__name__, uid=uid, epoch=epoch).warning(
-                "Kafka shard %s: the commit transaction took %.1fs, over half "
-                "of transaction.timeout.ms (%.0fs); the broker aborts longer ones and the commit "
-                "would then fail on every retry. Raise transaction.timeout.ms (up to the "
-                "broker's transaction.max.timeout.ms) or use more shards",
-                shard,
-                elapsed,
-                limit,
-                extra={"txsink_uid": uid, "txsink_epoch": epoch},
-            )
+
+def warn_if_slow(settings: KafkaSettings, shard: int, epoch: int, elapsed: float) -> None:
+    """A WARNING when a shard's transaction ran over half of ``transaction.timeout.ms``
+    (the broker aborts it at the whole: the commit would then fail on every retry)."""
+    uid, limit = settings.uid, settings.txn_timeout_s
+    if elapsed > limit / 2:
+        get_logger(__name__, uid=uid, epoch=epoch).warning(
+            "Kafka shard %s: the transaction took %.1fs to commit, over half "
+            "of transaction.timeout.ms (%.0fs); the broker aborts longer ones and the commit "
+            "would then fail on every retry. Raise transaction.timeout.ms (up to the "
+            "broker's transaction.max.timeout.ms) or use more shards",
+            shard,
+            elapsed,
+            limit,
+            extra={"txsink_uid": uid, "txsink_epoch": epoch},
+        )
 
 
 def produce_records(producer: Any, batch: pa.RecordBatch, columns: PyColumns | None = None) -> None:

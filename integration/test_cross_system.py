@@ -31,7 +31,14 @@ from typing import Any
 import pytest
 from cross import FILES, ROWS, Cross, observed
 
-from tests.streaming import CRASH_MATRIX, fault_spec, is_task_point, kill_driver_at_every_point
+from tests.streaming import (
+    CRASH_MATRIX,
+    EVERY_POINT_ONCE,
+    SOME_POINTS,
+    fault_spec,
+    is_task_point,
+    kill_driver_at_every_point,
+)
 from txsink.faults import FaultPlan
 from txsink.testing.hooks import PointHooks
 from txsink.testing.observer import (
@@ -163,16 +170,24 @@ def test_crash_mid_commit_shows_part_of_an_epoch_until_the_restart(
     assert earliest in first_views, report.table()
 
 
-def test_kill_driver_at_every_point(cross: Cross, skew_log: SkewLog) -> None:
+@pytest.mark.parametrize(
+    "points",
+    [
+        pytest.param(SOME_POINTS, id="some-points"),
+        pytest.param(EVERY_POINT_ONCE, id="every-point", marks=pytest.mark.slow),
+    ],
+)
+def test_kill_driver_at_every_point(cross: Cross, skew_log: SkewLog, points: str) -> None:
     """SIGKILL of the driver at every crash point (a child process restarted each time),
     with every connector's single-pass variant (Kafka's direct mode) in the same
     coordinator: every epoch runs in one pass, the other sinks' handles in the same votes,
     and the driver is also killed at the single-pass point (``before_task_commit``).
 
     This is the default suite's kill-driver run for each connector with a server and for
-    its single-pass variant (integration/test_matrix.py runs them one by one with
-    --run-slow); the demo's (tests/test_demo.py) is the files connector's, and the one
-    of a coordinator without a single-pass sink."""
+    its single-pass variant, at the points where recovery has the most to do
+    (``some-points``; ``every-point`` with --run-slow, and integration/test_matrix.py
+    runs them one by one); the demo's (tests/test_demo.py) is the files connector's, and
+    the one of a coordinator without a single-pass sink, at every point."""
     from txsink.testing.inputs import make_input
 
     rows = 600
@@ -185,7 +200,11 @@ def test_kill_driver_at_every_point(cross: Cross, skew_log: SkewLog) -> None:
     def run() -> None:
         specs = cross.specs() + [t.spec for t in extra]
         env = {**cross.child_env(), **child_env(extra)}
-        ended.append(kill_driver_at_every_point(cross.tmp, specs, env, rows=rows, single_pass=True))
+        ended.append(
+            kill_driver_at_every_point(
+                cross.tmp, specs, env, rows=rows, single_pass=True, points=points
+            )
+        )
 
     report = observed(cross, run, expected=expected)
     skew_log.add("kill-driver at every point", report)

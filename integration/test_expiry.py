@@ -665,13 +665,9 @@ def _uploads(client: Any, bucket: str) -> list[tuple[str, str]]:
 
 def _gone(client: Any, bucket: str, uploads: list[tuple[str, str]]) -> bool:
     """Every one of ``uploads`` is purged: ListParts answers NoSuchUpload."""
-    for key, upload in uploads:
-        try:
-            client.list_parts(Bucket=bucket, Key=key, UploadId=upload)
-            return False
-        except client.exceptions.NoSuchUpload:
-            continue
-    return True
+    from txsink.connectors.s3.markers import upload_exists
+
+    return not any(upload_exists(client, bucket, key, upload) for key, upload in uploads)
 
 
 def _purge_while_down(server: CrashableMinio, client: Any, uploads: list[tuple[str, str]]) -> None:

@@ -121,3 +121,13 @@ def uploads_in(client: S3Client, bucket: str, prefix: str = "") -> list[tuple[st
             if "Key" in u and "UploadId" in u
         )
     return found
+
+
+def upload_exists(client: S3Client, bucket: str, key: str, upload_id: str) -> bool:
+    """Whether a listed multipart upload still holds its parts: MinIO keeps listing an
+    upload that its stale-upload expiry purged (``ListParts`` answers ``NoSuchUpload``)."""
+    try:
+        client.list_parts(Bucket=bucket, Key=key, UploadId=upload_id, MaxParts=1)
+    except client.exceptions.NoSuchUpload:
+        return False
+    return True

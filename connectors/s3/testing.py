@@ -22,7 +22,7 @@ from txsink._target import manifests
 from txsink.connectors.s3.client import make_client, parse_s3_url
 from txsink.connectors.s3.errors import describe
 from txsink.connectors.s3.log_store import S3Store
-from txsink.connectors.s3.markers import UPLOADS, uploads_in
+from txsink.connectors.s3.markers import UPLOADS, upload_exists, uploads_in
 from txsink.connectors.s3.readers import read_committed, read_manifests
 from txsink.connectors.s3.sink import S3Sink
 from txsink.testing.adapter import ConnectorTesting
@@ -106,7 +106,7 @@ class S3Verifier:
         uploads = sum(
             1
             for key, upload_id in uploads_in(client, loc.bucket)
-            if key.startswith(loc.prefix) and _upload_exists(client, loc.bucket, key, upload_id)
+            if key.startswith(loc.prefix) and upload_exists(client, loc.bucket, key, upload_id)
         )
         markers = 0
         for listing in client.get_paginator("list_objects_v2").paginate(
@@ -114,17 +114,6 @@ class S3Verifier:
         ):
             markers += len(listing.get("Contents", []))
         return uploads + markers
-
-
-def _upload_exists(client: Any, bucket: str, key: str, upload_id: str) -> bool:
-    """Whether a listed multipart upload still holds its parts: MinIO keeps listing an
-    upload that its stale-upload expiry purged (``ListParts`` answers ``NoSuchUpload``),
-    and such an upload holds nothing that lingers."""
-    try:
-        client.list_parts(Bucket=bucket, Key=key, UploadId=upload_id, MaxParts=1)
-    except client.exceptions.NoSuchUpload:
-        return False
-    return True
 
 
 class S3ManifestTarget:

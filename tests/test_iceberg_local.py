@@ -376,3 +376,35 @@ def test_a_table_sink_coalesces_each_epoch_to_the_slots_by_default(
     scan = sink._load().scan()
     assert len(list(scan.plan_files())) == files
     assert sorted(scan.to_arrow()["id"].to_pylist()) == list(range(600))
+
+
+def test_the_observer_sees_whole_epochs_and_scans_only_a_new_metadata_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pyiceberg.table import DataScan
+
+    from txsink.connectors.iceberg.testing import IcebergTarget
+
+    run, spec, sink = _run(tmp_path)
+    view = IcebergTarget(spec, {})
+    epoch_of = {1: 0, 2: 0, 3: 1}
+    scans = 0
+    real_to_arrow = DataScan.to_arrow
+
+    def counted(self: DataScan) -> pa.Table:
+        nonlocal scans
+        scans += 1
+        return real_to_arrow(self)
+
+    monkeypatch.setattr(DataScan, "to_arrow", counted)
+    assert view.sample(epoch_of).rows == {}
+    run.commit(sink, 0, run.prepare(sink, 0, [[1], [2]]))
+    assert view.sample(epoch_of).rows == {0: 2}
+    assert view.sample(epoch_of).rows == {0: 2}
+    assert scans == 2  # the second read of the same metadata file scanned nothing
+    run.commit(sink, 1, run.prepare(sink, 1, [[3]]))
+    assert view.sample(epoch_of).rows == {0: 2, 1: 1}
+    assert scans == 3
+    view.close()
+    assert view.sample(epoch_of).rows == {0: 2, 1: 1}  # a fresh catalog after close()
+    view.close()

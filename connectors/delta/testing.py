@@ -117,7 +117,12 @@ class DeltaVerifier:
 
 class DeltaTableTarget:
     """The observer's view of a Delta table: its ids read with delta-rs at each sample (a
-    reader of the latest version: whole epochs only, each once)."""
+    reader of the latest version: whole epochs only, each once).
+
+    The table is opened once and brought to its latest version at every sample; its files
+    are read only when the version changed (a Delta version never changes once committed,
+    so the same version always reads the same rows).
+    """
 
     counts_rows = True
     guaranteed = True
@@ -128,17 +133,29 @@ class DeltaTableTarget:
         self.table = table
         self.name = name
         self.options = dict(options or {})
+        self._delta: Any = None
+        self._read: tuple[int, Snapshot] | None = None  # (version, its snapshot)
 
     def sample(self, epoch_of: Mapping[int, int]) -> Snapshot:
         from deltalake import DeltaTable
 
-        data = DeltaTable(self.table, storage_options=self.options or None).to_pyarrow_table(
-            columns=["id"]
-        )
-        return by_epoch((int(v) for v in data.column("id").to_pylist()), epoch_of)
+        try:
+            if self._delta is None:
+                self._delta = DeltaTable(self.table, storage_options=self.options or None)
+            else:
+                self._delta.update_incremental()
+        except Exception:
+            self._delta = None  # e.g. the storage server was killed: open afresh next time
+            raise
+        version = int(self._delta.version())
+        if self._read is None or self._read[0] != version:
+            data = self._delta.to_pyarrow_table(columns=["id"])
+            ids = (int(v) for v in data.column("id").to_pylist())
+            self._read = (version, by_epoch(ids, epoch_of))
+        return self._read[1]
 
     def close(self) -> None:
-        return None
+        self._delta = None
 
 
 class DeltaTesting(ConnectorTesting):

@@ -148,7 +148,7 @@ class IcebergTarget:
     def close(self) -> None:
         """Close the catalog (a SQL catalog's connection pool)."""
         catalog, self._catalog = self._catalog, None
-        if catalog is not None and hasattr(catalog, "close"):
+        if catalog is not None:
             catalog.close()
 
 

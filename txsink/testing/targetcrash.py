@@ -13,8 +13,10 @@ recovery must then commit the decided ones and abort the rest. Two ways to crash
 
 The supervisor is :class:`TargetCrashes`: it serves the fault plan's state folder (the
 request is a file there, so the fault may fire in the driver or in a task's Python worker),
-kills the server through its :class:`TargetControl`, keeps it down ``down_s`` seconds,
-and starts it again, as an operator or an orchestrator would.
+kills the server through its :class:`TargetControl`, keeps it down at least ``down_s``
+seconds, and starts it again (:meth:`TargetCrashes.restore`) before the query restarts,
+as an operator or an orchestrator would: the server is down as long as the pipeline takes
+to fail against it (a Kafka producer retries until its own timeouts).
 :func:`~txsink.testing.chaos.run_chaos` runs one when given ``targets=``; the query is
 restarted only once every server is back. A control is three methods, so a server of any
 kind fits: :class:`ServerProcess` is one for a server on this machine (a pid file, a start

@@ -171,6 +171,28 @@ def test_runner_ends_a_silent_hang() -> None:
     assert not report.finished and time.monotonic() - t0 < 30
 
 
+def test_runner_interrupted_ends_its_child() -> None:
+    """An interrupt that reaches the runner alone (``pkill -INT`` of a soak) must not
+    leave the query it runs going on unwatched."""
+    import os
+    import sys
+
+    from txsink.runner import run_until_done
+
+    pids: list[int] = []
+
+    def on_line(line: str) -> None:
+        pids.append(int(line))
+        raise KeyboardInterrupt
+
+    child = "import os, time; print(os.getpid(), flush=True); time.sleep(60)"
+    with pytest.raises(KeyboardInterrupt):
+        run_until_done([sys.executable, "-c", child], max_runs=1, on_line=on_line)
+    assert len(pids) == 1
+    with pytest.raises(ProcessLookupError):
+        os.kill(pids[0], 0)
+
+
 def test_kafka_replay_checksum_covers_every_field_and_reads_v1_handles() -> None:
     import pyarrow as pa
 

@@ -98,6 +98,13 @@ def run_until_done(
                 if on_line is not None:
                     on_line(line)
             code = proc.wait()
+        except BaseException:
+            # Interrupted (SIGINT sent to this process alone, as ``pkill -INT`` does, or
+            # a callback raised): the child is a query of ours, so it must not outlive
+            # us and go on writing unwatched. A query is crash-safe by design, so a
+            # SIGKILL after a short grace loses nothing.
+            _end(proc)
+            raise
         finally:
             watchdog.cancel()
         report.exit_codes.append(code)
@@ -113,6 +120,18 @@ def run_until_done(
                 say(f"{report.endings[-1]}; restarting")
     report.seconds = time.monotonic() - start
     return report
+
+
+def _end(proc: subprocess.Popen[str], grace: float = 10.0) -> None:
+    """End ``proc``: SIGTERM, then SIGKILL if it is still running after ``grace``."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 @dataclass

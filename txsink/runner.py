@@ -123,9 +123,10 @@ def run_until_done(
 
 
 def _end(proc: subprocess.Popen[str], grace: float = 10.0) -> None:
-    """End ``proc``: SIGTERM, then SIGKILL if it is still running after ``grace``."""
-    if proc.poll() is not None:
-        return
+    """End ``proc``: SIGTERM, then SIGKILL if it is still running after ``grace``.
+
+    Safe on a process that has already exited: ``terminate`` then does nothing and
+    ``wait`` returns at once."""
     proc.terminate()
     try:
         proc.wait(grace)

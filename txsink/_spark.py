@@ -23,6 +23,7 @@ import pyarrow as pa
 from txsink._layout import task_slots
 from txsink._logging import EpochLogger, one_line
 from txsink._singlepass import SinglePassJob, probe_vote_service
+from txsink._taskerror import carried, mark
 from txsink.contract import TaskInfo, TaskRunner
 from txsink.errors import (
     ConfigurationError,
@@ -270,7 +271,8 @@ class SparkTaskRunner:
         n = len(items)
         frame = self.session.range(0, n, 1, n)
         job = frame.mapInArrow(functools.partial(_run_items, fn, list(items)), _result_schema())
-        return _results(job.collect())
+        with _task_errors():
+            return _results(job.collect())
 
     def __repr__(self) -> str:
         return "SparkTaskRunner"
@@ -322,7 +324,7 @@ class SparkEpochData:
     ) -> list[R]:
         run = functools.partial(_run_task, task, barrier)
         try:
-            with arrow_batches_cut_by_rows(self.df.sparkSession):
+            with arrow_batches_cut_by_rows(self.df.sparkSession), _task_errors():
                 job = self.df.mapInArrow(run, _result_schema(), barrier=barrier)
                 return _results(job.collect())
         except Exception as err:
@@ -336,6 +338,20 @@ class SparkEpochData:
                     phase="check",
                 ) from err
             raise
+
+
+@contextlib.contextmanager
+def _task_errors() -> Iterator[None]:
+    """Around a job's collect: a task's error that failed the job (a Spark failure with
+    the task's traceback as text) is raised as that txsink error, the Spark failure as
+    its ``__cause__`` (:mod:`txsink._taskerror`)."""
+    try:
+        yield
+    except Exception as err:
+        found = carried(err)
+        if found is None or found is err:
+            raise
+        raise found from err
 
 
 def _results(rows: Iterable[Any]) -> list[Any]:
@@ -356,7 +372,7 @@ def _run_items(
     """A :class:`SparkTaskRunner` task: ``fn`` over the items its ids name (one, usually)."""
     for batch in batches:
         for index in batch.column("id").to_pylist():
-            yield _outcome(index, functools.partial(fn, items[index]))
+            yield _outcome(index, functools.partial(fn, items[index]), carry={})
 
 
 def _run_task(
@@ -374,15 +390,23 @@ def _run_task(
     yield _outcome(info.partition, lambda: task(info, batches))
 
 
-def _outcome(partition: int, call: Callable[[], Any]) -> pa.RecordBatch:
-    """One result row: ``call()``'s value, or the txsink error that fails the epoch."""
+def _outcome(
+    partition: int, call: Callable[[], Any], carry: dict[str, Any] | None = None
+) -> pa.RecordBatch:
+    """One result row: ``call()``'s value, or the txsink error that fails the epoch.
+
+    What the task raises instead carries itself to the driver (:func:`~txsink._taskerror.
+    mark`), with ``carry`` as its context (default: this partition)."""
+    context = {"partition": partition} if carry is None else carry
     try:
         outcome: tuple[bool, Any] = (True, call())
-    except (RetryableError, InjectedFault):
-        raise  # Spark retries the task attempt
+    except (RetryableError, InjectedFault) as err:
+        raise mark(err, **context) from err.__cause__  # Spark retries the task attempt
     except TxsinkError as err:
         # Fatal for the epoch: no task retry can fix it, so it goes to the driver whole.
-        outcome = (False, err.with_context(partition=partition))
+        outcome = (False, err.with_context(**context))
+    except Exception as err:  # a gap in a connector: named on the driver all the same
+        raise mark(err, **context) from err.__cause__
     return pa.RecordBatch.from_pydict(
         {"partition": [partition], "result": [pickle.dumps(outcome)]}, schema=_RESULT_SCHEMA
     )

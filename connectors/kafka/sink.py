@@ -131,6 +131,9 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
         max_record_bytes: refuse records larger than this in pre-commit
             (default: the producer's ``message.max.bytes``, 1 MB).
         timeout_s: how long a call to the brokers may take.
+        redact_rows: name a rejected row in errors by its column names and a hash of its
+            values only (for sensitive data; default: the ``key`` column's value, or the
+            first columns').
         log: the txsink log, to use the sink alone as ``foreachBatch(sink)``.
     """
 
@@ -165,6 +168,7 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
         producer_config: dict[str, Any] | None = None,
         max_record_bytes: int | None = None,
         timeout_s: float = 30.0,
+        redact_rows: bool = False,
         log: str | LogStore | None = None,
         **coordinator_options: Any,
     ) -> None:
@@ -217,6 +221,7 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
             partition_column=partition_column,
             max_record_bytes=max_record_bytes
             or int(self.producer_config.get("message.max.bytes", 1_000_000)),
+            redact_rows=redact_rows,
             avro=avro_encoders(
                 key=key,
                 key_format=key_format,

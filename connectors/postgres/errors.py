@@ -26,6 +26,7 @@ import re
 from typing import Any
 
 from txsink.errors import ConfigurationError, RetryableError, TxsinkError, WriteError
+from txsink.rowref import RowNames
 from txsink.txid import TxnId
 
 __all__ = ["check_error", "connect_error", "copy_position", "map_error", "redact_dsn"]
@@ -61,18 +62,32 @@ def copy_position(context: str) -> tuple[int | None, str | None]:
     return int(line) - 1, column or None  # COPY counts from 1
 
 
+def _sqlstate(state: str) -> str:
+    """`` (SQLSTATE 23502)``, or nothing when the server gave none (a lost connection)."""
+    return f" (SQLSTATE {state})" if state else ""
+
+
 def map_error(
-    err: BaseException, txn: TxnId | None, *, sink_uid: str, table: str, phase: str
+    err: BaseException,
+    txn: TxnId | None,
+    *,
+    sink_uid: str,
+    table: str,
+    phase: str,
+    names: RowNames | None = None,
 ) -> TxsinkError:
     """``err``, raised in ``phase`` of transaction ``txn`` (None: of no one transaction)
     writing ``table``, as a txsink error naming the sink, epoch, partition and phase (a
-    txsink error gets what it lacks)."""
+    txsink error gets what it lacks). ``names``: what the transaction sent, to name a
+    rejected row by its key rather than its offset."""
     import psycopg
 
     ctx: dict[str, Any] = {"sink_uid": sink_uid, "phase": phase, "connector": "postgres"}
     if txn is not None:
         ctx.update(epoch=txn.epoch, partition=txn.partition)
     if isinstance(err, TxsinkError):
+        if isinstance(err.row, int) and names is not None:
+            err.row = names.at(err.row)
         return err.with_context(**ctx)
     if not isinstance(err, psycopg.Error):
         return WriteError(f"{type(err).__name__}: {err}", **ctx)
@@ -82,10 +97,10 @@ def map_error(
     if state[:2] in ("22", "23"):  # data exception, integrity constraint violation
         row, copy_column = copy_position(diag.context or "")
         return WriteError(
-            f"{table} rejected a row (SQLSTATE {state}): {summary}. "
+            f"{table} rejected a row{_sqlstate(state)}: {summary}. "
             "Fix or filter the offending rows (or the table's constraint) and restart "
             "the query; nothing of this epoch was committed",
-            row=row,
+            row=names.at(row) if names is not None else row,
             column=diag.column_name or copy_column,
             **ctx,
         )
@@ -93,18 +108,24 @@ def map_error(
         # A value in another binary form than the column's: its type changed after the check.
         row, copy_column = copy_position(diag.context or "")
         return WriteError(
-            f"{table} could not read a value of column {copy_column} (SQLSTATE {state}): "
+            f"{table} could not read a value of column {copy_column}{_sqlstate(state)}: "
             f"{summary}. The column's type changed after the sink's check at start: restart "
             "the query, so that the check reads the table again; nothing of this epoch was "
             "committed",
-            row=row,
+            row=names.at(row) if names is not None else row,
             column=copy_column,
             **ctx,
         )
     lost = isinstance(err, psycopg.OperationalError) and not state  # no session: no SQLSTATE
     if lost or state[:2] in ("08", "53", "57") or state in ("40001", "40P01", "55P03"):
-        return RetryableError(f"transient PostgreSQL error (SQLSTATE {state}): {summary}", **ctx)
-    return TxsinkError(f"PostgreSQL error (SQLSTATE {state}): {summary}", **ctx)
+        return RetryableError(
+            f"transient PostgreSQL error{_sqlstate(state)}: {summary}. Spark retries the "
+            "task; if it keeps failing, check that the server runs and is reachable",
+            **ctx,
+        )
+    return TxsinkError(
+        f"PostgreSQL error{_sqlstate(state)}: {type(err).__name__}: {summary}", **ctx
+    )
 
 
 def _first_line(err: BaseException) -> str:
@@ -149,7 +170,7 @@ def check_error(err: BaseException, *, server: str, table: str, ctx: dict[str, A
     else:
         fix = "fix what the server says, then start again"
     return ConfigurationError(
-        f"PostgreSQL at {server} refused the start-up check of {table} (SQLSTATE {state}): "
+        f"PostgreSQL at {server} refused the start-up check of {table}{_sqlstate(state)}: "
         f"{summary}. {fix[0].upper()}{fix[1:]}",
         **ctx,
     )

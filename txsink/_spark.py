@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import pyarrow as pa
 
 from txsink._layout import task_slots
-from txsink._logging import EpochLogger, one_line
+from txsink._logging import EpochLogger
 from txsink._singlepass import SinglePassJob, probe_vote_service
-from txsink._taskerror import carried, mark
+from txsink._taskerror import carried, failure_text, mark
 from txsink.contract import TaskInfo, TaskRunner
 from txsink.errors import (
     ConfigurationError,
@@ -68,10 +68,6 @@ def _result_schema() -> Any:
     from pyspark.sql.types import BinaryType, LongType, StructField, StructType
 
     return StructType([StructField("partition", LongType()), StructField("result", BinaryType())])
-
-
-#: A Java exception's class name inside a JVM message ("org.apache.spark.SparkException: ").
-_JAVA_CLASS = re.compile(r"\b(?:[a-z][\w$]*\.)+[A-Z][\w$]*(?:Exception|Error): ")
 
 
 def is_connect(df: DataFrame) -> bool:
@@ -410,17 +406,3 @@ def _outcome(
     return pa.RecordBatch.from_pydict(
         {"partition": [partition], "result": [pickle.dumps(outcome)]}, schema=_RESULT_SCHEMA
     )
-
-
-def failure_text(err: BaseException) -> str | None:
-    """One line for a failed Spark call: the JVM exception's own message (not py4j's "An
-    error occurred while calling o73.collectToPython"), without Java class names, cut at a
-    word. ``None`` when ``err`` carries no JVM exception."""
-    java = getattr(err, "java_exception", None)
-    if java is None:
-        return None
-    try:
-        message = str(java.getMessage() or java.toString())
-    except Exception:  # the JVM is gone: nothing better to say than py4j's own text
-        return None
-    return "Spark job failed: " + one_line(_JAVA_CLASS.sub("", message), 300)

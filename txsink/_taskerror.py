@@ -23,11 +23,35 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
-from typing import Any
+import re
+from typing import TYPE_CHECKING, Any
 
-from txsink.errors import TASK_ERROR_MARKER, EpochAbortedError, TxsinkError
+from txsink._logging import one_line
+from txsink.errors import (
+    TASK_ERROR_MARKER,
+    EpochAbortedError,
+    FencedError,
+    TxsinkError,
+    add_secondary,
+)
 
-__all__ = ["MARKER", "carried", "describe", "failure_texts", "from_task", "mark"]
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from txsink._logging import EpochLogger
+
+__all__ = [
+    "MARKER",
+    "carried",
+    "cleanup_after",
+    "describe",
+    "epoch_aborted",
+    "failure_text",
+    "failure_texts",
+    "from_task",
+    "mark",
+    "unless_raised_again",
+]
 
 MARKER = TASK_ERROR_MARKER
 _MAX_MESSAGE = 2000
@@ -168,3 +192,65 @@ def describe(err: BaseException) -> str:
 def _first_line(text: str) -> str:
     lines = text.strip().splitlines()
     return (lines[0] if lines else "")[:500]
+
+
+@contextlib.contextmanager
+def cleanup_after(primary: BaseException, during: str, log: EpochLogger) -> Iterator[None]:
+    """Around the clean-up after ``primary`` (aborts, a void): if it fails too,
+    ``primary`` is raised, with that failure as a note and a WARNING, never the clean-up's
+    failure instead of it (a target down fails the pre-commit, then the aborts). A
+    :class:`~txsink.errors.FencedError` (another driver's decision stands) goes on."""
+    try:
+        yield
+    except FencedError:
+        raise
+    except Exception as cleanup:
+        add_secondary(primary, cleanup, during)
+        log.warning("%s failed too (recovery finishes it): %s", during, describe(cleanup))
+        raise primary from primary.__cause__
+
+
+def epoch_aborted(epoch: int, err: BaseException) -> BaseException:
+    """What to raise after ``epoch``'s pre-commit failed with ``err`` and its round was
+    voided: ``err`` itself if it is an epoch's abort already (or not an ``Exception``);
+    else the abort, told by the error a task carried (a Spark failure, or one
+    :func:`carried` rebuilt already), type and context included, or as
+    :meth:`EpochAbortedError.wrapping` tells it; ``err`` is its ``__cause__``."""
+    if isinstance(err, EpochAbortedError) or not isinstance(err, Exception):
+        return err
+    task = carried(err) if not isinstance(err, TxsinkError) else err if from_task(err) else None
+    aborted = EpochAbortedError.wrapping(epoch, err, failure_text(err), task_error=task)
+    aborted.__cause__ = err
+    return aborted
+
+
+#: A Java exception's class name inside a JVM message ("org.apache.spark.SparkException: ").
+_JAVA_CLASS = re.compile(r"\b(?:[a-z][\w$]*\.)+[A-Z][\w$]*(?:Exception|Error): ")
+
+
+def failure_text(err: BaseException) -> str | None:
+    """One line for a failed Spark call: the JVM exception's own message (not py4j's "An
+    error occurred while calling o73.collectToPython"), without Java class names, cut at a
+    word. ``None`` when ``err`` carries no JVM exception."""
+    java = getattr(err, "java_exception", None)
+    if java is None:
+        return None
+    try:
+        message = str(java.getMessage() or java.toString())
+    except Exception:  # the JVM is gone: nothing better to say than py4j's own text
+        return None
+    return "Spark job failed: " + one_line(_JAVA_CLASS.sub("", message), 300)
+
+
+def unless_raised_again(err: BaseException) -> contextlib.AbstractContextManager[None]:
+    """Around a clean-up that raises ``err`` itself when it fails too
+    (:func:`cleanup_after`): that raise is swallowed, so the caller tells ``err``."""
+    return _Unless(err)
+
+
+class _Unless(contextlib.AbstractContextManager[None]):
+    def __init__(self, err: BaseException) -> None:
+        self.err = err
+
+    def __exit__(self, kind: object, value: BaseException | None, tb: object) -> bool:
+        return value is not None and value is self.err

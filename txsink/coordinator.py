@@ -38,9 +38,9 @@ from txsink._operator import OperatorMixin
 from txsink._remote import arrived_state, location_of, portable_state
 from txsink._singlepass import SinglePassJob, SinglePassOutcome, run_in_rounds, run_single_pass
 from txsink._task import Precommit, TaskPlan, collect_acks, precommit_job
-from txsink._taskerror import carried, describe, from_task
+from txsink._taskerror import cleanup_after, describe, epoch_aborted, unless_raised_again
 from txsink.contract import EpochData, SinkContract
-from txsink.errors import EpochAbortedError, FencedError, TxsinkError, add_secondary
+from txsink.errors import EpochAbortedError, FencedError
 from txsink.faults import CrashPoint, FaultPlan
 from txsink.handles import Handle
 from txsink.log import LogStore, TxLog, open_log
@@ -376,7 +376,7 @@ class Coordinator(OperatorMixin):
             abort=lambda r, err: self._abort_round(epoch, r, app_id, err),
             claim=lambda: self.log.claim_round(epoch),
             logger=self._log.bind(epoch=epoch),
-            describe=lambda err: _spark.failure_text(err) or type(err).__name__,
+            describe=describe,
         )
         timings.update(out.seconds)
         return round_, out.handles, out.rows, out.committed
@@ -387,49 +387,23 @@ class Coordinator(OperatorMixin):
         )
 
     def _void_round(self, epoch: int, round_: int, app_id: str, err: BaseException) -> None:
-        """Void the round first, so it can never be decided, then abort what it prepared.
-
-        ``err`` (the round's failure) stays the primary cause: if the void or the aborts
-        fail too (the target or the log down as well), ``err`` is raised with that
-        failure as a note, and the next start's recovery finishes the clean-up."""
+        """Void the round first, so it can never be decided, then abort what it prepared."""
         self._needs_recovery = True
-        try:
+        with cleanup_after(err, "voiding the round", self._log.bind(epoch=epoch)):
             if self.log.void(epoch, round_, "pre-commit failed") is not None:
                 # Cannot happen: only this driver holds the round.
                 raise FencedError(
                     f"round {round_} of epoch {epoch} was decided meanwhile", epoch=epoch
                 ) from err
             self._recovery.abort_attempts(app_id, epoch, round_=round_, best_effort=True)
-        except FencedError:
-            raise
-        except Exception as cleanup:
-            add_secondary(err, cleanup, "voiding the round and aborting its transactions")
-            self._log.bind(epoch=epoch).warning(
-                "after round %d failed, voiding it failed too (recovery finishes it): %s",
-                round_,
-                describe(cleanup),
-            )
-            raise err from err.__cause__
         self._meter.voided(self.sinks)
 
     def _abort_round(self, epoch: int, round_: int, app_id: str, err: BaseException) -> NoReturn:
-        """A pre-commit failed: void and abort the round; raise the epoch's abort.
-
-        The pre-commit's failure is the primary cause: a failure of the void or of the
-        aborts after it is attached to it as a note (and recovery finishes that clean-up
-        at the next start), never raised instead of it."""
-        try:
+        """A pre-commit failed: void and abort the round; raise the epoch's abort."""
+        with unless_raised_again(err):  # the clean-up failed too: noted on err, told below
             self._void_round(epoch, round_, app_id, err)
-        except BaseException as raised:
-            if raised is not err or isinstance(err, FencedError):
-                raise  # fenced: another driver's decision stands
-            # The clean-up failed; err carries that as a note and is told below.
         self._meter.epoch("aborted")
-        if isinstance(err, EpochAbortedError) or not isinstance(err, Exception):
-            raise err
-        task = carried(err) if not isinstance(err, TxsinkError) else err if from_task(err) else None
-        text = _spark.failure_text(err)
-        raise EpochAbortedError.wrapping(epoch, err, text, task_error=task) from err
+        raise epoch_aborted(epoch, err)
 
     # -- step 4: decide ----------------------------------------------------------------
 

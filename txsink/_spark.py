@@ -368,7 +368,7 @@ def _run_items(
     """A :class:`SparkTaskRunner` task: ``fn`` over the items its ids name (one, usually)."""
     for batch in batches:
         for index in batch.column("id").to_pylist():
-            yield _outcome(index, functools.partial(fn, items[index]), carry={})
+            yield _outcome(index, functools.partial(fn, items[index]))
 
 
 def _run_task(

@@ -237,7 +237,7 @@ class EpochAbortedError(TxsinkError):
             return cls(
                 f"epoch {epoch} aborted, nothing of it is visible: {err.message}",
                 causes=[err],
-                **err.context,
+                **{"epoch": epoch, **err.context},
             )
         last_line = _python_task_error(err)
         if last_line:

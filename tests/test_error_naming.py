@@ -69,7 +69,9 @@ def test_redacted_rows_show_column_names_and_a_hash_only() -> None:
     naming = RowNaming(("id", "name"), partition=2, redact=True)
     ref = naming.ref(BATCH, 1, 7)
     assert "42" not in str(ref) and "bob" not in str(ref)
-    assert str(ref) == f"key id, name (values redacted, sha256 {ref.digest}) at partition 2, offset 7"
+    assert (
+        str(ref) == f"key id, name (values redacted, sha256 {ref.digest}) at partition 2, offset 7"
+    )
     assert ref.digest is not None and len(ref.digest) == 16
     assert naming.ref(BATCH, 1, 7).digest == ref.digest  # the same row, the same hash
     assert naming.ref(BATCH, 0, 6).digest != ref.digest
@@ -87,7 +89,7 @@ def test_row_names_name_a_row_the_server_rejected_later_by_its_offset() -> None:
 def test_errors_with_a_row_pickle_whole() -> None:
     err = WriteError("bad", sink_uid="k", row=RowRef.of(BATCH, 0, ["id"], partition=1))
     err.add_note("a note")
-    back = pickle.loads(pickle.dumps(err))  # noqa: S301 - our own bytes
+    back = pickle.loads(pickle.dumps(err))
     assert type(back) is WriteError
     assert str(back) == str(err) == "[sink_uid=k] bad (row key id=41 at partition 1, offset 0)"
     assert back.__notes__ == ["a note"]
@@ -97,7 +99,9 @@ def test_no_empty_field_is_printed() -> None:
     err = TxsinkError("it failed", sink_uid="s", phase="", column="")
     assert str(err) == "[sink_uid=s] it failed"
     lost = psycopg.OperationalError("connection refused")  # no session: no SQLSTATE
-    mapped = map_error(lost, TxnId("app", "pg", 1, 0, 2, 0), sink_uid="pg", table="t", phase="begin")
+    mapped = map_error(
+        lost, TxnId("app", "pg", 1, 0, 2, 0), sink_uid="pg", table="t", phase="begin"
+    )
     assert isinstance(mapped, RetryableError)
     assert "SQLSTATE" not in str(mapped)
     assert str(mapped).startswith(
@@ -276,3 +280,33 @@ def test_the_precommits_failure_is_raised_not_the_aborts(tmp_path: Path) -> None
         "(then voiding the round failed too: RetryableError: [sink_uid=pg, phase=recover] "
         "consuming input failed)"
     ]
+
+
+# -- raw client exceptions wrapped and classified by code --------------------------------
+
+
+def test_kafka_client_errors_are_wrapped_and_classified_by_code() -> None:
+    from confluent_kafka import KafkaError, KafkaException
+
+    from txsink.connectors.kafka.clients import KafkaSettings
+    from txsink.connectors.kafka.errors import client_calls
+
+    settings = KafkaSettings("127.0.0.1:9092", "k", "txsink", "markers", 2, 10.0)
+
+    def raised(code: int, text: str) -> TxsinkError:
+        with pytest.raises(TxsinkError) as caught:
+            with client_calls(settings, "reading the marker topic", phase="commit", shard=1):
+                raise KafkaException(KafkaError(code, text))
+        return caught.value
+
+    leaderless = raised(KafkaError._NOENT, "No leaders found")
+    assert type(leaderless) is RetryableError  # not retriable() in librdkafka: by code
+    assert str(leaderless).startswith(
+        "[sink_uid=k, shard=1, phase=commit, connector=kafka] Kafka shard 1: reading the "
+        "marker topic failed: No leaders found (_NOENT); transient"
+    )
+    assert type(raised(KafkaError.TOPIC_AUTHORIZATION_FAILED, "denied")).__name__ == (
+        "ConfigurationError"
+    )
+    assert type(raised(KafkaError.INVALID_PRODUCER_EPOCH, "fenced")).__name__ == "FencedError"
+    assert type(raised(KafkaError.INVALID_CONFIG, "bad")) is CommitError

@@ -29,13 +29,14 @@ id over" (docs/time-limits.md).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from txsink.connectors.kafka.clients import KafkaSettings
 from txsink.errors import CommitError, ConfigurationError, FencedError, RetryableError, TxsinkError
 
-__all__ = ["check_error", "commit_error", "error_code", "has_code"]
+__all__ = ["check_error", "client_calls", "client_error", "commit_error", "error_code", "has_code"]
 
 _FENCED = ("_FENCED", "PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH")
 #: Codes of a failed ``init_transactions`` that mean "the brokers cannot do transactions".
@@ -54,6 +55,22 @@ _DENIED = (
     "CLUSTER_AUTHORIZATION_FAILED",
     "GROUP_AUTHORIZATION_FAILED",
     "TRANSACTIONAL_ID_AUTHORIZATION_FAILED",
+)
+
+
+#: Codes of a broker or partition that is not there for a moment: a leader election, a
+#: broker restarting, a coordinator moving (librdkafka does not mark all of them
+#: ``retriable()``: "No leaders found" is ``_NOENT``).
+_MOMENTARY = (
+    *_UNREACHABLE,
+    "_NOENT",
+    "_MSG_TIMED_OUT",
+    "LEADER_NOT_AVAILABLE",
+    "NOT_LEADER_FOR_PARTITION",
+    "REQUEST_TIMED_OUT",
+    "NOT_COORDINATOR",
+    "COORDINATOR_NOT_AVAILABLE",
+    "COORDINATOR_LOAD_IN_PROGRESS",
 )
 
 
@@ -169,3 +186,72 @@ def commit_error(
         f"Kafka shard {shard}: {detail}; the decision stands and recovery retries the commit",
         **ctx,
     )
+
+
+def client_error(
+    err: Any,
+    settings: KafkaSettings,
+    doing: str,
+    *,
+    phase: str,
+    epoch: int | None = None,
+    shard: int | None = None,
+) -> TxsinkError:
+    """The txsink error for the ``KafkaError`` ``err`` (or any exception a client raised)
+    met while ``doing`` (``"reading the marker topic"``), by code: transient (retriable,
+    or a broker or leader gone for a moment) -> RetryableError; fenced -> FencedError;
+    refused credentials or ACLs -> ConfigurationError; else a CommitError at commit (the
+    decision stands) or a TxsinkError."""
+    ctx = settings.context(phase, epoch=epoch, shard=shard)
+    where = f"Kafka shard {shard}: " if shard is not None else "Kafka: "
+    if not hasattr(err, "code"):  # not a KafkaError: a client's own exception
+        text = f"{where}{doing} failed: {type(err).__name__}: {err}"
+        return RetryableError(text, **ctx)
+    what = f"{where}{doing} failed: {err.str()} ({err.name()})"
+    if has_code(err, *_FENCED):
+        return FencedError(
+            f"{what}: another producer took transactional id {settings.prefix}-"
+            f"{settings.uid}-* over; give each query its own prefix or uid",
+            **ctx,
+        )
+    if has_code(err, *_DENIED):
+        return ConfigurationError(
+            f"{what}: the brokers refused the credentials or the ACLs; grant what the sink "
+            "needs (docs/connectors/kafka.md), then restart",
+            **ctx,
+        )
+    if err.retriable() or has_code(err, *_MOMENTARY):
+        return RetryableError(
+            f"{what}; transient: it is retried (a task by Spark, a commit by recovery). If "
+            f"it persists, check that the brokers at {settings.bootstrap_servers} run and "
+            "that the topics' partitions have leaders",
+            **ctx,
+        )
+    if phase == "commit":
+        return CommitError(f"{what}; the decision stands and recovery retries the commit", **ctx)
+    return TxsinkError(f"{what}; fix what the brokers say, then restart", **ctx)
+
+
+@contextlib.contextmanager
+def client_calls(
+    settings: KafkaSettings,
+    doing: str,
+    *,
+    phase: str,
+    epoch: int | None = None,
+    shard: int | None = None,
+) -> Iterator[None]:
+    """Around calls into confluent-kafka: a ``KafkaException`` leaves as the txsink error
+    :func:`client_error` makes of it (the context said, the code classified), never raw.
+    A txsink error raised inside gets the shard and epoch it lacks."""
+    from confluent_kafka import KafkaException
+
+    try:
+        yield
+    except TxsinkError as err:
+        raise err.with_context(**settings.context(phase, epoch=epoch, shard=shard)) from (
+            err.__cause__
+        )
+    except KafkaException as exc:
+        code = exc.args[0] if exc.args else exc
+        raise client_error(code, settings, doing, phase=phase, epoch=epoch, shard=shard) from exc

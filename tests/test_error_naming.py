@@ -294,9 +294,9 @@ def test_kafka_client_errors_are_wrapped_and_classified_by_code() -> None:
     settings = KafkaSettings("127.0.0.1:9092", "k", "txsink", "markers", 2, 10.0)
 
     def raised(code: int, text: str) -> TxsinkError:
-        with pytest.raises(TxsinkError) as caught:
-            with client_calls(settings, "reading the marker topic", phase="commit", shard=1):
-                raise KafkaException(KafkaError(code, text))
+        calls = client_calls(settings, "reading the marker topic", phase="commit", shard=1)
+        with pytest.raises(TxsinkError) as caught, calls:
+            raise KafkaException(KafkaError(code, text))
         return caught.value
 
     leaderless = raised(KafkaError._NOENT, "No leaders found")

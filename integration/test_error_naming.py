@@ -1,0 +1,69 @@
+"""A rejected row is named by its key, after a repartition, through Spark, on the real
+server (issue 34, point 5): the driver's error names the key's value (or only its hash
+with ``redact_rows=True``), the partition and the offset, and nothing of the epoch is
+visible or left prepared (read back with psycopg)."""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from txsink import Coordinator
+from txsink.connectors.postgres import PostgresSink
+from txsink.errors import EpochAbortedError, WriteError
+
+pytestmark = [pytest.mark.postgres, pytest.mark.spark]
+
+
+def _bad_rows(spark: Any) -> Any:
+    # Row 57's name is NULL; a round-robin repartition deals rows out anew on every run,
+    # so its position in a task means nothing to a user: its key does.
+    return spark.sql(
+        "SELECT id, IF(id = 57, NULL, CONCAT('n', id)) AS name FROM range(100)"
+    ).repartition(3)
+
+
+@pytest.mark.parametrize("redact", [False, True], ids=["values", "redacted"])
+def test_a_bad_row_is_named_by_its_key(
+    postgres: Any, spark: Any, tmp_path: Path, redact: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    schema = postgres.new_schema("rowkey")
+    with postgres.connect() as conn:
+        conn.execute(f"CREATE TABLE {schema}.t (id bigint PRIMARY KEY, name text NOT NULL)")
+    sink = PostgresSink(postgres.dsn, f"{schema}.t", uid=schema, redact_rows=redact)
+    coordinator = Coordinator([sink], log=tmp_path / "log", app_id="app")
+    try:
+        with caplog.at_level(logging.ERROR, "txsink"), pytest.raises(EpochAbortedError) as caught:
+            coordinator.write(_bad_rows(spark), epoch=0)
+    finally:
+        coordinator.close()
+    err = caught.value
+    row = r"key id=57" if not redact else r"key id \(values redacted, sha256 [0-9a-f]{16}\)"
+    shape = (
+        rf"\[sink_uid={schema}, epoch=0, partition=(\d), phase=precommit, "
+        rf"connector=postgres, column=name\] epoch 0 aborted, nothing of it is visible: "
+        rf"{schema}\.t rejected a row \(SQLSTATE 23502\): null value in column \"name\" of "
+        r"relation \"t\" violates not-null constraint\. Fix or filter the offending rows \(or "
+        r"the table's constraint\) and restart the query; nothing of this epoch was "
+        rf"committed \(row {row} at partition (\d), offset (\d+)\)"
+    )
+    found = re.fullmatch(shape, str(err))
+    assert found, str(err)
+    assert found[1] == found[2]  # the row's partition is the task's
+    assert isinstance(err.causes[0], WriteError)
+    if redact:
+        assert "57" not in str(err).split("(row ", 1)[1].split(" at partition")[0]
+    logged = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert logged == [f"[uid={schema} epoch=0] EpochAbortedError: {err}"]  # logged once
+    with postgres.connect() as conn:
+        assert conn.execute(f"SELECT count(*) FROM {schema}.t").fetchone() == (0,)
+        assert (
+            conn.execute(
+                "SELECT gid FROM pg_prepared_xacts WHERE gid LIKE %s", (f"%{schema}%",)
+            ).fetchall()
+            == []
+        )

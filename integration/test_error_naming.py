@@ -67,3 +67,77 @@ def test_a_bad_row_is_named_by_its_key(
             ).fetchall()
             == []
         )
+
+
+# -- the primary cause of a failed pre-commit: a PostgreSQL server killed mid-epoch -------
+
+
+def test_a_postgres_kill_during_precommit_is_told_as_the_primary_error(
+    spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The server (a private one: never the shared server) dies once partition 0 of epoch 0
+    has prepared; the tasks after it cannot connect, and the driver's clean-up (the abort
+    of partition 0's prepared transaction) fails too. The driver raises and logs the
+    tasks' error, the primary cause (``phase=begin``/``write``/``prepare``: connection
+    refused or closed), with the sink and partition and no empty field; the clean-up's
+    failure is only a note beside it (issue 34, point 4). Once the server is back, the
+    epoch runs again exactly-once with nothing left prepared (read back with psycopg)."""
+    import psycopg
+    from crashable_targets import CrashablePostgres
+
+    from txsink.testing.hooks import PointHooks
+
+    server = CrashablePostgres.create()
+    try:
+        with psycopg.connect(server.dsn, autocommit=True) as conn:
+            conn.execute("CREATE TABLE public.t (id bigint PRIMARY KEY)")
+        hooks = PointHooks(tmp_path / "hooks")
+        hooks.at("after_precommit", server.kill, epoch=0, partition=0)
+        rows = spark.range(0, 400, 1, 4)
+        sink = PostgresSink(server.dsn, "public.t", uid="pg", stall_timeout_s=8)
+        coordinator = Coordinator([sink], log=tmp_path / "log", app_id="app", faults=hooks.plan())
+        try:
+            with (
+                hooks,
+                caplog.at_level(logging.WARNING, "txsink"),
+                pytest.raises(EpochAbortedError) as caught,
+            ):
+                coordinator.write(rows, epoch=0)
+        finally:
+            coordinator.close()
+        assert server.kills == 1, "the server was not killed: the test is void"
+        err = caught.value
+        text = str(err)
+        shape = (
+            r"\[sink_uid=pg, epoch=0, partition=(\d), phase=precommit\] epoch 0 aborted, "
+            r"nothing of it is visible: a task failed: txsink\.errors\.RetryableError: "
+            r"\[sink_uid=pg, epoch=0, partition=(\d), phase=(begin|write|prepare), "
+            r"connector=postgres\] (.+)"
+        )
+        found = re.fullmatch(shape, text.split("\n", 1)[0])
+        assert found, text
+        assert found[1] == found[2], text
+        assert re.search(r"Connection refused|server closed the connection|terminat", found[4])
+        for empty in ("=,", "=]", "(SQLSTATE )", "()", "PythonException", "Py4JJavaError("):
+            assert empty not in text, text
+        assert "phase=recover" not in text and "phase=abort" not in text, text
+        assert "consuming input failed" not in text, text
+        # The clean-up failed too (the server is down): told beside the cause, not instead.
+        notes = [n for n in getattr(err, "__notes__", ()) if n.startswith("(then ")]
+        assert len(notes) == 1 and "failed too" in notes[0], getattr(err, "__notes__", None)
+        logged = [r for r in caplog.records if r.levelno >= logging.ERROR]
+        assert [r.getMessage() for r in logged] == [f"[uid=pg epoch=0] EpochAbortedError: {err}"], [
+            r.getMessage() for r in logged
+        ]
+        server.start()
+        coordinator = Coordinator([sink], log=tmp_path / "log", app_id="app")
+        try:
+            coordinator.write(rows, epoch=0)
+        finally:
+            coordinator.close()
+        with psycopg.connect(server.dsn, autocommit=True) as conn:
+            ids = [r[0] for r in conn.execute("SELECT id FROM public.t ORDER BY id")]
+            prepared = conn.execute("SELECT gid FROM pg_prepared_xacts").fetchall()
+        assert ids == list(range(400)) and prepared == [], (len(ids), prepared)
+    finally:
+        server.stop()

@@ -280,6 +280,7 @@ def test_the_precommits_failure_is_raised_not_the_aborts(tmp_path: Path) -> None
         "(then voiding the round failed too: RetryableError: [sink_uid=pg, phase=recover] "
         "consuming input failed)"
     ]
+    assert caught.value.__notes__ == primary.__notes__  # told with the error raised, too
 
 
 # -- raw client exceptions wrapped and classified by code --------------------------------

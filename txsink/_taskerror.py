@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from txsink._logging import one_line
 from txsink.errors import (
+    SECONDARY_NOTE,
     TASK_ERROR_MARKER,
     EpochAbortedError,
     FencedError,
@@ -215,12 +216,16 @@ def epoch_aborted(epoch: int, err: BaseException) -> BaseException:
     voided: ``err`` itself if it is an epoch's abort already (or not an ``Exception``);
     else the abort, told by the error a task carried (a Spark failure, or one
     :func:`carried` rebuilt already), type and context included, or as
-    :meth:`EpochAbortedError.wrapping` tells it; ``err`` is its ``__cause__``."""
+    :meth:`EpochAbortedError.wrapping` tells it; ``err`` is its ``__cause__``, and the
+    notes of a failed clean-up on ``err`` (:func:`cleanup_after`) are its notes too."""
     if isinstance(err, EpochAbortedError) or not isinstance(err, Exception):
         return err
     task = carried(err) if not isinstance(err, TxsinkError) else err if from_task(err) else None
     aborted = EpochAbortedError.wrapping(epoch, err, failure_text(err), task_error=task)
     aborted.__cause__ = err
+    for note in getattr(err, "__notes__", ()):  # a clean-up's failure, told beside it
+        if str(note).startswith(SECONDARY_NOTE):
+            aborted.add_note(note)
     return aborted
 
 

@@ -149,7 +149,11 @@ def add_secondary(primary: BaseException, secondary: BaseException, during: str)
     logged; the clean-up's failure is told beside it, never instead of it."""
     lines = str(secondary).strip().splitlines()
     text = f"{type(secondary).__name__}: {lines[0] if lines else ''}"[:500]
-    primary.add_note(f"(then {during} failed too: {text})")
+    primary.add_note(f"{SECONDARY_NOTE}{during} failed too: {text})")
+
+
+#: How the note of a clean-up's failure starts (:func:`add_secondary`).
+SECONDARY_NOTE = "(then "
 
 
 class ConfigurationError(TxsinkError):
@@ -261,7 +265,9 @@ def _python_task_error(err: BaseException) -> str | None:
         return None
     trace = str((params() or {}).get("traceback", "")).splitlines()
     # Notes follow the exception's own line: txsink's carried error, a clean-up's failure.
-    lines = [line for line in trace if line and not line.startswith((TASK_ERROR_MARKER, "(then "))]
+    lines = [
+        line for line in trace if line and not line.startswith((TASK_ERROR_MARKER, SECONDARY_NOTE))
+    ]
     return lines[-1].strip() if lines else None
 
 

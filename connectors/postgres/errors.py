@@ -119,13 +119,26 @@ def map_error(
     lost = isinstance(err, psycopg.OperationalError) and not state  # no session: no SQLSTATE
     if lost or state[:2] in ("08", "53", "57") or state in ("40001", "40P01", "55P03"):
         return RetryableError(
-            f"transient PostgreSQL error{_sqlstate(state)}: {summary}. Spark retries the "
-            "task; if it keeps failing, check that the server runs and is reachable",
+            f"transient PostgreSQL error{_sqlstate(state)}: {summary}. {_retried(phase)}; "
+            "if it keeps failing, check that the server runs and is reachable",
             **ctx,
         )
     return TxsinkError(
         f"PostgreSQL error{_sqlstate(state)}: {type(err).__name__}: {summary}", **ctx
     )
+
+
+#: The phases that run in a Spark task (the rest run on the driver).
+_TASK_PHASES = ("begin", "write", "prepare")
+
+
+def _retried(phase: str) -> str:
+    """Who retries a transient failure of ``phase``."""
+    if phase in _TASK_PHASES:
+        return "Spark retries the task"
+    if phase == "commit":
+        return "The decision stands: the commit is retried, by the next run's recovery at last"
+    return "The next run's recovery does it again"
 
 
 def _first_line(err: BaseException) -> str:

@@ -5,18 +5,22 @@ visible or left prepared (read back with psycopg)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
+from readback import read_topic
 
 from txsink import Coordinator
 from txsink.connectors.postgres import PostgresSink
-from txsink.errors import EpochAbortedError, WriteError
+from txsink.errors import EpochAbortedError, RetryableError, WriteError
 
-pytestmark = [pytest.mark.postgres, pytest.mark.spark]
+pytestmark = [pytest.mark.spark]
 
 
 def _bad_rows(spark: Any) -> Any:
@@ -27,6 +31,7 @@ def _bad_rows(spark: Any) -> Any:
     ).repartition(3)
 
 
+@pytest.mark.postgres
 @pytest.mark.parametrize("redact", [False, True], ids=["values", "redacted"])
 def test_a_bad_row_is_named_by_its_key(
     postgres: Any, spark: Any, tmp_path: Path, redact: bool, caplog: pytest.LogCaptureFixture
@@ -72,6 +77,7 @@ def test_a_bad_row_is_named_by_its_key(
 # -- the primary cause of a failed pre-commit: a PostgreSQL server killed mid-epoch -------
 
 
+@pytest.mark.postgres  # the harness installs Debian's PostgreSQL binaries
 def test_a_postgres_kill_during_precommit_is_told_as_the_primary_error(
     spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -141,3 +147,77 @@ def test_a_postgres_kill_during_precommit_is_told_as_the_primary_error(
         assert ids == list(range(400)) and prepared == [], (len(ids), prepared)
     finally:
         server.stop()
+
+
+# -- the cause and the shard of a Kafka commit that failed in a Spark task ---------------
+
+
+@pytest.mark.kafka
+@pytest.mark.parametrize("kmode", ["wal", "replay"])
+def test_a_kafka_commit_failing_in_a_task_names_its_cause_and_shard(
+    spark: Any, kafka: Any, tmp_path: Path, kmode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """WAL and replay mode commit each shard in a Spark task. The sink's own marker topic
+    is deleted once the epoch is decided, so each shard's commit task fails (Spark retries
+    it once, in vain) reading its marker: a ``KafkaError`` raised in the executor. The
+    driver's error is the executor's txsink error, its type, the Kafka error's name, the
+    sink uid, the epoch and the shard, not ``PythonException()`` or a ``Py4JJavaError``
+    repr (issue 34, point 4); nothing of the epoch is visible (read_committed)."""
+    from confluent_kafka.admin import AdminClient
+
+    from txsink.connectors.kafka import KafkaSink
+    from txsink.connectors.kafka.readback import delete_topic
+    from txsink.testing.hooks import PointHooks
+
+    topic = kafka.new_topic(1)
+    uid = "k" + uuid.uuid4().hex[:10]
+    markers = f"{topic}-markers"
+    sink = KafkaSink(
+        kafka.bootstrap,
+        topic,
+        uid=uid,
+        wal=tmp_path / "wal",
+        key="key",
+        mode=kmode,  # type: ignore[arg-type]
+        marker_topic=markers,
+        timeout_s=5,
+    )
+
+    def drop_markers() -> None:
+        delete_topic(kafka.bootstrap, markers)
+        admin = AdminClient(kafka.config())
+        while markers in admin.list_topics(timeout=5).topics:  # deleted everywhere first
+            time.sleep(0.05)
+
+    hooks = PointHooks(tmp_path / "hooks")
+    hooks.at("after_decision", drop_markers, epoch=0)
+    rows = spark.sql("SELECT id, CONCAT('k', id % 5) AS key FROM range(40)")
+    coordinator = Coordinator([sink], log=tmp_path / "log", app_id="app", faults=hooks.plan())
+    try:
+        with (
+            hooks,
+            caplog.at_level(logging.WARNING, "txsink"),
+            pytest.raises(RetryableError) as caught,
+        ):
+            coordinator.write(rows, epoch=0)
+    finally:
+        coordinator.close()
+        with contextlib.suppress(Exception):  # gone already, or made again by a retry
+            delete_topic(kafka.bootstrap, markers)
+    err = caught.value
+    text = str(err)
+    assert re.fullmatch(
+        # replay mode commits shard n in the epoch's partition n (resharded): both named
+        rf"\[sink_uid={uid}, epoch=0, (partition=0, )?shard=0, phase=commit, connector=kafka\] "
+        r"Kafka shard 0: "
+        r"reading the marker topic failed: .+ \((UNKNOWN_TOPIC_OR_PART|_UNKNOWN_TOPIC|_NOENT)\)"
+        r"; transient: it is retried \(a task by Spark, a commit by recovery\)\. If it persists, "
+        rf"check that the brokers at {re.escape(kafka.bootstrap)} run and that the topics' "
+        r"partitions have leaders",
+        text,
+    ), text
+    for bad in ("PythonException", "Py4JJavaError(", "JavaObject", "=,", "=]", "()"):
+        assert bad not in text, text
+    logged = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert logged == [f"[uid={uid} epoch=0] RetryableError: {err}"], logged
+    assert read_topic(kafka.bootstrap, topic) == []  # nothing of the decided epoch yet

@@ -365,10 +365,13 @@ def _results(rows: Iterable[Any]) -> list[Any]:
 def _run_items(
     fn: Callable[[Any], Any], items: list[Any], batches: Iterator[pa.RecordBatch]
 ) -> Iterator[pa.RecordBatch]:
-    """A :class:`SparkTaskRunner` task: ``fn`` over the items its ids name (one, usually)."""
+    """A :class:`SparkTaskRunner` task: ``fn`` over the items its ids name (one, usually).
+
+    An item's index is no partition of the epoch: its errors get no context here (``fn``
+    names its own: a Kafka shard's commit its shard)."""
     for batch in batches:
         for index in batch.column("id").to_pylist():
-            yield _outcome(index, functools.partial(fn, items[index]))
+            yield _outcome(index, functools.partial(fn, items[index]), carry={})
 
 
 def _run_task(

@@ -15,6 +15,7 @@ The hierarchy::
     ├── CommitError                  a decided handle could not be committed: needs attention
     │   └── NonDeterministicReplayError  a replayed epoch differs from the decided one
     ├── LogError                     the txsink log is unreadable or of an unknown format
+    │   └── LogUnavailableError      its store did not answer for a moment (also a RetryableError)
     ├── HandleFormatError            a handle's serializer or version is unknown
     └── InjectedFault                raised on purpose by :mod:`txsink.faults`
 
@@ -41,6 +42,7 @@ __all__ = [
     "HandleFormatError",
     "InjectedFault",
     "LogError",
+    "LogUnavailableError",
     "NonDeterministicReplayError",
     "NonRestoredStateError",
     "RetryableError",
@@ -300,6 +302,12 @@ class NonDeterministicReplayError(CommitError):
 
 class LogError(TxsinkError):
     """The txsink log cannot be read or written, or is of an unknown format version."""
+
+
+class LogUnavailableError(LogError, RetryableError):
+    """The log's store failed for a moment (connection lost, timeout, throttling, a server
+    error): transient, so also a :class:`RetryableError`. Nothing was decided by the failed
+    call; retrying it (the next run's recovery does) is safe."""
 
 
 class ConditionalWritesUnsupportedError(ConfigurationError, LogError):

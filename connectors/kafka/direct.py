@@ -299,7 +299,7 @@ def commit_leftovers(request: EpochCommit[Any], settings: KafkaSettings, fmt: Re
     # on every transaction open on the marker topic.
     ids = [settings.transactional_id(shard) for shard in range(settings.shards)]
     with ThreadPoolExecutor(max_workers=min(8, len(ids))) as pool:  # each waits on a broker
-        list(pool.map(lambda tid: fence(settings, [tid]), ids))
+        list(pool.map(lambda tid: fence(settings, [tid], phase="commit"), ids))
     results = data.map_partitions(ShardCommit(settings, fmt, app, epoch, decided))
     missing = sorted(shard for shard in decided if shard >= len(results))
     if missing:

@@ -15,6 +15,16 @@ cannot be reached (_TRANSPORT, _TIMED_OUT, _ALL_BROKERS_DOWN, _RESOLVE), refused
 credentials or ACLs (_AUTHENTICATION, SASL_AUTHENTICATION_FAILED, *_AUTHORIZATION_FAILED),
 TLS (_SSL), anything else with its code.
 
+Any other client call (admin, consumer, a fencing ``init_transactions``; :func:`client_calls`
+around it, :func:`kind_of` its table)::
+
+    fenced (_FENCED, PRODUCER_FENCED, INVALID_PRODUCER_EPOCH)         -> FencedError
+    refused credentials or ACLs (_AUTHENTICATION, *_AUTHORIZATION_FAILED) -> ConfigurationError
+    retriable(), a broker or leader gone for a moment (_TRANSPORT, _TIMED_OUT,
+    _ALL_BROKERS_DOWN, _RESOLVE, _NOENT, LEADER_NOT_AVAILABLE, NOT_COORDINATOR, ...),
+    or a client-side timeout of a call's future                       -> RetryableError
+    anything else                  -> CommitError at commit (the decision stands), else TxsinkError
+
 Each text says what to do; a transaction that ran close to ``transaction.timeout.ms``
 says that the broker aborted it, and a failed ``init_transactions`` what the brokers
 need for transactions.
@@ -31,12 +41,24 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from txsink.connectors.kafka.clients import KafkaSettings
 from txsink.errors import CommitError, ConfigurationError, FencedError, RetryableError, TxsinkError
 
-__all__ = ["check_error", "client_calls", "client_error", "commit_error", "error_code", "has_code"]
+__all__ = [
+    "Kind",
+    "check_error",
+    "client_calls",
+    "client_error",
+    "commit_error",
+    "error_code",
+    "has_code",
+    "kind_of",
+]
+
+#: What a client error means for the caller (:func:`kind_of`).
+Kind = Literal["fenced", "denied", "transient", "other"]
 
 _FENCED = ("_FENCED", "PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH")
 #: Codes of a failed ``init_transactions`` that mean "the brokers cannot do transactions".
@@ -86,11 +108,40 @@ def has_code(err: Any, *names: str) -> bool:
     return int(err.code()) in {error_code(name) for name in names}
 
 
+def kind_of(err: Any) -> Kind:
+    """What the ``KafkaError`` ``err`` (or a client call's own exception) means, by code
+    (never by its text): see the module's table."""
+    if not hasattr(err, "code"):  # not a KafkaError: a future's timeout is transient
+        return "transient" if isinstance(err, TimeoutError) else "other"
+    if has_code(err, *_FENCED):
+        return "fenced"
+    if has_code(err, *_DENIED):
+        return "denied"
+    if err.retriable() or has_code(err, *_MOMENTARY):
+        return "transient"
+    return "other"
+
+
+def _told(err: Any) -> str:
+    """``err`` in a message: a KafkaError's text and name, or an exception's type and text."""
+    if hasattr(err, "code"):
+        return f"{err.str()} ({err.name()})"
+    if isinstance(err, TimeoutError):
+        return "no answer in time (TimeoutError)"
+    return f"{type(err).__name__}: {err}"
+
+
 def check_error(err: Any, settings: KafkaSettings, doing: str) -> ConfigurationError:
-    """The start-up check's error for the ``KafkaError`` ``err`` met while ``doing``."""
+    """The start-up check's error for the ``KafkaError`` ``err`` (or a call's timeout) met
+    while ``doing``."""
     ctx = settings.context("check")
-    what = f"cannot {doing} at {settings.bootstrap_servers}: {err.str()} ({err.name()})"
-    if has_code(err, *_UNREACHABLE):
+    what = f"cannot {doing} at {settings.bootstrap_servers}: {_told(err)}"
+    if not hasattr(err, "code"):
+        fix = (
+            "the brokers did not answer in time: check bootstrap_servers, that the brokers "
+            "run and that they are not overloaded, or raise timeout_s"
+        )
+    elif has_code(err, *_UNREACHABLE):
         fix = (
             "the brokers cannot be reached: check bootstrap_servers, that the brokers run "
             "and that their advertised listeners are reachable from the driver and executors"
@@ -197,30 +248,28 @@ def client_error(
     epoch: int | None = None,
     shard: int | None = None,
 ) -> TxsinkError:
-    """The txsink error for the ``KafkaError`` ``err`` (or any exception a client raised)
-    met while ``doing`` (``"reading the marker topic"``), by code: transient (retriable,
-    or a broker or leader gone for a moment) -> RetryableError; fenced -> FencedError;
+    """The txsink error for the ``KafkaError`` ``err`` (or a client call's own exception,
+    such as a future's ``TimeoutError``) met while ``doing`` (``"reading the marker
+    topic"``), by :func:`kind_of`: transient -> RetryableError; fenced -> FencedError;
     refused credentials or ACLs -> ConfigurationError; else a CommitError at commit (the
     decision stands) or a TxsinkError."""
     ctx = settings.context(phase, epoch=epoch, shard=shard)
     where = f"Kafka shard {shard}: " if shard is not None else "Kafka: "
-    if not hasattr(err, "code"):  # not a KafkaError: a client's own exception
-        text = f"{where}{doing} failed: {type(err).__name__}: {err}"
-        return RetryableError(text, **ctx)
-    what = f"{where}{doing} failed: {err.str()} ({err.name()})"
-    if has_code(err, *_FENCED):
+    what = f"{where}{doing} failed: {_told(err)}"
+    kind = kind_of(err)
+    if kind == "fenced":
         return FencedError(
             f"{what}: another producer took transactional id {settings.prefix}-"
             f"{settings.uid}-* over; give each query its own prefix or uid",
             **ctx,
         )
-    if has_code(err, *_DENIED):
+    if kind == "denied":
         return ConfigurationError(
             f"{what}: the brokers refused the credentials or the ACLs; grant what the sink "
             "needs (docs/connectors/kafka.md), then restart",
             **ctx,
         )
-    if err.retriable() or has_code(err, *_MOMENTARY):
+    if kind == "transient":
         return RetryableError(
             f"{what}; transient: it is retried (a task by Spark, a commit by recovery). If "
             f"it persists, check that the brokers at {settings.bootstrap_servers} run and "
@@ -241,9 +290,10 @@ def client_calls(
     epoch: int | None = None,
     shard: int | None = None,
 ) -> Iterator[None]:
-    """Around calls into confluent-kafka: a ``KafkaException`` leaves as the txsink error
-    :func:`client_error` makes of it (the context said, the code classified), never raw.
-    A txsink error raised inside gets the shard and epoch it lacks."""
+    """Around calls into confluent-kafka: a ``KafkaException`` (or a call's future timing
+    out) leaves as the txsink error :func:`client_error` makes of it (the context said, the
+    code classified), never raw. A txsink error raised inside gets the shard and epoch it
+    lacks."""
     from confluent_kafka import KafkaException
 
     try:
@@ -252,6 +302,6 @@ def client_calls(
         raise err.with_context(**settings.context(phase, epoch=epoch, shard=shard)) from (
             err.__cause__
         )
-    except KafkaException as exc:
-        code = exc.args[0] if exc.args else exc
+    except (KafkaException, TimeoutError) as exc:
+        code = exc.args[0] if isinstance(exc, KafkaException) and exc.args else exc
         raise client_error(code, settings, doing, phase=phase, epoch=epoch, shard=shard) from exc

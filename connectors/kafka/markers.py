@@ -84,12 +84,18 @@ class Markers:
         self._known.clear()
 
     def read(
-        self, app: str, shards: Sequence[int], *, wait_s: float | None = None
+        self,
+        app: str,
+        shards: Sequence[int],
+        *,
+        wait_s: float | None = None,
+        phase: str = "commit",
     ) -> dict[int, int]:
         """:meth:`_read`, its client errors classified and named (a leader election on the
-        marker topic is a RetryableError naming the shard, never a raw KafkaException)."""
+        marker topic is a RetryableError naming the shard, never a raw KafkaException);
+        ``phase``: the protocol step reading (the commit, recovery's look at the markers)."""
         shard = shards[0] if len(shards) == 1 else None
-        with client_calls(self.settings, "reading the marker topic", phase="commit", shard=shard):
+        with client_calls(self.settings, "reading the marker topic", phase=phase, shard=shard):
             return self._read(app, shards, wait_s=wait_s)
 
     def _read(

@@ -372,12 +372,12 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
             self._wal.delete([handle])
         elif isinstance(handle, KafkaDirectHandle):
             # Its task aborted it or died: a new producer on the id aborts whatever is open.
-            fence(self.settings, [self.transactional_id(handle.shard)])
+            fence(self.settings, [self.transactional_id(handle.shard)], phase="abort")
             self._generation = uuid.uuid4().hex
 
     @override
     def recorded_epoch(self, app_id: str) -> int | None:
-        found = Markers(self.settings).read(app_id, range(self.shards))
+        found = Markers(self.settings).read(app_id, range(self.shards), phase="recover")
         newest = max(found.values(), default=-1)
         return None if newest < 0 else newest
 
@@ -395,7 +395,7 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
         before = dataclasses.replace(self.settings, uid=old)
         ids = [before.transactional_id(shard) for shard in range(self.shards)]
         if not dry_run:
-            fence(self.settings, ids)
+            fence(self.settings, ids, phase="migrate")
         verb = "would fence" if dry_run else "fenced"
         return [
             f"{self!r}: {verb} transactional ids {ids}; markers {app_id}/{old}/<shard> stay in "

@@ -7,8 +7,11 @@ psycopg errors are mapped by SQLSTATE class, never by message text::
     08P01, 42804 in a COPY    a value in another binary form than its column's (the table
                               changed after the check) -> WriteError naming row and column
     08, 53, 57, 40001, 40P01,
-    55P03                     connection, resources, operator, serialization, deadlock,
-                              lock timeout -> RetryableError (Spark may retry the task)
+    55P03, none (connection   connection, resources, operator (57P: shutdown), serialization,
+    lost: no session)         deadlock, lock timeout -> RetryableError (Spark retries the
+                              task; recovery the driver's steps)
+    28, 42501                 authorization, insufficient privilege -> ConfigurationError
+                              (an operator's grant fixes it; nothing retries it)
     anything else             TxsinkError
 
 At the start-up check (:func:`check_error`) every failure is a ConfigurationError with
@@ -114,6 +117,13 @@ def map_error(
             "committed",
             row=names.at(row) if names is not None else row,
             column=copy_column,
+            **ctx,
+        )
+    if state[:2] == "28" or state == "42501":  # authorization, insufficient privilege
+        return ConfigurationError(
+            f"PostgreSQL refused the sink's role{_sqlstate(state)}: {summary}. Grant it what "
+            f"the sink needs on {table}, its progress table and pg_prepared_xacts "
+            "(docs/connectors/postgres.md), then restart: nothing retries this by itself",
             **ctx,
         )
     lost = isinstance(err, psycopg.OperationalError) and not state  # no session: no SQLSTATE

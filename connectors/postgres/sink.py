@@ -408,11 +408,16 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, PgHandle]):
     @override
     def migrate_uid(self, old: str, *, app_id: str, dry_run: bool = False) -> list[str]:
         """Re-label the progress rows, so the sink's own clean-up (by uid) reaches them."""
-        with self._connect(autocommit=True) as conn:
+        import psycopg
+
+        with self._connect(autocommit=True, phase="migrate") as conn:
             name = self.tables.progress_ident.as_string(conn)
-            count = relabel_progress(
-                conn, self.tables, app_id=app_id, old=old, new=self.uid, dry_run=dry_run
-            )
+            try:
+                count = relabel_progress(
+                    conn, self.tables, app_id=app_id, old=old, new=self.uid, dry_run=dry_run
+                )
+            except psycopg.Error as err:
+                raise self._map(err, None, phase="migrate") from err
         if count is None:
             return [f"{self!r}: no progress table {name}: nothing to re-label"]
         verb = "would re-label" if dry_run else "re-labelled"

@@ -46,11 +46,13 @@ __all__ = [
     "carried",
     "cleanup_after",
     "describe",
+    "document",
     "epoch_aborted",
     "failure_text",
     "failure_texts",
     "from_task",
     "mark",
+    "rebuild",
     "unless_raised_again",
 ]
 
@@ -66,6 +68,14 @@ def mark(err: BaseException, **context: Any) -> BaseException:
     """
     if any(str(n).startswith(MARKER) for n in getattr(err, "__notes__", ())):
         return err
+    err.add_note(MARKER + json.dumps(document(err, **context), default=str))
+    return err
+
+
+def document(err: BaseException, **context: Any) -> dict[str, Any]:
+    """``err`` as the JSON-able document a task sends the driver (in :func:`mark`'s note,
+    or in a single-pass task's failed vote): its type, message and plain context;
+    :func:`rebuild` makes the error of it again. ``context`` as for :func:`mark`."""
     cls: type[BaseException] = type(err)
     if isinstance(err, TxsinkError):
         err.with_context(**context)
@@ -78,13 +88,11 @@ def mark(err: BaseException, **context: Any) -> BaseException:
     else:
         message = str(err)
         ctx = {k: v for k, v in context.items() if v is not None}
-    doc = {
+    return {
         "type": f"{cls.__module__}:{cls.__qualname__}",
         "message": message[:_MAX_MESSAGE],
         "context": {k: v for k, v in ctx.items() if k in (*_PLAIN_CONTEXT, "row")},
     }
-    err.add_note(MARKER + json.dumps(doc, default=str))
-    return err
 
 
 def failure_texts(err: BaseException) -> list[str]:
@@ -128,10 +136,12 @@ def carried(err: BaseException) -> TxsinkError | None:
                 continue
             if isinstance(found, dict):
                 doc = found
-    return None if doc is None else _rebuild(doc)
+    return None if doc is None else rebuild(doc)
 
 
-def _rebuild(doc: dict[str, Any]) -> TxsinkError:
+def rebuild(doc: dict[str, Any]) -> TxsinkError:
+    """The txsink error a task's :func:`document` describes (only a ``txsink`` class is
+    rebuilt as itself; :func:`from_task` is true of it)."""
     type_name = str(doc.get("type", "Exception"))
     message = str(doc.get("message", ""))
     raw = doc.get("context")

@@ -123,7 +123,23 @@ def test_a_postgres_kill_during_precommit_is_told_as_the_primary_error(
         found = re.fullmatch(shape, text.split("\n", 1)[0])
         assert found, text
         assert found[1] == found[2], text
-        assert re.search(r"Connection refused|server closed the connection|terminat", found[4])
+        # A task that began after the kill cannot connect; one that was writing lost its
+        # connection: either way the server's death, told by the client, and who retries.
+        refused = (
+            r"cannot connect to PostgreSQL at user=txsink dbname=postgres host=127\.0\.0\.1 "
+            r"port=\d+: connection failed: connection to server at \"127\.0\.0\.1\", port \d+ "
+            r"failed: Connection refused"
+        )
+        lost = (
+            r"transient PostgreSQL error( \(SQLSTATE (08|57)\w+\))?: [^\n]*(server closed the "
+            r"connection unexpectedly|terminating connection|consuming input failed)[^\n]*\. "
+            r"Spark retries the task; if it keeps failing, check that the server runs and is "
+            r"reachable"
+        )
+        if found[3] == "begin":
+            assert re.fullmatch(refused, found[4]), found[4]
+        else:
+            assert re.fullmatch(lost, found[4], re.DOTALL), found[4]
         for empty in ("=,", "=]", "(SQLSTATE )", "()", "PythonException", "Py4JJavaError("):
             assert empty not in text, text
         assert "phase=recover" not in text and "phase=abort" not in text, text
@@ -136,11 +152,20 @@ def test_a_postgres_kill_during_precommit_is_told_as_the_primary_error(
             r.getMessage() for r in logged
         ]
         server.start()
-        coordinator = Coordinator([sink], log=tmp_path / "log", app_id="app")
-        try:
-            coordinator.write(rows, epoch=0)
-        finally:
-            coordinator.close()
+        # Restarted as a runner restarts a query. A task of the failed job that Spark had
+        # not stopped yet may connect to the restarted server and prepare after this run's
+        # recovery, so that the new round waits on its rows' locks until the stall bound:
+        # the next restart's recovery aborts it (exactly-once holds; seen once in ten).
+        for restart in range(3):
+            coordinator = Coordinator([sink], log=tmp_path / "log", app_id="app")
+            try:
+                coordinator.write(rows, epoch=0)
+                break
+            except EpochAbortedError:
+                if restart == 2:
+                    raise
+            finally:
+                coordinator.close()
         with psycopg.connect(server.dsn, autocommit=True) as conn:
             ids = [r[0] for r in conn.execute("SELECT id FROM public.t ORDER BY id")]
             prepared = conn.execute("SELECT gid FROM pg_prepared_xacts").fetchall()

@@ -105,3 +105,12 @@ def test_batch_cap_leaves_room_for_the_header_and_the_codec() -> None:
     assert batch_cap(20_000, False) == 20_000 - BATCH_OVERHEAD
     assert batch_cap(20_000, True) == 20_000 - BATCH_OVERHEAD - compression_margin(20_000, True)
     assert batch_cap(10, True) == 1
+
+
+def test_s3_objects_larger_than_s3_takes_are_refused_at_construction() -> None:
+    """S3's own object limit (5 TiB), which CompleteMultipartUpload enforces after the
+    decision: an S3Sink whose objects could reach it is refused when it is built."""
+    from txsink.connectors.s3 import S3Sink
+
+    with pytest.raises(ValueError, match="largest object"):
+        S3Sink("s3://b/p", uid="s", part_bytes=5 * 1024**3, target_object_bytes=4 * 1024**4)

@@ -78,18 +78,27 @@ def describe_topics(admin: Any, topics: list[str], timeout_s: float) -> dict[str
     for topic in existing:
         entry = configs[resources[topic]].result(timeout=timeout_s).get("max.message.bytes")
         limit = int(entry.value) if entry is not None and entry.value else None
-        source = ""
-        if entry is not None:
-            name = getattr(entry.source, "name", str(entry.source))
-            source = (
-                "the broker's message.max.bytes"
-                if name in _FROM_BROKER
-                else ("the broker default" if name == "DEFAULT_CONFIG" else "set on the topic")
-            )
+        source = "" if entry is None else _source(entry.source)
         ops = described[topic].result(timeout=timeout_s).authorized_operations
         writable = None if ops is None else bool(may_write & set(ops))
         found[topic] = TopicInfo(len(meta.topics[topic].partitions), limit, source, writable)
     return found
+
+
+def _source(source: Any) -> str:
+    """Where a topic's config value comes from (``ConfigEntry.source``: a ``ConfigSource``
+    value, an int in confluent-kafka 2.x), for the fix an error gives."""
+    from confluent_kafka.admin import ConfigSource  # type: ignore[attr-defined]
+
+    try:
+        name = ConfigSource(int(getattr(source, "value", source))).name
+    except ValueError:
+        return ""
+    if name == "DYNAMIC_TOPIC_CONFIG":
+        return "set on the topic"
+    if name in _FROM_BROKER or name == "DEFAULT_CONFIG":
+        return "the broker's message.max.bytes"
+    return ""
 
 
 @dataclass

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import time
 import uuid
 from pathlib import Path
@@ -90,7 +91,10 @@ def test_record_size_is_what_the_broker_checks(kafka: Any, key: int | None, valu
             seen.append(err)
 
         producer.produce(
-            topic, value=b"v" * value, key=None if key is None else b"k" * key, on_delivery=delivered
+            topic,
+            value=b"v" * value,
+            key=None if key is None else b"k" * key,
+            on_delivery=delivered,
         )
         producer.flush(30)
         outcomes[limit] = errors[0]
@@ -106,14 +110,16 @@ BIG_ID = 50  # in epoch 1 (ids 40-79)
 
 def _write_input(folder: Path, big: bool) -> None:
     """``make_input``'s files; with ``big`` the row ``BIG_ID`` carries a 30 kB payload
-    (its Kafka value is larger than the topic's 20,000 bytes, far below 1,000,000)."""
+    (its Kafka value is larger than the topic's 20,000 bytes, far below 1,000,000), of
+    random hex digits: LZ4 (the producer's codec) cannot shrink it below the limit, so the
+    broker itself refuses it too."""
     if not folder.exists():
         make_input(folder, ROWS, FILES)
     path = folder / "input-0001.parquet"
     stamp = path.stat().st_mtime  # the file stays epoch 1
     table = pq.read_table(path)
     payload = [
-        ("x" * 30_000 if big and i == BIG_ID else f"event-{i:09d}")
+        (random.Random(i).randbytes(15_000).hex() if big and i == BIG_ID else f"event-{i:09d}")
         for i in table.column("id").to_pylist()
     ]
     table = table.set_column(3, "payload", pa.array(payload))

@@ -25,6 +25,8 @@ _PRODUCER_DEFAULTS: dict[str, Any] = {
     "compression.type": "lz4",
     "partitioner": "murmur2_random",
 }
+#: librdkafka's default ``batch.size``.
+DEFAULT_BATCH_SIZE = 1_000_000
 #: librdkafka's default ``transaction.timeout.ms``.
 DEFAULT_TXN_TIMEOUT_MS = 60_000
 #: Settings a non-producer client (admin, consumer) takes from ``producer_config``.
@@ -108,6 +110,9 @@ class KafkaSettings:
     shards: int
     timeout_s: float
     producer_config: dict[str, Any] = field(default_factory=dict, repr=False)
+    #: The largest ``batch.size`` whose batches every topic written takes (the check's
+    #: :func:`~txsink.connectors.kafka.limits.batch_cap`); None: librdkafka's own.
+    batch_cap: int | None = None
 
     def transactional_id(self, shard: int) -> str:
         """``<prefix>-<uid>-<shard>``: stable across epochs, so a new producer fences the old."""
@@ -145,10 +150,16 @@ class KafkaSettings:
     def producer_conf(self, shard: int, on_delivery: Callable[[Any, Any], None]) -> dict[str, Any]:
         """Config of ``shard``'s transactional producer: the defaults, ``producer_config``,
         then what the guarantee needs. Failed deliveries only are reported, to
-        ``on_delivery``."""
+        ``on_delivery``. ``batch.size`` is capped at :attr:`batch_cap`: the broker checks
+        a batch of several records against the topic's ``max.message.bytes`` too."""
+        capped: dict[str, Any] = {}
+        if self.batch_cap is not None:
+            given = int(self.producer_config.get("batch.size", DEFAULT_BATCH_SIZE))
+            capped["batch.size"] = min(given, self.batch_cap)
         return {
             **_PRODUCER_DEFAULTS,
             **self.producer_config,
+            **capped,
             **ENFORCED,
             "bootstrap.servers": self.bootstrap_servers,
             "transactional.id": self.transactional_id(shard),

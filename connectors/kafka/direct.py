@@ -17,10 +17,13 @@ epoch as one barrier job (:mod:`txsink._singlepass`); in each task::
 
 After the decision, a shard whose task could not commit (killed, lost its executor, the
 driver died before answering) is committed from the epoch's replay (Spark re-runs the
-batch): the same verified path as replay mode (:class:`~txsink.connectors.kafka.replay.
-ShardCommit`): the shard's marker says whether it is committed, and the replayed rows
-must match the decided count and checksum, else NonDeterministicReplayError. The replay
-must have as many partitions as the decided epoch (the shard is the partition).
+batch): the same verified path as replay mode (:func:`~txsink.connectors.kafka.replay.
+commit_by_content`): the shard's marker says whether it is committed, and the replayed
+rows must match the decided count and checksum. The shard is the partition, so the replay
+must deal each partition the rows it had: plans that do not (a round-robin repartition,
+``rand()``...) are refused at the start (:mod:`txsink._stability`); a replay that only
+numbers the partitions otherwise is matched by content; one whose rows differ is refused
+with NonDeterministicReplayError, nothing of that shard written.
 
 No marker is read in the single pass: the coordinator skips committed epochs and
 recovery finishes decided ones before a new round begins, so a new round's shards are
@@ -45,12 +48,11 @@ from txsink.connectors.kafka.errors import commit_error
 from txsink.connectors.kafka.markers import Markers
 from txsink.connectors.kafka.producers import fence, produce_records, warn_if_slow
 from txsink.connectors.kafka.records import RecordFormat
-from txsink.connectors.kafka.replay import CHECKSUM_VERSION, ShardCommit, Tally
+from txsink.connectors.kafka.replay import CHECKSUM_VERSION, Tally, commit_by_content
 from txsink.contract import EpochCommit
 from txsink.errors import (
     CommitError,
     ConfigurationError,
-    NonDeterministicReplayError,
     RetryableError,
 )
 from txsink.handles import Handle, register_handle
@@ -284,8 +286,11 @@ def open_direct(settings: KafkaSettings, txn: TxnId, generation: str) -> OpenDir
 def commit_leftovers(request: EpochCommit[Any], settings: KafkaSettings, fmt: RecordFormat) -> None:
     """Commit the decided shards no task committed, from the epoch's replay, verified.
 
-    One task per partition of the replay (its shard): the shard's marker says whether it
-    committed; if not, its replayed records must match the decided count and checksum.
+    One task per partition of the replay: the shard's marker says whether it committed; if
+    not, the replayed records must match the decided count and checksum. A replay that
+    numbers the partitions otherwise (a source listing its partitions in another order
+    after a restart) is matched by content (:func:`~txsink.connectors.kafka.replay.
+    commit_by_content`); one whose rows differ is refused.
     """
     epoch, handles, data = request.epoch, request.handles, request.data
     if not handles:
@@ -300,18 +305,5 @@ def commit_leftovers(request: EpochCommit[Any], settings: KafkaSettings, fmt: Re
     ids = [settings.transactional_id(shard) for shard in range(settings.shards)]
     with ThreadPoolExecutor(max_workers=min(8, len(ids))) as pool:  # each waits on a broker
         list(pool.map(lambda tid: fence(settings, [tid]), ids))
-    results = data.map_partitions(ShardCommit(settings, fmt, app, epoch, decided))
-    missing = sorted(shard for shard in decided if shard >= len(results))
-    if missing:
-        raise NonDeterministicReplayError(
-            f"the replay of epoch {epoch} has {len(results)} partitions, but shards "
-            f"{missing} of its decision are not committed: in direct mode a shard is a Spark "
-            "partition, so the replay must partition the epoch the same way. Restore the "
-            "query's partitioning (the source's partitions, maxFilesPerTrigger, a "
-            "repartition before the sink) until this epoch is committed, or use mode='wal'",
-            sink_uid=settings.uid,
-            epoch=epoch,
-            connector="kafka",
-            phase="commit",
-        )
+    commit_by_content(data, settings, fmt, app=app, epoch=epoch, decided=decided)
     request.committed(handles)

@@ -39,7 +39,6 @@ def portable_state(state: dict[str, Any]) -> dict[str, Any]:
         _checked_schema=None,
         _needs_recovery=True,
         _probe_votes=True,
-        _check_replay=True,
         _last_committed=None,
     )
     return out

@@ -36,16 +36,27 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from txsink._logging import get_logger
 from txsink.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["PlanNode", "check_stable", "parse_plan_text", "plan_of", "unstable_step"]
+    from txsink.contract import SinkContract
+    from txsink.log import TxLog
+
+__all__ = [
+    "PlanNode",
+    "check_replayed",
+    "check_stable",
+    "parse_plan_text",
+    "plan_of",
+    "unstable_step",
+]
 
 #: Nodes that keep some rows and drop others by position or chance.
 _ROW_PICKERS = {
@@ -360,3 +371,49 @@ def check_stable(df: DataFrame, sink_uids: list[str]) -> str:
         sink_uid=sink_uids[0] if len(sink_uids) == 1 else None,
         phase="check",
     )
+
+
+#: The query runs whose plan was checked, with the sinks it was checked for: the check
+#: walks the plan through the JVM (20-150 ms), once per query run is enough.
+_CHECKED: set[tuple[str, tuple[str, ...]]] = set()
+
+
+def check_replayed(df: DataFrame, sinks: Sequence[SinkContract[Any, Any]], log: TxLog) -> None:
+    """The coordinator's check of the epoch ``df`` (as laid out) when a sink commits from
+    its replay: once per streaming query run, at every one-shot write.
+
+    A plan refused while the log holds a decided epoch is let through with a WARNING until
+    that epoch is committed: only this plan's replay can finish it (a fixed plan would
+    deal its rows otherwise); the first epoch after it is refused.
+    """
+    uids = tuple(s.uid for s in sinks if s.commits_from_data)
+    if not uids:
+        return
+    run = _query_run(df)
+    if run is not None and (run, uids) in _CHECKED:
+        return
+    try:
+        check_stable(df, list(uids))
+    except ConfigurationError as err:
+        pending = log.pending()
+        if not pending:
+            raise
+        get_logger(__name__, uid="+".join(uids)).warning(
+            "%s -- let through until decided epoch %d is committed (only its replay through "
+            "this plan can finish it); change the plan after that",
+            err,
+            pending[0].epoch,
+        )
+        return
+    if run is not None:
+        _CHECKED.add((run, uids))
+
+
+def _query_run(df: DataFrame) -> str | None:
+    """This streaming query run's id (None outside a query, and under Spark Connect)."""
+    if type(df).__module__.startswith("pyspark.sql.connect."):
+        return None
+    context = df.sparkSession.sparkContext
+    query = context.getLocalProperty("sql.streaming.queryId")
+    run = context.getLocalProperty("spark.jobGroup.id")  # the stream's run id
+    return None if query is None else f"{query}/{run}"

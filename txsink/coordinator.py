@@ -138,7 +138,6 @@ class Coordinator(OperatorMixin):
         self._checked_schema: pa.Schema | None = None
         self._needs_recovery = True
         self._probe_votes = True  # single pass: executors reach the driver? once per run
-        self._check_replay = True  # a replay deals each partition its rows? once per run
         self._last_committed: int | None = None
         self._meter = Meter(metrics)
         install_console()  # one line per epoch on stderr, unless logging is configured
@@ -181,7 +180,6 @@ class Coordinator(OperatorMixin):
                 self._checked_queries.add(query_id)
                 self._needs_recovery = True  # a new query run: recover before its first epoch
                 self._probe_votes = True
-                self._check_replay = True
             self._bind(app_id)  # the log's own checks come before the sinks'
             self._check_schema(df, app_id)
             self._run_spark_epoch(int(batch_id), df, app_id)
@@ -195,7 +193,6 @@ class Coordinator(OperatorMixin):
         """
         with failures_logged(self._log, epoch=epoch):
             app_id = self.app_id or self._app_from_log()
-            self._check_replay = True  # every write() has its own DataFrame
             self._bind(app_id)
             self._check_schema(df, app_id)
             if epoch is None:
@@ -209,10 +206,7 @@ class Coordinator(OperatorMixin):
         self._recovery.tasks = _spark.SparkTaskRunner(df.sparkSession)
         wanted = [s.required_partitioning() for s in self.sinks]
         data = _layout.laid_out(df, wanted, self.max_tasks)
-        replayed = [s.uid for s in self.sinks if s.commits_from_data]
-        if replayed and self._check_replay:
-            _stability.check_stable(data, replayed)  # before any row is read
-            self._check_replay = False
+        _stability.check_replayed(data, self.sinks, self.log)  # once per query run
         in_task = [s.uid for s in self.sinks if s.commits_in_task]
         if in_task:
             log, uids = self._log.bind(epoch=epoch), "+".join(in_task)

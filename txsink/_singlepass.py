@@ -71,6 +71,10 @@ class SinglePassJob:
     retries: int = 0
 
 
+#: The pauses between rounds while a target is unreachable (doubling from the first).
+ROUND_PAUSE_MIN_S = 0.5
+ROUND_PAUSE_MAX_S = 4.0
+
 #: How long the start-up check's tasks try to reach the vote service.
 PROBE_TIMEOUT_S = 10.0
 
@@ -210,22 +214,31 @@ def run_in_rounds(
     round_: int,
     retries: int,
     *,
+    outage_s: float = 0.0,
     run: Callable[[int], SinglePassOutcome],
     void: Callable[[int, BaseException], None],
     abort: Callable[[int, BaseException], NoReturn],
     claim: Callable[[], int],
     logger: EpochLogger,
     describe: Callable[[BaseException], str],
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> tuple[int, SinglePassOutcome]:
     """``run(round)`` until one job ends decided; the round and its outcome.
 
-    A job that fails before the decision (a task, an executor lost) is ``void``-ed and
-    runs again in a new round (``claim``), as often as Spark would retry a task: Spark
-    never retries a failed barrier result stage. Any other failure before the decision is
-    ``abort``-ed (which raises). A job that fails after the decision returns its decided
-    handles with nothing committed by tasks: the caller's step 5 commits them from the
-    replay. A fenced driver, or a decision that stands without the job failing, raises.
+    A job that fails before the decision (a task, an executor lost, a target unreachable)
+    is ``void``-ed and runs again in a new round (``claim``): at once, as often as Spark
+    would retry a task (Spark never retries a failed barrier result stage); then, for up
+    to ``outage_s`` seconds after the epoch's first failure, after a pause that doubles
+    from 0.5 s to :data:`ROUND_PAUSE_MAX_S` (a transient outage of a target is ridden out
+    without ending the query; nothing is open between rounds, so no transaction timeout
+    runs meanwhile). Any other failure before the decision is ``abort``-ed (which
+    raises). A job that fails after the decision returns its decided handles with nothing
+    committed by tasks: the caller's step 5 commits them from the replay. A fenced
+    driver, or a decision that stands without the job failing, raises.
     """
+    first_failure: float | None = None
+    pause = ROUND_PAUSE_MIN_S
     while True:
         try:
             return round_, run(round_)
@@ -249,15 +262,32 @@ def run_in_rounds(
                 )
                 failed.committed = set()
                 return round_, failed
-            if not from_job or retries <= 0:
+            now = clock()
+            first_failure = now if first_failure is None else first_failure
+            left = outage_s - (now - first_failure)
+            if not from_job or (retries <= 0 and left <= 0):
                 abort(round_, err)
-            retries -= 1
             void(round_, err)
-            logger.warning(
-                "round %d failed before its decision (%s): running the epoch again",
-                round_,
-                describe(err),
-            )
+            if retries > 0:
+                retries -= 1
+                logger.warning(
+                    "round %d failed before its decision (%s): running the epoch again",
+                    round_,
+                    describe(err),
+                )
+            else:
+                wait = min(pause, max(left, 0.0))
+                logger.warning(
+                    "round %d failed before its decision (%s): running the epoch again in "
+                    "%.1f s (outage_s=%.0f: %.0f s left before the query fails)",
+                    round_,
+                    describe(err),
+                    wait,
+                    outage_s,
+                    max(left, 0.0),
+                )
+                sleep(wait)
+                pause = min(pause * 2, ROUND_PAUSE_MAX_S)
             round_ = claim()
 
 

@@ -92,6 +92,8 @@ class Coordinator(OperatorMixin):
             shuffle): fewer, larger tasks, prepared transactions and files. Not with sinks
             that commit in their tasks or need a fixed task count (refused here). See
             docs/performance.md.
+        outage_s: how long an epoch keeps running new rounds of its pre-commit job while a
+            target is unreachable, before it fails the query (docs/reliability.md).
     """
 
     def __init__(
@@ -107,10 +109,9 @@ class Coordinator(OperatorMixin):
         from_savepoint: str | os.PathLike[str] | LogStore | TxLog | None = None,
         metrics: Metrics | Sequence[Metrics] | None = None,
         max_tasks: _layout.MaxTasks = "auto",
+        outage_s: float = 60.0,
     ) -> None:
-        self.sinks: tuple[AnySink, ...] = (
-            (sinks,) if isinstance(sinks, SinkContract) else tuple(sinks)
-        )
+        self.sinks = (sinks,) if isinstance(sinks, SinkContract) else tuple(sinks)
         if not self.sinks:
             raise ValueError("Coordinator needs at least one sink")
         self.retired: tuple[AnySink, ...] = tuple(retired)
@@ -131,7 +132,7 @@ class Coordinator(OperatorMixin):
         self.faults = FaultPlan.parse(faults) if isinstance(faults, str) else faults
         if self.faults is None:
             self.faults = FaultPlan.from_env()
-        self.from_savepoint = from_savepoint
+        self.from_savepoint, self.outage_s = from_savepoint, outage_s
         self._restored = from_savepoint is None
         self._bound_app: str | None = None
         self._checked_queries: set[str] = set()
@@ -357,9 +358,7 @@ class Coordinator(OperatorMixin):
     def _single_pass(
         self, epoch: int, round_: int, job: SinglePassJob, timings: dict[str, float], app_id: str
     ) -> tuple[int, dict[str, list[Handle]], dict[str, int], set[str]]:
-        """Steps 3-4 in one job (tasks commit once decided), in as many rounds as Spark
-        retries a task (:func:`~txsink._singlepass.run_in_rounds`): round, handles, rows,
-        and the transactions the tasks committed."""
+        """Steps 3-4 in one job, in rounds (:func:`~txsink._singlepass.run_in_rounds`)."""
 
         def run(r: int) -> SinglePassOutcome:
             plan = self._plan(app_id, epoch, r)
@@ -371,6 +370,7 @@ class Coordinator(OperatorMixin):
         round_, out = run_in_rounds(
             round_,
             job.retries,
+            outage_s=self.outage_s,
             run=run,
             void=lambda r, err: self._void_round(epoch, r, app_id, err),
             abort=lambda r, err: self._abort_round(epoch, r, app_id, err),

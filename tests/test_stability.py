@@ -162,7 +162,7 @@ def _rounds(run: Any, clock: _Clock, outage_s: float, voided: list[int]) -> tupl
 
 
 def test_an_outage_shorter_than_the_bound_is_ridden_out_in_new_rounds() -> None:
-    clock, voided = _Clock(), []
+    clock, voided = _Clock(), list[int]()
     run = _failing(4, clock)
     round_, out = _rounds(run, clock, 30.0, voided)
     assert out.decided and round_ == 4 and voided == [0, 1, 2, 3]
@@ -170,14 +170,14 @@ def test_an_outage_shorter_than_the_bound_is_ridden_out_in_new_rounds() -> None:
 
 
 def test_an_outage_longer_than_the_bound_fails_the_epoch() -> None:
-    clock, voided = _Clock(), []
+    clock, voided = _Clock(), list[int]()
     with pytest.raises(EpochAbortedError, match="connection refused"):
         _rounds(_failing(100, clock), clock, 10.0, voided)
     assert clock.now < 20 and len(voided) >= 3
 
 
 def test_without_a_bound_a_failed_job_fails_at_once() -> None:
-    clock, voided = _Clock(), []
+    clock, voided = _Clock(), list[int]()
     with pytest.raises(EpochAbortedError):
         _rounds(_failing(1, clock), clock, 0.0, voided)
     assert voided == [] and clock.slept == []

@@ -49,6 +49,7 @@ from txsink.connectors.kafka.markers import Markers
 from txsink.connectors.kafka.producers import fence, produce_records, warn_if_slow
 from txsink.connectors.kafka.records import RecordFormat
 from txsink.connectors.kafka.replay import CHECKSUM_VERSION, Tally, commit_by_content
+from txsink._logging import get_logger
 from txsink.contract import EpochCommit
 from txsink.errors import (
     CommitError,
@@ -241,7 +242,8 @@ def open_direct(settings: KafkaSettings, txn: TxnId, generation: str) -> OpenDir
             f"epoch {txn.epoch} has a partition {shard}, but this direct-mode sink has "
             f"shards={settings.shards}: in direct mode each Spark partition is a shard with "
             "its own transactional id, fenced at every start. Raise shards= to the most "
-            "partitions an epoch may have, or repartition the stream to fewer partitions",
+            "partitions an epoch may have, or repartition the stream by key to fewer "
+            "partitions (df.repartition(n, 'key'))",
             **settings.context("begin", epoch=txn.epoch),
             partition=shard,
         )
@@ -265,6 +267,7 @@ def open_direct(settings: KafkaSettings, txn: TxnId, generation: str) -> OpenDir
                 ) from err
             if fresh:
                 raise
+            _moved(settings, txn, err)
             continue
         if not left and not errors:
             return OpenDirect(txn, settings, producer, errors)
@@ -278,6 +281,18 @@ def open_direct(settings: KafkaSettings, txn: TxnId, generation: str) -> OpenDir
                 **settings.context("begin", epoch=txn.epoch),
                 partition=shard,
             )
+
+
+def _moved(settings: KafkaSettings, txn: TxnId, err: Exception) -> None:
+    """A pooled producer was fenced: Spark ran its shard's task in another Python worker
+    since, whose new producer took the transactional id over. Expected (Spark places tasks
+    where a slot is free); a new producer takes it back."""
+    get_logger(__name__, uid=settings.uid, epoch=txn.epoch).debug(
+        "shard %d: this worker's producer was fenced by another worker's (%s); a new one "
+        "takes the transactional id back",
+        txn.partition,
+        err,
+    )
 
 
 # -- the driver: leftovers after the decision ---------------------------------------------------

@@ -42,6 +42,7 @@ from typing import Any, ClassVar
 
 import pyarrow as pa
 
+from txsink._logging import get_logger
 from txsink.connectors.kafka.clients import KafkaSettings, init_transactions
 from txsink.connectors.kafka.columns import py_columns
 from txsink.connectors.kafka.errors import commit_error
@@ -49,7 +50,6 @@ from txsink.connectors.kafka.markers import Markers
 from txsink.connectors.kafka.producers import fence, produce_records, warn_if_slow
 from txsink.connectors.kafka.records import RecordFormat
 from txsink.connectors.kafka.replay import CHECKSUM_VERSION, Tally, commit_by_content
-from txsink._logging import get_logger
 from txsink.contract import EpochCommit
 from txsink.errors import (
     CommitError,

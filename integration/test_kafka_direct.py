@@ -1,0 +1,230 @@
+"""Kafka's direct mode over a Kafka source: a decided epoch stays finishable (issue 34, 6-7).
+
+The source is :mod:`kafka_partitions_source` (a Python streaming source over a Kafka topic
+whose partition listing order a run chooses). Read back with a confluent-kafka
+``read_committed`` consumer (not txsink's): every id once, nothing open at the broker.
+
+1. A round-robin ``repartition(n)`` before a direct-mode sink is refused by the start-up
+   check and by the first batch, before any row is read, with the fix.
+2. The driver SIGKILLed right after epoch 1's decision (``after_decision:kill-driver``,
+   in a child process restarted by :mod:`txsink.runner`), restarted with the source listing
+   its partitions the other way round: with ``repartition(2, "key")`` the replay deals the
+   same rows (hash); without any repartition the replay's partitions are swapped, and the
+   commit matches them to the decided shards by content.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from txsink import Coordinator
+from txsink.errors import ConfigurationError
+from txsink.log import open_log
+
+ROWS, PARTITIONS, STEP = 400, 2, 50  # 4 epochs of 2 x 50 records
+
+
+def _bootstrap() -> str:
+    found = os.environ.get("TXSINK_KAFKA_BOOTSTRAP")
+    if not found:
+        pytest.skip("needs TXSINK_KAFKA_BOOTSTRAP (integration/services up)")
+    return found
+
+
+def _input_topic(bootstrap: str) -> str:
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+    topic = f"direct-in-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, num_partitions=PARTITIONS, replication_factor=1)])[
+        topic
+    ].result(30)
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for i in range(ROWS):
+        row = {"id": i, "key": f"k{i % 13}"}
+        producer.produce(topic, json.dumps(row).encode(), partition=i % PARTITIONS)
+    assert producer.flush(30) == 0
+    return topic
+
+
+def _stream(spark: Any, bootstrap: str, topic: str, order: str) -> Any:
+    import kafka_partitions_source
+    from pyspark import cloudpickle
+
+    # Spark's Python processes cannot import integration/: the source travels by value.
+    cloudpickle.register_pickle_by_value(kafka_partitions_source)
+    spark.dataSource.register(kafka_partitions_source.KafkaPartitionsSource)
+    return (
+        spark.readStream.format("kafka_partitions")
+        .option("bootstrap", bootstrap)
+        .option("topic", topic)
+        .option("order", order)
+        .option("step", str(STEP))
+        .load()
+        .select("id", "key")
+    )
+
+
+def _sink(bootstrap: str, topic: str) -> Any:
+    from txsink.connectors.kafka import KafkaSink
+
+    return KafkaSink(
+        bootstrap,
+        topic,
+        uid="direct",
+        mode="direct",
+        key="key",
+        shards=PARTITIONS,
+        transactional_id_prefix=topic,
+        timeout_s=15,
+    )
+
+
+def _read_committed(bootstrap: str, topic: str) -> list[int]:
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"check-{uuid.uuid4().hex}",
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        parts = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+        ids: list[int] = []
+        left, deadline = set(parts), time.monotonic() + 60
+        while left and time.monotonic() < deadline:
+            msg = consumer.poll(1.0)
+            if msg is None:
+                continue
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    left.discard(msg.partition())
+                continue
+            ids.append(int(json.loads(msg.value())["id"]))
+        assert not left, f"partitions not read to their end: {left}"
+        return ids
+    finally:
+        consumer.close()
+
+
+def _open_transactions(bootstrap: str, topic: str) -> int:
+    from confluent_kafka import IsolationLevel, TopicPartition
+    from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    parts = admin.list_topics(topic, timeout=30).topics[topic].partitions
+
+    def ends(isolation: Any) -> dict[int, int]:
+        wanted = {TopicPartition(topic, p): OffsetSpec.latest() for p in parts}  # type: ignore[no-untyped-call]
+        found = admin.list_offsets(wanted, isolation_level=isolation)
+        return {tp.partition: fut.result(30).offset for tp, fut in found.items()}
+
+    stable, high = ends(IsolationLevel.READ_COMMITTED), ends(IsolationLevel.READ_UNCOMMITTED)
+    return sum(1 for p, end in high.items() if stable[p] < end)
+
+
+def _create_output(bootstrap: str) -> str:
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+    topic = f"direct-out-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, num_partitions=3, replication_factor=1)])[topic].result(30)
+    return topic
+
+
+@pytest.mark.spark
+@pytest.mark.kafka
+def test_round_robin_repartition_is_refused_before_any_row(spark: Any, tmp_path: Path) -> None:
+    bootstrap = _bootstrap()
+    source, out = _input_topic(bootstrap), _create_output(bootstrap)
+    log = str(tmp_path / "txlog")
+    coordinator = Coordinator([_sink(bootstrap, out)], log=log, app_id="rr")
+    df = _stream(spark, bootstrap, source, "forward").repartition(2)
+    with pytest.raises(
+        ConfigurationError,
+        match=r"repartition\(2\) deals rows round-robin.*"
+        r"df\.repartition\(n, 'key'\).*mode='wal'",
+    ):
+        coordinator.check(df)
+    query = (
+        df.writeStream.foreachBatch(coordinator)
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    with pytest.raises(Exception, match="round-robin"):
+        query.awaitTermination()
+    assert _read_committed(bootstrap, out) == []
+    assert open_log(log).states() == []
+    # By key, the same pipeline passes the check.
+    coordinator.check(_stream(spark, bootstrap, source, "forward").repartition(2, "key"))
+
+
+def _child(workdir: str, bootstrap: str, source: str, out: str, layout: str) -> None:
+    """The query in a process of its own: the first run lists the source's partitions
+    forward, every restart the other way round."""
+    from txsink.localspark import local_spark
+
+    first = not Path(workdir, "ran").exists()
+    Path(workdir, "ran").touch()
+    spark = local_spark("local[2]", "txsink-direct")
+    df = _stream(spark, bootstrap, source, "forward" if first else "reverse")
+    if layout == "hash":
+        df = df.repartition(PARTITIONS, "key")
+    coordinator = Coordinator([_sink(bootstrap, out)], log=str(Path(workdir, "txlog")))
+    query = (
+        df.writeStream.foreachBatch(coordinator)
+        .option("checkpointLocation", str(Path(workdir, "checkpoint")))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+
+
+@pytest.mark.spark
+@pytest.mark.kafka
+@pytest.mark.parametrize("layout", ["hash", "source"])
+def test_driver_killed_after_decision_restarts_with_partitions_listed_otherwise(
+    tmp_path: Path, layout: str
+) -> None:
+    from txsink.runner import run_until_done as run_child
+
+    bootstrap = _bootstrap()
+    source, out = _input_topic(bootstrap), _create_output(bootstrap)
+    repo = Path(__file__).resolve().parent.parent
+    env = dict(
+        os.environ,
+        TXSINK_FAULT="after_decision:kill-driver@1",
+        TXSINK_FAULT_STATE=str(tmp_path / "faults"),
+        PYTHONPATH=os.pathsep.join([str(repo), str(repo / "integration")]),
+    )
+    args = {"workdir": str(tmp_path), "bootstrap": bootstrap, "source": source, "out": out}
+    command = [
+        sys.executable,
+        "-m",
+        "txsink.runner",
+        f"{Path(__file__).resolve()}:_child",
+        json.dumps({**args, "layout": layout}),
+    ]
+    report = run_child(command, env=env, max_runs=3)
+    assert report.finished and report.restarts == 1, report
+    ids = _read_committed(bootstrap, out)
+    assert sorted(ids) == list(range(ROWS)), (len(ids), len(set(ids)))
+    assert _open_transactions(bootstrap, out) == 0
+    txlog = open_log(str(tmp_path / "txlog"))
+    assert txlog.pending() == [] and txlog.last_committed() == ROWS // (STEP * PARTITIONS) - 1

@@ -67,8 +67,17 @@ class _Reader(DataSourceStreamReader):
     def initialOffset(self) -> dict[str, int]:
         return dict.fromkeys(self._ends(), 0)
 
+    def getDefaultReadLimit(self) -> Any:
+        from pyspark.sql.streaming.datasource import ReadMaxRows
+
+        return ReadMaxRows(self.step)
+
     def latestOffset(self, start: dict[str, int], limit: Any) -> dict[str, int]:
+        from pyspark.sql.streaming.datasource import ReadAllAvailable
+
         ends = self._ends()
+        if isinstance(limit, ReadAllAvailable):  # availableNow's end of input
+            return ends
         return {p: min(end, int(start.get(p, 0)) + self.step) for p, end in ends.items()}
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
@@ -100,11 +109,12 @@ class _Reader(DataSourceStreamReader):
                     raise RuntimeError(f"timed out at offset {at} of {partition.partition}")
                 if msg.error() is not None:
                     continue
-                at = msg.offset() + 1
-                if msg.offset() >= partition.end:
+                offset = int(msg.offset() or 0)
+                at = offset + 1
+                if offset >= partition.end:
                     break
-                row = json.loads(msg.value())
-                yield (row["id"], row["key"], partition.partition, msg.offset())
+                row = json.loads(msg.value() or b"{}")
+                yield (row["id"], row["key"], partition.partition, offset)
         finally:
             consumer.close()
 

@@ -31,6 +31,8 @@ from txsink.errors import ConfigurationError
 from txsink.log import open_log
 
 ROWS, PARTITIONS, STEP = 400, 2, 50  # 4 epochs of 2 x 50 records
+#: What the commit logs when it matches a shard to a replayed partition of another number.
+MATCHED = "the replay numbers the epoch's partitions otherwise"
 
 
 def _bootstrap() -> str:
@@ -222,8 +224,13 @@ def test_driver_killed_after_decision_restarts_with_partitions_listed_otherwise(
         f"{Path(__file__).resolve()}:_child",
         json.dumps({**args, "layout": layout}),
     ]
-    report = run_child(command, env=env, max_runs=3)
-    assert report.finished and report.restarts == 1, report
+    lines: list[str] = []
+    report = run_child(command, env=env, max_runs=3, on_line=lines.append)
+    assert report.finished and report.restarts == 1, (report, lines[-40:])
+    # The commit's own line when it matched shards under other partition numbers: the
+    # source layout must take that path (its partitions are swapped), the hash one not.
+    matched = [line for line in lines if MATCHED in line]
+    assert bool(matched) == (layout == "source"), matched
     ids = _read_committed(bootstrap, out)
     assert sorted(ids) == list(range(ROWS)), (len(ids), len(set(ids)))
     assert _open_transactions(bootstrap, out) == 0

@@ -33,13 +33,14 @@ import pyarrow as pa
 
 from txsink._decide import decide_epoch
 from txsink._logging import EpochLogger, get_logger
+from txsink._rounds import OutageBound
+from txsink._rounds import run_in_rounds as rounds
 from txsink._task import Ack, TaskPlan, collect_acks, discard_all, run_partition
 from txsink._votes import COMMIT, DECIDED, NO_ANSWER, Vote, VoteService, cast_vote, ping
 from txsink.contract import EpochData, TaskInfo, TaskRunner
 from txsink.errors import (
     ConfigurationError,
     EpochAbortedError,
-    FencedError,
     RetryableError,
     TxsinkError,
 )
@@ -70,10 +71,6 @@ class SinglePassJob:
     #: Spark's task retries (a barrier result stage is never retried by Spark itself).
     retries: int = 0
 
-
-#: The pauses between rounds while a target is unreachable (doubling from the first).
-ROUND_PAUSE_MIN_S = 0.5
-ROUND_PAUSE_MAX_S = 4.0
 
 #: How long the start-up check's tasks try to reach the vote service.
 PROBE_TIMEOUT_S = 10.0
@@ -224,71 +221,63 @@ def run_in_rounds(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> tuple[int, SinglePassOutcome]:
-    """``run(round)`` until one job ends decided; the round and its outcome.
+    """``run(round)`` until one job ends decided; the round and its outcome
+    (:func:`txsink._rounds.run_in_rounds`, the two-phase path's rounds too).
 
     A job that fails before the decision (a task, an executor lost, a target unreachable)
-    is ``void``-ed and runs again in a new round (``claim``): at once, as often as Spark
-    would retry a task (Spark never retries a failed barrier result stage); then, for up
-    to ``outage_s`` seconds after the epoch's first failure, after a pause that doubles
-    from 0.5 s to :data:`ROUND_PAUSE_MAX_S` (a transient outage of a target is ridden out
-    without ending the query; nothing is open between rounds, so no transaction timeout
-    runs meanwhile). Any other failure before the decision is ``abort``-ed (which
-    raises). A job that fails after the decision returns its decided handles with nothing
-    committed by tasks: the caller's step 5 commits them from the replay. A fenced
-    driver, or a decision that stands without the job failing, raises.
+    runs again in a new round: at once, as often as Spark would retry a task (Spark never
+    retries a failed barrier result stage); then, for up to ``outage_s`` seconds after the
+    epoch's first failure, after pauses. A task's deterministic refusal is no failed job
+    (it comes back in the votes): it aborts the epoch at once, as any other failure before
+    the decision does. A job that fails after the decision returns its decided handles
+    with nothing committed by tasks: the caller's step 5 commits them from the replay. A
+    fenced driver, or a decision that stands without the job failing, raises.
     """
-    first_failure: float | None = None
-    pause = ROUND_PAUSE_MIN_S
-    while True:
+
+    def after_decision(r: int) -> SinglePassOutcome:
         try:
-            return round_, run(round_)
-        except FencedError:
-            raise  # another driver decided or voided this epoch: its decision stands
+            return run(r)
         except BaseException as err:
             failed: SinglePassOutcome | None = getattr(err, "txsink_single_pass", None)
-            from_job = (
-                failed is not None
-                and failed.job_failed
-                and isinstance(err, Exception)
-                and not isinstance(err, ConfigurationError)
+            if failed is None or not failed.decided or not _from_job(err):
+                raise
+            logger.warning(
+                "a task failed after the decision (%s): its shards are committed "
+                "from the epoch's replay",
+                describe(err),
             )
-            if failed is not None and failed.decided:
-                if not from_job:
-                    raise  # the decision stands: recovery commits it (the replay)
-                logger.warning(
-                    "a task failed after the decision (%s): its shards are committed "
-                    "from the epoch's replay",
-                    describe(err),
-                )
-                failed.committed = set()
-                return round_, failed
-            now = clock()
-            first_failure = now if first_failure is None else first_failure
-            left = outage_s - (now - first_failure)
-            if not from_job or (retries <= 0 and left <= 0):
-                abort(round_, err)
-            void(round_, err)
-            if retries > 0:
-                retries -= 1
-                logger.warning(
-                    "round %d failed before its decision (%s): running the epoch again",
-                    round_,
-                    describe(err),
-                )
-            else:
-                wait = min(pause, max(left, 0.0))
-                logger.warning(
-                    "round %d failed before its decision (%s): running the epoch again in "
-                    "%.1f s (outage_s=%.0f: %.0f s left before the query fails)",
-                    round_,
-                    describe(err),
-                    wait,
-                    outage_s,
-                    max(left, 0.0),
-                )
-                sleep(wait)
-                pause = min(pause * 2, ROUND_PAUSE_MAX_S)
-            round_ = claim()
+            failed.committed = set()
+            return failed
+
+    return rounds(
+        round_,
+        run=after_decision,
+        retry=_from_job,
+        void=void,
+        abort=abort,
+        claim=claim,
+        bound=OutageBound(outage_s, clock, sleep),
+        logger=logger,
+        describe=describe,
+        retries=retries,
+        stands=_decided,
+    )
+
+
+def _from_job(err: BaseException) -> bool:
+    """The barrier job failed (a task raised, an executor was lost): not a refusal."""
+    failed: SinglePassOutcome | None = getattr(err, "txsink_single_pass", None)
+    return (
+        failed is not None
+        and failed.job_failed
+        and isinstance(err, Exception)
+        and not isinstance(err, ConfigurationError)
+    )
+
+
+def _decided(err: BaseException) -> bool:
+    failed: SinglePassOutcome | None = getattr(err, "txsink_single_pass", None)
+    return failed is not None and failed.decided
 
 
 def _txn_name(ack: Ack) -> str:

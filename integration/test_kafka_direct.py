@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 import uuid
@@ -236,3 +237,64 @@ def test_driver_killed_after_decision_restarts_with_partitions_listed_otherwise(
     assert _open_transactions(bootstrap, out) == 0
     txlog = open_log(str(tmp_path / "txlog"))
     assert txlog.pending() == [] and txlog.last_committed() is not None
+
+
+#: Loaded by every Python process of the child (driver, Spark's Python workers) through
+#: PYTHONPATH: prints the direct-mode sink's DEBUG lines, so the test can see that a shard's
+#: producer was fenced by another worker's (the case librdkafka reports as FATAL).
+_SITECUSTOMIZE = """
+import logging, sys
+_h = logging.StreamHandler(sys.stderr)
+_h.setFormatter(logging.Formatter("txsink-test-debug: %(message)s"))
+_l = logging.getLogger("txsink.connectors.kafka.direct")
+_l.addHandler(_h)
+_l.setLevel(logging.DEBUG)
+"""
+#: A line of any process at ERROR or worse: Python logging's level names (txsink's,
+#: Spark's log4j), librdkafka's own FATAL, and librdkafka's raw syslog levels 0-3.
+_BAD_LINE = re.compile(r"\b(ERROR|FATAL|CRITICAL)\b|^%[0-3]\|")
+_MOVED = "was fenced by another worker's"
+
+
+@pytest.mark.spark
+@pytest.mark.kafka
+def test_a_direct_mode_run_without_faults_logs_no_error_line(tmp_path: Path) -> None:
+    """Issue 34 point 7: no ERROR/FATAL line in a run without faults, over enough epochs
+    that Spark runs a shard's task in another Python worker (its pooled producer then is
+    fenced by the new one, which librdkafka reports as FATAL): every line of the driver,
+    Spark and the Python workers is scanned. Read back with a read_committed consumer."""
+    from txsink.runner import run_until_done as run_child
+    from txsink.testing.inputs import make_input
+    from txsink.testing.targets import child_env, new_targets
+
+    bootstrap = _bootstrap()
+    rows, files = 1600, 16
+    env = {"TXSINK_KAFKA_BOOTSTRAP": bootstrap}
+    options = {"kafka": {"mode": "direct", "shards": 2}}
+    (target,) = new_targets(["kafka"], tmp_path, tag=f"quiet-{uuid.uuid4().hex[:8]}", env=env,
+                            options=options)  # fmt: skip
+    make_input(tmp_path / "input", rows, files)
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_SITECUSTOMIZE)
+    repo = Path(__file__).resolve().parent.parent
+    child = dict(os.environ, **child_env([target]))
+    child["PYTHONPATH"] = os.pathsep.join([str(site), str(repo)])
+    child.pop("TXSINK_FAULT", None)
+    args = {"workdir": str(tmp_path), "sinks": [target.spec], "partitions": 2}
+    command = [
+        sys.executable, "-m", "txsink.runner", "txsink.testing.pipelines:run_stream",
+        json.dumps(args),
+    ]  # fmt: skip
+    lines: list[str] = []
+    report = run_child(command, env=child, max_runs=1, on_line=lines.append)
+    assert report.finished, lines[-40:]
+    committed = [line for line in lines if "] committed: " in line]
+    assert len(committed) == files, committed
+    moved = [line for line in lines if _MOVED in line]
+    assert moved, "no shard's task ran in another Python worker: the test proves nothing"
+    bad = [line for line in lines if _BAD_LINE.search(line)]
+    assert bad == [], bad[:20]
+    ids = _read_committed(bootstrap, target.spec["topic"])
+    assert sorted(ids) == list(range(rows)), (len(ids), len(set(ids)))
+    assert _open_transactions(bootstrap, target.spec["topic"]) == 0

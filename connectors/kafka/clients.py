@@ -36,6 +36,11 @@ _CLIENT_PREFIXES = ("security.", "ssl.", "sasl.", "client.", "socket.")
 _LIBRDKAFKA = "txsink.connectors.kafka.librdkafka"
 #: librdkafka's log facilities (its codes, not its text) for a broker connection failing.
 _CONNECTION_FACILITIES = frozenset({"FAIL", "REQTMOUT"})
+#: librdkafka's facility for a client's fatal error. The same error fails the client's next
+#: call, where the connector classifies it by its code (KafkaError.fatal(), _FENCED...);
+#: the log line is only a copy of it, and in direct mode the expected one: a pooled producer
+#: fenced by a newer one with its transactional id, made where Spark ran its shard's task.
+_FATAL_FACILITIES = frozenset({"FATAL"})
 #: One outage filter per sink uid and process: its clients share it.
 _OUTAGES: dict[str, OutageFilter] = {}
 
@@ -95,7 +100,21 @@ def rdkafka_logger(name: str, *, silent: bool = False) -> logging.Logger:
             logger.propagate = False
     else:
         logger.setLevel(logging.ERROR)
+        if not any(isinstance(f, _FatalAtDebug) for f in logger.filters):
+            logger.filters.insert(0, _FatalAtDebug())
     return logger
+
+
+class _FatalAtDebug(logging.Filter):
+    """librdkafka's FATAL lines at DEBUG (see :data:`_FATAL_FACILITIES`): the error itself
+    is raised by the client's next call and handled there, by its code."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        if len(args) == 3 and args[0] in _FATAL_FACILITIES:
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+        return True
 
 
 @dataclass(frozen=True)

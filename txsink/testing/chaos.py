@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from txsink._rounds import OUTAGE_ENV
 from txsink.faults import FaultPlan
 from txsink.testing.disturb import Disturbed, Poison, SecondDriver
 from txsink.testing.observer import Observer, Target
@@ -233,7 +234,9 @@ def run_chaos(
         timeout: seconds one run of the child may take before it is killed.
         on_progress: receives one human-readable line per event.
         targets: name -> control of each target server the plan may kill
-            (``kill-target`` faults; see :mod:`txsink.testing.targetcrash`).
+            (``kill-target`` faults; see :mod:`txsink.testing.targetcrash`). The child
+            then runs with ``TXSINK_OUTAGE_S=0`` unless ``env`` sets it: a killed server
+            stays down until the child restarts, so no epoch could ride its outage out.
         down_s: how long a killed server stays down.
         kill_target_after: ``(seconds, name)``: also kill ``name`` (``None``: every
             target) that many seconds after the first run started.
@@ -257,6 +260,8 @@ def run_chaos(
     child_env.update(env or {})
     child_env.pop("TXSINK_FAULT", None)
     child_env.pop("TXSINK_FAULT_STATE", None)
+    if targets:  # a killed server stays down until the child restarts: nothing to ride out
+        child_env.setdefault(OUTAGE_ENV, "0")
     if chaos.faults:
         child_env["TXSINK_FAULT"] = chaos.spec
         child_env["TXSINK_FAULT_STATE"] = str(state)

@@ -90,10 +90,10 @@ class Cross:
     def sinks(self) -> list[Any]:
         return [t.sink() for t in self.targets.values()]
 
-    def coordinator(self, faults: FaultPlan | None = None) -> Any:
+    def coordinator(self, faults: FaultPlan | None = None, **options: Any) -> Any:
         from txsink import Coordinator
 
-        return Coordinator(self.sinks(), log=self.log, faults=faults)
+        return Coordinator(self.sinks(), log=self.log, faults=faults, **options)
 
     def specs(self) -> list[dict[str, Any]]:
         """The same sinks for ``txsink.testing.pipelines`` in a child process."""

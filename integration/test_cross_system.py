@@ -294,7 +294,8 @@ def test_network_fault_to_one_target(
         if made:
             proxy.heal()  # the network is back before the restart
         made.append(1)
-        return cross.coordinator(plan)
+        # The network stays cut until this restart: nothing to ride out (outage_s=0).
+        return cross.coordinator(plan, outage_s=0)
 
     restarts: list[int] = []
 

@@ -370,7 +370,7 @@ def test_restart_with_another_partition_count(
     with pytest.raises(Exception, match="InjectedFault"):
         query.awaitTermination()
     make = _kafka_coordinator(kafka, tmp_path, topic, uid, kmode)
-    query = start_query(spark, tmp_path, make(), transform=lambda df: df.repartition(3))
+    query = start_query(spark, tmp_path, make(), transform=lambda df: df.repartition(3, "id"))
     query.awaitTermination()
     assert _verdict(kafka, topic, tmp_path / "wal", 1000).ok
 

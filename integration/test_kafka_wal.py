@@ -271,7 +271,9 @@ def test_restart_with_another_partition_count_commits_the_s3_wal(
     with pytest.raises(Exception, match="InjectedFault"):
         query.awaitTermination()
     assert _keys(s3, bucket), "epoch 1's WAL files should wait on S3 for the restart"
-    query = start_query(spark, tmp_path, coordinator(), transform=lambda df: df.repartition(3))
+    query = start_query(
+        spark, tmp_path, coordinator(), transform=lambda df: df.repartition(3, "id")
+    )
     query.awaitTermination()
     assert count_ids(range(1000), _ids(kafka, topic)).ok
     assert _keys(s3, bucket) == [] and open_transactions(kafka.bootstrap, topic) == 0

@@ -204,7 +204,7 @@ def test_restart_with_another_partition_count(spark: Any, cross: Cross, point: s
             query.awaitTermination()
         restarts.append(
             run_until_done(
-                spark, cross.tmp, cross.coordinator, transform=lambda df: df.repartition(3)
+                spark, cross.tmp, cross.coordinator, transform=lambda df: df.repartition(3, "id")
             )[0]
         )
 

@@ -47,7 +47,8 @@ def _crash_run(
         if not server.running():  # the orchestrator brings the server back first
             server.start()
             starts.append(point)
-        return Coordinator([make_sink()], log=log, faults=hooks.plan())
+        # The server stays down until this restart: nothing to ride out (outage_s=0).
+        return Coordinator([make_sink()], log=log, faults=hooks.plan(), outage_s=0)
 
     with hooks:
         restarts, errors = run_until_done(spark, tmp_path, make)

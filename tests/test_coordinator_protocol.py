@@ -199,7 +199,7 @@ def test_first_decider_wins_and_late_driver_is_fenced() -> None:
     log = TxLog(world.store)
     round_b = log.claim_round(0)
     plan = TaskPlan(APP, 0, round_b, b.sinks, None, 0)
-    handles, rows = b._precommit(0, round_b, lambda p: b_precommit(plan), APP)
+    _, handles, rows = b._precommit(0, round_b, lambda p: b_precommit(plan), APP, again=False)
     with pytest.raises(FencedError):
         b._decide(0, round_b, handles, rows)
     for target in world.targets.values():

@@ -13,10 +13,11 @@ the same form, whatever the connector: connectors never log their own aborts.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from txsink._logging import EpochLogger
+from txsink._rounds import OutageBound, retry_transient
 from txsink._taskerror import describe, from_task
 from txsink.contract import EpochCommit, EpochData, SinkContract, TaskRunner, local_tasks
 from txsink.errors import CommitError, TxsinkError
@@ -25,7 +26,7 @@ from txsink.handles import Handle
 if TYPE_CHECKING:
     from txsink._metering import Meter
 
-__all__ = ["abort_one", "commit_share"]
+__all__ = ["abort_one", "commit_decided", "commit_share"]
 
 
 def commit_share(
@@ -144,3 +145,47 @@ def abort_one(
     if meter:
         meter.handles(sink, "aborted", 1)
     return True
+
+
+def commit_decided(
+    sinks: Sequence[SinkContract[Any, Any]],
+    epoch: int,
+    handles: Mapping[str, Sequence[Handle]],
+    *,
+    data: EpochData | None,
+    done: set[str],
+    first_visible: Callable[[], None],
+    tasks: TaskRunner,
+    meter: Meter,
+    bound: OutageBound,
+    logger: EpochLogger,
+) -> None:
+    """The coordinator's step 5: each sink's share of the decided ``handles``, in order.
+
+    ``done``: transactions the single-pass tasks committed already (only reported here).
+    ``first_visible`` runs once, when the first part of the epoch is visible (the
+    ``during_commit`` crash point). A share that fails transiently (a target briefly
+    unreachable) is committed again after ``bound``'s pauses (:mod:`txsink._rounds`:
+    ``commit_epoch`` is idempotent); its last failure, or any other, is raised: the
+    decision stands, and the next run's recovery finishes the commit.
+    """
+    first: list[bool] = []
+
+    def committed(_handles: Sequence[Handle]) -> None:
+        if not first:
+            first.append(True)
+            first_visible()
+
+    for sink in sinks:
+        mine = [h for h in handles[sink.uid] if str(h.txn) not in done]
+        if len(mine) < len(handles[sink.uid]):
+            committed([h for h in handles[sink.uid] if str(h.txn) in done])
+            meter.handles(sink, "committed", len(handles[sink.uid]) - len(mine))
+
+        def share(sink: SinkContract[Any, Any] = sink, mine: list[Handle] = mine) -> None:
+            commit_share(
+                sink, epoch, mine, data=data, on_committed=committed, tasks=tasks, meter=meter
+            )
+
+        what = f"the commit of sink {sink.uid}'s share of epoch {epoch} failed"
+        retry_transient(share, bound=bound, logger=logger.bind(uid=sink.uid), what=what)

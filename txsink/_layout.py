@@ -71,7 +71,8 @@ def check_max_tasks(max_tasks: MaxTasks, sinks: Sequence[SinkContract[Any, Any]]
             raise ConfigurationError(
                 "max_tasks cannot apply to a sink that commits in its tasks: its epoch is one "
                 "barrier stage, where Spark cannot coalesce(). Drop max_tasks and "
-                "repartition the stream before the sink (df.repartition(n))",
+                "repartition the stream by key columns before the sink (df.repartition(n, 'key'): "
+                "a round-robin repartition(n) would deal a replay's rows differently)",
                 sink_uid=sink.uid,
                 phase="check",
             )

@@ -10,6 +10,8 @@ every query run still runs the sinks' part (:func:`check_sinks`). In order:
    may write; it belongs to that app; the checkpoint does not restart below the log's last
    committed epoch;
 4. the partitioning the sinks need: they agree, and its columns are the DataFrame's;
+   for sinks that commit from the epoch's replay, that a replay deals every partition the
+   same rows (:mod:`txsink._stability`; the first batch of each query run checks it too);
 5. every sink's own ``check(schema, app_id)`` hook, against its real target.
 
 Nothing is bound or written here except what a sink's ``check`` hook creates (a missing
@@ -28,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from txsink import _layout, _spark
+from txsink import _layout, _spark, _stability
 from txsink.errors import CheckpointMismatchError, ConfigurationError, LogError, TxsinkError
 
 if TYPE_CHECKING:
@@ -214,6 +216,8 @@ def run_checks(
     owner = run("log", lambda: _log(log, known, from_savepoint, streaming=is_streaming))
     as_app = known.id or (None if known.new else owner) or NEW_APP
     run("partitioning", lambda: _partitioning(sinks, arrow))
+    if any(s.commits_from_data for s in sinks):
+        run("replay", lambda: _replay_stable(df, sinks))
     for sink in sinks:
         run(f"sink {sink.uid}", functools.partial(_sink, sink, arrow, as_app))
     return results
@@ -227,6 +231,13 @@ def _schema(df: DataFrame) -> tuple[pa.Schema, str]:
 def _partitioning(sinks: Sequence[SinkContract[Any, Any]], arrow: pa.Schema) -> tuple[None, str]:
     part = _layout.required_partitioning([s.required_partitioning() for s in sinks], arrow.names)
     return None, "any" if part is None else f"by {list(part.columns)}"
+
+
+def _replay_stable(df: DataFrame, sinks: Sequence[SinkContract[Any, Any]]) -> tuple[None, str]:
+    """Sinks that commit from the epoch's replay: a replay deals each partition its rows."""
+    laid = _layout.laid_out(df, [s.required_partitioning() for s in sinks])
+    uids = [s.uid for s in sinks if s.commits_from_data]
+    return None, _stability.check_stable(laid, uids)
 
 
 def _sink(sink: SinkContract[Any, Any], arrow: pa.Schema, app_id: str) -> tuple[None, str]:

@@ -33,6 +33,8 @@ import pyarrow as pa
 
 from txsink._decide import decide_epoch
 from txsink._logging import EpochLogger, get_logger
+from txsink._rounds import OutageBound
+from txsink._rounds import run_in_rounds as rounds
 from txsink._task import Ack, TaskPlan, collect_acks, discard_all, run_partition
 from txsink._taskerror import carried, document, rebuild
 from txsink._votes import COMMIT, DECIDED, NO_ANSWER, Vote, VoteService, cast_vote, ping
@@ -40,7 +42,6 @@ from txsink.contract import EpochData, TaskInfo, TaskRunner
 from txsink.errors import (
     ConfigurationError,
     EpochAbortedError,
-    FencedError,
     RetryableError,
     TxsinkError,
 )
@@ -214,55 +215,73 @@ def run_in_rounds(
     round_: int,
     retries: int,
     *,
+    outage_s: float = 0.0,
     run: Callable[[int], SinglePassOutcome],
     void: Callable[[int, BaseException], None],
     abort: Callable[[int, BaseException], NoReturn],
     claim: Callable[[], int],
     logger: EpochLogger,
     describe: Callable[[BaseException], str],
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> tuple[int, SinglePassOutcome]:
-    """``run(round)`` until one job ends decided; the round and its outcome.
+    """``run(round)`` until one job ends decided; the round and its outcome
+    (:func:`txsink._rounds.run_in_rounds`, the two-phase path's rounds too).
 
-    A job that fails before the decision (a task, an executor lost) is ``void``-ed and
-    runs again in a new round (``claim``), as often as Spark would retry a task: Spark
-    never retries a failed barrier result stage. Any other failure before the decision is
-    ``abort``-ed (which raises). A job that fails after the decision returns its decided
-    handles with nothing committed by tasks: the caller's step 5 commits them from the
-    replay. A fenced driver, or a decision that stands without the job failing, raises.
+    A job that fails before the decision (a task, an executor lost, a target unreachable)
+    runs again in a new round: at once, as often as Spark would retry a task (Spark never
+    retries a failed barrier result stage); then, for up to ``outage_s`` seconds after the
+    epoch's first failure, after pauses. A task's deterministic refusal is no failed job
+    (it comes back in the votes): it aborts the epoch at once, as any other failure before
+    the decision does. A job that fails after the decision returns its decided handles
+    with nothing committed by tasks: the caller's step 5 commits them from the replay. A
+    fenced driver, or a decision that stands without the job failing, raises.
     """
-    while True:
+
+    def after_decision(r: int) -> SinglePassOutcome:
         try:
-            return round_, run(round_)
-        except FencedError:
-            raise  # another driver decided or voided this epoch: its decision stands
+            return run(r)
         except BaseException as err:
             failed: SinglePassOutcome | None = getattr(err, "txsink_single_pass", None)
-            from_job = (
-                failed is not None
-                and failed.job_failed
-                and isinstance(err, Exception)
-                and not isinstance(err, ConfigurationError)
-            )
-            if failed is not None and failed.decided:
-                if not from_job:
-                    raise  # the decision stands: recovery commits it (the replay)
-                logger.warning(
-                    "a task failed after the decision (%s): its shards are committed "
-                    "from the epoch's replay",
-                    describe(err),
-                )
-                failed.committed = set()
-                return round_, failed
-            if not from_job or retries <= 0:
-                abort(round_, err)
-            retries -= 1
-            void(round_, err)
+            if failed is None or not failed.decided or not _from_job(err):
+                raise
             logger.warning(
-                "round %d failed before its decision (%s): running the epoch again",
-                round_,
+                "a task failed after the decision (%s): its shards are committed "
+                "from the epoch's replay",
                 describe(err),
             )
-            round_ = claim()
+            failed.committed = set()
+            return failed
+
+    return rounds(
+        round_,
+        run=after_decision,
+        retry=_from_job,
+        void=void,
+        abort=abort,
+        claim=claim,
+        bound=OutageBound(outage_s, clock, sleep),
+        logger=logger,
+        describe=describe,
+        retries=retries,
+        stands=_decided,
+    )
+
+
+def _from_job(err: BaseException) -> bool:
+    """The barrier job failed (a task raised, an executor was lost): not a refusal."""
+    failed: SinglePassOutcome | None = getattr(err, "txsink_single_pass", None)
+    return (
+        failed is not None
+        and failed.job_failed
+        and isinstance(err, Exception)
+        and not isinstance(err, ConfigurationError)
+    )
+
+
+def _decided(err: BaseException) -> bool:
+    failed: SinglePassOutcome | None = getattr(err, "txsink_single_pass", None)
+    return failed is not None and failed.decided
 
 
 def _voted_error(service: VoteService, err: BaseException) -> TxsinkError | None:

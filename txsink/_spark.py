@@ -173,7 +173,8 @@ def check_single_pass(
             f"this epoch has {partitions} partitions, but the cluster runs {now} tasks at "
             "once, and a single-pass epoch (a sink that commits in its tasks) runs all of its "
             f"tasks together: repartition the stream to at most {now} partitions before "
-            "the sink (df.repartition(n): coalesce() cannot run in a barrier stage), read "
+            "the sink by key columns (df.repartition(n, 'key'): coalesce() cannot run in a "
+            "barrier stage, and a round-robin repartition(n) deals a replay differently), read "
             "fewer input partitions, or add executors",
             sink_uid=sink_uid,
             phase="check",
@@ -329,7 +330,7 @@ class SparkEpochData:
                     "the epoch's plan cannot run as one barrier stage (a single-pass epoch: "
                     "a sink commits in its tasks): it has a coalesce(), union() or another "
                     "step that changes the number of partitions within the stage. Use "
-                    "repartition(n) instead of coalesce(n) before the sink (a shuffle ends "
+                    "repartition(n, 'key') instead of coalesce(n) before the sink (a shuffle ends "
                     "the stage), or a mode that does not commit in the tasks",
                     phase="check",
                 ) from err

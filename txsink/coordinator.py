@@ -28,8 +28,8 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, final
 
-from txsink import _layout, _precheck, _spark
-from txsink._commit import commit_share
+from txsink import _layout, _precheck, _rounds, _spark, _stability
+from txsink._commit import commit_decided
 from txsink._decide import decide_epoch
 from txsink._epochresult import EpochResult
 from txsink._logging import committed_text, failures_logged, get_logger, install_console
@@ -93,6 +93,9 @@ class Coordinator(OperatorMixin):
             shuffle): fewer, larger tasks, prepared transactions and files. Not with sinks
             that commit in their tasks or need a fixed task count (refused here). See
             docs/performance.md.
+        outage_s: how long an epoch keeps running new rounds of its pre-commit, and trying
+            its commit again, while a target is unreachable, before it fails the query
+            (default: ``TXSINK_OUTAGE_S``, else 60; docs/reliability.md).
     """
 
     def __init__(
@@ -108,10 +111,9 @@ class Coordinator(OperatorMixin):
         from_savepoint: str | os.PathLike[str] | LogStore | TxLog | None = None,
         metrics: Metrics | Sequence[Metrics] | None = None,
         max_tasks: _layout.MaxTasks = "auto",
+        outage_s: float | None = None,
     ) -> None:
-        self.sinks: tuple[AnySink, ...] = (
-            (sinks,) if isinstance(sinks, SinkContract) else tuple(sinks)
-        )
+        self.sinks = (sinks,) if isinstance(sinks, SinkContract) else tuple(sinks)
         if not self.sinks:
             raise ValueError("Coordinator needs at least one sink")
         self.retired: tuple[AnySink, ...] = tuple(retired)
@@ -132,7 +134,7 @@ class Coordinator(OperatorMixin):
         self.faults = FaultPlan.parse(faults) if isinstance(faults, str) else faults
         if self.faults is None:
             self.faults = FaultPlan.from_env()
-        self.from_savepoint = from_savepoint
+        self.from_savepoint, self.outage_s = from_savepoint, _rounds.outage_bound_s(outage_s)
         self._restored = from_savepoint is None
         self._bound_app: str | None = None
         self._checked_queries: set[str] = set()
@@ -207,6 +209,7 @@ class Coordinator(OperatorMixin):
         self._recovery.tasks = _spark.SparkTaskRunner(df.sparkSession)
         wanted = [s.required_partitioning() for s in self.sinks]
         data = _layout.laid_out(df, wanted, self.max_tasks)
+        _stability.check_replayed(data, self.sinks, self.log)  # once per query run
         in_task = [s.uid for s in self.sinks if s.commits_in_task]
         if in_task:
             log, uids = self._log.bind(epoch=epoch), "+".join(in_task)
@@ -277,7 +280,10 @@ class Coordinator(OperatorMixin):
             else:
                 # Step 3
                 t0 = time.monotonic()
-                handles, rows = self._precommit(epoch, round_, precommit, app_id)
+                again = tasks_round is None
+                round_, handles, rows = self._precommit(
+                    epoch, round_, precommit, app_id, again=again
+                )
                 timings["precommit"] = time.monotonic() - t0
                 # Step 4
                 t0 = time.monotonic()
@@ -340,26 +346,36 @@ class Coordinator(OperatorMixin):
     # -- step 3: pre-commit ------------------------------------------------------------
 
     def _precommit(
-        self, epoch: int, round_: int, precommit: Precommit, app_id: str
-    ) -> tuple[dict[str, list[Handle]], dict[str, int]]:
-        plan = self._plan(app_id, epoch, round_)
-        try:
-            acks = precommit(plan)
+        self, epoch: int, round_: int, precommit: Precommit, app_id: str, *, again: bool
+    ) -> tuple[int, dict[str, list[Handle]], dict[str, int]]:
+        """Step 3, in new rounds while a target is briefly unreachable (``again``: the
+        tasks run here; :mod:`txsink._rounds`): the round, its handles and rows."""
+
+        def run(r: int) -> tuple[dict[str, list[Handle]], dict[str, int]]:
+            acks = precommit(self._plan(app_id, epoch, r))
             errors = [a.error for a in acks if a.error is not None]
             if errors:
                 raise EpochAbortedError.of(epoch, errors)
-            handles, rows = collect_acks(self.sinks, epoch, acks)
-        except BaseException as err:
-            self._abort_round(epoch, round_, app_id, err)
+            return collect_acks(self.sinks, epoch, acks)
+
+        round_, (handles, rows) = _rounds.run_in_rounds(
+            round_,
+            run=run,
+            retry=_rounds.transient if again else lambda err: False,
+            void=lambda r, err: self._void_round(epoch, r, app_id, err),
+            abort=lambda r, err: self._abort_round(epoch, r, app_id, err),
+            claim=lambda: self.log.claim_round(epoch),
+            bound=_rounds.OutageBound(self.outage_s),
+            logger=self._log.bind(epoch=epoch),
+            describe=_rounds.describe,
+        )
         self._fire(CrashPoint.BEFORE_DECISION, epoch)
-        return handles, rows
+        return round_, handles, rows
 
     def _single_pass(
         self, epoch: int, round_: int, job: SinglePassJob, timings: dict[str, float], app_id: str
     ) -> tuple[int, dict[str, list[Handle]], dict[str, int], set[str]]:
-        """Steps 3-4 in one job (tasks commit once decided), in as many rounds as Spark
-        retries a task (:func:`~txsink._singlepass.run_in_rounds`): round, handles, rows,
-        and the transactions the tasks committed."""
+        """Steps 3-4 in one job, in rounds (:func:`~txsink._singlepass.run_in_rounds`)."""
 
         def run(r: int) -> SinglePassOutcome:
             plan = self._plan(app_id, epoch, r)
@@ -371,6 +387,7 @@ class Coordinator(OperatorMixin):
         round_, out = run_in_rounds(
             round_,
             job.retries,
+            outage_s=self.outage_s,
             run=run,
             void=lambda r, err: self._void_round(epoch, r, app_id, err),
             abort=lambda r, err: self._abort_round(epoch, r, app_id, err),
@@ -443,31 +460,14 @@ class Coordinator(OperatorMixin):
         data: EpochData | None = None,
         done: set[str] | None = None,
     ) -> None:
-        """Each sink commits its share; ``during_commit`` fires once part of it is visible.
-        ``done``: transactions the single-pass tasks committed already (reported here)."""
-        first: list[bool] = []
-
-        def committed(_handles: Sequence[Handle]) -> None:
-            if not first:
-                first.append(True)
-                self._fire(CrashPoint.DURING_COMMIT, epoch)
-
-        done = done or set()
+        """Step 5 (:func:`~txsink._commit.commit_decided`), then the committed mark."""
         try:
-            for sink in self.sinks:
-                mine = [h for h in handles[sink.uid] if str(h.txn) not in done]
-                if len(mine) < len(handles[sink.uid]):
-                    committed([h for h in handles[sink.uid] if str(h.txn) in done])
-                    self._meter.handles(sink, "committed", len(handles[sink.uid]) - len(mine))
-                commit_share(
-                    sink,
-                    epoch,
-                    mine,
-                    data=data,
-                    on_committed=committed,
-                    tasks=self._recovery.tasks,
-                    meter=self._meter,
-                )
+            commit_decided(
+                self.sinks, epoch, handles, data=data, done=done or set(),
+                first_visible=lambda: self._fire(CrashPoint.DURING_COMMIT, epoch),
+                tasks=self._recovery.tasks, meter=self._meter,
+                bound=_rounds.OutageBound(self.outage_s), logger=self._log.bind(epoch=epoch),
+            )  # fmt: skip
             self._fire(CrashPoint.AFTER_COMMIT_BEFORE_MARK, epoch)
             self.log.mark_committed(epoch, round_)
         except BaseException:

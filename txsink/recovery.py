@@ -272,7 +272,19 @@ class Recovery:
         handled matters more).
         """
         for sink in self.sinks:
-            for handle in list(sink.list_prepared(app_id)):
+            try:
+                prepared = list(sink.list_prepared(app_id))
+            except Exception as err:
+                if not best_effort:
+                    raise
+                # The target is unreachable (the failure being handled, often): the next
+                # abort_attempts of this epoch, or recovery, finds them.
+                self._log.bind(uid=sink.uid, epoch=epoch).warning(
+                    "could not list the prepared transactions to abort (recovery retries): %s",
+                    err,
+                )
+                continue
+            for handle in prepared:
                 txn = handle.txn
                 if txn.epoch != epoch or str(txn) in keep:
                     continue

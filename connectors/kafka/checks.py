@@ -2,6 +2,13 @@
 
 - every named column exists in the DataFrame;
 - the brokers answer, and the topic exists (txsink does not create data topics);
+- the topic's effective ``max.message.bytes`` with the producer's ``message.max.bytes``
+  give the record limit the pre-commit checks (an explicit ``max_record_bytes`` above it
+  is refused here), and the producers' ``batch.size`` is capped so a batch fits too
+  (:mod:`~txsink.connectors.kafka.limits`);
+- this principal may WRITE to the topic and the marker topic (KIP-430's authorized
+  operations; ``init_transactions`` on the sink's transactional ids then proves WRITE on
+  them);
 - ``transaction.timeout.ms`` is at least 10 s and at most the broker's
   ``transaction.max.timeout.ms`` (else every transaction would be refused);
 - the marker topic exists with ``cleanup.policy=compact``, or is created so;
@@ -16,11 +23,13 @@ import pyarrow as pa
 
 from txsink.connectors.kafka.clients import KafkaSettings
 from txsink.connectors.kafka.errors import check_error
+from txsink.connectors.kafka.limits import batch_cap, effective_limit
 from txsink.connectors.kafka.markers import ensure_marker_topic
 from txsink.connectors.kafka.records import RecordFormat
+from txsink.connectors.kafka.topics import TopicInfo, describe_topics
 from txsink.errors import ConfigurationError
 
-__all__ = ["MIN_TXN_TIMEOUT_MS", "check_avro", "check_brokers", "check_columns"]
+__all__ = ["MIN_TXN_TIMEOUT_MS", "check_avro", "check_brokers", "check_columns", "check_topics"]
 
 #: An epoch's commit produces all of a shard's records in one transaction.
 MIN_TXN_TIMEOUT_MS = 10_000
@@ -60,6 +69,85 @@ def check_brokers(settings: KafkaSettings, topic: str | None, ctx: dict[str, Any
         raise check_error(err.args[0] if err.args else err, settings, doing) from err
     except TimeoutError as err:  # a future's result(timeout=...) that did not come
         raise check_error(err, settings, doing) from err
+
+
+def check_topics(settings: KafkaSettings, fmt: RecordFormat, ctx: dict[str, Any]) -> int | None:
+    """Describe the topics the sink writes: refuse what the brokers would refuse after the
+    decision (no WRITE right, an explicit ``max_record_bytes`` above the topic's limit),
+    seed ``fmt.topics`` for the tasks, and return the producers' ``batch.size`` cap.
+
+    With ``topic_column`` the tasks describe each topic they meet; the cap is then the
+    smallest limit of the cluster's topics now (a topic created later with a smaller one
+    is an operator change: docs/reliability.md).
+    """
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    lookup = fmt.topics
+    if lookup is None:  # pragma: no cover - the sink always gives one
+        return None
+    doing = "describe the topics"
+    try:
+        admin = AdminClient(settings.client_config())
+        wanted = [settings.marker_topic] + ([fmt.topic] if fmt.topic is not None else [])
+        found = describe_topics(admin, wanted, settings.timeout_s)
+        for topic, info in found.items():
+            _check_writable(topic, info, settings, ctx)
+        if fmt.topic is None:
+            doing = "read the topics' max.message.bytes"
+            floor = _smallest_limit(admin, settings.timeout_s)
+            return None if floor is None else batch_cap(floor, fmt.compressed)
+    except KafkaException as err:
+        raise check_error(err.args[0], settings, doing) from err
+    info = found[fmt.topic]
+    if info is None:  # pragma: no cover - check_brokers refused it first
+        raise ConfigurationError(f"topic {fmt.topic!r} does not exist", **ctx)
+    try:
+        limit = effective_limit(
+            fmt.topic,
+            topic_max=info.max_message_bytes,
+            topic_max_source=info.source,
+            producer_max=lookup.producer_max,
+            explicit=lookup.explicit_max,
+        )
+    except ValueError as err:
+        raise ConfigurationError(str(err), **ctx) from err
+    lookup.seed(fmt.topic, info)
+    return batch_cap(limit.nbytes, fmt.compressed)
+
+
+def _check_writable(
+    topic: str, info: TopicInfo | None, settings: KafkaSettings, ctx: dict[str, Any]
+) -> None:
+    if info is not None and info.writable is False:
+        raise ConfigurationError(
+            f"this principal may not WRITE to topic {topic!r} (the brokers' authorized "
+            f"operations for it lack WRITE): every commit would be refused. Grant it, e.g. "
+            f"kafka-acls --add --allow-principal User:<sink's principal> --operation Write "
+            f"--operation Describe --topic {topic}; and WRITE on TransactionalId "
+            f"{settings.prefix}-{settings.uid}-*",
+            **ctx,
+        )
+
+
+def _smallest_limit(admin: Any, timeout_s: float) -> int | None:
+    """The smallest ``max.message.bytes`` of the cluster's topics (internal ones aside)."""
+    from confluent_kafka.admin import (  # type: ignore[attr-defined]
+        ConfigResource,
+        ResourceType,
+    )
+
+    meta = admin.list_topics(timeout=timeout_s)
+    names = [t for t in meta.topics if not t.startswith("__")]
+    if not names:
+        return None
+    futures = admin.describe_configs([ConfigResource(ResourceType.TOPIC, t) for t in names])
+    limits = []
+    for future in futures.values():
+        entry = future.result(timeout=timeout_s).get("max.message.bytes")
+        if entry is not None and entry.value:
+            limits.append(int(entry.value))
+    return min(limits, default=None)
 
 
 def _check_transaction_timeout(

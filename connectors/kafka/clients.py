@@ -25,6 +25,8 @@ _PRODUCER_DEFAULTS: dict[str, Any] = {
     "compression.type": "lz4",
     "partitioner": "murmur2_random",
 }
+#: librdkafka's default ``batch.size``.
+DEFAULT_BATCH_SIZE = 1_000_000
 #: librdkafka's default ``transaction.timeout.ms``.
 DEFAULT_TXN_TIMEOUT_MS = 60_000
 #: Settings a non-producer client (admin, consumer) takes from ``producer_config``.
@@ -34,6 +36,11 @@ _CLIENT_PREFIXES = ("security.", "ssl.", "sasl.", "client.", "socket.")
 _LIBRDKAFKA = "txsink.connectors.kafka.librdkafka"
 #: librdkafka's log facilities (its codes, not its text) for a broker connection failing.
 _CONNECTION_FACILITIES = frozenset({"FAIL", "REQTMOUT"})
+#: librdkafka's facility for a client's fatal error. The same error fails the client's next
+#: call, where the connector classifies it by its code (KafkaError.fatal(), _FENCED...);
+#: the log line is only a copy of it, and in direct mode the expected one: a pooled producer
+#: fenced by a newer one with its transactional id, made where Spark ran its shard's task.
+_FATAL_FACILITIES = frozenset({"FATAL"})
 #: One outage filter per sink uid and process: its clients share it.
 _OUTAGES: dict[str, OutageFilter] = {}
 
@@ -93,7 +100,21 @@ def rdkafka_logger(name: str, *, silent: bool = False) -> logging.Logger:
             logger.propagate = False
     else:
         logger.setLevel(logging.ERROR)
+        if not any(isinstance(f, _FatalAtDebug) for f in logger.filters):
+            logger.filters.insert(0, _FatalAtDebug())
     return logger
+
+
+class _FatalAtDebug(logging.Filter):
+    """librdkafka's FATAL lines at DEBUG (see :data:`_FATAL_FACILITIES`): the error itself
+    is raised by the client's next call and handled there, by its code."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        if len(args) == 3 and args[0] in _FATAL_FACILITIES:
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+        return True
 
 
 @dataclass(frozen=True)
@@ -108,6 +129,9 @@ class KafkaSettings:
     shards: int
     timeout_s: float
     producer_config: dict[str, Any] = field(default_factory=dict, repr=False)
+    #: The largest ``batch.size`` whose batches every topic written takes (the check's
+    #: :func:`~txsink.connectors.kafka.limits.batch_cap`); None: librdkafka's own.
+    batch_cap: int | None = None
 
     def transactional_id(self, shard: int) -> str:
         """``<prefix>-<uid>-<shard>``: stable across epochs, so a new producer fences the old."""
@@ -145,10 +169,16 @@ class KafkaSettings:
     def producer_conf(self, shard: int, on_delivery: Callable[[Any, Any], None]) -> dict[str, Any]:
         """Config of ``shard``'s transactional producer: the defaults, ``producer_config``,
         then what the guarantee needs. Failed deliveries only are reported, to
-        ``on_delivery``."""
+        ``on_delivery``. ``batch.size`` is capped at :attr:`batch_cap`: the broker checks
+        a batch of several records against the topic's ``max.message.bytes`` too."""
+        capped: dict[str, Any] = {}
+        if self.batch_cap is not None:
+            given = int(self.producer_config.get("batch.size", DEFAULT_BATCH_SIZE))
+            capped["batch.size"] = min(given, self.batch_cap)
         return {
             **_PRODUCER_DEFAULTS,
             **self.producer_config,
+            **capped,
             **ENFORCED,
             "bootstrap.servers": self.bootstrap_servers,
             "transactional.id": self.transactional_id(shard),

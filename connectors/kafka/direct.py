@@ -17,10 +17,13 @@ epoch as one barrier job (:mod:`txsink._singlepass`); in each task::
 
 After the decision, a shard whose task could not commit (killed, lost its executor, the
 driver died before answering) is committed from the epoch's replay (Spark re-runs the
-batch): the same verified path as replay mode (:class:`~txsink.connectors.kafka.replay.
-ShardCommit`): the shard's marker says whether it is committed, and the replayed rows
-must match the decided count and checksum, else NonDeterministicReplayError. The replay
-must have as many partitions as the decided epoch (the shard is the partition).
+batch): the same verified path as replay mode (:func:`~txsink.connectors.kafka.replay.
+commit_by_content`): the shard's marker says whether it is committed, and the replayed
+rows must match the decided count and checksum. The shard is the partition, so the replay
+must deal each partition the rows it had: plans that do not (a round-robin repartition,
+``rand()``...) are refused at the start (:mod:`txsink._stability`); a replay that only
+numbers the partitions otherwise is matched by content; one whose rows differ is refused
+with NonDeterministicReplayError, nothing of that shard written.
 
 No marker is read in the single pass: the coordinator skips committed epochs and
 recovery finishes decided ones before a new round begins, so a new round's shards are
@@ -39,18 +42,18 @@ from typing import Any, ClassVar
 
 import pyarrow as pa
 
+from txsink._logging import get_logger
 from txsink.connectors.kafka.clients import KafkaSettings, init_transactions
 from txsink.connectors.kafka.columns import py_columns
 from txsink.connectors.kafka.errors import commit_error
 from txsink.connectors.kafka.markers import Markers
 from txsink.connectors.kafka.producers import fence, produce_records, warn_if_slow
 from txsink.connectors.kafka.records import RecordFormat
-from txsink.connectors.kafka.replay import CHECKSUM_VERSION, ShardCommit, Tally
+from txsink.connectors.kafka.replay import CHECKSUM_VERSION, Tally, commit_by_content
 from txsink.contract import EpochCommit
 from txsink.errors import (
     CommitError,
     ConfigurationError,
-    NonDeterministicReplayError,
     RetryableError,
 )
 from txsink.handles import Handle, register_handle
@@ -239,7 +242,8 @@ def open_direct(settings: KafkaSettings, txn: TxnId, generation: str) -> OpenDir
             f"epoch {txn.epoch} has a partition {shard}, but this direct-mode sink has "
             f"shards={settings.shards}: in direct mode each Spark partition is a shard with "
             "its own transactional id, fenced at every start. Raise shards= to the most "
-            "partitions an epoch may have, or repartition the stream to fewer partitions",
+            "partitions an epoch may have, or repartition the stream by key to fewer "
+            "partitions (df.repartition(n, 'key'))",
             **settings.context("begin", epoch=txn.epoch),
             partition=shard,
         )
@@ -263,6 +267,7 @@ def open_direct(settings: KafkaSettings, txn: TxnId, generation: str) -> OpenDir
                 ) from err
             if fresh:
                 raise
+            _moved(settings, txn, err)
             continue
         if not left and not errors:
             return OpenDirect(txn, settings, producer, errors)
@@ -278,14 +283,29 @@ def open_direct(settings: KafkaSettings, txn: TxnId, generation: str) -> OpenDir
             )
 
 
+def _moved(settings: KafkaSettings, txn: TxnId, err: Exception) -> None:
+    """A pooled producer was fenced: Spark ran its shard's task in another Python worker
+    since, whose new producer took the transactional id over. Expected (Spark places tasks
+    where a slot is free); a new producer takes it back."""
+    get_logger(__name__, uid=settings.uid, epoch=txn.epoch).debug(
+        "shard %d: this worker's producer was fenced by another worker's (%s); a new one "
+        "takes the transactional id back",
+        txn.partition,
+        err,
+    )
+
+
 # -- the driver: leftovers after the decision ---------------------------------------------------
 
 
 def commit_leftovers(request: EpochCommit[Any], settings: KafkaSettings, fmt: RecordFormat) -> None:
     """Commit the decided shards no task committed, from the epoch's replay, verified.
 
-    One task per partition of the replay (its shard): the shard's marker says whether it
-    committed; if not, its replayed records must match the decided count and checksum.
+    One task per partition of the replay: the shard's marker says whether it committed; if
+    not, the replayed records must match the decided count and checksum. A replay that
+    numbers the partitions otherwise (a source listing its partitions in another order
+    after a restart) is matched by content (:func:`~txsink.connectors.kafka.replay.
+    commit_by_content`); one whose rows differ is refused.
     """
     epoch, handles, data = request.epoch, request.handles, request.data
     if not handles:
@@ -300,18 +320,5 @@ def commit_leftovers(request: EpochCommit[Any], settings: KafkaSettings, fmt: Re
     ids = [settings.transactional_id(shard) for shard in range(settings.shards)]
     with ThreadPoolExecutor(max_workers=min(8, len(ids))) as pool:  # each waits on a broker
         list(pool.map(lambda tid: fence(settings, [tid], phase="commit"), ids))
-    results = data.map_partitions(ShardCommit(settings, fmt, app, epoch, decided))
-    missing = sorted(shard for shard in decided if shard >= len(results))
-    if missing:
-        raise NonDeterministicReplayError(
-            f"the replay of epoch {epoch} has {len(results)} partitions, but shards "
-            f"{missing} of its decision are not committed: in direct mode a shard is a Spark "
-            "partition, so the replay must partition the epoch the same way. Restore the "
-            "query's partitioning (the source's partitions, maxFilesPerTrigger, a "
-            "repartition before the sink) until this epoch is committed, or use mode='wal'",
-            sink_uid=settings.uid,
-            epoch=epoch,
-            connector="kafka",
-            phase="commit",
-        )
+    commit_by_content(data, settings, fmt, app=app, epoch=epoch, decided=decided)
     request.committed(handles)

@@ -151,7 +151,7 @@ def check_error(err: Any, settings: KafkaSettings, doing: str) -> ConfigurationE
             "the brokers refused the credentials or the ACLs: check the SASL/TLS settings in "
             "producer_config, and grant DESCRIBE and WRITE on the topics, CREATE on the "
             "marker topic, WRITE on TransactionalId "
-            f"{settings.prefix}-{settings.uid}-*, DESCRIBE_CONFIGS on the cluster"
+            f"{settings.prefix}-{settings.uid}-*, DESCRIBE_CONFIGS on the cluster and the topics"
         )
     elif has_code(err, "_SSL"):
         fix = "the TLS handshake failed: check ssl.* in producer_config and the brokers' certs"

@@ -1,8 +1,10 @@
 """Arrow rows to Kafka records: topic, partition, key, value and headers per row.
 
 Runs in the pre-commit tasks (and in replay mode again in the commit tasks), so every
-record the broker would refuse after the decision — too large, a null topic, a value
-JSON or Avro cannot hold — is refused here, naming the row and column.
+record the broker would refuse after the decision — too large for its topic as the broker
+counts it, a null or missing topic, a partition the topic does not have, a value JSON or
+Avro cannot hold — is refused here, naming the row and column (the topic checks:
+:mod:`~txsink.connectors.kafka.topics`).
 
 Conversions (``"auto"`` format): binary as is, strings UTF-8, numbers as their decimal
 text, anything else as JSON; without ``value`` the value is a JSON object of every
@@ -22,6 +24,8 @@ import pyarrow.compute as pc
 
 from txsink._json import json_rows
 from txsink.connectors.kafka.avro import AvroEncoder
+from txsink.connectors.kafka.limits import batch_sizes
+from txsink.connectors.kafka.topics import TopicLookup, check_records
 from txsink.errors import TxsinkError, WriteError
 from txsink.rowref import RowNaming
 
@@ -81,11 +85,18 @@ class RecordFormat:
     headers: str | None = None
     topic_column: str | None = None
     partition_column: str | None = None
+    #: The cap when the topic was not described (the sink's check did not run): the
+    #: explicit ``max_record_bytes``, else the producer's ``message.max.bytes``.
     max_record_bytes: int = 1_000_000
     #: Errors name a row by its column names and a hash of its values only.
     redact_rows: bool = False
     #: ``"key"`` / ``"value"`` -> its Avro encoder; its schema is fixed at start.
     avro: dict[str, AvroEncoder] = field(default_factory=dict)
+    #: The topics as the brokers describe them (the check seeds ``topic``'s; a
+    #: ``topic_column``'s are asked for in the tasks, once per topic).
+    topics: TopicLookup | None = None
+    #: Whether the producer compresses (its codec may add a few bytes to a record).
+    compressed: bool = True
 
     def columns(self) -> dict[str, str | None]:
         """The options that name a column, and the column they name."""
@@ -151,8 +162,22 @@ class RecordFormat:
             else pa.nulls(n, pa.int32())
         )
         headers = _headers(batch.column(self.headers)) if self.headers else pa.nulls(n, _HEADERS)
-        self._check_sizes(key, value, first_row, ctx)
-        return pa.RecordBatch.from_arrays([topic, part, key, value, headers], schema=RECORD_SCHEMA)
+        records = pa.RecordBatch.from_arrays(
+            [topic, part, key, value, headers], schema=RECORD_SCHEMA
+        )
+        lookup = self.topics
+        if lookup is not None and (self.topic_column or self.topic in lookup.known):
+            check_records(
+                records,
+                lookup,
+                compressed=self.compressed,
+                first_row=first_row,
+                ctx=ctx,
+                columns=self.columns(),
+            )
+        else:
+            self._check_sizes(records, first_row, ctx)
+        return records
 
     def _value(
         self, batch: pa.RecordBatch, topic: pa.Array, first_row: int, ctx: dict[str, Any]
@@ -175,21 +200,20 @@ class RecordFormat:
             pa.binary(),
         )
 
-    def _check_sizes(
-        self, key: pa.Array, value: pa.Array, first_row: int, ctx: dict[str, Any]
-    ) -> None:
-        # Caught here, before the decision: once decided, a record the broker
-        # refuses could never be committed.
-        sizes = pc.add(
-            pc.fill_null(pc.binary_length(value), 0), pc.fill_null(pc.binary_length(key), 0)
+    def _check_sizes(self, records: pa.RecordBatch, first_row: int, ctx: dict[str, Any]) -> None:
+        # Without the topic's description (the sink's check did not run): the cap alone.
+        # Caught here, before the decision: once decided, a record the broker refuses
+        # could never be committed.
+        sizes = batch_sizes(
+            records.column(2), records.column(3), records.column(4), compressed=self.compressed
         )
         if len(sizes) and pc.max(sizes).as_py() > self.max_record_bytes:
             row = int(pc.index(pc.greater(sizes, self.max_record_bytes), True).as_py())
             raise WriteError(
-                f"record of {sizes[row].as_py()} bytes is larger than max_record_bytes="
-                f"{self.max_record_bytes} (the producer's message.max.bytes); the broker would "
-                "refuse it after the decision. Shrink or split the value, or raise "
-                "message.max.bytes on the producer, the topic (max.message.bytes) and the broker",
+                f"record of {sizes[row].as_py()} bytes as the broker counts it is larger than "
+                f"max_record_bytes={self.max_record_bytes}; Kafka would refuse it after the "
+                "decision. Shrink or split the value, or raise message.max.bytes on the "
+                "producer and max.message.bytes on the topic",
                 row=first_row + row,
                 column=self.value or "value",
                 **ctx,

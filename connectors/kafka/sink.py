@@ -60,10 +60,12 @@ from typing_extensions import override
 from txsink.connectors.kafka import checks, direct, replay
 from txsink.connectors.kafka.clients import ENFORCED, KafkaSettings
 from txsink.connectors.kafka.direct import KafkaDirectHandle, OpenDirect, open_direct
+from txsink.connectors.kafka.limits import DEFAULT_PRODUCER_MAX
 from txsink.connectors.kafka.markers import Markers
 from txsink.connectors.kafka.producers import ShardProducers, fence
 from txsink.connectors.kafka.records import RecordFormat, avro_encoders
 from txsink.connectors.kafka.replay import KafkaReplayHandle, OpenReplay
+from txsink.connectors.kafka.topics import TopicLookup
 from txsink.connectors.kafka.wal import KafkaWalHandle, OpenWal, WriteAheadLog
 from txsink.connectors.kafka.walstore import WalStore
 from txsink.handles import Handle
@@ -128,8 +130,11 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
         producer_config: extra librdkafka settings (TLS, SASL, linger.ms,
             compression.type, ...), passed through untouched except that
             ``enable.idempotence`` and ``acks=all`` are enforced.
-        max_record_bytes: refuse records larger than this in pre-commit
-            (default: the producer's ``message.max.bytes``, 1 MB).
+        max_record_bytes: refuse records whose batch (as the broker counts it: key,
+            value, headers and the record batch header) is larger than this, in the
+            pre-commit. Default: the smallest of the topic's ``max.message.bytes`` (read
+            at the check; per topic with ``topic_column``) and the producer's
+            ``message.max.bytes``; a value above them is refused at the check.
         timeout_s: how long a call to the brokers may take.
         redact_rows: name a rejected row in errors by its column names and a hash of its
             values only (for sensitive data; default: the ``key`` column's value, or the
@@ -211,6 +216,10 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
             if given is not None and str(given).lower() != str(wanted).lower():
                 raise ValueError(f"KafkaSink enforces {name}={wanted} (got {given!r})")
         self.timeout_s = timeout_s
+        producer_max = int(self.producer_config.get("message.max.bytes", DEFAULT_PRODUCER_MAX))
+        #: The producers' ``batch.size`` cap, so a batch of several records fits the topic
+        #: (set by the check from the topic's limit; docs/connectors/kafka.md).
+        self._batch_cap: int | None = None
         self.records = RecordFormat(
             uid=self.uid,
             topic=topic,
@@ -219,8 +228,7 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
             headers=headers,
             topic_column=topic_column,
             partition_column=partition_column,
-            max_record_bytes=max_record_bytes
-            or int(self.producer_config.get("message.max.bytes", 1_000_000)),
+            max_record_bytes=max_record_bytes or producer_max,
             redact_rows=redact_rows,
             avro=avro_encoders(
                 key=key,
@@ -230,6 +238,13 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
                 value_schema=value_schema,
                 schema_registry=schema_registry,
                 avro_config=avro_config,
+            ),
+            compressed=str(self.producer_config.get("compression.type", "lz4")).lower() != "none",
+        )
+        self.records = dataclasses.replace(
+            self.records,
+            topics=TopicLookup(
+                self.settings, explicit_max=max_record_bytes, producer_max=producer_max
             ),
         )
         self._clients: ShardProducers | None = None
@@ -260,6 +275,7 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
             shards=self.shards,
             timeout_s=self.timeout_s,
             producer_config=self.producer_config,
+            batch_cap=self._batch_cap,
         )
 
     @property
@@ -300,12 +316,14 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
         if self.mode == "wal":
             self._wal.check(ctx)
         checks.check_brokers(self.settings, self.topic, ctx)
+        self._batch_cap = checks.check_topics(self.settings, self.records, ctx)
         checks.check_avro(schema, self.records, ctx)
         # Fence zombies and abort the transactions they left open, so read_committed
         # readers are not held back by a crashed run. Commit tasks produce (their own
         # producers); the driver's producers only fenced.
+        self.release()  # producers made before the check know no batch cap
         self._producers.init_all(phase="check")
-        self._producers.close()
+        self.release()
         self._generation = uuid.uuid4().hex
 
     # -- executor: write and prepare -----------------------------------------------

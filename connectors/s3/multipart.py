@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from mypy_boto3_s3.type_defs import CompletedPartTypeDef
 
 __all__ = [
+    "MAX_OBJECT_BYTES",
     "MAX_PARTS",
     "MAX_PART_BYTES",
     "MIN_PART_BYTES",
@@ -65,6 +66,9 @@ MiB = 1024 * 1024
 MIN_PART_BYTES = 5 * MiB
 MAX_PART_BYTES = 5 * 1024 * MiB
 MAX_PARTS = 10_000
+#: S3's largest object: CompleteMultipartUpload refuses a larger one (EntityTooLarge),
+#: which would be after the decision, so the pre-commit refuses it while uploading.
+MAX_OBJECT_BYTES = 5 * 1024 * 1024 * MiB
 _MD5_HEX = re.compile(r"^[0-9a-f]{32}$")
 
 
@@ -220,6 +224,13 @@ def _upload_part(target: S3Target, txn: OpenUploads, obj: OpenObject, data: byte
         raise ConfigurationError(
             f"object {obj.key} needs more than {MAX_PARTS} parts of part_bytes="
             f"{txn.part_bytes}: raise part_bytes or lower target_object_bytes",
+            **target.ctx(phase="write", epoch=txn.txn.epoch, partition=txn.txn.partition),
+        )
+    if obj.uploaded + len(data) > MAX_OBJECT_BYTES:
+        raise ConfigurationError(
+            f"object {obj.key} would be larger than S3's largest object (5 TiB), which "
+            "CompleteMultipartUpload would refuse after the decision: lower "
+            "target_object_bytes (objects roll over at it)",
             **target.ctx(phase="write", epoch=txn.txn.epoch, partition=txn.txn.partition),
         )
     obj.next_part += 1

@@ -55,7 +55,13 @@ from txsink._target.formats import Format
 from txsink.connectors.s3 import hive, markers, multipart
 from txsink.connectors.s3.client import S3Location, parse_s3_url
 from txsink.connectors.s3.handles import S3Handle
-from txsink.connectors.s3.multipart import MAX_PART_BYTES, MAX_PARTS, MIN_PART_BYTES, MiB
+from txsink.connectors.s3.multipart import (
+    MAX_OBJECT_BYTES,
+    MAX_PART_BYTES,
+    MAX_PARTS,
+    MIN_PART_BYTES,
+    MiB,
+)
 from txsink.connectors.s3.target import S3Target
 from txsink.errors import ConfigurationError, TxsinkError, WriteError
 from txsink.handles import Handle
@@ -134,6 +140,13 @@ class S3Sink(TwoPhaseCommitSink[multipart.OpenUploads, S3Handle]):
                 f"S3Sink target_object_bytes={target_object_bytes} needs more than "
                 f"{MAX_PARTS // 2} parts of part_bytes={part_bytes}: raise part_bytes "
                 f"(an upload has at most {MAX_PARTS} parts)"
+            )
+        if target_object_bytes > MAX_OBJECT_BYTES // 2:
+            raise ValueError(
+                f"S3Sink target_object_bytes={target_object_bytes} is above half of S3's "
+                "largest object (5 TiB): an object rolls over only after a batch that reaches "
+                "it, and CompleteMultipartUpload would refuse an object over 5 TiB after the "
+                "decision"
             )
         if max_open_objects < 1:
             raise ValueError("S3Sink max_open_objects must be >= 1")

@@ -79,7 +79,7 @@ from txsink.connectors.kafka.offsets import Isolation, settled_ends, topic_ends
 from txsink.connectors.kafka.producers import ShardProducers, produce_records
 from txsink.connectors.kafka.readback import admin_client
 from txsink.connectors.kafka.records import RecordFormat
-from txsink.connectors.kafka.replay import CHECKSUM_VERSION, checksum
+from txsink.connectors.kafka.replay import CHECKSUM_VERSION, ShardResult, checksum
 from txsink.connectors.kafka.sink import KafkaHandle, KafkaSink, OpenTxn
 from txsink.contract import EpochCommit, EpochData, TaskInfo
 from txsink.txid import TxnId
@@ -358,7 +358,7 @@ class ProfiledCommitTask:
     task: kafka_replay.ShardCommit
     profile_dir: str
 
-    def __call__(self, info: TaskInfo, batches: Iterator[pa.RecordBatch]) -> tuple[str, int]:
+    def __call__(self, info: TaskInfo, batches: Iterator[pa.RecordBatch]) -> ShardResult:
         prof = Profile()
         task = dataclasses.replace(self.task, fmt=ProfiledRecordFormat.of(self.task.fmt, prof))
         producers = functools.partial(ProfiledShardProducers, profile=prof)

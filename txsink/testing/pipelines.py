@@ -37,7 +37,7 @@ def input_stream(spark: Any, workdir: str | Path, partitions: int) -> Any:
         spark.readStream.schema(SCHEMA)
         .option("maxFilesPerTrigger", 1)
         .parquet(str(Path(workdir, "input")))
-        .repartition(partitions)
+        .repartition(partitions, "id")
     )
 
 
@@ -130,7 +130,7 @@ def run_datasource(
         if static:
             files = sorted(Path(workdir, "input").glob("*.parquet"))
             for i, path in enumerate(files):
-                df = spark.read.schema(SCHEMA).parquet(str(path)).repartition(partitions)
+                df = spark.read.schema(SCHEMA).parquet(str(path)).repartition(partitions, "id")
                 writer = df.write.format("txsink").options(**opts).mode("append")
                 writer.option("app_id", app_id).option("epoch", str(i)).save()
             return

@@ -18,11 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 from txsink._logging import EpochLogger
 from txsink.contract import EpochCommit, EpochData, SinkContract, TaskRunner, local_tasks
-from txsink.errors import CommitError, TxsinkError
+from txsink.errors import CommitError, EpochBlockedError, TxsinkError
 from txsink.handles import Handle
 
 if TYPE_CHECKING:
     from txsink._metering import Meter
+    from txsink.log import TxLog
 
 __all__ = ["abort_one", "commit_share"]
 
@@ -37,8 +38,15 @@ def commit_share(
     tasks: TaskRunner = local_tasks,
     meter: Meter | None = None,
     recovering: bool = False,
+    log: TxLog | None = None,
+    round_: int = 0,
 ) -> None:
     """``sink.commit_epoch`` for ``handles`` (its decided handles of ``epoch``).
+
+    A commit the target refuses for good (:class:`~txsink.errors.EpochBlockedError`) is
+    recorded in ``log`` as a *blocked* attempt of round ``round_`` (reason, shard, fix),
+    counted by the ``blocked_epochs`` gauge, and raised saying it is blocked and how to
+    finish it once fixed.
 
     ``data`` is the epoch's rows when this runs inside that epoch's replay; a sink that
     commits from data and has handles cannot be finished without them. ``tasks`` runs a
@@ -76,6 +84,10 @@ def commit_share(
     request = EpochCommit(epoch, tuple(handles), rows, notify, tasks, ratio)
     try:
         _commit_counted(sink, request, failed)
+    except EpochBlockedError as err:
+        err.with_context(sink_uid=sink.uid, epoch=epoch, phase="commit", connector=sink.connector)
+        _blocked(err, sink, epoch, round_=round_, log=log, meter=meter)
+        raise
     except TxsinkError as err:
         err.with_context(sink_uid=sink.uid, epoch=epoch, phase="commit", connector=sink.connector)
         raise
@@ -88,6 +100,38 @@ def commit_share(
             phase="commit",
             connector=sink.connector,
         ) from err
+
+
+def _blocked(
+    err: EpochBlockedError,
+    sink: SinkContract[Any, Any],
+    epoch: int,
+    *,
+    round_: int,
+    log: TxLog | None,
+    meter: Meter | None,
+) -> None:
+    """Record the refusal and say, once, that the epoch is blocked until fixed."""
+    attempt = 0
+    if log is not None:
+        attempt = log.record_block(
+            epoch,
+            round_,
+            sink_uid=sink.uid,
+            shard=err.shard if err.shard is not None else err.partition,
+            reason=err.message,
+            fix=err.fix,
+        )
+    if meter:
+        meter.blocked(sink, epoch, True)
+    nth = f" (refused attempt {attempt})" if attempt else ""
+    err.message = (
+        f"epoch {epoch} is BLOCKED{nth}: its decision stands, but the target refuses it "
+        f"for good, and no retry succeeds until the cause is fixed: {err.message}. Once "
+        "fixed, run `txsink recover` or restart the query: it commits the epoch. "
+        "`txsink status` shows the epoch as blocked meanwhile"
+    )
+    err.args = (err.message,)
 
 
 def _nothing(_count: int) -> None:

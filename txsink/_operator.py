@@ -9,13 +9,16 @@ the epochs use, so an operator's recovery is the query's.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, final
 
 from txsink import _precheck
 from txsink._logging import EpochLogger
 from txsink._precheck import CheckResult
 from txsink.contract import SinkContract
+from txsink.lease import DEFAULT_LEASE_S, LeaseKeeper
 from txsink.log import LogStore, TxLog
 from txsink.recovery import Recovery, RecoveryAction
 
@@ -38,11 +41,17 @@ class OperatorMixin:
     _restored: bool
     retired: tuple[SinkContract[Any, Any], ...]
     _log: EpochLogger
+    _lease: LeaseKeeper | None
 
     def close(self) -> None:
         """Close what the sinks hold open in this driver (:meth:`SinkContract.release`):
         call it once the query has stopped. Using the coordinator again opens what it
-        needs again; a failed epoch closes it by itself (Spark ends the query)."""
+        needs again; a failed epoch closes it by itself (Spark ends the query). The
+        driver lease is released: the next driver takes over at once."""
+        lease = getattr(self, "_lease", None)
+        if lease is not None:
+            lease.release()
+            self._lease = None
         for sink in (*self.sinks, *self.retired):
             try:
                 sink.release()
@@ -87,28 +96,37 @@ class OperatorMixin:
         return self._recovery.plan(self._recovery.operator_app(app_id or self.app_id))
 
     @final
-    def recover(self, app_id: str | None = None, *, dry_run: bool = False) -> list[RecoveryAction]:
+    def recover(
+        self, app_id: str | None = None, *, dry_run: bool = False, break_lease: bool = False
+    ) -> list[RecoveryAction]:
         """Run recovery now, outside a query (an operator's ``txsink recover``).
 
         The same plan and execution a query runs before its first epoch: commit
-        every decided-but-uncommitted epoch and mark it committed; void, then
-        abort, every prepared transaction no decision names. Returns the actions
-        done (with ``dry_run``, the plan). A sink that commits by re-reading the
-        epoch's rows (Kafka replay mode) cannot be finished here: that raises
-        :class:`~txsink.errors.CommitError` saying to restart the query. Run it
-        while the query is stopped: a running query's in-flight round is voided.
+        every decided-but-uncommitted epoch (a *blocked* one too: it commits once its
+        cause is fixed) and mark it committed; void, then abort, every prepared
+        transaction no decision names. Returns the actions done (with ``dry_run``, the
+        plan). A sink that commits by re-reading the epoch's rows (Kafka replay mode)
+        cannot be finished here: that raises :class:`~txsink.errors.CommitError` saying
+        to restart the query. Run it while the query is stopped: it holds the driver
+        lease meanwhile, and refuses (:class:`~txsink.errors.DriverLeaseError`) while a
+        live driver holds it, unless ``break_lease`` (the holder is known dead).
         """
         app = self._recovery.operator_app(app_id or self.app_id)
-        plan = self._recovery.plan(app)
         if dry_run:
-            return plan
-        done = self._recovery.execute(plan)
+            return self._recovery.plan(app)
+        with self._operator_lease(break_lease):
+            done = self._recovery.execute(self._recovery.plan(app))
         self._needs_recovery = True  # the next epoch looks again
         return done
 
     @final
     def abort(
-        self, app_id: str | None = None, *, epoch: int | None = None, dry_run: bool = False
+        self,
+        app_id: str | None = None,
+        *,
+        epoch: int | None = None,
+        dry_run: bool = False,
+        break_lease: bool = False,
     ) -> list[RecoveryAction]:
         """Abort lingering, undecided prepared transactions by hand (``txsink abort``).
 
@@ -120,14 +138,27 @@ class OperatorMixin:
         as with ``allow_non_restored_state`` (retired sinks' handles aborted, the
         epoch marked committed with them as ``not_restored``). Without ``epoch``
         decided epochs are left alone. Returns the actions done (or the plan).
+        Holds the driver lease as :meth:`recover` does.
         """
         app = self._recovery.operator_app(app_id or self.app_id)
-        plan = self._recovery.plan(app, abort=True, epoch=epoch)
         if dry_run:
-            return plan
-        done = self._recovery.execute(plan)
+            return self._recovery.plan(app, abort=True, epoch=epoch)
+        with self._operator_lease(break_lease):
+            done = self._recovery.execute(self._recovery.plan(app, abort=True, epoch=epoch))
         self._needs_recovery = True
         return done
+
+    @contextlib.contextmanager
+    def _operator_lease(self, force: bool) -> Iterator[None]:
+        """The driver lease for an operator's command: refused while a live driver holds
+        it (before anything is voided), released at the end."""
+        lease_s = getattr(self, "lease_s", None) or DEFAULT_LEASE_S
+        lease = LeaseKeeper(self.log, lease_s, by="operator")
+        lease.hold(force=force)
+        try:
+            yield
+        finally:
+            lease.release()
 
     # -- starting from a savepoint ------------------------------------------------------
 

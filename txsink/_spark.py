@@ -228,6 +228,36 @@ def check_query_mode(df: DataFrame, query_id: str) -> None:
             )
 
 
+def trigger_interval_s(df: DataFrame, query_id: str) -> float | None:
+    """The streaming query's processing-time trigger interval in seconds (classic PySpark,
+    through the query object); ``None`` when unknown (Spark Connect, another trigger)."""
+    if is_connect(df):
+        return None
+    try:
+        for jq in df.sparkSession._jsparkSession.streams().active():
+            if jq.id().toString() == query_id:
+                trigger = jq.streamingQuery().trigger()
+                if trigger.getClass().getSimpleName() == "ProcessingTimeTrigger":
+                    return float(trigger.intervalMs()) / 1000.0
+    except Exception:  # another Spark's internals: the default lease then
+        return None
+    return None
+
+
+def query_active_probe(df: DataFrame, query_id: str) -> Callable[[], bool | None] | None:
+    """A call saying whether the streaming query ``query_id`` still runs (``None`` once it
+    stopped), for the driver lease's renewal thread; ``None`` under Spark Connect."""
+    if is_connect(df):
+        return None
+    streams = df.sparkSession.streams
+
+    def active() -> bool | None:
+        query = streams.get(query_id)
+        return True if query is not None and query.isActive else None
+
+    return active
+
+
 @functools.cache
 def _takes_timezone() -> bool:
     """PySpark 4.2+ converts a schema to Arrow in a given time zone (``timezone=``); 4.0 and

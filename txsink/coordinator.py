@@ -18,6 +18,13 @@ Replay edge cases this handles (the reason for each step):
   voids in the log let only one of them decide (see :mod:`txsink.log`).
 * The Spark checkpoint was reset or restored from an old copy while the log
   was kept: refused, because epoch numbers no longer mean the same rows.
+* A second live driver starts on the same checkpoint and log: it finds the first
+  one's fresh lease and refuses before recovery voids or aborts anything
+  (:mod:`txsink.lease`); a driver taken for dead and taken over gets
+  :class:`~txsink.errors.FencedError` at its next epoch, or from the voids.
+* A decided epoch the target refuses for good (:class:`~txsink.errors.EpochBlockedError`):
+  recorded as *blocked* in the log, with its reason and fix; the commit is retried
+  by the next run or ``txsink recover``, and succeeds once the cause is fixed.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from txsink.contract import EpochData, SinkContract
 from txsink.errors import EpochAbortedError, FencedError
 from txsink.faults import CrashPoint, FaultPlan
 from txsink.handles import Handle
+from txsink.lease import LeaseKeeper, default_lease_s
 from txsink.log import LogStore, TxLog, open_log
 from txsink.metrics import Metrics
 from txsink.recovery import Recovery
@@ -92,6 +100,12 @@ class Coordinator(OperatorMixin):
             shuffle): fewer, larger tasks, prepared transactions and files. Not with sinks
             that commit in their tasks or need a fixed task count (refused here). See
             docs/performance.md.
+        lease_s: how long this driver's lease on the query lives without renewal
+            (:mod:`txsink.lease`; renewed every ``lease_s / 4`` while the query runs).
+            Default ``max(60, 3 x trigger interval)``. Short: a driver that froze or lost
+            its host is taken over sooner; long: fewer false take-overs of a driver that
+            was only paused. A driver killed on the same host is taken over at once
+            whatever the lease; across hosts the next driver waits until it expires.
     """
 
     def __init__(
@@ -107,6 +121,7 @@ class Coordinator(OperatorMixin):
         from_savepoint: str | os.PathLike[str] | LogStore | TxLog | None = None,
         metrics: Metrics | Sequence[Metrics] | None = None,
         max_tasks: _layout.MaxTasks = "auto",
+        lease_s: float | None = None,
     ) -> None:
         self.sinks: tuple[AnySink, ...] = (
             (sinks,) if isinstance(sinks, SinkContract) else tuple(sinks)
@@ -140,6 +155,11 @@ class Coordinator(OperatorMixin):
         self._probe_votes = True  # single pass: executors reach the driver? once per run
         self._last_committed: int | None = None
         self._meter = Meter(metrics)
+        if lease_s is not None and not lease_s > 0:
+            raise ValueError(f"lease_s must be > 0 seconds, got {lease_s}")
+        self.lease_s = lease_s
+        self._lease: LeaseKeeper | None = None
+        self._in_epoch = False
         install_console()  # one line per epoch on stderr, unless logging is configured
         self._log = get_logger(__name__, uid="+".join(uids))
         self._recovery = self._new_recovery()
@@ -180,9 +200,15 @@ class Coordinator(OperatorMixin):
                 self._checked_queries.add(query_id)
                 self._needs_recovery = True  # a new query run: recover before its first epoch
                 self._probe_votes = True
+                self._start_lease(df, query_id)
             self._bind(app_id)  # the log's own checks come before the sinks'
+            self._hold_lease()  # before anything the sinks' checks or recovery write
             self._check_schema(df, app_id)
-            self._run_spark_epoch(int(batch_id), df, app_id)
+            self._in_epoch = True
+            try:
+                self._run_spark_epoch(int(batch_id), df, app_id)
+            finally:
+                self._in_epoch = False
 
     @final
     def write(self, df: DataFrame, epoch: int | None = None) -> EpochResult:
@@ -194,6 +220,7 @@ class Coordinator(OperatorMixin):
         with failures_logged(self._log, epoch=epoch):
             app_id = self.app_id or self._app_from_log()
             self._bind(app_id)
+            self._hold_lease()
             self._check_schema(df, app_id)
             if epoch is None:
                 self._recover_if_needed(app_id)
@@ -251,6 +278,7 @@ class Coordinator(OperatorMixin):
            abort the epoch's leftover attempts.
         """
         self._bind(app_id)
+        self._hold_lease()  # refuses before recovery voids anything; renews at each epoch
         timings: dict[str, float] = {}
         # Step 1
         t0 = time.monotonic()
@@ -466,6 +494,8 @@ class Coordinator(OperatorMixin):
                     on_committed=committed,
                     tasks=self._recovery.tasks,
                     meter=self._meter,
+                    log=self.log,
+                    round_=round_,
                 )
             self._fire(CrashPoint.AFTER_COMMIT_BEFORE_MARK, epoch)
             self.log.mark_committed(epoch, round_)
@@ -475,6 +505,24 @@ class Coordinator(OperatorMixin):
             raise
 
     # -- helpers ---------------------------------------------------------------------
+
+    def _start_lease(self, df: DataFrame, query_id: str) -> None:
+        """A new query run: the lease's length from its trigger, renewed from a thread
+        while the query is active (between epochs too: a long trigger interval)."""
+        trigger = _spark.trigger_interval_s(df, query_id)
+        lease = self._keeper(trigger)
+        active = _spark.query_active_probe(df, query_id)
+        lease.keep_alive(active or (lambda: self._in_epoch))  # Connect: during epochs
+
+    def _keeper(self, trigger_s: float | None = None) -> LeaseKeeper:
+        if self._lease is None:
+            self._lease = LeaseKeeper(self.log, self.lease_s or default_lease_s(trigger_s))
+        return self._lease
+
+    def _hold_lease(self) -> None:
+        """Acquire or renew this driver's lease (:class:`~txsink.errors.DriverLeaseError`
+        while another live driver holds it; ``FencedError`` once it was taken over)."""
+        self._keeper().hold()
 
     def _bind(self, app_id: str) -> None:
         if self._bound_app != app_id:

@@ -11,18 +11,20 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, final
 
-from txsink import _precheck
+from txsink import _precheck, _spark
 from txsink._logging import EpochLogger
 from txsink._precheck import CheckResult
+from txsink._remote import arrived_state, portable_state
 from txsink.contract import SinkContract
-from txsink.lease import DEFAULT_LEASE_S, LeaseKeeper
+from txsink.lease import DEFAULT_LEASE_S, LeaseKeeper, default_lease_s
 from txsink.log import LogStore, TxLog
 from txsink.recovery import Recovery, RecoveryAction
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame
 
 __all__ = ["OperatorMixin"]
@@ -42,13 +44,33 @@ class OperatorMixin:
     retired: tuple[SinkContract[Any, Any], ...]
     _log: EpochLogger
     _lease: LeaseKeeper | None
+    lease_s: float | None
+    _checked_schema: pa.Schema | None
+
+    _new_recovery: Callable[[], Recovery]
+
+    # -- travelling (Spark Connect) and the sinks' checks --------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        return portable_state(self.__dict__)  # Spark Connect's foreachBatch: txsink._remote
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(arrived_state(state))
+        self._recovery = self._new_recovery()
+
+    def _check_schema(self, df: DataFrame, app_id: str) -> None:
+        schema = _spark.arrow_schema(df)
+        if self._checked_schema is not None and schema.equals(self._checked_schema):
+            return
+        _precheck.check_sinks(self.sinks, schema, app_id, log=self.log)
+        self._checked_schema = schema
 
     def close(self) -> None:
         """Close what the sinks hold open in this driver (:meth:`SinkContract.release`):
         call it once the query has stopped. Using the coordinator again opens what it
         needs again; a failed epoch closes it by itself (Spark ends the query). The
         driver lease is released: the next driver takes over at once."""
-        lease = getattr(self, "_lease", None)
+        lease = self._lease
         if lease is not None:
             lease.release()
             self._lease = None
@@ -152,13 +174,36 @@ class OperatorMixin:
     def _operator_lease(self, force: bool) -> Iterator[None]:
         """The driver lease for an operator's command: refused while a live driver holds
         it (before anything is voided), released at the end."""
-        lease_s = getattr(self, "lease_s", None) or DEFAULT_LEASE_S
+        lease_s = self.lease_s or DEFAULT_LEASE_S
         lease = LeaseKeeper(self.log, lease_s, by="operator")
         lease.hold(force=force)
         try:
             yield
         finally:
             lease.release()
+
+    # -- the driver lease ---------------------------------------------------------------
+
+    def _start_lease(self, df: DataFrame, query_id: str) -> None:
+        """A new query run: the lease's length from its trigger, renewed from a thread
+        while the query is active (between epochs too: a long trigger interval)."""
+        trigger = _spark.trigger_interval_s(df, query_id)
+        lease = self._keeper(trigger)
+        active = _spark.query_active_probe(df, query_id)
+        if active is not None:  # under Spark Connect: renewed at each epoch only
+            lease.keep_alive(active)
+
+    def _keeper(self, trigger_s: float | None = None) -> LeaseKeeper:
+        """This driver's lease keeper (made at first use: a coordinator that travelled to
+        another process holds its own lease there)."""
+        if self._lease is None:
+            self._lease = LeaseKeeper(self.log, self.lease_s or default_lease_s(trigger_s))
+        return self._lease
+
+    def _hold_lease(self) -> None:
+        """Acquire or renew this driver's lease (:class:`~txsink.errors.DriverLeaseError`
+        while another live driver holds it; ``FencedError`` once it was taken over)."""
+        self._keeper().hold()
 
     # -- starting from a savepoint ------------------------------------------------------
 

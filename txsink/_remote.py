@@ -41,7 +41,6 @@ def portable_state(state: dict[str, Any]) -> dict[str, Any]:
         _probe_votes=True,
         _last_committed=None,
         _lease=None,  # the receiving process is another driver process: its own lease
-        _in_epoch=False,
     )
     return out
 

@@ -18,13 +18,6 @@ Replay edge cases this handles (the reason for each step):
   voids in the log let only one of them decide (see :mod:`txsink.log`).
 * The Spark checkpoint was reset or restored from an old copy while the log
   was kept: refused, because epoch numbers no longer mean the same rows.
-* A second live driver starts on the same checkpoint and log: it finds the first
-  one's fresh lease and refuses before recovery voids or aborts anything
-  (:mod:`txsink.lease`); a driver taken for dead and taken over gets
-  :class:`~txsink.errors.FencedError` at its next epoch, or from the voids.
-* A decided epoch the target refuses for good (:class:`~txsink.errors.EpochBlockedError`):
-  recorded as *blocked* in the log, with its reason and fix; the commit is retried
-  by the next run or ``txsink recover``, and succeeds once the cause is fixed.
 """
 
 from __future__ import annotations
@@ -42,14 +35,14 @@ from txsink._epochresult import EpochResult
 from txsink._logging import committed_text, failures_logged, get_logger, install_console
 from txsink._metering import Meter
 from txsink._operator import OperatorMixin
-from txsink._remote import arrived_state, location_of, portable_state
+from txsink._remote import location_of
 from txsink._singlepass import SinglePassJob, SinglePassOutcome, run_in_rounds, run_single_pass
 from txsink._task import Precommit, TaskPlan, collect_acks, precommit_job
 from txsink.contract import EpochData, SinkContract
 from txsink.errors import EpochAbortedError, FencedError
 from txsink.faults import CrashPoint, FaultPlan
 from txsink.handles import Handle
-from txsink.lease import LeaseKeeper, default_lease_s
+from txsink.lease import LeaseKeeper, check_lease_s
 from txsink.log import LogStore, TxLog, open_log
 from txsink.metrics import Metrics
 from txsink.recovery import Recovery
@@ -100,12 +93,9 @@ class Coordinator(OperatorMixin):
             shuffle): fewer, larger tasks, prepared transactions and files. Not with sinks
             that commit in their tasks or need a fixed task count (refused here). See
             docs/performance.md.
-        lease_s: how long this driver's lease on the query lives without renewal
-            (:mod:`txsink.lease`; renewed every ``lease_s / 4`` while the query runs).
-            Default ``max(60, 3 x trigger interval)``. Short: a driver that froze or lost
-            its host is taken over sooner; long: fewer false take-overs of a driver that
-            was only paused. A driver killed on the same host is taken over at once
-            whatever the lease; across hosts the next driver waits until it expires.
+        lease_s: how long this driver's lease on the query (:mod:`txsink.lease`) lives
+            unrenewed; default ``max(60, 3 x trigger interval)``. Shorter: faster take-over
+            of a frozen driver; longer: fewer false take-overs (docs/operations.md).
     """
 
     def __init__(
@@ -155,11 +145,8 @@ class Coordinator(OperatorMixin):
         self._probe_votes = True  # single pass: executors reach the driver? once per run
         self._last_committed: int | None = None
         self._meter = Meter(metrics)
-        if lease_s is not None and not lease_s > 0:
-            raise ValueError(f"lease_s must be > 0 seconds, got {lease_s}")
-        self.lease_s = lease_s
+        self.lease_s = check_lease_s(lease_s)
         self._lease: LeaseKeeper | None = None
-        self._in_epoch = False
         install_console()  # one line per epoch on stderr, unless logging is configured
         self._log = get_logger(__name__, uid="+".join(uids))
         self._recovery = self._new_recovery()
@@ -174,13 +161,6 @@ class Coordinator(OperatorMixin):
             logger=self._log,
             meter=self._meter,
         )
-
-    def __getstate__(self) -> dict[str, Any]:
-        return portable_state(self.__dict__)  # Spark Connect's foreachBatch: txsink._remote
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(arrived_state(state))
-        self._recovery = self._new_recovery()
 
     # -- entry points ------------------------------------------------------------------
 
@@ -202,13 +182,8 @@ class Coordinator(OperatorMixin):
                 self._probe_votes = True
                 self._start_lease(df, query_id)
             self._bind(app_id)  # the log's own checks come before the sinks'
-            self._hold_lease()  # before anything the sinks' checks or recovery write
             self._check_schema(df, app_id)
-            self._in_epoch = True
-            try:
-                self._run_spark_epoch(int(batch_id), df, app_id)
-            finally:
-                self._in_epoch = False
+            self._run_spark_epoch(int(batch_id), df, app_id)
 
     @final
     def write(self, df: DataFrame, epoch: int | None = None) -> EpochResult:
@@ -276,9 +251,12 @@ class Coordinator(OperatorMixin):
         4. Decide: create the epoch's decision record; the commit point.
         5. Commit every handle, finish the epoch, write the committed mark,
            abort the epoch's leftover attempts.
+
+        First the driver lease is held (:mod:`txsink.lease`): a second live driver
+        refuses here, before its recovery voids anything.
         """
         self._bind(app_id)
-        self._hold_lease()  # refuses before recovery voids anything; renews at each epoch
+        self._hold_lease()
         timings: dict[str, float] = {}
         # Step 1
         t0 = time.monotonic()
@@ -506,24 +484,6 @@ class Coordinator(OperatorMixin):
 
     # -- helpers ---------------------------------------------------------------------
 
-    def _start_lease(self, df: DataFrame, query_id: str) -> None:
-        """A new query run: the lease's length from its trigger, renewed from a thread
-        while the query is active (between epochs too: a long trigger interval)."""
-        trigger = _spark.trigger_interval_s(df, query_id)
-        lease = self._keeper(trigger)
-        active = _spark.query_active_probe(df, query_id)
-        lease.keep_alive(active or (lambda: self._in_epoch))  # Connect: during epochs
-
-    def _keeper(self, trigger_s: float | None = None) -> LeaseKeeper:
-        if self._lease is None:
-            self._lease = LeaseKeeper(self.log, self.lease_s or default_lease_s(trigger_s))
-        return self._lease
-
-    def _hold_lease(self) -> None:
-        """Acquire or renew this driver's lease (:class:`~txsink.errors.DriverLeaseError`
-        while another live driver holds it; ``FencedError`` once it was taken over)."""
-        self._keeper().hold()
-
     def _bind(self, app_id: str) -> None:
         if self._bound_app != app_id:
             self._restore_once()
@@ -531,13 +491,6 @@ class Coordinator(OperatorMixin):
             self._bound_app = self._meter.app = app_id
             self._last_committed = None
             self._needs_recovery = True
-
-    def _check_schema(self, df: DataFrame, app_id: str) -> None:
-        schema = _spark.arrow_schema(df)
-        if self._checked_schema is not None and schema.equals(self._checked_schema):
-            return
-        _precheck.check_sinks(self.sinks, schema, app_id, log=self.log)
-        self._checked_schema = schema
 
     def _fire(self, point: CrashPoint, epoch: int) -> None:
         if self.faults is not None:

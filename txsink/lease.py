@@ -67,8 +67,10 @@ __all__ = [
     "DEFAULT_LEASE_S",
     "DriverLease",
     "LeaseKeeper",
+    "check_lease_s",
     "current_lease",
     "default_lease_s",
+    "live_holder",
     "process_identity",
 ]
 
@@ -78,6 +80,13 @@ LEASE_VERSION = 1
 #: seconds (a GC, a slow store) never looks like a dead driver.
 DEFAULT_LEASE_S = 60.0
 _KEEP = 2  # generations kept: the newest and the one before
+
+
+def check_lease_s(lease_s: float | None) -> float | None:
+    """``lease_s`` as given (``None``: the default), refused unless positive."""
+    if lease_s is not None and not lease_s > 0:
+        raise ValueError(f"lease_s must be > 0 seconds, got {lease_s}")
+    return lease_s
 
 
 def default_lease_s(trigger_interval_s: float | None) -> float:
@@ -207,6 +216,31 @@ def current_lease(log: TxLog) -> DriverLease | None:
     return None
 
 
+def live_holder(log: TxLog, *, clock: Callable[[], float] = time.time) -> DriverLease | None:
+    """The lease of another driver that is alive as far as this process can tell (fresh,
+    not released, not known dead), else ``None``: what a driver starting now would meet."""
+    lease = current_lease(log)
+    if lease is None or lease.released or clock() >= lease.expires_at():
+        return None
+    pid = os.getpid()
+    if _holder_dead(lease, socket.gethostname(), process_identity(pid), pid):
+        return None
+    return lease
+
+
+def refusal(lease: DriverLease) -> DriverLeaseError:
+    """The error of a driver (or operator) that finds ``lease`` held by a live driver."""
+    who = "an operator's txsink recover" if lease.by == "operator" else "another driver"
+    return DriverLeaseError(
+        f"{who} ({lease.describe()}) is running this query: stop it or wait until its "
+        f"lease expires (lease_s={lease.lease_s:g}, renewed {when(lease.renewed_at)}, "
+        f"expires {when(lease.expires_at())}). Nothing was voided or aborted. If it "
+        "is known dead (a host that is gone), `txsink recover --break-lease` takes the "
+        "lease over",
+        phase="lease",
+    )
+
+
 #: Keepers of this process holding a lease, released at exit (weakly: a dropped
 #: coordinator's keeper does not outlive it).
 _KEEPERS: weakref.WeakSet[LeaseKeeper] = weakref.WeakSet()
@@ -317,7 +351,7 @@ class LeaseKeeper:
             now = self._clock()
             cur = current_lease(self.log)
             if cur is not None and not force and not self._free(cur, now):
-                raise self._refusal(cur)
+                raise refusal(cur)
             mine = DriverLease(
                 generation=0 if cur is None else cur.generation + 1,
                 host=self._host,
@@ -392,17 +426,6 @@ class LeaseKeeper:
         if lease.started and lease.started == self._me:
             return "an earlier coordinator of this process"
         return "its process is gone"
-
-    def _refusal(self, lease: DriverLease) -> DriverLeaseError:
-        who = "an operator's txsink recover" if lease.by == "operator" else "another driver"
-        return DriverLeaseError(
-            f"{who} ({lease.describe()}) is running this query: stop it or wait until its "
-            f"lease expires (lease_s={lease.lease_s:g}, renewed {when(lease.renewed_at)}, "
-            f"expires {when(lease.expires_at())}). Nothing was voided or aborted. If it "
-            "is known dead (a host that is gone), `txsink recover --break-lease` takes the "
-            "lease over",
-            phase="lease",
-        )
 
     def _prune(self, newest: int) -> None:
         for gen in _generations(self.log):

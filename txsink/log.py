@@ -47,6 +47,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from txsink._blocks import BLOCK as _BLOCK
+from txsink._blocks import EpochBlock, block_doc, summarize
 from txsink._json import dumps_record
 from txsink.errors import CheckpointMismatchError, LogError
 from txsink.store import FileStore, LogStore, open_store
@@ -70,7 +72,6 @@ LOG_FORMAT_VERSION = 1
 RECORD_VERSION = 1
 _EPOCHS = "epochs/"
 _KINDS = ("decision", "void")
-_BLOCK = "blocked-"
 
 
 def open_log(
@@ -115,32 +116,6 @@ class CommitRecord:
     round: int
     committed_at: float
     not_restored: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class EpochBlock:
-    """Why a decided epoch cannot be committed until an operator acts (its last refusal),
-    since when, and how many commit attempts were refused."""
-
-    epoch: int
-    sink_uid: str
-    shard: int | None
-    reason: str
-    fix: str
-    first_seen: float
-    last_seen: float
-    attempts: int
-
-    def to_doc(self) -> dict[str, Any]:
-        return {
-            "sink_uid": self.sink_uid,
-            "shard": self.shard,
-            "reason": self.reason,
-            "fix": self.fix,
-            "first_seen": self.first_seen,
-            "last_seen": self.last_seen,
-            "attempts": self.attempts,
-        }
 
 
 @dataclass(frozen=True)
@@ -308,14 +283,7 @@ class TxLog:
         self.store.create(f"{_epoch_prefix(epoch)}committed.json", dumps_record(doc))
 
     def record_block(
-        self,
-        epoch: int,
-        round_: int,
-        *,
-        sink_uid: str,
-        shard: int | None,
-        reason: str,
-        fix: str,
+        self, epoch: int, round_: int, *, sink_uid: str, shard: int | None, reason: str, fix: str
     ) -> int:
         """Record that a commit attempt of decided ``epoch`` was refused for good; returns
         the attempt's number (1 for the first)."""
@@ -323,46 +291,27 @@ class TxLog:
         while True:
             done = [k for k in self.store.list(prefix) if k.rsplit("/", 1)[1].startswith(_BLOCK)]
             attempt = len(done) + 1
-            doc = {
-                "version": RECORD_VERSION,
-                "epoch": epoch,
-                "round": round_,
-                "attempt": attempt,
-                "sink_uid": sink_uid,
-                "shard": shard,
-                "reason": reason,
-                "fix": fix,
-                "at": time.time(),
-            }
+            doc = block_doc(
+                epoch,
+                round_=round_,
+                attempt=attempt,
+                sink_uid=sink_uid,
+                shard=shard,
+                reason=reason,
+                fix=fix,
+            )
+            doc["version"] = RECORD_VERSION
             if self.store.create(f"{prefix}{_BLOCK}{attempt:06d}.json", dumps_record(doc)):
                 return attempt
 
     def block(self, epoch: int) -> EpochBlock | None:
         """Why decided ``epoch`` is blocked (``None``: never refused for good)."""
         keys = self.store.list(_epoch_prefix(epoch))
-        keys = [k for k in keys if k.rsplit("/", 1)[1].startswith(_BLOCK)]
-        return self._block_of(epoch, keys)
+        return self._block_of(epoch, [k for k in keys if k.rsplit("/", 1)[1].startswith(_BLOCK)])
 
     def _block_of(self, epoch: int, keys: list[str]) -> EpochBlock | None:
-        docs = []
-        for key in sorted(keys):
-            raw = self.store.read(key)
-            if raw is not None:
-                docs.append(self._record(key, raw))
-        if not docs:
-            return None
-        last = docs[-1]
-        shard = last.get("shard")
-        return EpochBlock(
-            epoch=epoch,
-            sink_uid=str(last.get("sink_uid", "")),
-            shard=None if shard is None else int(shard),
-            reason=str(last.get("reason", "")),
-            fix=str(last.get("fix", "")),
-            first_seen=float(docs[0].get("at", 0.0)),
-            last_seen=float(last.get("at", 0.0)),
-            attempts=len(docs),
-        )
+        raws = [(key, self.store.read(key)) for key in sorted(keys)]
+        return summarize(epoch, [self._record(key, raw) for key, raw in raws if raw is not None])
 
     def epochs(self) -> list[int]:
         """Every epoch the log holds records for, ascending."""

@@ -125,9 +125,12 @@ def _blocked(
     if meter:
         meter.blocked(sink, epoch, True)
     nth = f" (refused attempt {attempt})" if attempt else ""
+    reason = err.message.rstrip(".")
+    if err.fix and err.fix not in reason:
+        reason += f". Fix: {err.fix}"
     err.message = (
         f"epoch {epoch} is BLOCKED{nth}: its decision stands, but the target refuses it "
-        f"for good, and no retry succeeds until the cause is fixed: {err.message}. Once "
+        f"for good, and no retry succeeds until the cause is fixed: {reason}. Once "
         "fixed, run `txsink recover` or restart the query: it commits the epoch. "
         "`txsink status` shows the epoch as blocked meanwhile"
     )

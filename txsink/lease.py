@@ -152,7 +152,7 @@ def _holder_dead(lease: DriverLease, host: str, me: str, pid: int) -> bool:
     driver process (an earlier coordinator of it: dropped, or rebuilt from a pickle)."""
     if lease.host != host:
         return False
-    if lease.started == me if lease.started else lease.pid == pid:
+    if lease.pid == pid and (not lease.started or lease.started == me):
         return True
     if not _alive(lease.pid):
         return True
@@ -423,8 +423,8 @@ class LeaseKeeper:
     def _why_free(self, lease: DriverLease, now: float) -> str:
         if now >= lease.expires_at():
             return f"expired {now - lease.expires_at():.0f}s ago"
-        if lease.started and lease.started == self._me:
-            return "an earlier coordinator of this process"
+        if lease.pid == self._pid and lease.host == self._host:
+            return "an earlier coordinator of this driver process"
         return "its process is gone"
 
     def _prune(self, newest: int) -> None:

@@ -43,6 +43,10 @@ def main() -> int:
     parser.add_argument("--modes", default=MODES)
     parser.add_argument("--timer", type=float, default=0.2, help="chance of a random-moment kill")
     parser.add_argument("--down", type=float, default=2.0)
+    parser.add_argument(
+        "--two-drivers", type=float, default=0.1, help="chance of a second-driver plan"
+    )
+    parser.add_argument("--poison", type=float, default=0.1, help="chance of a poison-record plan")
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args()
@@ -98,6 +102,8 @@ def main() -> int:
             timer_kills=args.timer,
             results=args.results,
             prune=True,
+            two_drivers=args.two_drivers,
+            poison=args.poison,
             on_plan=on_plan,
             on_progress=(lambda line: print(line, flush=True)) if args.verbose else None,
         )

@@ -57,6 +57,7 @@ def run_until_done(
     max_runs: int = 10,
     on_line: Callable[[str], None] | None = None,
     on_restart: Callable[[int, int], None] | None = None,
+    on_start: Callable[[subprocess.Popen[str]], None] | None = None,
     timeout: float = 900.0,
     say: Callable[[str], None] | None = None,
     label: str = "query run",
@@ -64,7 +65,8 @@ def run_until_done(
     """Run ``cmd`` until it exits 0, at most ``max_runs`` times.
 
     ``on_line`` receives every line the child prints (stdout and stderr merged);
-    ``on_restart(run, exit_code)`` is called before each restart. ``say``, when given,
+    ``on_restart(run, exit_code)`` is called before each restart; ``on_start(process)``
+    as each run's child has started. ``say``, when given,
     is told the run as a person reads it: each ``txsink:`` line of the child, indented,
     and before each restart one line naming why the run ended, e.g. ``query run 1 ended
     (killed by SIGKILL) after fault after_decision:kill-driver at epoch=0: killing the
@@ -85,6 +87,8 @@ def run_until_done(
         )
         if proc.stdout is None:  # pragma: no cover - PIPE was requested
             raise RuntimeError("subprocess has no stdout pipe")
+        if on_start is not None:
+            on_start(proc)
         # A watchdog, so a child that hangs silently is ended too.
         watchdog = threading.Timer(timeout, proc.kill)
         watchdog.start()

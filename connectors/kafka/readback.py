@@ -154,17 +154,23 @@ def read_records(
     return records
 
 
-def create_topic(bootstrap: str, topic: str, partitions: int = 2, timeout_s: float = 30.0) -> None:
-    """Create ``topic`` (replication 1) unless it exists, and wait until the brokers'
-    metadata lists it (the controller accepts a topic before every broker knows it, and a
-    sink's start-up check right after would find no such topic)."""
+def create_topic(
+    bootstrap: str,
+    topic: str,
+    partitions: int = 2,
+    timeout_s: float = 30.0,
+    config: Mapping[str, str] | None = None,
+) -> None:
+    """Create ``topic`` (replication 1, topic ``config``) unless it exists, and wait until
+    the brokers' metadata lists it (the controller accepts a topic before every broker
+    knows it, and a sink's start-up check right after would find no such topic)."""
     import time
 
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
     admin = admin_client(bootstrap)  # held until the answer: its futures die with it
-    future = admin.create_topics([NewTopic(topic, partitions, 1)])[topic]
+    future = admin.create_topics([NewTopic(topic, partitions, 1, config=dict(config or {}))])[topic]
     try:
         future.result(timeout=timeout_s)
     except KafkaException as err:

@@ -246,13 +246,18 @@ class KafkaTesting(ConnectorTesting):
     #: The WAL on S3 is WAL mode with its files elsewhere: a few cells by default.
     slow_variants: ClassVar[frozenset[str]] = frozenset({"wal-s3"})
     single_pass_variants: ClassVar[frozenset[str]] = frozenset({"direct"})
+    #: A topic that takes records of at most 64 KiB: a longer payload must be refused in
+    #: the pre-commit (the broker would refuse it at the commit, after the decision).
+    poison: ClassVar[tuple[Mapping[str, Any], int] | None] = ({"max_message_bytes": 65536}, 65536)
 
     @override
     def new_target(
         self, workdir: Path, tag: str, env: Mapping[str, str], **options: Any
     ) -> dict[str, Any]:
         topic = f"txsink-{tag}".replace("_", "-")
-        readback.create_topic(env[BOOTSTRAP], topic, partitions=3)
+        limit = options.get("max_message_bytes")
+        config = {"max.message.bytes": str(limit)} if limit else None
+        readback.create_topic(env[BOOTSTRAP], topic, partitions=3, config=config)
         wal = str(Path(workdir, f"kafka-wal-{tag}"))
         if options.get("wal_store") == "s3":
             if not env.get(S3_ENDPOINT):

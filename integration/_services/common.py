@@ -109,6 +109,32 @@ def ensure_dirs() -> None:
 
 
 @contextlib.contextmanager
+def cache_lock(what: str) -> Iterator[None]:
+    """Hold the user cache's lock for ``what`` (a build or a download) while it is made.
+
+    The cache is shared by every checkout and run on the machine (two suites at once, a
+    developer's terminal beside CI): two cold ``up`` runs must not build into the same
+    folders, and one must never delete the Go caches while the other still builds from
+    them. The second caller waits here, then finds the finished result and reuses it, so
+    every builder re-checks its result once it holds the lock.
+    """
+    folder = cache_dir() / "locks"
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / f"{what}.lock").open("a+") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def real_servers_required() -> bool:
+    """Under CI (``CI=true``) a real server that cannot start is an error, never a
+    silent fallback to a stand-in: a green run must have tested against the real thing."""
+    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
+
+
+@contextlib.contextmanager
 def locked() -> Iterator[None]:
     """Serialise ``up``/``down`` between concurrent callers (two terminals, xdist workers)."""
     ensure_dirs()
@@ -152,13 +178,16 @@ def free_port(host: str = LOOPBACK) -> int:
 
 
 def choose_port(default: int, previous: object, taken: set[int]) -> int:
-    """The documented default if free, else last run's port, else any free loopback port.
+    """Last run's port if free, else the documented default if free, else any free
+    loopback port.
 
+    Last run's first: a server restarted (``down`` then ``up``, or ``up`` after it died)
+    keeps its port, so clients, env files and proxies that still point at it stay valid.
     ``up`` prints the port whenever it is not the default.
     """
-    candidates = [default]
-    if isinstance(previous, int) and previous != default:
-        candidates.append(previous)
+    candidates = [previous] if isinstance(previous, int) else []
+    if default not in candidates:
+        candidates.append(default)
     for preferred in candidates:
         if preferred not in taken and port_is_free(preferred):
             taken.add(preferred)

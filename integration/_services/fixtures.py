@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
-from .common import quiet_logger, redact
+from .common import ServiceError, quiet_logger, real_servers_required, redact
 
 if TYPE_CHECKING:
     import psycopg
@@ -503,6 +503,11 @@ def resolve_s3(finalizers: list[Finalizer]) -> S3Service:
             endpoint=endpoint, access_key=access, secret_key=secret, server="minio", origin="docker"
         )
     env = _local("s3")
+    if env.get("TXSINK_S3_SERVER") == "moto" and real_servers_required():
+        raise ServiceError(
+            "the S3 server is moto, a stand-in: under CI=true the tests need MinIO "
+            "(run `integration/services down` and `up` again; see its build log)"
+        )
     return S3Service(
         endpoint=env["TXSINK_S3_ENDPOINT"],
         access_key=env["TXSINK_S3_ACCESS_KEY"],

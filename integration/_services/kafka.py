@@ -31,6 +31,7 @@ from .common import (
     StartReport,
     apt_install,
     cache_dir,
+    cache_lock,
     log,
     port_open,
     quiet_logger,
@@ -87,6 +88,13 @@ def ensure_jars(report: StartReport) -> Path:
     done = target.parent / ".complete"
     if done.exists() and any(target.glob("kafka_*.jar")):
         return target
+    with cache_lock("kafka-jars"):  # a second cold `up` waits, then finds the jars
+        if done.exists() and any(target.glob("kafka_*.jar")):
+            return target
+        return _fetch_jars(target, done, report)
+
+
+def _fetch_jars(target: Path, done: Path, report: StartReport) -> Path:
     if shutil.which("mvn") is None:
         apt_install("maven")
     t0 = time.monotonic()

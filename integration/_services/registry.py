@@ -32,6 +32,7 @@ from .common import (
     ServiceError,
     StartReport,
     cache_dir,
+    cache_lock,
     log,
     port_open,
 )
@@ -65,6 +66,13 @@ def build_registry(report: StartReport) -> Path:
     binary = registry_binary()
     if binary.exists():
         return binary
+    with cache_lock("schema-registry"):  # a second cold `up` waits, then finds the binary
+        if binary.exists():
+            return binary
+        return _build_registry(binary, report)
+
+
+def _build_registry(binary: Path, report: StartReport) -> Path:
     work = binary.parent.parent / "build"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)

@@ -4,16 +4,18 @@ Why MinIO first: moto answers some edge cases differently from real S3 (a second
 ``CompleteMultipartUpload`` succeeds, a complete after abort is HTTP 500), and the S3 sink's
 idempotent commit depends on exactly those answers. MinIO is built from source once
 (about 3 minutes cold on 2 cores) and the binary is cached; the Go build caches are deleted
-afterwards. If Go is missing or the build fails, we fall back to moto and say so.
+afterwards. If Go is missing or the build fails, we fall back to moto and say so, except
+under ``CI=true``, where that is an error: CI tests against the real server or fails.
 
-``TXSINK_S3_SERVER`` picks the server: ``auto`` (default: MinIO, else moto), ``minio``
-(fail if it cannot be built), ``moto``.
+``TXSINK_S3_SERVER`` picks the server: ``auto`` (default: MinIO, else moto; under CI
+MinIO only), ``minio`` (fail if it cannot be built), ``moto``.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import sys
 import urllib.request
 from pathlib import Path
@@ -27,8 +29,10 @@ from .common import (
     ServiceError,
     StartReport,
     cache_dir,
+    cache_lock,
     log,
     port_open,
+    real_servers_required,
 )
 from .gobuild import go_build
 
@@ -56,23 +60,32 @@ def build_minio(report: StartReport) -> Path:
     binary = minio_binary()
     if binary.exists():
         return binary
-    log(f"s3: building MinIO {MINIO_VERSION} with go install (a few minutes, once)")
-    built = go_build(
-        "MinIO",
-        ["install", "-trimpath", "-ldflags=-s -w", f"{MINIO_MODULE}@{MINIO_VERSION}"],
-        report=report,
-        go_cache=cache_dir() / "go",
-        timeout_var="TXSINK_MINIO_BUILD_TIMEOUT",
-        log_path=BUILD_LOG,
-        env={
-            "GOBIN": str(binary.parent),
-            "GOFLAGS": "-buildvcs=false -modcacherw",
-            "GOTOOLCHAIN": "local",
-        },
-    )
-    report.notes.append(f"MinIO built in {built:.0f}s")
-    if not binary.exists():
-        raise ServiceError(f"go install succeeded but {binary} is missing")
+    with cache_lock("minio"):  # a second cold `up` waits, then finds the binary
+        if binary.exists():
+            return binary
+        log(f"s3: building MinIO {MINIO_VERSION} with go install (a few minutes, once)")
+        staging = binary.parent.with_name("bin.partial")
+        shutil.rmtree(staging, ignore_errors=True)
+        built = go_build(
+            "MinIO",
+            ["install", "-trimpath", "-ldflags=-s -w", f"{MINIO_MODULE}@{MINIO_VERSION}"],
+            report=report,
+            go_cache=cache_dir() / "go",
+            timeout_var="TXSINK_MINIO_BUILD_TIMEOUT",
+            log_path=BUILD_LOG,
+            env={
+                "GOBIN": str(staging),
+                "GOFLAGS": "-buildvcs=false -modcacherw",
+                "GOTOOLCHAIN": "local",
+            },
+        )
+        if not (staging / "minio").exists():
+            raise ServiceError(f"go install succeeded but {staging / 'minio'} is missing")
+        # An interrupted build never leaves a binary that looks complete.
+        binary.parent.mkdir(parents=True, exist_ok=True)
+        (staging / "minio").replace(binary)
+        shutil.rmtree(staging, ignore_errors=True)
+        report.notes.append(f"MinIO built in {built:.0f}s")
     return binary
 
 
@@ -146,8 +159,9 @@ class S3(LocalService):
             try:
                 binary = build_minio(report)
             except ServiceError as exc:
-                if choice == "minio":
-                    raise
+                if choice == "minio" or real_servers_required():
+                    why = "under CI=true the real server is required" if choice != "minio" else ""
+                    raise ServiceError(f"{exc}{'; ' + why if why else ''}") from exc
                 log(f"s3: MinIO unavailable ({str(exc).splitlines()[0]}); falling back to moto")
                 report.notes.append("MinIO build failed, moto fallback")
                 server = "moto"

@@ -100,6 +100,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="chance that a plan also kills a server at a random moment (default 0)",
     )
     soak.add_argument(
+        "--two-drivers",
+        type=float,
+        default=0.0,
+        help="chance that a plan, instead of a fault, starts a second driver of the running "
+        "query: it must be refused, the first must finish undisturbed (default 0)",
+    )
+    soak.add_argument(
+        "--poison",
+        type=float,
+        default=0.0,
+        help="chance that a plan, instead of a fault, puts a record a target refuses into "
+        "one input epoch: refused before the decision, then fixed and resumed (default 0)",
+    )
+    soak.add_argument(
         "--results",
         type=Path,
         help="append each plan to this JSON-lines file and resume from it: plans already in "
@@ -301,6 +315,8 @@ def soak_command(args: argparse.Namespace) -> int:
         timer_kills=args.timer_kills,
         results=args.results,
         prune=args.prune,
+        two_drivers=args.two_drivers,
+        poison=args.poison,
     )
     print(result.table(), flush=True)
     if args.json:

@@ -56,6 +56,11 @@ class ConnectorTesting(abc.ABC):
     #: WAL on S3): the integration suite runs a few of their crash-matrix cells by default
     #: and the rest, with their kill-driver run, only with ``--run-slow``.
     slow_variants: ClassVar[frozenset[str]] = frozenset()
+    #: A poison row for the chaos toolkit (:mod:`txsink.testing.disturb`): options for
+    #: :meth:`new_target` under which the target refuses a row whose ``payload`` is longer
+    #: than the number given, deterministically (e.g. a topic's ``max.message.bytes``), so
+    #: the sink must refuse it before the decision. ``None``: nothing to poison.
+    poison: ClassVar[tuple[Mapping[str, Any], int] | None] = None
 
     def available(self, env: Mapping[str, str] | None = None) -> bool:
         """True when every :attr:`env_vars` is set (the server can be reached)."""

@@ -15,6 +15,11 @@ would. Afterwards:
 Given ``targets``, a :class:`~txsink.testing.targetcrash.TargetCrashes` serves the plan's
 ``kill-target`` faults (and ``kill_target_after``, a kill at a moment of the clock): the
 server dies, stays down ``down_s``, and every server is up again before the child restarts.
+
+A run may also carry a disturbance (:mod:`txsink.testing.disturb`): a second live driver
+of the same query (it must be refused, and the first must finish undisturbed), or a
+poison record in the input (its epoch must be refused before the decision; the run then
+fixes the input and restarts, as an operator would).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from txsink.faults import FaultPlan
+from txsink.testing.disturb import Disturbed, Poison, SecondDriver
 from txsink.testing.observer import Observer, Target
 from txsink.testing.plan import ChaosPlan
 from txsink.testing.tables import format_table
@@ -66,6 +72,12 @@ class ChaosReport:
     observed: list[str] = field(default_factory=list)
     #: Samples the readers took, per view (``observe=``).
     samples: dict[str, int] = field(default_factory=dict)
+    #: The run's disturbance (``second-driver@...``, ``poison=...``), if any.
+    disturbance: str = ""
+    #: What the disturbance showed (the second driver's ending, the poison's refusal).
+    disturbance_notes: list[str] = field(default_factory=list)
+    #: Where the disturbance was not handled as it must be; each counts as a violation.
+    disturbance_violations: list[str] = field(default_factory=list)
 
     @property
     def restarts(self) -> int:
@@ -75,6 +87,7 @@ class ChaosReport:
     def violations(self) -> int:
         """Sinks that fail the exactly-once check or could not be read, +1 if unfinished."""
         bad = sum(1 for v in self.verdicts.values() if not v.ok) + len(self.errors)
+        bad += len(self.disturbance_violations)
         return bad + len(self.observed) + (0 if self.finished else 1)
 
     @property
@@ -112,6 +125,15 @@ class ChaosReport:
             "target_kills": self.target_kills,
             "observed": self.observed,
             "samples": self.samples,
+            **(
+                {
+                    "disturbance": self.disturbance,
+                    "disturbance_notes": self.disturbance_notes,
+                    "disturbance_violations": self.disturbance_violations,
+                }
+                if self.disturbance
+                else {}
+            ),
         }
 
     def table(self) -> str:
@@ -125,6 +147,9 @@ class ChaosReport:
         )
         if self.target_kills:
             head += "\nservers killed: " + "; ".join(self.target_kills)
+        if self.disturbance:
+            head += f"\ndisturbance {self.disturbance}: " + "; ".join(self.disturbance_notes)
+        head += "".join(f"\n  VIOLATION: {v}" for v in self.disturbance_violations)
         if self.samples:
             head += "\nreaders during the run: " + ", ".join(
                 f"{name} {n} samples" for name, n in self.samples.items()
@@ -188,6 +213,8 @@ def run_chaos(
     kill_target_after: tuple[float, str | None] | None = None,
     observe: Sequence[Target] = (),
     expected_epochs: Mapping[int, Sequence[int]] | None = None,
+    disturbance: SecondDriver | Poison | None = None,
+    input_dir: str | os.PathLike[str] | None = None,
 ) -> ChaosReport:
     """Run ``pipeline`` under ``plan`` until it finishes (or ``max_runs``), then verify.
 
@@ -214,6 +241,8 @@ def run_chaos(
             :class:`~txsink.testing.observer.Observer`: all-or-nothing across targets,
             and the history checker of :mod:`txsink.testing.history`); needs
             ``expected_epochs`` (epoch -> its ids; :func:`~txsink.testing.input_epochs`).
+        disturbance: a second driver or a poison record (:mod:`txsink.testing.disturb`);
+            a poison is written into ``input_dir`` (default ``workdir/input``) first.
     """
     chaos = plan if isinstance(plan, ChaosPlan) else ChaosPlan.parse(plan)
     root = Path(workdir)
@@ -235,12 +264,21 @@ def run_chaos(
 
     log_location = os.fspath(log) if log is not None else str(root / "txlog")
     seen: set[int] = set()
+    disturbed = Disturbed(
+        disturbance,
+        command=command,
+        env={k: v for k, v in child_env.items() if k not in ("TXSINK_FAULT", "TXSINK_FAULT_STATE")},
+        input_dir=Path(input_dir) if input_dir is not None else root / "input",
+        timeout=timeout,
+        say=say,
+    )
 
     def on_line(line: str) -> None:
         told = _TOLD_COMMIT.match(line)
         if told:  # the child said it itself (txsink's default output)
             seen.add(int(told.group(1)))
         _report_commits(log_location, seen, say)
+        disturbed.on_line(line, seen)
 
     crashes = None if not targets else TargetCrashes(state, targets, down_s=down_s)
 
@@ -248,6 +286,7 @@ def run_chaos(
         _report_commits(log_location, seen, say)
         if crashes is not None:
             crashes.restore()  # the servers come back before the query does
+        disturbed.on_restart()
 
     if observe and expected_epochs is None:
         raise ValueError("run_chaos: observe= needs expected_epochs (epoch -> its ids)")
@@ -259,6 +298,7 @@ def run_chaos(
         crashes.start()
         if kill_target_after is not None:
             crashes.kill_after(*kill_target_after)
+    disturbed.start()
     try:
         runner = run_until_done(
             command,
@@ -266,6 +306,7 @@ def run_chaos(
             max_runs=max_runs,
             on_line=on_line,
             on_restart=on_restart,
+            on_start=disturbed.on_start,
             timeout=timeout,
             say=say,
             label="run",
@@ -274,7 +315,9 @@ def run_chaos(
         if crashes is not None:
             crashes.stop()
         watched = None if observer is None else observer.stop()
+        disturbed.stop()
     _report_commits(log_location, seen, say)
+    disturbed.judge(runner)
     fired = _fired(state)
     timed = [k.at for k in crashes.kills if k.cause.startswith("timer")] if crashes else []
     crash_times = sorted([t for _, t in fired] + timed)
@@ -310,6 +353,9 @@ def run_chaos(
         ],
         observed=[] if watched is None else list(watched.violations),
         samples={} if watched is None else dict(watched.samples),
+        disturbance="" if disturbance is None else str(disturbance),
+        disturbance_notes=disturbed.notes,
+        disturbance_violations=disturbed.violations,
     )
     say(
         f"chaos: {'ok' if report.ok else 'FAILED'}: {report.restarts} restart(s), "

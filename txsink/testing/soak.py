@@ -42,6 +42,7 @@ from txsink import registry
 from txsink.faults import CrashPoint, FaultMode
 from txsink.testing.adapter import adapter
 from txsink.testing.chaos import ChaosReport, run_chaos
+from txsink.testing.disturb import Poison, draw
 from txsink.testing.inputs import input_epochs, make_input
 from txsink.testing.plan import DEFAULT_MODES, DEFAULT_POINTS, ChaosPlan
 from txsink.testing.soaklog import done_indices, settings_line
@@ -147,6 +148,8 @@ def soak(
     results: str | os.PathLike[str] | None = None,
     prune: bool = False,
     observe: bool = True,
+    two_drivers: float = 0.0,
+    poison: float = 0.0,
 ) -> SoakResult:
     """Run ``plans`` random chaos plans; ``on_plan(index, report, result_so_far)`` after each.
 
@@ -162,6 +165,10 @@ def soak(
     passed (a long soak's disk), keep the failed ones. ``observe``: read every target
     concurrently during each plan and check the history those readers saw
     (:mod:`txsink.testing.history`); its violations count as the plan's.
+    ``two_drivers``, ``poison``: the chance that a plan is, instead of its faults, a second
+    live driver of the query or a poison record in its input (:mod:`txsink.testing.disturb`;
+    poison only with a connector whose adapter declares one). At 0 (the default) the soak
+    draws exactly the plans it drew before these existed.
     """
     if jobs < 1:
         raise ValueError(f"soak: jobs must be at least 1, not {jobs}")
@@ -195,7 +202,13 @@ def soak(
         probability=probability,
         targets=sorted(servers),
         timer_kills=timer_kills,
+        # Only when drawn: the settings (and so the resumable results) of older soaks stay.
+        **({"two_drivers": two_drivers} if two_drivers else {}),
+        **({"poison": poison} if poison else {}),
     )
+    poison_limits = {
+        name: found.poison[1] for name in chosen if (found := adapter(name)).poison is not None
+    }
     already = done_indices(results, settings) if results is not None else set()
     indices: list[int] = []
     candidate = 0
@@ -222,11 +235,28 @@ def soak(
             targets=sorted(servers),
         )
         timer = _draw_timer(plan_seeds[index], sorted(servers), timer_kills)
+        disturbance = draw(
+            plan_seeds[index],
+            epochs,
+            two_drivers=two_drivers,
+            poison=poison,
+            poison_limits=poison_limits,
+            rows_per_epoch=-(-rows // epochs),
+        )
+        if disturbance is not None:  # a disturbed plan carries no fault: one story per plan
+            plan, timer = ChaosPlan.none(), None
         folder = Path(workdir, f"plan-{index:04d}").resolve()
         shutil.rmtree(folder, ignore_errors=True)  # an interrupted run's, not in results
         folder.mkdir(parents=True)
         make_input(folder / "input", rows, epochs)
         variants = _draw_variants(chosen, plan_seeds[index])
+        if isinstance(disturbance, Poison):
+            found = adapter(disturbance.connector).poison
+            if found is not None:
+                variants[disturbance.connector] = {
+                    **variants.get(disturbance.connector, {}),
+                    **found[0],
+                }
         made = new_targets(
             chosen, folder, tag=f"chaos_{seed}_{index}", env=source, options=variants
         )
@@ -250,6 +280,8 @@ def soak(
             kill_target_after=timer,
             observe=[v for t in made for v in t.observer_targets()] if observe else (),
             expected_epochs=input_epochs(folder / "input") if observe else None,
+            disturbance=disturbance,
+            input_dir=folder / "input",
         )
         with lock:
             done[index] = report

@@ -94,6 +94,11 @@ def summary(path: str | os.PathLike[str]) -> str:
         for f in (r.get("plan") or "").split(","):
             if f:
                 modes[_mode_of(f)] += 1
+        disturbance = str(r.get("disturbance") or "")
+        if disturbance:  # `second-driver@0+1.5s`, `poison=kafka@1#3:131072B`: a row each
+            kind = disturbance.split("@", 1)[0].split("=", 1)[0]
+            modes[kind] += 1
+            drawn.add(kind)
         for mode in drawn:
             failed[mode] += 0 if r.get("ok") else 1
     out += [f"| `{m}` | {n} | {failed[m]} |" for m, n in sorted(modes.items())]

@@ -238,3 +238,40 @@ def test_a_blocked_epoch_is_recorded_shown_and_finished_by_recover(
         for b in bs
         for i in range(b.num_rows)
     )
+
+
+def test_a_lease_held_before_the_query_starts_refuses_a_second_driver_first(
+    tmp_path: Path,
+) -> None:
+    """``hold_lease()`` before ``writeStream...start()``: the second coordinator is refused
+    before any epoch (so before its Spark query reads or writes the checkpoint), the first
+    runs its epochs under the same lease, and ``close()`` frees it."""
+    target = MemTarget()
+    first = _coordinator(tmp_path, MemSink("s", target, Crasher()))
+    held = first.hold_lease()
+    assert held.pid == os.getpid() and not held.released
+    other_host = LeaseKeeper(open_log(tmp_path / "log"), 60.0, host="another-host")
+    with pytest.raises(DriverLeaseError, match="Nothing was voided or aborted"):
+        other_host.hold()
+    first.run_epoch(0, memory_precommit(batches_for(0, 2, 2)), app_id=APP)
+    lease = current_lease(open_log(tmp_path / "log"))
+    assert lease is not None and lease.run_id == held.run_id, "one lease, from before the start"
+    assert first.hold_lease().run_id == held.run_id  # held again: renewed, not re-acquired
+    first.close()
+    lease = current_lease(open_log(tmp_path / "log"))
+    assert lease is not None and lease.released
+    assert other_host.hold().host == "another-host"
+
+
+def test_lengthen_takes_effect_at_the_next_renewal(tmp_path: Path) -> None:
+    """A lease held before the trigger interval was known grows to the query's default."""
+    log, clock = open_log(tmp_path), Clock()
+    keeper = _keeper(log, clock, "host-a", lease_s=60)
+    keeper.hold()
+    keeper.lengthen(300)
+    keeper.lengthen(10)  # never shortened
+    renewed = keeper.hold()  # due at once: the record says 60, the keeper 300
+    assert renewed.lease_s == 300 and renewed.generation == 1
+    clock.now += 200  # past the old 60 s, inside the new 300 s
+    with pytest.raises(DriverLeaseError, match="lease_s=300"):
+        _keeper(log, clock, "host-b").hold()

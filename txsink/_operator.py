@@ -19,7 +19,7 @@ from txsink._logging import EpochLogger
 from txsink._precheck import CheckResult
 from txsink._remote import arrived_state, portable_state
 from txsink.contract import SinkContract
-from txsink.lease import DEFAULT_LEASE_S, LeaseKeeper, default_lease_s
+from txsink.lease import DEFAULT_LEASE_S, DriverLease, LeaseKeeper, default_lease_s
 from txsink.log import LogStore, TxLog
 from txsink.recovery import Recovery, RecoveryAction
 
@@ -184,11 +184,37 @@ class OperatorMixin:
 
     # -- the driver lease ---------------------------------------------------------------
 
+    @final
+    def hold_lease(self) -> DriverLease:
+        """Take this driver's lease on the query now: call it before
+        ``writeStream...start()``.
+
+        Spark writes its checkpoint (``offsets/<n>``) before ``foreachBatch`` runs, so a
+        second driver that only learns of the first inside its first epoch has already
+        raced it there, and Spark may fail *either* query with
+        ``CONCURRENT_STREAM_LOG_UPDATE``. Held before ``start()``, the lease refuses the
+        second driver (:class:`~txsink.errors.DriverLeaseError`) before its query reads or
+        writes the checkpoint, and the first runs on undisturbed.
+
+        The lease is renewed from a daemon thread from now on (the query's epochs take it
+        over once it runs) and released by :meth:`close`, when the query stops, or when
+        the process exits. Renews it if this coordinator already holds it; raises
+        :class:`~txsink.errors.FencedError` if it was taken over since. Classic PySpark
+        only: under Spark Connect the epochs run in another process, which takes the lease
+        at its first epoch (docs/operations.md#the-driver-lease).
+        """
+        lease = self._keeper()
+        held = lease.hold()
+        lease.keep_alive(_until_the_query_runs)
+        return held
+
     def _start_lease(self, df: DataFrame, query_id: str) -> None:
         """A new query run: the lease's length from its trigger, renewed from a thread
         while the query is active (between epochs too: a long trigger interval)."""
         trigger = _spark.trigger_interval_s(df, query_id)
         lease = self._keeper(trigger)
+        if self.lease_s is None:  # held before start(), when the trigger was unknown
+            lease.lengthen(default_lease_s(trigger))
         active = _spark.query_active_probe(df, query_id)
         if active is not None:  # under Spark Connect: renewed at each epoch only
             lease.keep_alive(active)
@@ -223,3 +249,9 @@ class OperatorMixin:
         if meta is None:
             raise _precheck.empty_log_error(self.log.location)
         return str(meta["app_id"])
+
+
+def _until_the_query_runs() -> bool:
+    """The renewal probe of a lease held before the query started: renew until the first
+    epoch replaces it with the query's own probe (or :meth:`OperatorMixin.close`)."""
+    return True

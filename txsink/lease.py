@@ -326,6 +326,12 @@ class LeaseKeeper:
             )
             self._thread.start()
 
+    def lengthen(self, lease_s: float) -> None:
+        """Make the lease at least ``lease_s`` long from its next renewal on (a lease held
+        before the query started, whose trigger interval was not known yet)."""
+        with self._lock:
+            self.lease_s = max(self.lease_s, float(lease_s))
+
     def release(self) -> None:
         """Stop renewing and mark the lease free (a clean stop: the next driver takes
         over at once). A lease another driver took over is left alone."""
@@ -384,9 +390,9 @@ class LeaseKeeper:
         gens = _generations(self.log)
         if gens and gens[-1] != held.generation:
             return self._lose(gens[-1])
-        if due_only and now - held.renewed_at < self.lease_s / 4:
+        if due_only and now - held.renewed_at < self.lease_s / 4 and held.lease_s == self.lease_s:
             return held
-        nxt = replace(held, generation=held.generation + 1, renewed_at=now)
+        nxt = replace(held, generation=held.generation + 1, renewed_at=now, lease_s=self.lease_s)
         if not self.log.store.create(_key(nxt.generation), dumps_record(nxt.to_doc())):
             return self._lose(nxt.generation)
         self._held = nxt

@@ -9,12 +9,18 @@ not with txsink.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +32,13 @@ from tests.memsink import memory_precommit
 from txsink import Coordinator
 from txsink.errors import InjectedFault
 from txsink.faults import FaultPlan
+from txsink.lease import current_lease, live_holder
 from txsink.log import open_log
+from txsink.runner import FAILED_LINE
+from txsink.testing.hooks import PointHooks
+from txsink.testing.inputs import append_input, make_input
+from txsink.testing.targets import RunTarget, child_env, new_targets
+from txsink.testing.verifiers import verify
 from txsink.verify import count_ids
 
 pytestmark = [pytest.mark.kafka]
@@ -147,3 +159,205 @@ def test_a_topic_limit_lowered_after_the_decision_blocks_the_epoch_until_fixed(
     assert not os.listdir(tmp_path / "wal") or all(
         not files for _, _, files in os.walk(tmp_path / "wal")
     )
+
+
+# -- two live drivers (the driver lease) ---------------------------------------------------
+#
+# Each driver is a real process (``python -m txsink.runner
+# txsink.testing.pipelines:run_stream``), one query run, no restart, files + Postgres +
+# Kafka (WAL mode) + S3 behind one Coordinator. Each target is read back by its testing
+# adapter's verifier (psycopg, a read_committed consumer, boto3, the files themselves),
+# which also counts what lingers (prepared transactions, open Kafka transactions and WAL
+# segments, open multipart uploads, staged files).
+
+CONNECTORS = ("files", "postgres", "kafka", "s3")
+
+
+class Driver:
+    """One driver process of the pipeline; its merged output collected by a thread."""
+
+    def __init__(self, args: dict[str, Any], env: dict[str, str]) -> None:
+        cmd = [sys.executable, "-m", "txsink.runner", "txsink.testing.pipelines:run_stream"]
+        self.proc = subprocess.Popen(
+            [*cmd, json.dumps(args)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+        )
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout or ():
+            self.lines.append(line.rstrip("\n"))
+
+    def wait(self, timeout: float = 600) -> int:
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.end()
+            raise
+        self._reader.join(30)
+        return code
+
+    def end(self) -> None:
+        """However the test went: never leave a driver running (or stopped)."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, signal.SIGCONT)
+            self.proc.kill()
+            self.proc.wait()
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def failure(self) -> str:
+        return next((ln for ln in reversed(self.lines) if ln.startswith(FAILED_LINE)), "")
+
+    def committed(self) -> list[int]:
+        return [int(m) for ln in self.lines for m in re.findall(r" epoch (\d+)\] committed", ln)]
+
+
+@pytest.fixture
+def drivers() -> Iterator[list[Driver]]:
+    started: list[Driver] = []
+    yield started
+    for driver in started:
+        driver.end()
+
+
+def _targets(tmp_path: Path, rows: int, files: int) -> tuple[list[RunTarget], dict[str, Any]]:
+    """Fresh targets, the input's first ``files`` files, and the pipeline's arguments."""
+    make_input(tmp_path / "input", rows, files)
+    made = new_targets(list(CONNECTORS), tmp_path, tag="lease")
+    args = {
+        "workdir": str(tmp_path),
+        "sinks": [t.spec for t in made],
+        "log": str(tmp_path / "txlog"),
+    }
+    return made, args
+
+
+def _exactly_once(made: list[RunTarget], rows: int, log: str) -> None:
+    for target in made:
+        verdict = verify(target.verifier(range(rows), log=log))
+        assert verdict.duplicates == 0 and verdict.missing == 0, (target.connector, verdict)
+        assert verdict.unexpected == 0 and verdict.lingering == 0, (target.connector, verdict)
+
+
+@pytest.fixture
+def cleanup() -> Iterator[list[RunTarget]]:
+    made: list[RunTarget] = []
+    yield made
+    for target in made:
+        with contextlib.suppress(Exception):
+            target.adapter.drop_target(target.spec, target.env)
+
+
+@pytest.mark.chaos
+@pytest.mark.postgres
+@pytest.mark.s3
+def test_two_drivers_restarted_together_one_is_refused_before_touching_anything(
+    kafka: Any,
+    postgres: Any,
+    s3: Any,
+    tmp_path: Path,
+    drivers: list[Driver],
+    cleanup: list[RunTarget],
+) -> None:
+    """A query that ran before (its checkpoint exists) is started twice at once, as a
+    supervisor restarting it while an operator does the same.
+
+    Without a lease held before ``start()``, both Spark queries read the checkpoint and
+    race to write ``offsets/<n>``: Spark fails one with ``CONCURRENT_STREAM_LOG_UPDATE``,
+    and the other one later, in the middle of its run (seen: both ended). With it, the
+    second is refused by ``DriverLeaseError`` before its Spark session exists."""
+    made, args = _targets(tmp_path, 100, 1)
+    cleanup += made
+    env = {**os.environ, **child_env(made)}
+    first_run = Driver(args, env)
+    assert first_run.wait() == 0, first_run.output
+    append_input(tmp_path / "input", 100, 400, 1, 4)  # four more epochs to write
+
+    pair = [Driver(args, env), Driver(args, env)]
+    drivers += pair
+    codes = [d.wait() for d in pair]
+    assert sorted(codes) == [0, 1], [d.output[-3000:] for d in pair]
+    winner, refused = (pair[0], pair[1]) if codes[0] == 0 else (pair[1], pair[0])
+
+    # The second: refused by the lease, before its Spark query existed, having done nothing.
+    said = refused.failure()
+    assert "DriverLeaseError" in said and "is running this query" in said, refused.output[-3000:]
+    assert "Nothing was voided or aborted" in said, said
+    assert refused.committed() == [], refused.output[-3000:]
+    assert "CONCURRENT_STREAM_LOG_UPDATE" not in refused.output
+    assert "Concurrent update to the log" not in refused.output
+    # The first: undisturbed, every epoch in its one run, nothing of its own aborted.
+    assert winner.committed() == [1, 2, 3, 4], winner.output[-3000:]
+    assert not winner.failure() and "aborted" not in winner.output, winner.output[-3000:]
+    # No void, one round per epoch, everything committed.
+    states = open_log(tmp_path / "txlog").states()
+    assert [(s.epoch, s.rounds, s.voided, s.status) for s in states] == [
+        (e, (0,), (), "committed") for e in range(5)
+    ]
+    _exactly_once(made, 500, args["log"])
+
+
+@pytest.mark.chaos
+@pytest.mark.postgres
+@pytest.mark.s3
+def test_a_driver_frozen_past_its_lease_is_taken_over_and_fenced(
+    kafka: Any,
+    postgres: Any,
+    s3: Any,
+    tmp_path: Path,
+    drivers: list[Driver],
+    cleanup: list[RunTarget],
+) -> None:
+    """The first driver's Python process is frozen (SIGSTOP) at epoch 1, every task's
+    transaction prepared and not yet decided, for longer than its lease (``lease_s=5``).
+    A second driver takes the lease over, voids and aborts the frozen one's round, and
+    runs the query to its end. Resumed (SIGCONT), the first is fenced: ``FencedError``,
+    nothing decided by it. Every target holds every row once, nothing lingers."""
+    made, args = _targets(tmp_path, 300, 3)
+    cleanup += made
+    env = {**os.environ, **child_env(made)}
+    hooks = PointHooks(tmp_path / "hooks")
+    first_holder: list[Driver] = []
+
+    def freeze() -> None:
+        os.kill(first_holder[0].proc.pid, signal.SIGSTOP)
+
+    hooks.at("before_decision", freeze, epoch=1)
+    log = open_log(tmp_path / "txlog")
+    with hooks:
+        first = Driver({**args, "lease_s": 5, "hooks": hooks.spec()}, env)
+        first_holder.append(first)
+        drivers.append(first)
+        while not hooks.fired:  # frozen at epoch 1's decision
+            assert first.proc.poll() is None, first.output[-3000:]
+            time.sleep(0.2)
+    held = current_lease(log)
+    assert held is not None and held.pid == first.proc.pid and held.lease_s == 5
+    while live_holder(log) is not None:  # its lease expires (it renews no more)
+        time.sleep(0.5)
+
+    second = Driver({**args, "lease_s": 5}, env)
+    drivers.append(second)
+    assert second.wait() == 0, second.output[-3000:]
+    assert "took over the driver lease" in second.output, second.output[-3000:]
+    assert second.committed() == [1, 2], second.output[-3000:]
+
+    os.kill(first.proc.pid, signal.SIGCONT)
+    assert first.wait() == 1, first.output[-3000:]
+    said = first.failure()
+    assert "FencedError" in said, first.output[-3000:]
+    assert first.committed() == [0], first.output[-3000:]
+
+    state = log.state(1)
+    assert state.status == "committed" and state.voided == (0,) and state.rounds == (0, 1)
+    _exactly_once(made, 300, args["log"])

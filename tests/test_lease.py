@@ -275,3 +275,55 @@ def test_lengthen_takes_effect_at_the_next_renewal(tmp_path: Path) -> None:
     clock.now += 200  # past the old 60 s, inside the new 300 s
     with pytest.raises(DriverLeaseError, match="lease_s=300"):
         _keeper(log, clock, "host-b").hold()
+
+
+@pytest.mark.spark
+def test_a_running_query_keeps_its_lease_between_epochs_and_frees_it_when_stopped(
+    spark: Any, tmp_path: Path
+) -> None:
+    """The renewal thread watches the query through the registry every clone of the
+    session shares: inside ``foreachBatch`` ``df.sparkSession`` is the stream's clone, whose
+    ``streams`` knows no query, and a watch through it took the running query for stopped
+    and *released* the lease after its first epoch (a second driver then took over)."""
+    from txsink.connectors.files import FilesSink
+
+    log_path = tmp_path / "log"
+    coord = Coordinator(
+        [FilesSink(str(tmp_path / "out"), uid="rate", format="jsonl")],
+        log=log_path,
+        lease_s=0.8,  # renewed every 0.2 s
+        faults=None,
+    )
+    coord.hold_lease()
+    query = (
+        spark.readStream.format("rate")
+        .option("rowsPerSecond", 20)
+        .load()
+        .writeStream.foreachBatch(coord)
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(processingTime="2 seconds")  # idle between epochs, longer than the lease
+        .start()
+    )
+    try:
+        log = open_log(log_path)
+        while (log.last_committed() or 0) < 1:  # two epochs, the idle time between them
+            assert query.isActive, query.exception()
+            query.awaitTermination(0.2)
+        seen = []
+        for _ in range(10):
+            lease = current_lease(log)
+            assert lease is not None and not lease.released, lease
+            seen.append(lease.generation)
+            query.awaitTermination(0.3)
+        assert seen == sorted(seen) and seen[-1] > seen[0], "renewed while the query runs"
+        with pytest.raises(DriverLeaseError):
+            LeaseKeeper(log, 60.0, host="another-host").hold()
+    finally:
+        query.stop()
+    for _ in range(50):  # the thread sees the query stopped within a tick or two
+        lease = current_lease(open_log(log_path))
+        if lease is not None and lease.released:
+            break
+        query.awaitTermination(0.2)
+    assert lease is not None and lease.released, lease
+    coord.close()

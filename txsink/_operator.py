@@ -216,8 +216,11 @@ class OperatorMixin:
         if self.lease_s is None:  # held before start(), when the trigger was unknown
             lease.lengthen(default_lease_s(trigger))
         active = _spark.query_active_probe(df, query_id)
-        if active is not None:  # under Spark Connect: renewed at each epoch only
+        if active is not None:
             lease.keep_alive(active)
+        elif not _spark.is_connect(df):  # the query can't be watched: while the process lives
+            lease.keep_alive(_until_the_query_runs)
+        # Under Spark Connect this process is the server's worker: renewed at each epoch.
 
     def _keeper(self, trigger_s: float | None = None) -> LeaseKeeper:
         """This driver's lease keeper (made at first use: a coordinator that travelled to

@@ -228,17 +228,30 @@ def check_query_mode(df: DataFrame, query_id: str) -> None:
             )
 
 
+def _running_query(df: DataFrame, query_id: str) -> Any:
+    """The JVM's running query ``query_id`` (its ``StreamExecution``), ``None`` once stopped.
+
+    Inside ``foreachBatch``, ``df.sparkSession`` is the stream's own *clone* of the user's
+    session, whose ``streams`` lists no query at all; the registry every clone shares
+    (``SharedState.activeStreamingQueries``, Spark's own guard against two runs of one
+    query in an application) has it. Raises on a Spark without it."""
+    jvm = df.sparkSession._jvm
+    if jvm is None:
+        raise RuntimeError("no JVM behind this session")
+    shared = df.sparkSession._jsparkSession.sharedState()
+    return shared.activeStreamingQueries().get(jvm.java.util.UUID.fromString(query_id))
+
+
 def trigger_interval_s(df: DataFrame, query_id: str) -> float | None:
-    """The streaming query's processing-time trigger interval in seconds (classic PySpark,
-    through the query object); ``None`` when unknown (Spark Connect, another trigger)."""
+    """The streaming query's processing-time trigger interval in seconds (classic PySpark);
+    ``None`` when unknown (Spark Connect, another trigger, another Spark's internals)."""
     if is_connect(df):
         return None
     try:
-        for jq in df.sparkSession._jsparkSession.streams().active():
-            if jq.id().toString() == query_id:
-                trigger = jq.streamingQuery().trigger()
-                if trigger.getClass().getSimpleName() == "ProcessingTimeTrigger":
-                    return float(trigger.intervalMs()) / 1000.0
+        query = _running_query(df, query_id)
+        trigger = query.trigger() if query is not None else None
+        if trigger is not None and trigger.getClass().getSimpleName() == "ProcessingTimeTrigger":
+            return float(trigger.intervalMs()) / 1000.0
     except Exception:  # another Spark's internals: the default lease then
         return None
     return None
@@ -246,14 +259,19 @@ def trigger_interval_s(df: DataFrame, query_id: str) -> float | None:
 
 def query_active_probe(df: DataFrame, query_id: str) -> Callable[[], bool | None] | None:
     """A call saying whether the streaming query ``query_id`` still runs (``None`` once it
-    stopped), for the driver lease's renewal thread; ``None`` under Spark Connect."""
+    stopped), for the driver lease's renewal thread; ``None`` where it cannot be told
+    (Spark Connect, another Spark's internals): the lease is then renewed while the
+    process lives."""
     if is_connect(df):
         return None
-    streams = df.sparkSession.streams
+    try:
+        _running_query(df, query_id)
+    except Exception:
+        return None
 
     def active() -> bool | None:
-        query = streams.get(query_id)
-        return True if query is not None and query.isActive else None
+        query = _running_query(df, query_id)
+        return True if query is not None and query.isActive() else None
 
     return active
 

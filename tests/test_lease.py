@@ -327,3 +327,45 @@ def test_a_running_query_keeps_its_lease_between_epochs_and_frees_it_when_stoppe
         query.awaitTermination(0.2)
     assert lease is not None and lease.released, lease
     coord.close()
+
+
+class _Msg:
+    """What a delivery callback gets for a refused record (confluent-kafka's Message)."""
+
+    def key(self) -> bytes:
+        return b"k150"
+
+    def value(self) -> bytes:
+        return b"x" * 60_000
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        return []
+
+    def topic(self) -> str:
+        return "orders"
+
+    def partition(self) -> int:
+        return 1
+
+
+def test_direct_mode_keeps_the_refused_record_so_a_refusal_blocks_naming_it() -> None:
+    """Direct mode's delivery callback keeps the record's code and key (as WAL and replay
+    mode do): a commit that fails after the decision with an unclassified code is still
+    recognised as blocked by the refused record's own code, and names the record."""
+    from confluent_kafka import KafkaError
+
+    from txsink.connectors.kafka import direct
+    from txsink.connectors.kafka.clients import KafkaSettings
+    from txsink.connectors.kafka.errors import FailedDelivery, commit_error
+
+    errors: list[Any] = []
+    direct._on_failed_delivery(errors, KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), _Msg())
+    direct._on_failed_delivery(errors, KafkaError(KafkaError._MSG_TIMED_OUT), _Msg())
+    assert len(errors) == 1 and isinstance(errors[0], FailedDelivery)
+    assert errors[0].key == b"k150" and errors[0].name == "MSG_SIZE_TOO_LARGE"
+    settings = KafkaSettings("b:9092", "orders", "txsink", "markers", 2, 30.0)
+    err = commit_error(
+        KafkaError(KafkaError._INVALID_ARG), settings, epoch=9, shard=1, delivery=errors
+    )
+    assert isinstance(err, EpochBlockedError), err
+    assert "key b'k150'" in str(err) and "max.message.bytes" in err.fix

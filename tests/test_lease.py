@@ -370,3 +370,23 @@ def test_direct_mode_keeps_the_refused_record_so_a_refusal_blocks_naming_it() ->
     )
     assert isinstance(err, EpochBlockedError), err
     assert "key b'k150'" in str(err) and "max.message.bytes" in err.fix
+
+
+def test_a_coordinator_rebuilt_in_the_same_process_shares_the_lease_without_fencing(
+    tmp_path: Path,
+) -> None:
+    """Two keepers of one driver process (a pipeline built again in the driver): the later
+    takes the lease over at once, and the earlier, used again, takes it back; neither is a
+    zombie. A keeper of another process stays refused, and fenced once it is taken over."""
+    log, clock = open_log(tmp_path), Clock()
+    first, again = LeaseKeeper(log, 60.0, clock=clock), LeaseKeeper(log, 60.0, clock=clock)
+    first.hold()
+    assert again.hold().run_id == again.run_id
+    assert first.hold().run_id == first.run_id  # back, no FencedError
+    assert again.hold().run_id == again.run_id
+    with pytest.raises(DriverLeaseError):
+        _keeper(log, clock, "host-b").hold()
+    clock.now += 61
+    _keeper(log, clock, "host-b").hold()
+    with pytest.raises(FencedError):
+        first.hold()

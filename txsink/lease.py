@@ -34,7 +34,9 @@ hung but alive keeps it: stop (kill) it, and a driver on the same host takes ove
 once. Failure scenarios, each pinned by a test (tests/test_lease.py, integration
 test_lease.py):
 
-1. two drivers start together: the second refuses before voiding anything;
+1. two drivers start together: the second refuses before voiding anything (before its
+   query touches Spark's checkpoint when the lease is held before ``start()``:
+   ``Coordinator.hold_lease``; Spark's own race for the checkpoint otherwise);
 2. the holder was SIGKILLed, restarted on the same host: taken over at once;
 3. the holder froze (SIGSTOP) past ``lease_s``: taken over; resumed, it gets FencedError;
 4. the holder stopped cleanly: released, taken over at once;
@@ -47,6 +49,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
+import logging
 import os
 import socket
 import threading
@@ -374,7 +377,8 @@ class LeaseKeeper:
                 _KEEPERS.add(self)
                 self._prune(mine.generation)
                 if cur is not None and not cur.released and cur.run_id != self.run_id:
-                    self._log.warning(
+                    self._log.log(
+                        logging.INFO if self._same_process(cur) else logging.WARNING,
                         "took over the driver lease of %s (%s)",
                         cur.describe(),
                         "broken by hand" if force else self._why_free(cur, now),
@@ -389,21 +393,33 @@ class LeaseKeeper:
         now = self._clock()
         gens = _generations(self.log)
         if gens and gens[-1] != held.generation:
-            return self._lose(gens[-1])
+            return self._lose(gens[-1], take_back=due_only)
         if due_only and now - held.renewed_at < self.lease_s / 4 and held.lease_s == self.lease_s:
             return held
         nxt = replace(held, generation=held.generation + 1, renewed_at=now, lease_s=self.lease_s)
         if not self.log.store.create(_key(nxt.generation), dumps_record(nxt.to_doc())):
-            return self._lose(nxt.generation)
+            return self._lose(nxt.generation, take_back=due_only)
         self._held = nxt
         self._prune(nxt.generation)
         return nxt
 
-    def _lose(self, generation: int) -> DriverLease:
+    def _lose(self, generation: int, *, take_back: bool) -> DriverLease:
         raw = self.log.store.read(_key(generation))
         other = _parse(self.log, _key(generation), raw) if raw is not None else None
         if other is None or other.run_id == self.run_id:  # cannot happen: one writer per run
             raise LogError(f"the driver lease at {self.log.location} changed under its holder")
+        if self._same_process(other):
+            # Another coordinator of this very driver process took it (a pipeline built
+            # again in the driver): this one is no zombie. Used again, it takes the lease
+            # back; its renewal thread leaves it to the other meanwhile.
+            self._held = None
+            _KEEPERS.discard(self)
+            if not take_back:
+                return other
+            mine = self._acquire(False)
+            if self._thread is not None and not self._thread.is_alive():
+                self.keep_alive(self._active)
+            return mine
         self._lost, self._held = other, None
         _KEEPERS.discard(self)
         self._stop.set()
@@ -416,6 +432,13 @@ class LeaseKeeper:
             "driver was taken for dead (frozen or cut off for longer than its lease, "
             f"lease_s={self.lease_s:g}). It stops here; the other driver runs the query",
             phase="lease",
+        )
+
+    def _same_process(self, lease: DriverLease) -> bool:
+        return (
+            lease.host == self._host
+            and lease.pid == self._pid
+            and (not lease.started or lease.started == self._me)
         )
 
     def _free(self, lease: DriverLease, now: float) -> bool:
@@ -455,6 +478,8 @@ class LeaseKeeper:
                     if self._held is None:
                         return
                     self._renew(due_only=False)
+                    if self._held is None:  # yielded to a keeper of this same process
+                        return
             except FencedError:
                 return  # lost: hold() says so on the driver's next epoch
             except Exception as err:  # a store hiccup: the next tick tries again

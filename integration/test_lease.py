@@ -1,6 +1,7 @@
 """Issue 34, points 2 and 3, on the real servers: a decided epoch the broker refuses for
 good is *blocked* (shown, fixed, finished by ``txsink recover`` exactly once), and
-the driver lease (two live drivers on one log).
+the driver lease: two live drivers restarted together (one refused before it touches
+anything, the other undisturbed), and a driver frozen past its lease (taken over, fenced).
 
 Read back with a confluent-kafka ``read_committed`` consumer (integration/readback.py),
 not with txsink.

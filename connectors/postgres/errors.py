@@ -9,6 +9,9 @@ psycopg errors are mapped by SQLSTATE class, never by message text::
     08, 53, 57, 40001, 40P01,
     55P03                     connection, resources, operator, serialization, deadlock,
                               lock timeout -> RetryableError (Spark may retry the task)
+    42501, 28000, 28P01       at commit (a decided epoch): a privilege or login revoked
+                              after the decision -> EpochBlockedError (grant it back, then
+                              ``txsink recover``)
     anything else             TxsinkError
 
 At the start-up check (:func:`check_error`) every failure is a ConfigurationError with
@@ -25,7 +28,13 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from txsink.errors import ConfigurationError, RetryableError, TxsinkError, WriteError
+from txsink.errors import (
+    ConfigurationError,
+    EpochBlockedError,
+    RetryableError,
+    TxsinkError,
+    WriteError,
+)
 from txsink.txid import TxnId
 
 __all__ = ["check_error", "connect_error", "copy_position", "map_error", "redact_dsn"]
@@ -33,6 +42,9 @@ __all__ = ["check_error", "connect_error", "copy_position", "map_error", "redact
 # In a binary COPY: protocol violation (a value of the wrong length), datatype mismatch
 # (an array's element type): the data, not the connection.
 _WIRE_MISMATCH = ("08P01", "42804")
+# Refused for good at commit until an operator grants it back: insufficient privilege,
+# invalid authorization, invalid password.
+_REVOKED = ("42501", "28000", "28P01")
 # COPY's context line (the last one: a value's own parser may add lines before it, e.g.
 # "JSON data, line 1: ..."): "COPY t, line 3, column key: "value"" or, binary, no value.
 _COPY_AT = re.compile(r"^COPY .*, line (\d+)(?:, column ([^:\n]+?))?(?::.*)?$", re.MULTILINE)
@@ -99,6 +111,18 @@ def map_error(
             "committed",
             row=row,
             column=copy_column,
+            **ctx,
+        )
+    if phase in ("commit", "recover") and state in _REVOKED:
+        fix = (
+            f"grant the sink's PostgreSQL role back what it had at the start (LOGIN, and "
+            f"the privileges on {table} and its progress table; COMMIT PREPARED needs the "
+            "role that prepared the transaction, or a superuser)"
+        )
+        return EpochBlockedError(
+            f"PostgreSQL refuses to commit the decided transaction {txn} (SQLSTATE {state}): "
+            f"{summary}; a retry fails the same way until an operator acts. Fix: {fix}",
+            fix=fix,
             **ctx,
         )
     lost = isinstance(err, psycopg.OperationalError) and not state  # no session: no SQLSTATE

@@ -99,7 +99,18 @@ def cross_single_pass(request: pytest.FixtureRequest, tmp_path: Path) -> Iterato
 
 
 def _run_driver_b(cross: Cross, partitions: int = 2) -> subprocess.CompletedProcess[str]:
-    """Driver B: the same query (checkpoint, log, sinks) in a new process, to its end."""
+    """Driver B: the same query (checkpoint, log, sinks) in a new process, to its end.
+
+    The supervisor believes A dead, so it breaks A's driver lease first, as
+    ``txsink recover --break-lease`` does (A lives on in this process and renews it: B
+    would refuse to start otherwise, which is the lease's job); A's next renewal finds the
+    lease lost."""
+    from txsink.lease import LeaseKeeper
+    from txsink.log import open_log
+
+    breaker = LeaseKeeper(open_log(cross.log), 60.0, by="operator")
+    breaker.hold(force=True)
+    breaker.release()
     args = {"workdir": str(cross.tmp), "sinks": cross.specs(), "partitions": partitions}
     return subprocess.run(
         [sys.executable, "-m", "txsink.runner", PIPELINE, json.dumps(args)],

@@ -19,6 +19,7 @@ from txsink.connectors.s3.errors import classify, log_error, sink_error
 from txsink.errors import (
     CommitError,
     ConfigurationError,
+    EpochBlockedError,
     FencedError,
     LogError,
     LogUnavailableError,
@@ -152,6 +153,8 @@ def test_postgres_errors_are_classified_by_sqlstate(
 ) -> None:
     err = psycopg.errors.lookup(state)("connection refused")  # the text decides nothing
     mapped = map_error(err, TxnId("app", "pg", 4, 0, 2, 0), sink_uid="pg", table="t", phase=phase)
+    if kind is ConfigurationError and phase in ("commit", "recover"):
+        kind = EpochBlockedError  # a decided epoch's grant revoked: blocked until fixed
     assert type(mapped) is kind
     assert f"(SQLSTATE {state})" in str(mapped)
     assert str(mapped).startswith(
@@ -216,7 +219,8 @@ def test_s3_sink_errors_are_transient_or_permanent_by_class(
     if kind in S3_PASSING:
         assert type(mapped) is RetryableError
     elif kind in ("denied", "no-bucket", "credentials"):
-        assert type(mapped) is ConfigurationError
+        # refused for good: at the start a fix, after the decision a blocked epoch
+        assert type(mapped) is (EpochBlockedError if phase == "commit" else ConfigurationError)
     else:
         assert type(mapped) is (CommitError if phase == "commit" else ConfigurationError)
     assert str(mapped).startswith(f"[sink_uid=s3, phase={phase}, connector=s3] cannot upload")

@@ -20,11 +20,12 @@ from txsink._logging import EpochLogger
 from txsink._rounds import OutageBound, retry_transient
 from txsink._taskerror import describe, from_task
 from txsink.contract import EpochCommit, EpochData, SinkContract, TaskRunner, local_tasks
-from txsink.errors import CommitError, TxsinkError
+from txsink.errors import CommitError, EpochBlockedError, TxsinkError
 from txsink.handles import Handle
 
 if TYPE_CHECKING:
     from txsink._metering import Meter
+    from txsink.log import TxLog
 
 __all__ = ["abort_one", "commit_decided", "commit_share"]
 
@@ -39,8 +40,15 @@ def commit_share(
     tasks: TaskRunner = local_tasks,
     meter: Meter | None = None,
     recovering: bool = False,
+    log: TxLog | None = None,
+    round_: int = 0,
 ) -> None:
     """``sink.commit_epoch`` for ``handles`` (its decided handles of ``epoch``).
+
+    A commit the target refuses for good (:class:`~txsink.errors.EpochBlockedError`) is
+    recorded in ``log`` as a *blocked* attempt of round ``round_`` (reason, shard, fix),
+    counted by the ``blocked_epochs`` gauge, and raised saying it is blocked and how to
+    finish it once fixed.
 
     ``data`` is the epoch's rows when this runs inside that epoch's replay; a sink that
     commits from data and has handles cannot be finished without them. ``tasks`` runs a
@@ -84,6 +92,10 @@ def commit_share(
     }
     try:
         _commit_counted(sink, request, failed)
+    except EpochBlockedError as err:
+        err.with_context(sink_uid=sink.uid, epoch=epoch, phase="commit", connector=sink.connector)
+        _blocked(err, sink, epoch, round_=round_, log=log, meter=meter)
+        raise
     except TxsinkError as err:
         if type(err) is not TxsinkError or not from_task(err):
             raise err.with_context(**ctx) from err.__cause__
@@ -99,6 +111,41 @@ def commit_share(
             "the decision stands and recovery retries it on the next run",
             **ctx,
         ) from err
+
+
+def _blocked(
+    err: EpochBlockedError,
+    sink: SinkContract[Any, Any],
+    epoch: int,
+    *,
+    round_: int,
+    log: TxLog | None,
+    meter: Meter | None,
+) -> None:
+    """Record the refusal and say, once, that the epoch is blocked until fixed."""
+    attempt = 0
+    if log is not None:
+        attempt = log.record_block(
+            epoch,
+            round_,
+            sink_uid=sink.uid,
+            shard=err.shard if err.shard is not None else err.partition,
+            reason=err.message,
+            fix=err.fix,
+        )
+    if meter:
+        meter.blocked(sink, epoch, True)
+    nth = f" (refused attempt {attempt})" if attempt else ""
+    reason = err.message.rstrip(".")
+    if err.fix and err.fix not in reason:
+        reason += f". Fix: {err.fix}"
+    err.message = (
+        f"epoch {epoch} is BLOCKED{nth}: its decision stands, but the target refuses it "
+        f"for good, and no retry succeeds until the cause is fixed: {reason}. Once "
+        "fixed, run `txsink recover` or restart the query: it commits the epoch. "
+        "`txsink status` shows the epoch as blocked meanwhile"
+    )
+    err.args = (err.message,)
 
 
 def _nothing(_count: int) -> None:
@@ -159,12 +206,15 @@ def commit_decided(
     meter: Meter,
     bound: OutageBound,
     logger: EpochLogger,
+    log: TxLog | None = None,
+    round_: int = 0,
 ) -> None:
     """The coordinator's step 5: each sink's share of the decided ``handles``, in order.
 
     ``done``: transactions the single-pass tasks committed already (only reported here).
     ``first_visible`` runs once, when the first part of the epoch is visible (the
-    ``during_commit`` crash point). A share that fails transiently (a target briefly
+    ``during_commit`` crash point). ``log`` and ``round_``: where a share refused for good
+    is recorded as blocked (:func:`commit_share`). A share that fails transiently (a target briefly
     unreachable) is committed again after ``bound``'s pauses (:mod:`txsink._rounds`:
     ``commit_epoch`` is idempotent); its last failure, or any other, is raised: the
     decision stands, and the next run's recovery finishes the commit.
@@ -184,8 +234,9 @@ def commit_decided(
 
         def share(sink: SinkContract[Any, Any] = sink, mine: list[Handle] = mine) -> None:
             commit_share(
-                sink, epoch, mine, data=data, on_committed=committed, tasks=tasks, meter=meter
-            )
+                sink, epoch, mine, data=data, on_committed=committed, tasks=tasks, meter=meter,
+                log=log, round_=round_,
+            )  # fmt: skip
 
         what = f"the commit of sink {sink.uid}'s share of epoch {epoch} failed"
         retry_transient(share, bound=bound, logger=logger.bind(uid=sink.uid), what=what)

@@ -35,6 +35,7 @@ from txsink.coordinator import Coordinator
 from txsink.errors import EpochAbortedError
 from txsink.faults import CrashPoint, FaultPlan
 from txsink.handles import load_handle
+from txsink.lease import DEFAULT_LEASE_S, LeaseKeeper
 from txsink.recovery import Recovery
 
 if TYPE_CHECKING:
@@ -68,6 +69,7 @@ def coordinator(config: DsConfig) -> Coordinator:
         app_id=config.app_id,
         retain_epochs=config.retain_epochs,
         faults=driver_faults(),
+        lease_s=config.lease_s,
     )
 
 
@@ -163,6 +165,9 @@ def plan_tasks(
         if checked not in _CHECKED:  # once per query and schema while this worker lives
             _precheck.check_sinks(coord.sinks, schema, app_id, log=log)
             _CHECKED.add(checked)
+        # The Spark driver's lease, renewed at each planning (which may run in another
+        # Python worker each batch): a second live driver refuses here, before recovery.
+        LeaseKeeper(log, coord.lease_s or DEFAULT_LEASE_S, pid=driver_pid()).hold()
         recovery = _recovery(coord)
         recovery.execute(recovery.plan(app_id))
     last = log.last_committed()

@@ -31,6 +31,7 @@ OWN = {
     "log": "where the txsink log lives (a path or URL), as Coordinator(log=...)",
     "app_id": "the app's stable id (default: the streaming query's id)",
     "retain_epochs": "how many epochs of records the log keeps (default 100)",
+    "lease_s": "seconds the driver lease lives unrenewed (default 60; docs/operations.md)",
     "epoch": "static writes: the epoch to write (a re-run with it writes nothing twice)",
 }
 #: Options Spark itself sets or reads; accepted and ignored.
@@ -48,6 +49,7 @@ class DsConfig:
     retain_epochs: int
     epoch: int | None
     checkpoint: str | None
+    lease_s: float | None = None
 
 
 def redacted(options: Mapping[str, str]) -> str:
@@ -123,7 +125,22 @@ def parse_options(options: Mapping[str, str]) -> DsConfig:
         retain_epochs=_int(name, "retain_epochs", opts.get("retain_epochs", "100"), minimum=1),
         epoch=_int(name, "epoch", opts["epoch"], minimum=0) if "epoch" in opts else None,
         checkpoint=opts.get("checkpointlocation"),
+        lease_s=_lease_s(name, opts["lease_s"]) if "lease_s" in opts else None,
     )
+
+
+def _lease_s(connector: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise ConfigurationError(
+            f'option "lease_s" must be a number of seconds > 0, got {text!r}',
+            connector=connector,
+            phase="check",
+        )
+    return value
 
 
 def _required(opts: Mapping[str, str], key: str) -> str:

@@ -44,6 +44,7 @@ class Meter:
         self.prepared: set[str] = set()
         self._pending: set[int] = set()
         self._oldest: dict[str, float] = {}  # sink uid -> prepared since (Unix time)
+        self._blocked: dict[str, set[int]] = {}  # sink uid -> its blocked epochs
 
     def __getstate__(self) -> dict[str, Any]:
         """Travels as its exporters alone (Spark Connect): what this run learnt stays."""
@@ -118,10 +119,20 @@ class Meter:
             nbytes = sum(h.nbytes for h in mine)
             self._each(functools.partial(_rows, app=self.app, sink=sink, rows=n, nbytes=nbytes))
         self._pending.discard(epoch)
+        for sink in sinks:
+            if epoch in self._blocked.get(sink.uid, ()):
+                self.blocked(sink, epoch, False)
         self.gauge("decided_uncommitted_epochs", len(self._pending))
         self.gauge("last_committed_epoch", epoch)
         self.settled(sinks)
         self.epoch("committed")  # last: an exporter may push on it
+
+    def blocked(self, sink: SinkContract[Any, Any], epoch: int, blocked: bool) -> None:
+        """Decided ``epoch`` of ``sink`` is refused for good by its target (``blocked``),
+        or was committed after all: gauge ``blocked_epochs`` counts the sink's."""
+        mine = self._blocked.setdefault(sink.uid, set())
+        (mine.add if blocked else mine.discard)(epoch)
+        self.gauge("blocked_epochs", len(mine), sink)
 
     def voided(self, sinks: Iterable[SinkContract[Any, Any]]) -> None:
         """A round was voided and what it prepared aborted."""

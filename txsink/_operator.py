@@ -9,17 +9,22 @@ the epochs use, so an operator's recovery is the query's.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, final
 
-from txsink import _precheck
+from txsink import _precheck, _spark
 from txsink._logging import EpochLogger
 from txsink._precheck import CheckResult
+from txsink._remote import arrived_state, portable_state
 from txsink.contract import SinkContract
+from txsink.lease import DEFAULT_LEASE_S, DriverLease, LeaseKeeper, default_lease_s
 from txsink.log import LogStore, TxLog
 from txsink.recovery import Recovery, RecoveryAction
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame
 
 __all__ = ["OperatorMixin"]
@@ -38,11 +43,37 @@ class OperatorMixin:
     _restored: bool
     retired: tuple[SinkContract[Any, Any], ...]
     _log: EpochLogger
+    _lease: LeaseKeeper | None
+    lease_s: float | None
+    _checked_schema: pa.Schema | None
+
+    _new_recovery: Callable[[], Recovery]
+
+    # -- travelling (Spark Connect) and the sinks' checks --------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        return portable_state(self.__dict__)  # Spark Connect's foreachBatch: txsink._remote
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(arrived_state(state))
+        self._recovery = self._new_recovery()
+
+    def _check_schema(self, df: DataFrame, app_id: str) -> None:
+        schema = _spark.arrow_schema(df)
+        if self._checked_schema is not None and schema.equals(self._checked_schema):
+            return
+        _precheck.check_sinks(self.sinks, schema, app_id, log=self.log)
+        self._checked_schema = schema
 
     def close(self) -> None:
         """Close what the sinks hold open in this driver (:meth:`SinkContract.release`):
         call it once the query has stopped. Using the coordinator again opens what it
-        needs again; a failed epoch closes it by itself (Spark ends the query)."""
+        needs again; a failed epoch closes it by itself (Spark ends the query). The
+        driver lease is released: the next driver takes over at once."""
+        lease = self._lease
+        if lease is not None:
+            lease.release()
+            self._lease = None
         for sink in (*self.sinks, *self.retired):
             try:
                 sink.release()
@@ -87,28 +118,37 @@ class OperatorMixin:
         return self._recovery.plan(self._recovery.operator_app(app_id or self.app_id))
 
     @final
-    def recover(self, app_id: str | None = None, *, dry_run: bool = False) -> list[RecoveryAction]:
+    def recover(
+        self, app_id: str | None = None, *, dry_run: bool = False, break_lease: bool = False
+    ) -> list[RecoveryAction]:
         """Run recovery now, outside a query (an operator's ``txsink recover``).
 
         The same plan and execution a query runs before its first epoch: commit
-        every decided-but-uncommitted epoch and mark it committed; void, then
-        abort, every prepared transaction no decision names. Returns the actions
-        done (with ``dry_run``, the plan). A sink that commits by re-reading the
-        epoch's rows (Kafka replay mode) cannot be finished here: that raises
-        :class:`~txsink.errors.CommitError` saying to restart the query. Run it
-        while the query is stopped: a running query's in-flight round is voided.
+        every decided-but-uncommitted epoch (a *blocked* one too: it commits once its
+        cause is fixed) and mark it committed; void, then abort, every prepared
+        transaction no decision names. Returns the actions done (with ``dry_run``, the
+        plan). A sink that commits by re-reading the epoch's rows (Kafka replay mode)
+        cannot be finished here: that raises :class:`~txsink.errors.CommitError` saying
+        to restart the query. Run it while the query is stopped: it holds the driver
+        lease meanwhile, and refuses (:class:`~txsink.errors.DriverLeaseError`) while a
+        live driver holds it, unless ``break_lease`` (the holder is known dead).
         """
         app = self._recovery.operator_app(app_id or self.app_id)
-        plan = self._recovery.plan(app)
         if dry_run:
-            return plan
-        done = self._recovery.execute(plan)
+            return self._recovery.plan(app)
+        with self._operator_lease(break_lease):
+            done = self._recovery.execute(self._recovery.plan(app))
         self._needs_recovery = True  # the next epoch looks again
         return done
 
     @final
     def abort(
-        self, app_id: str | None = None, *, epoch: int | None = None, dry_run: bool = False
+        self,
+        app_id: str | None = None,
+        *,
+        epoch: int | None = None,
+        dry_run: bool = False,
+        break_lease: bool = False,
     ) -> list[RecoveryAction]:
         """Abort lingering, undecided prepared transactions by hand (``txsink abort``).
 
@@ -120,14 +160,79 @@ class OperatorMixin:
         as with ``allow_non_restored_state`` (retired sinks' handles aborted, the
         epoch marked committed with them as ``not_restored``). Without ``epoch``
         decided epochs are left alone. Returns the actions done (or the plan).
+        Holds the driver lease as :meth:`recover` does.
         """
         app = self._recovery.operator_app(app_id or self.app_id)
-        plan = self._recovery.plan(app, abort=True, epoch=epoch)
         if dry_run:
-            return plan
-        done = self._recovery.execute(plan)
+            return self._recovery.plan(app, abort=True, epoch=epoch)
+        with self._operator_lease(break_lease):
+            done = self._recovery.execute(self._recovery.plan(app, abort=True, epoch=epoch))
         self._needs_recovery = True
         return done
+
+    @contextlib.contextmanager
+    def _operator_lease(self, force: bool) -> Iterator[None]:
+        """The driver lease for an operator's command: refused while a live driver holds
+        it (before anything is voided), released at the end."""
+        lease_s = self.lease_s or DEFAULT_LEASE_S
+        lease = LeaseKeeper(self.log, lease_s, by="operator")
+        lease.hold(force=force)
+        try:
+            yield
+        finally:
+            lease.release()
+
+    # -- the driver lease ---------------------------------------------------------------
+
+    @final
+    def hold_lease(self) -> DriverLease:
+        """Take this driver's lease on the query now: call it before
+        ``writeStream...start()``.
+
+        Spark writes its checkpoint (``offsets/<n>``) before ``foreachBatch`` runs, so a
+        second driver that only learns of the first inside its first epoch has already
+        raced it there, and Spark may fail *either* query with
+        ``CONCURRENT_STREAM_LOG_UPDATE``. Held before ``start()``, the lease refuses the
+        second driver (:class:`~txsink.errors.DriverLeaseError`) before its query reads or
+        writes the checkpoint, and the first runs on undisturbed.
+
+        The lease is renewed from a daemon thread from now on (the query's epochs take it
+        over once it runs) and released by :meth:`close`, when the query stops, or when
+        the process exits. Renews it if this coordinator already holds it; raises
+        :class:`~txsink.errors.FencedError` if it was taken over since. Classic PySpark
+        only: under Spark Connect the epochs run in another process, which takes the lease
+        at its first epoch (docs/operations.md#the-driver-lease).
+        """
+        lease = self._keeper()
+        held = lease.hold()
+        lease.keep_alive(_until_the_query_runs)
+        return held
+
+    def _start_lease(self, df: DataFrame, query_id: str) -> None:
+        """A new query run: the lease's length from its trigger, renewed from a thread
+        while the query is active (between epochs too: a long trigger interval)."""
+        trigger = _spark.trigger_interval_s(df, query_id)
+        lease = self._keeper(trigger)
+        if self.lease_s is None:  # held before start(), when the trigger was unknown
+            lease.lengthen(default_lease_s(trigger))
+        active = _spark.query_active_probe(df, query_id)
+        if active is not None:
+            lease.keep_alive(active)
+        elif not _spark.is_connect(df):  # the query can't be watched: while the process lives
+            lease.keep_alive(_until_the_query_runs)
+        # Under Spark Connect this process is the server's worker: renewed at each epoch.
+
+    def _keeper(self, trigger_s: float | None = None) -> LeaseKeeper:
+        """This driver's lease keeper (made at first use: a coordinator that travelled to
+        another process holds its own lease there)."""
+        if self._lease is None:
+            self._lease = LeaseKeeper(self.log, self.lease_s or default_lease_s(trigger_s))
+        return self._lease
+
+    def _hold_lease(self) -> None:
+        """Acquire or renew this driver's lease (:class:`~txsink.errors.DriverLeaseError`
+        while another live driver holds it; ``FencedError`` once it was taken over)."""
+        self._keeper().hold()
 
     # -- starting from a savepoint ------------------------------------------------------
 
@@ -147,3 +252,9 @@ class OperatorMixin:
         if meta is None:
             raise _precheck.empty_log_error(self.log.location)
         return str(meta["app_id"])
+
+
+def _until_the_query_runs() -> bool:
+    """The renewal probe of a lease held before the query started: renew until the first
+    epoch replaces it with the query's own probe (or :meth:`OperatorMixin.close`)."""
+    return True

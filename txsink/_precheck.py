@@ -324,6 +324,11 @@ def _log(log: TxLog, app: _App, from_savepoint: Any, *, streaming: bool) -> tupl
             "txsink log (and a new output folder or sink uid) with the new checkpoint"
         )
     if app.next_batch is not None and last is not None and app.next_batch < last:
+        from txsink.lease import live_holder, refusal
+
+        holder = live_holder(log)  # a running driver moved the log on: not a reset
+        if holder is not None:
+            raise refusal(holder)
         raise checkpoint_reset_error(log.location, app.next_batch, last)
     if not streaming and app.id is None and owner is None:
         raise empty_log_error(log.location)

@@ -40,6 +40,7 @@ def portable_state(state: dict[str, Any]) -> dict[str, Any]:
         _needs_recovery=True,
         _probe_votes=True,
         _last_committed=None,
+        _lease=None,  # the receiving process is another driver process: its own lease
     )
     return out
 

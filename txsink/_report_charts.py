@@ -24,6 +24,7 @@ CHART_EPOCHS = 500
 STATUS_COLORS = {
     "committed": "#2e7d32",
     "decided": "#ef6c00",
+    "blocked": "#ad1457",
     "aborted": "#c62828",
     "open": "#757575",
 }

@@ -226,6 +226,54 @@ def check_query_mode(df: DataFrame, query_id: str) -> None:
             )
 
 
+def _running_query(df: DataFrame, query_id: str) -> Any:
+    """The JVM's running query ``query_id`` (its ``StreamExecution``), ``None`` once stopped.
+
+    Inside ``foreachBatch``, ``df.sparkSession`` is the stream's own *clone* of the user's
+    session, whose ``streams`` lists no query at all; the registry every clone shares
+    (``SharedState.activeStreamingQueries``, Spark's own guard against two runs of one
+    query in an application) has it. Raises on a Spark without it."""
+    jvm = df.sparkSession._jvm
+    if jvm is None:
+        raise RuntimeError("no JVM behind this session")
+    shared = df.sparkSession._jsparkSession.sharedState()
+    return shared.activeStreamingQueries().get(jvm.java.util.UUID.fromString(query_id))
+
+
+def trigger_interval_s(df: DataFrame, query_id: str) -> float | None:
+    """The streaming query's processing-time trigger interval in seconds (classic PySpark);
+    ``None`` when unknown (Spark Connect, another trigger, another Spark's internals)."""
+    if is_connect(df):
+        return None
+    try:
+        query = _running_query(df, query_id)
+        trigger = query.trigger() if query is not None else None
+        if trigger is not None and trigger.getClass().getSimpleName() == "ProcessingTimeTrigger":
+            return float(trigger.intervalMs()) / 1000.0
+    except Exception:  # another Spark's internals: the default lease then
+        return None
+    return None
+
+
+def query_active_probe(df: DataFrame, query_id: str) -> Callable[[], bool | None] | None:
+    """A call saying whether the streaming query ``query_id`` still runs (``None`` once it
+    stopped), for the driver lease's renewal thread; ``None`` where it cannot be told
+    (Spark Connect, another Spark's internals): the lease is then renewed while the
+    process lives."""
+    if is_connect(df):
+        return None
+    try:
+        _running_query(df, query_id)
+    except Exception:
+        return None
+
+    def active() -> bool | None:
+        query = _running_query(df, query_id)
+        return True if query is not None and query.isActive() else None
+
+    return active
+
+
 @functools.cache
 def _takes_timezone() -> bool:
     """PySpark 4.2+ converts a schema to Arrow in a given time zone (``timezone=``); 4.0 and

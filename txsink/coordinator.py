@@ -35,7 +35,7 @@ from txsink._epochresult import EpochResult
 from txsink._logging import committed_text, failures_logged, get_logger, install_console
 from txsink._metering import Meter
 from txsink._operator import OperatorMixin
-from txsink._remote import arrived_state, location_of, portable_state
+from txsink._remote import location_of
 from txsink._singlepass import SinglePassJob, SinglePassOutcome, run_in_rounds, run_single_pass
 from txsink._task import Precommit, TaskPlan, collect_acks, precommit_job
 from txsink._taskerror import cleanup_after, describe, epoch_aborted, unless_raised_again
@@ -43,6 +43,7 @@ from txsink.contract import EpochData, SinkContract
 from txsink.errors import EpochAbortedError, FencedError
 from txsink.faults import CrashPoint, FaultPlan
 from txsink.handles import Handle
+from txsink.lease import LeaseKeeper, check_lease_s
 from txsink.log import LogStore, TxLog, open_log
 from txsink.metrics import Metrics
 from txsink.recovery import Recovery
@@ -96,6 +97,9 @@ class Coordinator(OperatorMixin):
         outage_s: how long an epoch keeps running new rounds of its pre-commit, and trying
             its commit again, while a target is unreachable, before it fails the query
             (default: ``TXSINK_OUTAGE_S``, else 60; docs/reliability.md).
+        lease_s: how long this driver's lease on the query (:mod:`txsink.lease`) lives
+            unrenewed; default ``max(60, 3 x trigger interval)``. Shorter: faster take-over
+            of a frozen driver; longer: fewer false take-overs (docs/operations.md).
     """
 
     def __init__(
@@ -112,6 +116,7 @@ class Coordinator(OperatorMixin):
         metrics: Metrics | Sequence[Metrics] | None = None,
         max_tasks: _layout.MaxTasks = "auto",
         outage_s: float | None = None,
+        lease_s: float | None = None,
     ) -> None:
         self.sinks = (sinks,) if isinstance(sinks, SinkContract) else tuple(sinks)
         if not self.sinks:
@@ -143,6 +148,8 @@ class Coordinator(OperatorMixin):
         self._probe_votes = True  # single pass: executors reach the driver? once per run
         self._last_committed: int | None = None
         self._meter = Meter(metrics)
+        self.lease_s = check_lease_s(lease_s)
+        self._lease: LeaseKeeper | None = None
         install_console()  # one line per epoch on stderr, unless logging is configured
         self._log = get_logger(__name__, uid="+".join(uids))
         self._recovery = self._new_recovery()
@@ -157,13 +164,6 @@ class Coordinator(OperatorMixin):
             logger=self._log,
             meter=self._meter,
         )
-
-    def __getstate__(self) -> dict[str, Any]:
-        return portable_state(self.__dict__)  # Spark Connect's foreachBatch: txsink._remote
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(arrived_state(state))
-        self._recovery = self._new_recovery()
 
     # -- entry points ------------------------------------------------------------------
 
@@ -183,6 +183,7 @@ class Coordinator(OperatorMixin):
                 self._checked_queries.add(query_id)
                 self._needs_recovery = True  # a new query run: recover before its first epoch
                 self._probe_votes = True
+                self._start_lease(df, query_id)
             self._bind(app_id)  # the log's own checks come before the sinks'
             self._check_schema(df, app_id)
             self._run_spark_epoch(int(batch_id), df, app_id)
@@ -197,6 +198,7 @@ class Coordinator(OperatorMixin):
         with failures_logged(self._log, epoch=epoch):
             app_id = self.app_id or self._app_from_log()
             self._bind(app_id)
+            self._hold_lease()
             self._check_schema(df, app_id)
             if epoch is None:
                 self._recover_if_needed(app_id)
@@ -253,8 +255,12 @@ class Coordinator(OperatorMixin):
         4. Decide: create the epoch's decision record; the commit point.
         5. Commit every handle, finish the epoch, write the committed mark,
            abort the epoch's leftover attempts.
+
+        First the driver lease is held (:mod:`txsink.lease`): a second live driver
+        refuses here, before its recovery voids anything.
         """
         self._bind(app_id)
+        self._hold_lease()
         timings: dict[str, float] = {}
         # Step 1
         t0 = time.monotonic()
@@ -467,6 +473,7 @@ class Coordinator(OperatorMixin):
                 first_visible=lambda: self._fire(CrashPoint.DURING_COMMIT, epoch),
                 tasks=self._recovery.tasks, meter=self._meter,
                 bound=_rounds.OutageBound(self.outage_s), logger=self._log.bind(epoch=epoch),
+                log=self.log, round_=round_,
             )  # fmt: skip
             self._fire(CrashPoint.AFTER_COMMIT_BEFORE_MARK, epoch)
             self.log.mark_committed(epoch, round_)
@@ -484,13 +491,6 @@ class Coordinator(OperatorMixin):
             self._bound_app = self._meter.app = app_id
             self._last_committed = None
             self._needs_recovery = True
-
-    def _check_schema(self, df: DataFrame, app_id: str) -> None:
-        schema = _spark.arrow_schema(df)
-        if self._checked_schema is not None and schema.equals(self._checked_schema):
-            return
-        _precheck.check_sinks(self.sinks, schema, app_id, log=self.log)
-        self._checked_schema = schema
 
     def _fire(self, point: CrashPoint, epoch: int) -> None:
         if self.faults is not None:

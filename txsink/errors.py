@@ -7,12 +7,14 @@ The hierarchy::
     │   ├── UnsupportedQueryError    a query setting that breaks the guarantee
     │   ├── NonRestoredStateError    the log holds pending state for a sink uid not configured
     │   ├── CheckpointMismatchError  Spark's checkpoint and the txsink log disagree
+    │   ├── DriverLeaseError         another live driver holds this query's lease
     │   └── ConditionalWritesUnsupportedError  the log's store ignores If-None-Match
     ├── WriteError                   bad input: a row or column a sink cannot write (fatal)
     ├── RetryableError               transient (connection lost, timeout): Spark may retry the task
     ├── EpochAbortedError            the pre-commit failed; every handle of the epoch was aborted
     ├── FencedError                  another driver decided (or voided) this epoch first
     ├── CommitError                  a decided handle could not be committed: needs attention
+    │   ├── EpochBlockedError        the target refuses the decided epoch until an operator fixes it
     │   └── NonDeterministicReplayError  a replayed epoch differs from the decided one
     ├── LogError                     the txsink log is unreadable or of an unknown format
     │   └── LogUnavailableError      its store did not answer for a moment (also a RetryableError)
@@ -37,7 +39,9 @@ __all__ = [
     "CommitError",
     "ConditionalWritesUnsupportedError",
     "ConfigurationError",
+    "DriverLeaseError",
     "EpochAbortedError",
+    "EpochBlockedError",
     "FencedError",
     "HandleFormatError",
     "InjectedFault",
@@ -174,6 +178,16 @@ class CheckpointMismatchError(ConfigurationError):
     """Spark's checkpoint and the txsink log describe different histories."""
 
 
+class DriverLeaseError(ConfigurationError):
+    """Another driver holds this query's lease in the txsink log and is alive.
+
+    Raised by a starting driver (or ``txsink recover``) *before* it voids or aborts
+    anything, so the running driver is never disrupted. Stop the other driver, or wait
+    until its lease expires; ``txsink recover --break-lease`` when the holder is known to
+    be dead on another host.
+    """
+
+
 class SavepointError(ConfigurationError):
     """A savepoint cannot be taken or restored (an epoch is decided but not committed,
     the target log is not empty, the savepoint is incomplete or of another format)."""
@@ -288,6 +302,26 @@ class CommitError(TxsinkError):
     handle's transaction is gone (aborted by hand, expired by the target), the
     rows of that handle are lost and the message says which.
     """
+
+
+class EpochBlockedError(CommitError):
+    """A decided epoch that the target refuses to commit until an operator changes it.
+
+    *Permanent*: a retry fails the same way (a record larger than the topic's
+    ``max.message.bytes``, a revoked grant, a deleted topic, a prepared transaction
+    removed by hand). The message names the sink, the shard or partition, the record by
+    its key where known, and the exact fix; ``fix`` holds the fix alone. The decision
+    stands: once the cause is fixed, ``txsink recover`` (or a restarted query) commits
+    the epoch, and the txsink log shows it as *blocked* meanwhile.
+    Connectors raise it by error code (SQLSTATE, Kafka error code, S3 error code), never
+    by message text; a transient failure stays a plain :class:`CommitError` or
+    :class:`RetryableError`.
+    """
+
+    def __init__(self, message: str, *, fix: str = "", shard: int | None = None, **ctx: Any):
+        super().__init__(message, **ctx)
+        self.fix = fix
+        self.shard = shard
 
 
 class NonDeterministicReplayError(CommitError):

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 import pandas as pd
 
+from txsink._blocks import BLOCK, EpochBlock, summarize
 from txsink.errors import LogError
 from txsink.log import CommitRecord, EpochDecision, EpochState, LogStore, TxLog, open_log
 from txsink.txid import TxnId
@@ -93,6 +94,9 @@ EPOCH_COLUMNS: dict[str, str] = {
     "commit_latency_s": "float64",
     "precommit_s": "float64",
     "not_restored": "object",
+    "blocked_since": "ts",
+    "blocked_attempts": "Int64",
+    "blocked_reason": "object",
 }
 
 
@@ -111,6 +115,7 @@ class EpochRecords:
     claims: dict[int, dict[str, Any]]
     outcomes: dict[int, dict[str, Any]]
     committed: dict[str, Any] | None
+    blocks: tuple[dict[str, Any], ...] = ()  # blocked-* records, oldest first
 
     @property
     def decision(self) -> dict[str, Any] | None:
@@ -149,7 +154,10 @@ class EpochRecords:
                 committed_at=float(self.committed.get("committed_at", 0.0)),
                 not_restored=tuple(self.committed.get("not_restored", ())),
             )
-        return EpochState(self.epoch, tuple(sorted(self.claims)), decision, self.voided, committed)
+        blocked = summarize(self.epoch, list(self.blocks)) if committed is None else None
+        return EpochState(
+            self.epoch, tuple(sorted(self.claims)), decision, self.voided, committed, blocked
+        )
 
 
 @dataclass(frozen=True)
@@ -198,21 +206,24 @@ def read_log(log: LogLike) -> LogSnapshot:
     read_at = time.time()
     keys = [k for k in txlog.store.list("epochs/") if k.endswith(".json")]
     docs = _read_all(txlog, keys)
-    grouped: dict[int, tuple[dict[int, Any], dict[int, Any], list[Any]]] = {}
-    for key, doc in zip(keys, docs, strict=True):
+    grouped: dict[int, tuple[dict[int, Any], dict[int, Any], list[Any], list[Any]]] = {}
+    for key, doc in sorted(zip(keys, docs, strict=True), key=lambda kd: kd[0]):
         parts = key.split("/")
         if doc is None or len(parts) != 3 or not parts[1].isdigit():
             continue  # pruned between the listing and the read, or not a record
-        claims, outcomes, committed = grouped.setdefault(int(parts[1]), ({}, {}, []))
+        claims, outcomes, committed, blocks = grouped.setdefault(int(parts[1]), ({}, {}, [], []))
         name = parts[2]
-        if name.startswith("claim-"):
+        if name.startswith(BLOCK):
+            blocks.append(doc)
+        elif name.startswith("claim-"):
             claims[int(doc.get("round", name[6:12]))] = doc
         elif name.startswith("decision-"):
             outcomes[int(doc.get("round", name[9:15]))] = doc
         elif name == "committed.json":
             committed.append(doc)
     epochs = tuple(
-        EpochRecords(e, c, o, com[0] if com else None) for e, (c, o, com) in sorted(grouped.items())
+        EpochRecords(e, c, o, com[0] if com else None, tuple(b))
+        for e, (c, o, com, b) in sorted(grouped.items())
     )
     return LogSnapshot(txlog.location, meta, epochs, read_at)
 
@@ -242,7 +253,8 @@ def log_table(log: LogLike) -> pd.DataFrame:
       superseded, or aborted by a failed pre-commit or by recovery) or ``claimed`` (claimed
       but neither decided nor voided: running now, or its driver died before deciding and
       no recovery has run since).
-    - ``epoch_status``: ``committed``, ``decided`` (recovery will commit it), ``aborted``
+    - ``epoch_status``: ``committed``, ``decided`` (recovery will commit it), ``blocked``
+      (decided, but a target refuses the commit until an operator fixes it), ``aborted``
       (every round voided) or ``open`` (see :attr:`~txsink.log.EpochState.status`).
     - ``sink_uid``, ``txn``, ``partition``, ``attempt``, ``serializer``, ``handle_version``:
       the handle (decided rounds only; a round without handles has one row with these
@@ -267,7 +279,10 @@ def epoch_table(log: LogLike) -> pd.DataFrame:
     ``rows`` and ``bytes`` describe its decision, summed over every sink (``rows`` from
     the decision's own counts, else from the handles). ``claimed_at`` is the first claim,
     so ``committed_at - claimed_at`` is the epoch's whole life, crashes included;
-    ``not_restored`` is a comma-separated list of uids or null.
+    ``not_restored`` is a comma-separated list of uids or null. A *blocked* epoch
+    (status ``blocked``: decided, and refused for good by a target until fixed) has
+    ``blocked_since`` (its first refusal), ``blocked_attempts`` and ``blocked_reason``
+    (sink, shard, the target's refusal and the fix); null for every other epoch.
     """
     return _frame(_epoch_records(read_log(log)), EPOCH_COLUMNS)
 
@@ -403,9 +418,18 @@ def _epoch_records(snap: LogSnapshot) -> list[dict[str, Any]]:
                 "commit_latency_s": _latency(decided_at, committed_at),
                 "precommit_s": _num(dec.get("stats", {}).get("seconds", {}).get("precommit")),
                 "not_restored": ",".join(not_restored) if not_restored else None,
+                "blocked_since": None if state.blocked is None else state.blocked.first_seen,
+                "blocked_attempts": None if state.blocked is None else state.blocked.attempts,
+                "blocked_reason": None if state.blocked is None else _block_text(state.blocked),
             }
         )
     return out
+
+
+def _block_text(block: EpochBlock) -> str:
+    shard = "" if block.shard is None else f" shard {block.shard}"
+    fix = f" Fix: {block.fix}" if block.fix else ""
+    return f"sink {block.sink_uid}{shard}: {block.reason}{fix}"
 
 
 def _frame(records: list[dict[str, Any]], columns: dict[str, str]) -> pd.DataFrame:

@@ -6,6 +6,9 @@ Layout (human-readable JSON, each record written once, never rewritten)::
     epochs/<epoch:020d>/claim-<round:06d>.json  a driver claimed this round of the epoch
     epochs/<epoch:020d>/decision-<round>.json   "decision" (all handles) or "void" (fenced)
     epochs/<epoch:020d>/committed.json          every handle of the decision is committed
+    epochs/<epoch:020d>/blocked-<n:06d>.json    attempt n to commit the decision was refused
+                                                for good (EpochBlockedError): reason and fix
+    lease/<generation:012d>.json                the driver lease (:mod:`txsink.lease`)
 
 Why rounds: a replay of an epoch after a crash is a new *round* with fresh
 transaction names, claimed with create-if-absent so two drivers never share
@@ -16,6 +19,13 @@ overwritten by a decision nor the reverse, so a zombie driver that prepared
 round ``j`` either decided before it was voided (and its decision is
 committed by whoever comes next) or can never decide. This is what makes
 aborting a lingering transaction safe.
+
+A *blocked* epoch is decided, not committed, and has ``blocked-*`` records: a commit
+of it failed with :class:`~txsink.errors.EpochBlockedError` (the target refuses it
+until an operator changes something). Each refused attempt adds a record, so the
+first one says since when and their count how often; the committed mark ends the
+block (the records stay as history until the epoch is pruned). Older txsinks ignore
+these records (and the ``lease/`` folder), so they read such a log as before.
 
 Every record is created with an atomic create-if-absent on the
 :class:`LogStore`; a store that cannot do that cannot hold a txsink log.
@@ -37,6 +47,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from txsink._blocks import BLOCK as _BLOCK
+from txsink._blocks import EpochBlock, block_doc, summarize
 from txsink._json import dumps_record
 from txsink.errors import CheckpointMismatchError, LogError
 from txsink.store import FileStore, LogStore, open_store
@@ -45,6 +57,7 @@ __all__ = [
     "LOG_FORMAT_VERSION",
     "RECORD_VERSION",
     "CommitRecord",
+    "EpochBlock",
     "EpochDecision",
     "EpochState",
     "FileStore",
@@ -114,13 +127,14 @@ class EpochState:
     decision: EpochDecision | None
     voided: tuple[int, ...]
     committed: CommitRecord | None
+    blocked: EpochBlock | None = None
 
     @property
     def status(self) -> str:
         if self.committed is not None:
             return "committed"
         if self.decision is not None:
-            return "decided"
+            return "blocked" if self.blocked is not None else "decided"
         if self.rounds and len(self.voided) >= len(self.rounds):
             return "aborted"
         return "open"
@@ -268,6 +282,37 @@ class TxLog:
         }
         self.store.create(f"{_epoch_prefix(epoch)}committed.json", dumps_record(doc))
 
+    def record_block(
+        self, epoch: int, round_: int, *, sink_uid: str, shard: int | None, reason: str, fix: str
+    ) -> int:
+        """Record that a commit attempt of decided ``epoch`` was refused for good; returns
+        the attempt's number (1 for the first)."""
+        prefix = _epoch_prefix(epoch)
+        while True:
+            done = [k for k in self.store.list(prefix) if k.rsplit("/", 1)[1].startswith(_BLOCK)]
+            attempt = len(done) + 1
+            doc = block_doc(
+                epoch,
+                round_=round_,
+                attempt=attempt,
+                sink_uid=sink_uid,
+                shard=shard,
+                reason=reason,
+                fix=fix,
+            )
+            doc["version"] = RECORD_VERSION
+            if self.store.create(f"{prefix}{_BLOCK}{attempt:06d}.json", dumps_record(doc)):
+                return attempt
+
+    def block(self, epoch: int) -> EpochBlock | None:
+        """Why decided ``epoch`` is blocked (``None``: never refused for good)."""
+        keys = self.store.list(_epoch_prefix(epoch))
+        return self._block_of(epoch, [k for k in keys if k.rsplit("/", 1)[1].startswith(_BLOCK)])
+
+    def _block_of(self, epoch: int, keys: list[str]) -> EpochBlock | None:
+        raws = [(key, self.store.read(key)) for key in sorted(keys)]
+        return summarize(epoch, [self._record(key, raw) for key, raw in raws if raw is not None])
+
     def epochs(self) -> list[int]:
         """Every epoch the log holds records for, ascending."""
         seen = {self._epoch_of(key) for key in self.store.list(_EPOCHS)}
@@ -277,9 +322,12 @@ class TxLog:
         rounds, voided = [], []
         decision = None
         committed = None
+        blocks: list[str] = []
         for key in self.store.list(_epoch_prefix(epoch)):
             name = key.rsplit("/", 1)[1]
-            if name.startswith("claim-"):
+            if name.startswith(_BLOCK):
+                blocks.append(key)
+            elif name.startswith("claim-"):
                 raw = self.store.read(key)
                 if raw is not None:
                     self._record(key, raw)  # nothing in a claim is used: only its version
@@ -295,7 +343,10 @@ class TxLog:
                     decision = self._decision_from(doc)
             elif name == "committed.json":
                 committed = self.committed(epoch)
-        return EpochState(epoch, tuple(sorted(rounds)), decision, tuple(sorted(voided)), committed)
+        blocked = self._block_of(epoch, blocks) if committed is None else None
+        return EpochState(
+            epoch, tuple(sorted(rounds)), decision, tuple(sorted(voided)), committed, blocked
+        )
 
     def states(self) -> list[EpochState]:
         return [self.state(e) for e in self.epochs()]

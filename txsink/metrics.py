@@ -38,6 +38,8 @@ GAUGES: Mapping[str, str] = {
     "sink still open was prepared (0: none)",
     "commit_timeout_ratio": "the last commit's duration as a share of the target's "
     "transaction timeout (reported by the connector)",
+    "blocked_epochs": "decided epochs of a sink its target refuses until an operator acts "
+    "(EpochBlockedError; txsink status shows the reason and fix)",
 }
 
 

@@ -34,16 +34,18 @@ def recover(
     retired: Sequence[AnySink] = (),
     allow_non_restored_state: bool = False,
     app_id: str | None = None,
+    break_lease: bool = False,
 ) -> list[RecoveryAction]:
     """Finish every decided epoch and abort every lingering undecided transaction.
 
     ``sinks`` are the pipeline's sinks as it configures them (same uids and
     settings), or its :class:`~txsink.Coordinator` (whose ``retired`` and
     ``allow_non_restored_state`` are then used). Returns the actions done, or with
-    ``dry_run`` the actions it would do.
+    ``dry_run`` the actions it would do. Refused while a live driver holds the query's
+    lease (:class:`~txsink.errors.DriverLeaseError`), unless ``break_lease``.
     """
     coordinator = _coordinator(log, sinks, retired, allow_non_restored_state, app_id)
-    return coordinator.recover(dry_run=dry_run)
+    return coordinator.recover(dry_run=dry_run, break_lease=break_lease)
 
 
 def abort(
@@ -54,6 +56,7 @@ def abort(
     dry_run: bool = False,
     retired: Sequence[AnySink] = (),
     app_id: str | None = None,
+    break_lease: bool = False,
 ) -> list[RecoveryAction]:
     """Abort lingering undecided transactions (of ``epoch``, or all), voiding their rounds first.
 
@@ -63,7 +66,7 @@ def abort(
     named by ``epoch`` (see :class:`~txsink.Coordinator`'s ``retired``).
     """
     coordinator = _coordinator(log, sinks, retired, False, app_id)
-    return coordinator.abort(epoch=epoch, dry_run=dry_run)
+    return coordinator.abort(epoch=epoch, dry_run=dry_run, break_lease=break_lease)
 
 
 def _coordinator(
@@ -82,6 +85,7 @@ def _coordinator(
             retired=(*sinks.retired, *retired),
             retain_epochs=sinks.retain_epochs,
             faults=sinks.faults,
+            lease_s=sinks.lease_s,
         )
     return Coordinator(
         list(sinks), log=log, app_id=app_id, allow_non_restored_state=allow, retired=retired

@@ -40,6 +40,10 @@ GAUGE_NAMES: dict[str, tuple[str, str, str]] = {
         "txsink.commit.timeout_ratio", "1",
         "Last commit's duration over the target's transaction timeout.",
     ),
+    "blocked_epochs": (
+        "txsink.epoch.blocked", "{epoch}",
+        "Decided epochs the target refuses until an operator acts.",
+    ),
 }  # fmt: skip
 
 

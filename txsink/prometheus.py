@@ -42,6 +42,10 @@ GAUGE_NAMES: dict[str, tuple[str, tuple[str, ...], str]] = {
         "txsink_commit_timeout_ratio", _SINK,
         "Last commit's duration over the target's transaction timeout (connector-reported).",
     ),
+    "blocked_epochs": (
+        "txsink_blocked_epochs", _SINK,
+        "Decided epochs of the sink its target refuses until an operator acts (blocked).",
+    ),
 }  # fmt: skip
 #: Phase-duration buckets, seconds: small epochs to slow commits.
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)

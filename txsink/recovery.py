@@ -107,6 +107,11 @@ class Recovery:
         self._found, self._since = {}, {}
         for decision in pending:
             covered |= decision.txn_names()
+            block = self.log.block(decision.epoch)
+            if block is not None and self.meter:
+                for sink in self.sinks:
+                    if sink.uid == block.sink_uid:
+                        self.meter.blocked(sink, decision.epoch, True)
             if not abort:
                 actions += self.plan_finish(decision, self.allow_non_restored_state)
             elif decision.epoch == epoch:
@@ -412,6 +417,8 @@ class Recovery:
                 tasks=self.tasks,
                 meter=self.meter,
                 recovering=True,
+                log=self.log,
+                round_=action.round or 0,
             )
             run.committed.add((sink.uid, epoch))
             if epoch in run.finishing:

@@ -61,6 +61,7 @@ def render_report(
             _summary(heading, snap, epochs, rows),
             timeline_section(epochs, rows),
             latency_section(epochs),
+            _blocked(epochs),
             _pending(rows, snap.read_at),
             _voided(rows),
             _lingering(lingering, rows),
@@ -88,6 +89,7 @@ def _summary(heading: str, snap: LogSnapshot, epochs: pd.DataFrame, rows: pd.Dat
         for s, label in (
             ("committed", "committed"),
             ("decided", "decided, not committed"),
+            ("blocked", "blocked: refused until fixed"),
             ("aborted", "aborted"),
             ("open", "open"),
         )
@@ -120,7 +122,7 @@ def _summary(heading: str, snap: LogSnapshot, epochs: pd.DataFrame, rows: pd.Dat
 def _pending(rows: pd.DataFrame, read_at: float) -> str:
     head = '<section id="pending">\n<h2>Pending transactions</h2>\n'
     pending = rows[
-        (rows["epoch_status"] == "decided")
+        rows["epoch_status"].isin(["decided", "blocked"])
         & (rows["round_status"] == "decided")
         & rows["sink_uid"].notna()
     ]
@@ -158,6 +160,31 @@ def _pending(rows: pd.DataFrame, read_at: float) -> str:
             )
         )
     return "".join(out) + "</section>"
+
+
+def _blocked(epochs: pd.DataFrame) -> str:
+    """Decided epochs a target refuses until an operator fixes the cause (none: no section)."""
+    blocked = epochs[epochs["status"] == "blocked"]
+    if blocked.empty:
+        return ""
+    return (
+        '<section id="blocked">\n<h2>Blocked epochs</h2>\n<p class="hint">Decided epochs '
+        "a target refuses for good: no retry succeeds until the cause is fixed. Apply the "
+        "fix, then run <code>txsink recover</code> or restart the query.</p>\n"
+        + table(
+            ["epoch", "blocked since", "refused attempts", "sink, shard, reason and fix"],
+            [
+                [
+                    r["epoch"],
+                    fmt.when(fmt.as_number(r["blocked_since"])),
+                    r["blocked_attempts"],
+                    r["blocked_reason"],
+                ]
+                for r in blocked.to_dict("records")
+            ],
+        )
+        + "</section>"
+    )
 
 
 def _decided_at(value: Any, read_at: float) -> str:

@@ -45,7 +45,7 @@ import pyarrow as pa
 from txsink._logging import get_logger
 from txsink.connectors.kafka.clients import KafkaSettings, init_transactions
 from txsink.connectors.kafka.columns import py_columns
-from txsink.connectors.kafka.errors import commit_error
+from txsink.connectors.kafka.errors import FailedDelivery, commit_error, failed_delivery
 from txsink.connectors.kafka.markers import Markers
 from txsink.connectors.kafka.producers import fence, produce_records, warn_if_slow
 from txsink.connectors.kafka.records import RecordFormat
@@ -78,14 +78,17 @@ class KafkaDirectHandle(Handle):
 
 # -- this Python worker's producers ------------------------------------------------------
 
+#: A failed delivery (its text where the callback could not read it).
+Delivery = FailedDelivery | str
+
 #: transactional id -> (generation, producer, delivery errors). Spark reuses Python
 #: workers across tasks, so a producer made for one epoch serves the next ones.
-_POOL: dict[str, tuple[str, Any, list[str]]] = {}
+_POOL: dict[str, tuple[str, Any, list[Delivery]]] = {}
 
 
 def _pooled(
     settings: KafkaSettings, shard: int, generation: str, epoch: int
-) -> tuple[Any, list[str], bool]:
+) -> tuple[Any, list[Delivery], bool]:
     """The shard's producer, its delivery errors, and whether it was made just now.
 
     Made and initialised once per ``generation`` (one query run's check, which fences
@@ -99,7 +102,7 @@ def _pooled(
     found = _POOL.get(tid)
     if found is not None and found[0] == generation:
         return found[1], found[2], False
-    errors: list[str] = []
+    errors: list[Delivery] = []
     on_delivery = functools.partial(_on_failed_delivery, errors)
     producer = Producer(settings.producer_conf(shard, on_delivery))
     try:
@@ -124,10 +127,13 @@ def clear() -> None:
         producer.flush(0)
 
 
-def _on_failed_delivery(errors: list[str], err: Any, msg: Any) -> None:
+def _on_failed_delivery(errors: list[Delivery], err: Any, msg: Any) -> None:
+    """Producer-wide delivery callback (failures only): keep the first, with its code and
+    key, as :mod:`~txsink.connectors.kafka.producers` does (a refusal for good is then
+    classified by the record's own code, not only the commit's)."""
     if err is not None and not errors:
         try:
-            errors.append(f"{err.str()} (topic {msg.topic()} partition {msg.partition()})")
+            errors.append(failed_delivery(err, msg))
         except Exception:  # a callback must never raise into librdkafka
             errors.append(repr(err))
 
@@ -142,7 +148,7 @@ class OpenDirect:
     txn: TxnId
     settings: KafkaSettings
     producer: Any
-    errors: list[str]
+    errors: list[Delivery]
     tally: Tally = field(default_factory=Tally)
     started: float = field(default_factory=time.monotonic)
 

@@ -7,6 +7,10 @@
     fenced (_FENCED, PRODUCER_FENCED, INVALID_PRODUCER_EPOCH)  -> FencedError
     TRANSACTIONAL_ID_AUTHORIZATION_FAILED                      -> ConfigurationError
     retriable, or _TIMED_OUT                                   -> RetryableError
+    refused for good after the decision (by the first failed
+      delivery's code, else the commit's): MSG_SIZE_TOO_LARGE,
+      *_AUTHORIZATION_FAILED, UNKNOWN_TOPIC_OR_PART, INVALID_RECORD,
+      ...: :data:`PERMANENT`                                   -> EpochBlockedError, with the fix
     anything else at commit                                    -> CommitError
 
 At the start-up check (:func:`check_error`, and :func:`commit_error` with
@@ -41,21 +45,78 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from txsink.connectors.kafka.clients import KafkaSettings
-from txsink.errors import CommitError, ConfigurationError, FencedError, RetryableError, TxsinkError
+from txsink.errors import (
+    CommitError,
+    ConfigurationError,
+    EpochBlockedError,
+    FencedError,
+    RetryableError,
+    TxsinkError,
+)
 
 __all__ = [
+    "PERMANENT",
+    "FailedDelivery",
     "Kind",
     "check_error",
     "client_calls",
     "client_error",
     "commit_error",
     "error_code",
+    "failed_delivery",
     "has_code",
     "kind_of",
 ]
+
+#: Codes with which the brokers refuse a decided epoch's records or transaction until an
+#: operator changes something (a topic's config, an ACL, a deleted topic): no retry helps.
+PERMANENT = (
+    "MSG_SIZE_TOO_LARGE",
+    "_MSG_SIZE_TOO_LARGE",
+    "RECORD_LIST_TOO_LARGE",
+    "TOPIC_AUTHORIZATION_FAILED",
+    "CLUSTER_AUTHORIZATION_FAILED",
+    "TRANSACTIONAL_ID_AUTHORIZATION_FAILED",
+    "UNKNOWN_TOPIC_OR_PART",
+    "_UNKNOWN_TOPIC",
+    "_UNKNOWN_PARTITION",
+    "INVALID_RECORD",
+    "INVALID_TIMESTAMP",
+    "POLICY_VIOLATION",
+)
+
+
+@dataclass(frozen=True)
+class FailedDelivery:
+    """A record the brokers did not take: its error's code and text, where, and its key."""
+
+    code: int
+    name: str
+    text: str
+    topic: str
+    partition: int
+    key: bytes | None
+    size: int
+
+    def __str__(self) -> str:
+        return f"{self.text} (topic {self.topic} partition {self.partition})"
+
+
+def failed_delivery(err: Any, msg: Any) -> FailedDelivery:
+    """The :class:`FailedDelivery` of a delivery callback's ``err`` and ``msg``."""
+    key = msg.key()
+    headers = msg.headers() or []
+    size = len(msg.value() or b"") + len(key or b"")
+    size += sum(len(k) + len(v or b"") for k, v in headers)
+    return FailedDelivery(
+        int(err.code()), str(err.name()), str(err.str()), str(msg.topic()),
+        int(msg.partition()), key, size,
+    )  # fmt: skip
+
 
 #: What a client error means for the caller (:func:`kind_of`).
 Kind = Literal["fenced", "denied", "transient", "other"]
@@ -166,7 +227,7 @@ def commit_error(
     *,
     epoch: int | None,
     shard: int,
-    delivery: Sequence[str] = (),
+    delivery: Sequence[FailedDelivery | str] = (),
     elapsed: float = 0.0,
     init: bool = False,
     phase: str = "commit",
@@ -216,7 +277,7 @@ def commit_error(
             f"({detail})",
             **ctx,
         )
-    if has_code(err, "TRANSACTIONAL_ID_AUTHORIZATION_FAILED"):
+    if has_code(err, "TRANSACTIONAL_ID_AUTHORIZATION_FAILED") and phase != "commit":
         return ConfigurationError(
             f"not authorised to use transactional id {tid!r}: "
             f"grant WRITE on TransactionalId {settings.prefix}-* ({detail})",
@@ -231,6 +292,9 @@ def commit_error(
         )
     if phase == "check":
         return ConfigurationError(f"Kafka shard {shard}: {detail}", **ctx)
+    first = next((d for d in delivery if isinstance(d, FailedDelivery)), None)
+    if (first is not None and first.name in PERMANENT) or has_code(err, *PERMANENT):
+        return _blocked(err, first, settings, shard=shard, detail=detail, ctx=ctx)
     if err.retriable() or has_code(err, "_TIMED_OUT"):
         return RetryableError(f"Kafka shard {shard}: {detail}", **ctx)
     return CommitError(
@@ -305,3 +369,58 @@ def client_calls(
     except (KafkaException, TimeoutError) as exc:
         code = exc.args[0] if isinstance(exc, KafkaException) and exc.args else exc
         raise client_error(code, settings, doing, phase=phase, epoch=epoch, shard=shard) from exc
+
+
+def _blocked(
+    err: Any,
+    first: FailedDelivery | None,
+    settings: KafkaSettings,
+    *,
+    shard: int,
+    detail: str,
+    ctx: dict[str, Any],
+) -> EpochBlockedError:
+    """A decided epoch's shard the brokers refuse until an operator acts: what and the fix."""
+    name = first.name if first is not None and first.name in PERMANENT else str(err.name())
+    topic = first.topic if first is not None else "<topic>"
+    servers = settings.bootstrap_servers
+    record = ""
+    if first is not None:
+        key = "no key" if first.key is None else f"key {first.key[:64]!r}"
+        record = (
+            f" The first refused record: {key}, {first.size} bytes, partition {first.partition}."
+        )
+    if name in ("MSG_SIZE_TOO_LARGE", "RECORD_LIST_TOO_LARGE"):
+        need = 1024 * (((first.size if first else 0) + 1024) // 1024 + 1)
+        fix = (
+            f"raise topic {topic}'s max.message.bytes to at least {need}: kafka-configs "
+            f"--bootstrap-server {servers} --alter --entity-type topics --entity-name "
+            f"{topic} --add-config max.message.bytes={need}"
+        )
+    elif name == "_MSG_SIZE_TOO_LARGE":
+        fix = "raise message.max.bytes in the sink's producer_config above the record's size"
+    elif name in ("UNKNOWN_TOPIC_OR_PART", "_UNKNOWN_TOPIC", "_UNKNOWN_PARTITION"):
+        fix = (
+            f"create topic {topic} again with (at least) its former partitions: kafka-topics "
+            f"--bootstrap-server {servers} --create --topic {topic} --partitions <n>"
+        )
+    elif name.endswith("AUTHORIZATION_FAILED"):
+        fix = (
+            f"grant the sink's principal WRITE on topic {topic} and on TransactionalId "
+            f"{settings.prefix}-{settings.uid}-* again: kafka-acls --bootstrap-server {servers} "
+            f"--add --allow-principal <principal> --operation Write --topic {topic}"
+        )
+    else:
+        fix = (
+            f"change topic {topic}'s configuration so the brokers accept the record "
+            f"(kafka-configs --describe --entity-type topics --entity-name {topic}: the "
+            "refusal names the setting)"
+        )
+    tid = settings.transactional_id(shard)
+    return EpochBlockedError(
+        f"Kafka shard {shard} ({tid!r}): the brokers refuse the decided records for good "
+        f"({name}: {detail}).{record} Fix: {fix}",
+        fix=fix,
+        shard=shard,
+        **{**ctx, "partition": ctx.get("partition", shard)},
+    )

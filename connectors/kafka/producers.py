@@ -28,7 +28,7 @@ import pyarrow as pa
 from txsink._logging import get_logger
 from txsink.connectors.kafka.clients import ENFORCED, KafkaSettings, init_transactions
 from txsink.connectors.kafka.columns import PyColumns, py_columns
-from txsink.connectors.kafka.errors import client_calls, commit_error
+from txsink.connectors.kafka.errors import client_calls, commit_error, failed_delivery
 from txsink.connectors.kafka.markers import Markers
 
 __all__ = ["ShardProducers", "StaleProducerError", "fence", "produce_records"]
@@ -51,7 +51,7 @@ class ShardProducers:
         self.settings = settings
         self.markers = Markers(settings)
         self._producers: dict[int, Any] = {}
-        self._delivery_errors: dict[int, list[str]] = {}
+        self._delivery_errors: dict[int, list[Any]] = {}
 
     def has(self, shard: int) -> bool:
         """Whether ``shard``'s producer exists (initialised) in this process."""
@@ -293,7 +293,8 @@ def _kafka_error(err: BaseException) -> Any:
     return None
 
 
-def _on_failed_delivery(errors: list[str], err: Any, msg: Any) -> None:
-    """Producer-wide delivery callback (failures only): keep the first, with its context."""
+def _on_failed_delivery(errors: list[Any], err: Any, msg: Any) -> None:
+    """Producer-wide delivery callback (failures only): keep the first, with its context
+    (its code and key: a refusal for good blocks the epoch, naming the record)."""
     if err is not None and not errors:
-        errors.append(f"{err.str()} (topic {msg.topic()} partition {msg.partition()})")
+        errors.append(failed_delivery(err, msg))

@@ -10,8 +10,12 @@ psycopg errors are mapped by SQLSTATE class, never by message text::
     55P03, none (connection   connection, resources, operator (57P: shutdown), serialization,
     lost: no session)         deadlock, lock timeout -> RetryableError (Spark retries the
                               task; recovery the driver's steps)
-    28, 42501                 authorization, insufficient privilege -> ConfigurationError
-                              (an operator's grant fixes it; nothing retries it)
+    42501, 28000, 28P01       at commit (a decided epoch): a privilege or login revoked
+                              after the decision -> EpochBlockedError (grant it back, then
+                              ``txsink recover``)
+    28, 42501                 elsewhere: authorization, insufficient privilege ->
+                              ConfigurationError (an operator's grant fixes it; nothing
+                              retries it)
     anything else             TxsinkError
 
 At the start-up check (:func:`check_error`) every failure is a ConfigurationError with
@@ -28,7 +32,13 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from txsink.errors import ConfigurationError, RetryableError, TxsinkError, WriteError
+from txsink.errors import (
+    ConfigurationError,
+    EpochBlockedError,
+    RetryableError,
+    TxsinkError,
+    WriteError,
+)
 from txsink.rowref import RowNames
 from txsink.txid import TxnId
 
@@ -37,6 +47,9 @@ __all__ = ["check_error", "connect_error", "copy_position", "map_error", "redact
 # In a binary COPY: protocol violation (a value of the wrong length), datatype mismatch
 # (an array's element type): the data, not the connection.
 _WIRE_MISMATCH = ("08P01", "42804")
+# Refused for good at commit until an operator grants it back: insufficient privilege,
+# invalid authorization, invalid password.
+_REVOKED = ("42501", "28000", "28P01")
 # COPY's context line (the last one: a value's own parser may add lines before it, e.g.
 # "JSON data, line 1: ..."): "COPY t, line 3, column key: "value"" or, binary, no value.
 _COPY_AT = re.compile(r"^COPY .*, line (\d+)(?:, column ([^:\n]+?))?(?::.*)?$", re.MULTILINE)
@@ -117,6 +130,18 @@ def map_error(
             "committed",
             row=names.at(row) if names is not None else row,
             column=copy_column,
+            **ctx,
+        )
+    if phase in ("commit", "recover") and state in _REVOKED:
+        fix = (
+            f"grant the sink's PostgreSQL role back what it had at the start (LOGIN, and "
+            f"the privileges on {table} and its progress table; COMMIT PREPARED needs the "
+            "role that prepared the transaction, or a superuser)"
+        )
+        return EpochBlockedError(
+            f"PostgreSQL refuses to commit the decided transaction {txn} (SQLSTATE {state}): "
+            f"{summary}; a retry fails the same way until an operator acts. Fix: {fix}",
+            fix=fix,
             **ctx,
         )
     if state[:2] == "28" or state == "42501":  # authorization, insufficient privilege

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit, urlunsplit
 from txsink.errors import (
     CommitError,
     ConfigurationError,
+    EpochBlockedError,
     LogError,
     LogUnavailableError,
     RetryableError,
@@ -163,6 +164,8 @@ def sink_error(
     phase = context.get("phase")
     what = f"cannot {doing} {where}: {describe(err)}"
     kind = classify(err)
+    if kind in ("denied", "credentials", "no-bucket") and phase == "commit":
+        return _blocked(what, kind, bucket, context)
     if kind == "credentials":
         return ConfigurationError(
             f"{what}. No usable AWS credentials: pass aws_access_key_id and "
@@ -265,4 +268,22 @@ def _log_unavailable(head: str, kind: Kind, endpoint: str, err: Exception) -> Lo
     return LogUnavailableError(
         f"{head}: {describe(err)}; {hint}. Transient: the call is safe to retry (the next "
         "run's recovery does)"
+    )
+
+
+def _blocked(what: str, kind: str, bucket: str, context: Mapping[str, Any]) -> EpochBlockedError:
+    # Refused for good after the decision: a policy, the credentials or the bucket
+    # changed since the start; no retry succeeds until an operator puts it back.
+    fix = {
+        "denied": "grant the sink's credentials s3:PutObject, s3:GetObject and "
+        f"s3:ListBucketMultipartUploads on the bucket {bucket!r} and prefix again",
+        "credentials": "give the driver and executors usable AWS credentials again",
+        "no-bucket": f"create the bucket {bucket!r} again (its open uploads are gone: "
+        "the epoch's files of this sink cannot be completed)",
+    }[kind]
+    return EpochBlockedError(
+        f"{what}. S3 refuses to complete the decided upload for good: a retry fails "
+        f"the same way until an operator acts. Fix: {fix}",
+        fix=fix,
+        **context,
     )

@@ -35,6 +35,14 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
         help="function returning the pipeline's Coordinator (or sinks), configured as it runs",
     )
     parser.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
+    parser.add_argument(
+        "--break-lease",
+        "--force",
+        dest="break_lease",
+        action="store_true",
+        help="take the driver lease even though a driver holds it: only when that driver "
+        "is known dead (its host is gone); a live one would be fenced",
+    )
 
 
 def add_recover_arguments(parser: argparse.ArgumentParser) -> None:
@@ -63,9 +71,11 @@ def _run(command: str, args: argparse.Namespace) -> int:
     try:
         coordinator = load_coordinator(args.pipeline, args.log)
         if command == "recover":
-            actions = coordinator.recover(dry_run=dry_run)
+            actions = coordinator.recover(dry_run=dry_run, break_lease=args.break_lease)
         else:
-            actions = coordinator.abort(epoch=args.epoch, dry_run=dry_run)
+            actions = coordinator.abort(
+                epoch=args.epoch, dry_run=dry_run, break_lease=args.break_lease
+            )
     except TxsinkError as err:
         print(f"txsink {command}: {err}", file=sys.stderr)
         return 1

@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from typing import Any
 
 from txsink._format import when
+from txsink.lease import DriverLease, current_lease
 from txsink.log import EpochState, open_log
 
 __all__ = ["add_arguments", "status_command"]
@@ -35,7 +37,30 @@ def _state_doc(state: EpochState) -> dict[str, Any]:
             else {}
         ),
         "not_restored": [] if state.committed is None else list(state.committed.not_restored),
+        "blocked": None if state.blocked is None else state.blocked.to_doc(),
     }
+
+
+def _lease_doc(lease: DriverLease | None, now: float) -> dict[str, Any] | None:
+    if lease is None:
+        return None
+    doc = lease.to_doc()
+    del doc["version"]
+    doc["state"] = (
+        "released" if lease.released else "expired" if now >= lease.expires_at() else "held"
+    )
+    return doc
+
+
+def _lease_line(doc: dict[str, Any] | None) -> str:
+    if doc is None:
+        return "driver lease: none (no driver has run this log yet)"
+    who = f"{doc['by']} on host {doc['host']}, pid {doc['pid']}"
+    if doc["state"] == "released":
+        return f"driver lease: free (released by {who} {_when(doc['renewed_at'])})"
+    span = f"since {_when(doc['acquired_at'])}, renewed {_when(doc['renewed_at'])}"
+    state = "held" if doc["state"] == "held" else "expired"
+    return f"driver lease: {state} by {who} {span}, lease_s={doc['lease_s']:g}"
 
 
 def status_command(args: argparse.Namespace) -> int:
@@ -46,6 +71,7 @@ def status_command(args: argparse.Namespace) -> int:
         return 1
     states = log.states()
     docs = [_state_doc(s) for s in states]
+    lease = _lease_doc(current_lease(log), time.time())
     if args.json:
         print(
             json.dumps(
@@ -54,12 +80,14 @@ def status_command(args: argparse.Namespace) -> int:
                     "app_id": meta["app_id"],
                     "format_version": meta["version"],
                     "epochs": docs,
+                    "lease": lease,
                 },
                 indent=1,
             )
         )
         return 0
     print(f"txsink log {log.location}  app {meta['app_id']}  format v{meta['version']}")
+    print(_lease_line(lease))
     print(f"{'epoch':>8}  {'status':<10} {'rounds':>6}  {'decided':<19}  {'committed':<19}  sinks")
     for d in docs:
         sinks = (
@@ -75,10 +103,26 @@ def status_command(args: argparse.Namespace) -> int:
         for uid, txns in d["pending_handles"].items():
             for txn in txns:
                 print(f"{'':>8}  pending {uid}: {txn}")
+        block = d["blocked"]
+        if block is not None:
+            shard = "" if block["shard"] is None else f" shard {block['shard']}"
+            print(
+                f"{'':>8}  BLOCKED since {_when(block['first_seen'])} "
+                f"({block['attempts']} refused attempt(s)), sink {block['sink_uid']}{shard}: "
+                f"{block['reason']}"
+            )
+            if block["fix"]:
+                print(f"{'':>8}  fix: {block['fix']}; then run `txsink recover` or restart")
     pending = [d for d in docs if d["status"] == "decided"]
+    blocked = [d for d in docs if d["status"] == "blocked"]
     print(
         f"{len(docs)} epochs, {sum(d['status'] == 'committed' for d in docs)} committed, "
         f"{len(pending)} decided and waiting for commit (recovery finishes them on restart)"
+        + (
+            f", {len(blocked)} BLOCKED (the target refuses them until the cause is fixed)"
+            if blocked
+            else ""
+        )
     )
     return 0
 

@@ -32,10 +32,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from txsink.faults import TASK_POINTS, CrashPoint, FaultPlan
 
-__all__ = ["Hook", "HookPlan", "PointHooks"]
+__all__ = ["Hook", "HookPlan", "PointHooks", "plan_from_spec"]
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,14 @@ class PointHooks:
             )
         return HookPlan(base.faults, base.state_dir, tuple(self._hooks), self.folder, wait_s)
 
+    def spec(self) -> dict[str, Any]:
+        """The hooks as JSON, for a pipeline in another process
+        (:func:`~txsink.testing.pipelines.run_stream`'s ``hooks``: :func:`plan_from_spec`)."""
+        return {
+            "folder": self.folder,
+            "at": [[str(h.point), h.epoch, h.partition] for h in self._hooks],
+        }
+
     def start(self) -> PointHooks:
         Path(self.folder).mkdir(parents=True, exist_ok=True)
         self._thread = threading.Thread(target=self._serve, name="txsink-hooks", daemon=True)
@@ -187,3 +196,13 @@ class PointHooks:
                 with contextlib.suppress(OSError), open(_done(self.folder, index), "w"):
                     pass
             self._stop.wait(self.poll_s)
+
+
+def plan_from_spec(spec: dict[str, Any], base: FaultPlan | None = None) -> HookPlan:
+    """The plan of :meth:`PointHooks.spec` in the pipeline's process (its hooks keep their
+    numbers, so the serving process answers them); ``base``'s faults fire after them."""
+    folder = str(spec["folder"])
+    hooks = tuple(Hook(CrashPoint(p), e, part) for p, e, part in spec.get("at", ()))
+    if base is None:
+        return HookPlan((), str(Path(folder, "faults")), hooks, folder)
+    return HookPlan(base.faults, base.state_dir, hooks, folder)

@@ -47,23 +47,43 @@ def run_stream(
     partitions: int = 2,
     log: str | None = None,
     master: str | None = None,
+    *,
+    lease_s: float | None = None,
+    hooks: dict[str, Any] | None = None,
 ) -> None:
     """Stream ``workdir/input`` (one file per epoch) into the sinks until the input is done.
 
     ``log``: the txsink log's location (default ``workdir/txlog``), e.g. an ``s3://`` URL.
     ``master``: a Spark master URL (default ``local[partitions]``), e.g. ``spark://host:port``;
     further settings for it can come from ``PYSPARK_SUBMIT_ARGS``.
+    ``lease_s``: the coordinator's driver lease length. ``hooks``: pauses at crash points
+    served by the test's process (:meth:`txsink.testing.hooks.PointHooks.spec`).
     It prints what txsink prints by default (one line per epoch; see docs/logging.md). A
     failed query prints one ``txsink: query failed: ...`` line, the txsink error's own
     message when the failure is one, and exits with code 1.
+
+    The driver lease is taken before the Spark session starts
+    (:meth:`~txsink.Coordinator.hold_lease`): a second driver of the same query is refused
+    before its query touches Spark's checkpoint.
     """
     from txsink import Coordinator
+    from txsink.faults import FaultPlan
     from txsink.localspark import local_spark
+    from txsink.testing.hooks import plan_from_spec
 
-    spark = local_spark(master or f"local[{partitions}]", "txsink-pipeline")
+    faults = FaultPlan.from_env()
     coordinator = Coordinator(
-        [build_sink(s) for s in sinks], log=log or str(Path(workdir, "txlog"))
+        [build_sink(s) for s in sinks],
+        log=log or str(Path(workdir, "txlog")),
+        lease_s=lease_s,
+        faults=plan_from_spec(hooks, faults) if hooks else faults,
     )
+    try:
+        coordinator.hold_lease()
+    except Exception as err:  # another driver runs this query: refused, nothing touched
+        print(f"{FAILED_LINE}{failure_line(err)}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+    spark = local_spark(master or f"local[{partitions}]", "txsink-pipeline")
     failures: list[Exception] = []
 
     def epoch(df: Any, batch_id: int) -> None:
@@ -73,20 +93,21 @@ def run_stream(
             failures.append(err)
             raise
 
-    query = (
-        input_stream(spark, workdir, partitions)
-        .writeStream.foreachBatch(epoch)
-        .option("checkpointLocation", str(Path(workdir, "checkpoint")))
-        .trigger(availableNow=True)
-        .start()
-    )
     try:
+        query = (
+            input_stream(spark, workdir, partitions)
+            .writeStream.foreachBatch(epoch)
+            .option("checkpointLocation", str(Path(workdir, "checkpoint")))
+            .trigger(availableNow=True)
+            .start()
+        )
         query.awaitTermination()
     except Exception as err:
         cause = failures[-1] if failures else err
         print(f"{FAILED_LINE}{failure_line(cause)}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
     finally:
+        coordinator.close()
         spark.stop()
 
 

@@ -106,7 +106,7 @@ def test_oversized_record_is_refused_before_the_decision(kafka: Any, tmp_path: P
     with pytest.raises(WriteError) as info:
         sink.write(open_, big)
     err = info.value
-    assert (err.row, err.column, err.partition) == (6, "payload", 2)
+    assert (getattr(err.row, "offset", None), err.column, err.partition) == (6, "payload", 2)
     assert "larger than max_record_bytes=1000" in str(err)
 
 
@@ -504,7 +504,11 @@ def test_avro_bad_row_is_refused_in_precommit_naming_row_and_column(
     open_ = sink.begin(TxnId("app", sink.uid, 0, 0, 1, 0), SCHEMA)
     with pytest.raises(WriteError, match="cannot encode the value as Avro") as info:
         sink.write(open_, _batch(range(5)))
-    assert (info.value.row, info.value.partition, info.value.sink_uid) == (2, 1, sink.uid)
+    assert (getattr(info.value.row, "offset", None), info.value.partition, info.value.sink_uid) == (
+        2,
+        1,
+        sink.uid,
+    )
     sink.discard(open_)
     assert _ids_raw_count(kafka, topic) == 0
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import time
 import uuid
 from pathlib import Path
@@ -207,7 +208,8 @@ def test_oversized_record_aborts_the_epoch_in_every_target(
     release(coordinator)
     message = str(info.value)
     assert f"sink_uid={cross.targets['kafka'].uid}" in message, message
-    assert "epoch=1" in message and "partition=" in message and "row=" in message, message
+    assert "epoch=1" in message and "partition=" in message, message
+    assert re.search(r"\(row key \w+=.+ at partition \d+, offset \d+\)", message), message
     assert f"max.message.bytes={LIMIT}" in message, message
 
     # Epoch 0 is committed everywhere, nothing of epoch 1 anywhere, nothing left open.

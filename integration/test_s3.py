@@ -433,7 +433,13 @@ def test_bad_rows_name_sink_partition_row_and_column(s3: Any) -> None:
     with pytest.raises(WriteError) as info:
         sink.write(txn, bad)
     err = info.value
-    assert (err.sink_uid, err.epoch, err.partition, err.row, err.column) == (
+    assert (
+        err.sink_uid,
+        err.epoch,
+        err.partition,
+        getattr(err.row, "offset", None),
+        err.column,
+    ) == (
         sink.uid,
         4,
         2,
@@ -447,7 +453,11 @@ def test_bad_rows_name_sink_partition_row_and_column(s3: Any) -> None:
     txn = sink.begin(TxnId("app", sink.uid, 4, 0, 3, 0), SCHEMA)
     with pytest.raises(WriteError, match=r"over S3's 1024-byte limit.*shorten") as info:
         sink.write(txn, _batch(range(3), key=lambda i: long_key if i == 2 else "ok"))
-    assert (info.value.row, info.value.column, info.value.partition) == (2, "key", 3)
+    assert (getattr(info.value.row, "offset", None), info.value.column, info.value.partition) == (
+        2,
+        "key",
+        3,
+    )
     sink.discard(txn)
     assert _uploads(s3, bucket) == [] and _keys(s3, bucket) == []
 

@@ -20,6 +20,7 @@ from txsink.connectors.delta.commit import ATTEMPTS, app_txn_id
 from txsink.contract import EpochCommit
 from txsink.errors import CommitError, ConfigurationError, WriteError
 from txsink.handles import Handle, dump_handle
+from txsink.rowref import RowRef
 from txsink.txid import TxnId
 
 SCHEMA = pa.schema([("id", pa.int64()), ("key", pa.string()), ("day", pa.date32())])
@@ -284,7 +285,9 @@ def test_a_null_in_a_not_null_column_names_its_row_and_column(tmp_path: Path) ->
     sink.write(open_, pa.RecordBatch.from_pydict({"id": [1, 2], "key": ["a", "b"]}, given))
     with pytest.raises(WriteError, match="NOT NULL") as info:
         sink.write(open_, pa.RecordBatch.from_pydict({"id": [3, None], "key": ["c", "d"]}, given))
-    assert (info.value.row, info.value.column, info.value.partition) == (3, "id", 2)
+    row = info.value.row
+    assert isinstance(row, RowRef) and (row.offset, row.partition) == (3, 2)
+    assert (info.value.column, info.value.partition) == ("id", 2)
     sink.discard(open_)
     assert list(sink.list_prepared("app")) == []
 

@@ -16,6 +16,7 @@ from txsink.connectors.files import (
     read_committed,
 )
 from txsink.errors import CommitError, ConfigurationError, WriteError
+from txsink.rowref import RowRef
 from txsink.txid import TxnId
 
 SCHEMA = pa.schema(
@@ -109,7 +110,10 @@ def test_json_rejects_nan_with_row_and_column(tmp_path: Path) -> None:
     )
     with pytest.raises(WriteError) as info:
         sink.write(t, bad)
-    assert (info.value.row, info.value.column, info.value.sink_uid) == (1, "x", "s1")
+    row = info.value.row
+    assert isinstance(row, RowRef) and (row.offset, row.partition) == (1, 2)
+    assert str(row) == "id=2, name='b', x=nan at partition 2, offset 1"
+    assert (info.value.column, info.value.sink_uid) == ("x", "s1")
     assert "NaN" in str(info.value)
 
 

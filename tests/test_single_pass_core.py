@@ -124,6 +124,51 @@ def test_a_driver_fenced_before_its_decision_raises_fenced_error(tmp_path: Path)
     assert target.prepared == {}  # the tasks were answered "abort" and discarded
 
 
+class LosesConnection(InTaskSink):
+    """Partition 1's write fails with a transient error, raised (Spark would retry it)."""
+
+    @override
+    def write(self, txn: _Open, batch: pa.RecordBatch) -> None:
+        if txn.txn.partition == 1:
+            raise RetryableError("connection to the target lost", connector="mem")
+        super().write(txn, batch)
+
+
+class OpaqueJobFailure(ThreadData):
+    """A barrier job whose failure tells only that a task failed, not the task's error
+    (as a Spark failure without the task's traceback does)."""
+
+    @override
+    def map_partitions(
+        self, task: Callable[[TaskInfo, Iterator[pa.RecordBatch]], Any], *, barrier: bool = False
+    ) -> list[Any]:
+        try:
+            return super().map_partitions(task, barrier=barrier)
+        except Exception:
+            raise RuntimeError("Could not recover from a failed barrier ResultStage") from None
+
+
+def test_a_failed_single_pass_task_is_told_by_the_error_its_vote_carried(
+    tmp_path: Path,
+) -> None:
+    """The failed task's vote carries its error (type, message, context), not only its
+    text: the driver's error names the type, the sink and the partition even when the
+    job's failure does not (issue 34, point 4)."""
+    target = MemTarget()
+    sink = LosesConnection("k", target, Crasher())
+    coordinator = Coordinator([sink], log=TxLog(MemStore()), app_id=APP)
+    job = SinglePassJob(OpaqueJobFailure(batches_for(0, 2, 3)), "127.0.0.1")
+    with pytest.raises(EpochAbortedError) as caught:
+        coordinator.run_epoch(0, job, app_id=APP)
+    assert str(caught.value) == (
+        "[sink_uid=k, epoch=0, partition=1, phase=precommit] epoch 0 aborted, nothing of it "
+        "is visible: a task failed: txsink.errors.RetryableError: [sink_uid=k, epoch=0, "
+        "partition=1, phase=write, connector=mem] connection to the target lost"
+    )
+    assert isinstance(caught.value.__cause__, RetryableError)
+    assert target.visible() == [] and target.prepared == {}
+
+
 def test_tasks_that_cannot_reach_the_vote_service_fail_naming_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from txsink._logging import EpochLogger
 from txsink._rounds import OutageBound, retry_transient
+from txsink._taskerror import describe, from_task
 from txsink.contract import EpochCommit, EpochData, SinkContract, TaskRunner, local_tasks
 from txsink.errors import CommitError, EpochBlockedError, TxsinkError
 from txsink.handles import Handle
@@ -83,6 +84,12 @@ def commit_share(
             )
     rows = data if sink.commits_from_data else None
     request = EpochCommit(epoch, tuple(handles), rows, notify, tasks, ratio)
+    ctx: dict[str, Any] = {
+        "sink_uid": sink.uid,
+        "epoch": epoch,
+        "phase": "commit",
+        "connector": sink.connector,
+    }
     try:
         _commit_counted(sink, request, failed)
     except EpochBlockedError as err:
@@ -90,16 +97,19 @@ def commit_share(
         _blocked(err, sink, epoch, round_=round_, log=log, meter=meter)
         raise
     except TxsinkError as err:
-        err.with_context(sink_uid=sink.uid, epoch=epoch, phase="commit", connector=sink.connector)
-        raise
+        if type(err) is not TxsinkError or not from_task(err):
+            raise err.with_context(**ctx) from err.__cause__
+        # A task's unclassified error (a connector's gap): told as the commit's failure.
+        raise CommitError(
+            f"commit of epoch {epoch} ({len(handles)} handle(s)) failed in a task: "
+            f"{err.message}; the decision stands and recovery retries it on the next run",
+            **{**ctx, **err.context},
+        ) from err
     except Exception as err:
         raise CommitError(
-            f"commit of epoch {epoch} ({len(handles)} handle(s)) failed: {err!r}; the "
-            "decision stands and recovery retries it on the next run",
-            sink_uid=sink.uid,
-            epoch=epoch,
-            phase="commit",
-            connector=sink.connector,
+            f"commit of epoch {epoch} ({len(handles)} handle(s)) failed: {describe(err)}; "
+            "the decision stands and recovery retries it on the next run",
+            **ctx,
         ) from err
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import pyarrow as pa
 
 from txsink.errors import WriteError
+from txsink.rowref import RowNaming
 
 __all__ = ["dumps_record", "json_default", "json_rows"]
 
@@ -41,13 +42,16 @@ def json_rows(
     first_row: int = 0,
     context: dict[str, Any] | None = None,
     alternative: str = "",
+    naming: RowNaming | None = None,
 ) -> list[str]:
     """One compact JSON object per row, of ``columns`` (default: all).
 
-    Raises :class:`~txsink.errors.WriteError` naming the row (``first_row`` +
-    index) and column of a value JSON cannot hold; ``alternative`` is appended
-    to the fix (e.g. "or use format='parquet'").
+    Raises :class:`~txsink.errors.WriteError` naming the row (by ``naming``'s key
+    columns or its first columns, at offset ``first_row`` + index) and column of a value
+    JSON cannot hold; ``alternative`` is appended to the fix (e.g. "or use
+    format='parquet'").
     """
+    whole = batch
     if columns is not None:
         batch = batch.select(list(columns))
     maps = [f.name for f in batch.schema if pa.types.is_map(f.type)]
@@ -69,7 +73,7 @@ def json_rows(
             )
             raise WriteError(
                 f"row cannot be written as JSON ({err}); {fix}{alternative}",
-                row=first_row + i,
+                row=(naming or RowNaming()).ref(whole, i, first_row + i),
                 column=_bad_column(row),
                 phase="write",
                 **(context or {}),

@@ -254,5 +254,10 @@ def failures_logged(
     except Exception as err:
         log_failure(logger, err, epoch=epoch)
         if on_failure is not None:
-            on_failure()
+            try:
+                on_failure()
+            except Exception as cleanup:  # never instead of the failure it follows
+                logger.bind(epoch=epoch).warning("clean-up after the failure failed: %s", cleanup)
+                cleanup_text = one_line(f"{type(cleanup).__name__}: {cleanup}", 500)
+                err.add_note(f"(then the clean-up failed too: {cleanup_text})")
         raise

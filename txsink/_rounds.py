@@ -41,6 +41,8 @@ from typing import NoReturn, TypeVar
 
 from txsink._logging import EpochLogger
 from txsink.errors import (
+    SECONDARY_NOTE,
+    TASK_ERROR_MARKER,
     ConfigurationError,
     FencedError,
     InjectedFault,
@@ -137,7 +139,11 @@ def task_error_line(err: BaseException) -> str | None:
 
 
 def _last_line(traceback: str) -> str | None:
+    # Notes follow the exception's own line: the error a task carries (txsink._taskerror),
+    # a clean-up's failure; they are not the task's error.
+    notes = (TASK_ERROR_MARKER, SECONDARY_NOTE)
     lines = [line.strip() for line in traceback.splitlines() if line.strip()]
+    lines = [line for line in lines if not line.startswith(notes)]
     return lines[-1] if lines else None
 
 

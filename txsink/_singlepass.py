@@ -36,6 +36,7 @@ from txsink._logging import EpochLogger, get_logger
 from txsink._rounds import OutageBound
 from txsink._rounds import run_in_rounds as rounds
 from txsink._task import Ack, TaskPlan, collect_acks, discard_all, run_partition
+from txsink._taskerror import carried, document, rebuild
 from txsink._votes import COMMIT, DECIDED, NO_ANSWER, Vote, VoteService, cast_vote, ping
 from txsink.contract import EpochData, TaskInfo, TaskRunner
 from txsink.errors import (
@@ -174,8 +175,11 @@ def run_single_pass(
                 results = data.map_partitions(
                     functools.partial(_single_pass_task, plan, to), barrier=True
                 )
-            except BaseException:
+            except BaseException as err:
                 outcome.job_failed = service.failure is None
+                voted = _voted_error(service, err)
+                if voted is not None:
+                    raise voted from err
                 raise
     except BaseException as failed:
         failed.txsink_single_pass = outcome  # type: ignore[attr-defined]
@@ -280,6 +284,15 @@ def _decided(err: BaseException) -> bool:
     return failed is not None and failed.decided
 
 
+def _voted_error(service: VoteService, err: BaseException) -> TxsinkError | None:
+    """The error a failed task's vote carried, when the job's failure ``err`` carries no
+    txsink error of its own (a barrier stage's failure may tell only that a task failed);
+    None otherwise."""
+    if service.task_error is None or not isinstance(err, Exception) or carried(err) is not None:
+        return None
+    return rebuild(service.task_error)
+
+
 def _txn_name(ack: Ack) -> str:
     return str(load_handle(ack.handle or {}, sink_uid=ack.sink).txn)
 
@@ -302,8 +315,15 @@ def _single_pass_task(
     try:
         acks = run_partition(plan, task.partition, task.attempt, batches, held=held)
     except BaseException as err:
-        # Tell the driver at once, so the other tasks are answered "abort" now.
-        failed = Vote(**{**asdict(vote), "error": f"{type(err).__name__}: {err}"})
+        # Tell the driver at once, so the other tasks are answered "abort" now; with the
+        # error itself (type, message, context), not only its text.
+        failed = Vote(
+            **{
+                **asdict(vote),
+                "error": f"{type(err).__name__}: {err}",
+                "carried": document(err, partition=task.partition, epoch=plan.epoch),
+            }
+        )
         with contextlib.suppress(Exception):
             cast_vote(to.address, to.token, failed, timeout_s=5.0)
         raise

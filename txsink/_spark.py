@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import pyarrow as pa
 
 from txsink._layout import task_slots
-from txsink._logging import EpochLogger, one_line
+from txsink._logging import EpochLogger
 from txsink._singlepass import SinglePassJob, probe_vote_service
+from txsink._taskerror import carried, failure_text, mark
 from txsink.contract import TaskInfo, TaskRunner
 from txsink.errors import (
     ConfigurationError,
@@ -67,10 +68,6 @@ def _result_schema() -> Any:
     from pyspark.sql.types import BinaryType, LongType, StructField, StructType
 
     return StructType([StructField("partition", LongType()), StructField("result", BinaryType())])
-
-
-#: A Java exception's class name inside a JVM message ("org.apache.spark.SparkException: ").
-_JAVA_CLASS = re.compile(r"\b(?:[a-z][\w$]*\.)+[A-Z][\w$]*(?:Exception|Error): ")
 
 
 def is_connect(df: DataFrame) -> bool:
@@ -319,7 +316,8 @@ class SparkTaskRunner:
         n = len(items)
         frame = self.session.range(0, n, 1, n)
         job = frame.mapInArrow(functools.partial(_run_items, fn, list(items)), _result_schema())
-        return _results(job.collect())
+        with _task_errors():
+            return _results(job.collect())
 
     def __repr__(self) -> str:
         return "SparkTaskRunner"
@@ -371,7 +369,7 @@ class SparkEpochData:
     ) -> list[R]:
         run = functools.partial(_run_task, task, barrier)
         try:
-            with arrow_batches_cut_by_rows(self.df.sparkSession):
+            with arrow_batches_cut_by_rows(self.df.sparkSession), _task_errors():
                 job = self.df.mapInArrow(run, _result_schema(), barrier=barrier)
                 return _results(job.collect())
         except Exception as err:
@@ -385,6 +383,20 @@ class SparkEpochData:
                     phase="check",
                 ) from err
             raise
+
+
+@contextlib.contextmanager
+def _task_errors() -> Iterator[None]:
+    """Around a job's collect: a task's error that failed the job (a Spark failure with
+    the task's traceback as text) is raised as that txsink error, the Spark failure as
+    its ``__cause__`` (:mod:`txsink._taskerror`)."""
+    try:
+        yield
+    except Exception as err:
+        found = carried(err)
+        if found is None or found is err:
+            raise
+        raise found from err
 
 
 def _results(rows: Iterable[Any]) -> list[Any]:
@@ -402,10 +414,13 @@ def _results(rows: Iterable[Any]) -> list[Any]:
 def _run_items(
     fn: Callable[[Any], Any], items: list[Any], batches: Iterator[pa.RecordBatch]
 ) -> Iterator[pa.RecordBatch]:
-    """A :class:`SparkTaskRunner` task: ``fn`` over the items its ids name (one, usually)."""
+    """A :class:`SparkTaskRunner` task: ``fn`` over the items its ids name (one, usually).
+
+    An item's index is no partition of the epoch: its errors get no context here (``fn``
+    names its own: a Kafka shard's commit its shard)."""
     for batch in batches:
         for index in batch.column("id").to_pylist():
-            yield _outcome(index, functools.partial(fn, items[index]))
+            yield _outcome(index, functools.partial(fn, items[index]), carry={})
 
 
 def _run_task(
@@ -423,29 +438,23 @@ def _run_task(
     yield _outcome(info.partition, lambda: task(info, batches))
 
 
-def _outcome(partition: int, call: Callable[[], Any]) -> pa.RecordBatch:
-    """One result row: ``call()``'s value, or the txsink error that fails the epoch."""
+def _outcome(
+    partition: int, call: Callable[[], Any], carry: dict[str, Any] | None = None
+) -> pa.RecordBatch:
+    """One result row: ``call()``'s value, or the txsink error that fails the epoch.
+
+    What the task raises instead carries itself to the driver (:func:`~txsink._taskerror.
+    mark`), with ``carry`` as its context (default: this partition)."""
+    context = {"partition": partition} if carry is None else carry
     try:
         outcome: tuple[bool, Any] = (True, call())
-    except (RetryableError, InjectedFault):
-        raise  # Spark retries the task attempt
+    except (RetryableError, InjectedFault) as err:
+        raise mark(err, **context) from err.__cause__  # Spark retries the task attempt
     except TxsinkError as err:
         # Fatal for the epoch: no task retry can fix it, so it goes to the driver whole.
-        outcome = (False, err.with_context(partition=partition))
+        outcome = (False, err.with_context(**context))
+    except Exception as err:  # a gap in a connector: named on the driver all the same
+        raise mark(err, **context) from err.__cause__
     return pa.RecordBatch.from_pydict(
         {"partition": [partition], "result": [pickle.dumps(outcome)]}, schema=_RESULT_SCHEMA
     )
-
-
-def failure_text(err: BaseException) -> str | None:
-    """One line for a failed Spark call: the JVM exception's own message (not py4j's "An
-    error occurred while calling o73.collectToPython"), without Java class names, cut at a
-    word. ``None`` when ``err`` carries no JVM exception."""
-    java = getattr(err, "java_exception", None)
-    if java is None:
-        return None
-    try:
-        message = str(java.getMessage() or java.toString())
-    except Exception:  # the JVM is gone: nothing better to say than py4j's own text
-        return None
-    return "Spark job failed: " + one_line(_JAVA_CLASS.sub("", message), 300)

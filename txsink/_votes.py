@@ -46,13 +46,16 @@ NO_ANSWER = "no-answer"
 @dataclass(frozen=True)
 class Vote:
     """One task's vote: who it is (partition, task attempt id, the stage's task count) and
-    what it prepared (JSON-able acks), or why it failed."""
+    what it prepared (JSON-able acks), or why it failed: ``error`` in one line, and
+    ``carried``, the task's error as :func:`txsink._taskerror.document` describes it (type,
+    message, context), so that the driver can raise it as it was."""
 
     partition: int
     attempt: int
     tasks: int
     acks: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
+    carried: dict[str, Any] | None = None
 
 
 class VoteService:
@@ -66,7 +69,8 @@ class VoteService:
     starts the collection over (the older votes are answered ``abort``); votes of older
     attempts are answered ``abort``. Votes arriving after the decision are answered
     ``decided``: those tasks commit nothing, the driver finishes the epoch from the
-    decided handles.
+    decided handles. The first failed vote's error is kept in :attr:`task_error`: the
+    driver tells it when the job's own failure does not carry it.
     """
 
     def __init__(
@@ -79,6 +83,8 @@ class VoteService:
     ) -> None:
         self.token = secrets.token_hex(16)
         self.failure: BaseException | None = None
+        #: The error the first failed vote carried (:attr:`Vote.carried`), if any.
+        self.task_error: dict[str, Any] | None = None
         self.answered: str | None = None
         self._on_votes = on_votes
         self._log = log
@@ -136,6 +142,8 @@ class VoteService:
             self._newest = max(self._newest, vote.attempt)
             self._waiting[vote.partition] = (conn, vote)
             if vote.error is not None:
+                if self.task_error is None and isinstance(vote.carried, dict):
+                    self.task_error = vote.carried  # the first task that failed
                 self._answer_all(ABORT, f"partition {vote.partition} failed: {vote.error}")
                 self.answered = ABORT
                 return

@@ -38,6 +38,7 @@ from txsink._operator import OperatorMixin
 from txsink._remote import location_of
 from txsink._singlepass import SinglePassJob, SinglePassOutcome, run_in_rounds, run_single_pass
 from txsink._task import Precommit, TaskPlan, collect_acks, precommit_job
+from txsink._taskerror import cleanup_after, describe, epoch_aborted, unless_raised_again
 from txsink.contract import EpochData, SinkContract
 from txsink.errors import EpochAbortedError, FencedError
 from txsink.faults import CrashPoint, FaultPlan
@@ -398,7 +399,7 @@ class Coordinator(OperatorMixin):
             abort=lambda r, err: self._abort_round(epoch, r, app_id, err),
             claim=lambda: self.log.claim_round(epoch),
             logger=self._log.bind(epoch=epoch),
-            describe=lambda err: _spark.failure_text(err) or type(err).__name__,
+            describe=describe,
         )
         timings.update(out.seconds)
         return round_, out.handles, out.rows, out.committed
@@ -411,21 +412,21 @@ class Coordinator(OperatorMixin):
     def _void_round(self, epoch: int, round_: int, app_id: str, err: BaseException) -> None:
         """Void the round first, so it can never be decided, then abort what it prepared."""
         self._needs_recovery = True
-        if self.log.void(epoch, round_, "pre-commit failed") is not None:
-            # Cannot happen: only this driver holds the round.
-            raise FencedError(
-                f"round {round_} of epoch {epoch} was decided meanwhile", epoch=epoch
-            ) from err
-        self._recovery.abort_attempts(app_id, epoch, round_=round_, best_effort=True)
+        with cleanup_after(err, "voiding the round", self._log.bind(epoch=epoch)):
+            if self.log.void(epoch, round_, "pre-commit failed") is not None:
+                # Cannot happen: only this driver holds the round.
+                raise FencedError(
+                    f"round {round_} of epoch {epoch} was decided meanwhile", epoch=epoch
+                ) from err
+            self._recovery.abort_attempts(app_id, epoch, round_=round_, best_effort=True)
         self._meter.voided(self.sinks)
 
     def _abort_round(self, epoch: int, round_: int, app_id: str, err: BaseException) -> NoReturn:
         """A pre-commit failed: void and abort the round; raise the epoch's abort."""
-        self._void_round(epoch, round_, app_id, err)
+        with unless_raised_again(err):  # the clean-up failed too: noted on err, told below
+            self._void_round(epoch, round_, app_id, err)
         self._meter.epoch("aborted")
-        if isinstance(err, EpochAbortedError) or not isinstance(err, Exception):
-            raise err
-        raise EpochAbortedError.wrapping(epoch, err, _spark.failure_text(err)) from err
+        raise epoch_aborted(epoch, err)
 
     # -- step 4: decide ----------------------------------------------------------------
 

@@ -17,6 +17,7 @@ The hierarchy::
     │   ├── EpochBlockedError        the target refuses the decided epoch until an operator fixes it
     │   └── NonDeterministicReplayError  a replayed epoch differs from the decided one
     ├── LogError                     the txsink log is unreadable or of an unknown format
+    │   └── LogUnavailableError      its store did not answer for a moment (also a RetryableError)
     ├── HandleFormatError            a handle's serializer or version is unknown
     └── InjectedFault                raised on purpose by :mod:`txsink.faults`
 
@@ -28,7 +29,10 @@ code, HTTP status), never by message text.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from txsink.rowref import RowRef
 
 __all__ = [
     "CheckpointMismatchError",
@@ -42,6 +46,7 @@ __all__ = [
     "HandleFormatError",
     "InjectedFault",
     "LogError",
+    "LogUnavailableError",
     "NonDeterministicReplayError",
     "NonRestoredStateError",
     "RetryableError",
@@ -50,17 +55,32 @@ __all__ = [
     "TxsinkError",
     "UnsupportedQueryError",
     "WriteError",
+    "add_secondary",
 ]
 
-_CONTEXT_KEYS = ("sink_uid", "epoch", "partition", "phase", "connector", "row", "column")
+_CONTEXT_KEYS = (
+    "sink_uid",
+    "epoch",
+    "partition",
+    "shard",
+    "phase",
+    "connector",
+    "row",
+    "column",
+)
 
 
 class TxsinkError(Exception):
     """Base of every txsink error.
 
     ``message`` says what happened and how to fix it; the keyword context says
-    where (which sink, epoch, partition, phase, row, column). ``str(err)`` puts
-    both on one line, so a log line or a Spark stack trace is enough to act on.
+    where (which sink, epoch, partition or shard, phase, row, column). ``str(err)`` puts
+    both on one line, so a log line or a Spark stack trace is enough to act on:
+    ``[sink_uid=pg, epoch=3, partition=1, phase=prepare, column=name] <message>
+    (row key id=42 at partition 1, offset 28)``. A row is a
+    :class:`~txsink.rowref.RowRef` (named by its key, or its first columns); an ``int``
+    (a position, as connectors outside this repository may still pass) is shown as
+    ``row=28``. Unset and empty fields are never printed.
     """
 
     def __init__(
@@ -70,9 +90,10 @@ class TxsinkError(Exception):
         sink_uid: str | None = None,
         epoch: int | None = None,
         partition: int | None = None,
+        shard: int | None = None,
         phase: str | None = None,
         connector: str | None = None,
-        row: int | None = None,
+        row: RowRef | int | None = None,
         column: str | None = None,
     ) -> None:
         super().__init__(message)
@@ -80,6 +101,7 @@ class TxsinkError(Exception):
         self.sink_uid = sink_uid
         self.epoch = epoch
         self.partition = partition
+        self.shard = shard
         self.phase = phase
         self.connector = connector
         self.row = row
@@ -88,23 +110,30 @@ class TxsinkError(Exception):
     @property
     def context(self) -> dict[str, Any]:
         """The non-empty context fields, in a stable order."""
-        return {k: getattr(self, k) for k in _CONTEXT_KEYS if getattr(self, k) is not None}
+        return {k: v for k in _CONTEXT_KEYS if (v := getattr(self, k)) is not None and v != ""}
 
     def with_context(self, **context: Any) -> TxsinkError:
         """Fill context fields that are still unset; returns ``self``."""
         for key, value in context.items():
             if key not in _CONTEXT_KEYS:
                 raise TypeError(f"with_context() got an unknown field {key!r}")
-            if getattr(self, key) is None:
+            if getattr(self, key) in (None, ""):
                 setattr(self, key, value)
         return self
 
     def __str__(self) -> str:
         ctx = self.context
+        row = ctx.get("row")
+        named = row is not None and not isinstance(row, int)
+        if named:
+            del ctx["row"]
+        text = self.message
+        if named and str(row):
+            text = f"{text} (row {row})"
         if not ctx:
-            return self.message
+            return text
         where = ", ".join(f"{k}={v}" for k, v in ctx.items())
-        return f"[{where}] {self.message}"
+        return f"[{where}] {text}"
 
     def __reduce__(self) -> tuple[Any, ...]:
         # The default reduce replays __init__(*args) and would drop the context.
@@ -118,6 +147,19 @@ def _rebuild(
     TxsinkError.__init__(err, message, **context)
     err.__dict__.update(state)
     return err
+
+
+def add_secondary(primary: BaseException, secondary: BaseException, during: str) -> None:
+    """Attach ``secondary`` (a failure of the clean-up ``during`` that followed
+    ``primary``) to ``primary`` as a note: the primary cause is what gets raised and
+    logged; the clean-up's failure is told beside it, never instead of it."""
+    lines = str(secondary).strip().splitlines()
+    text = f"{type(secondary).__name__}: {lines[0] if lines else ''}"[:500]
+    primary.add_note(f"{SECONDARY_NOTE}{during} failed too: {text})")
+
+
+#: How the note of a clean-up's failure starts (:func:`add_secondary`).
+SECONDARY_NOTE = "(then "
 
 
 class ConfigurationError(TxsinkError):
@@ -186,20 +228,40 @@ class EpochAbortedError(TxsinkError):
         )
 
     @classmethod
-    def wrapping(cls, epoch: int, err: Exception, text: str | None = None) -> EpochAbortedError:
-        """The epoch's abort caused by ``err``. A failed Python task (Spark's condition
-        ``PYTHON_EXCEPTION``) is told by the last line of its traceback, the task's own
-        error; anything else by ``text`` (default: the first line of ``err``, as a JVM stack
+    def wrapping(
+        cls,
+        epoch: int,
+        err: BaseException,
+        text: str | None = None,
+        *,
+        task_error: TxsinkError | None = None,
+    ) -> EpochAbortedError:
+        """The epoch's abort caused by ``err``. The error a failed task carried in a Spark
+        failure (``task_error``, found by :func:`txsink._taskerror.carried`) is told
+        whole, type included; a failed Python task (Spark's condition
+        ``PYTHON_EXCEPTION``) by the last line of its traceback, the task's own error;
+        anything else by ``text`` (default: the first line of ``err``, as a JVM stack
         trace follows a Spark failure's message)."""
+        if task_error is not None:  # carried from the task that failed (txsink._taskerror)
+            kind = f"{type(task_error).__module__}.{type(task_error).__name__}"
+            where = {k: task_error.context.get(k) for k in ("sink_uid", "partition", "shard")}
+            return cls(
+                f"epoch {epoch} aborted, nothing of it is visible: a task failed: "
+                f"{kind}: {task_error}"[:2000],
+                causes=[task_error],
+                **{k: v for k, v in where.items() if v is not None},
+                epoch=epoch,
+                phase="precommit",
+            )
         if isinstance(err, TxsinkError):
             return cls(
                 f"epoch {epoch} aborted, nothing of it is visible: {err.message}",
                 causes=[err],
-                **err.context,
+                **{"epoch": epoch, **err.context},
             )
-        task_error = _python_task_error(err)
-        if task_error:
-            text = f"a task failed: {task_error}"[:1000]
+        last_line = _python_task_error(err)
+        if last_line:
+            text = f"a task failed: {last_line}"[:1000]
         elif text is None:
             lines = str(err).strip().splitlines()
             text = f"{type(err).__name__}: {lines[0] if lines else ''}"[:500]
@@ -210,15 +272,23 @@ class EpochAbortedError(TxsinkError):
         )
 
 
-def _python_task_error(err: Exception) -> str | None:
+def _python_task_error(err: BaseException) -> str | None:
     """The last line of a failed Python task's traceback (``Type: message``), from a Spark
     error of condition ``PYTHON_EXCEPTION``; None for any other error."""
     condition = getattr(err, "getCondition", None)
     params = getattr(err, "getMessageParameters", None)
     if not callable(condition) or not callable(params) or condition() != "PYTHON_EXCEPTION":
         return None
-    lines = [line for line in str((params() or {}).get("traceback", "")).splitlines() if line]
+    trace = str((params() or {}).get("traceback", "")).splitlines()
+    # Notes follow the exception's own line: txsink's carried error, a clean-up's failure.
+    lines = [
+        line for line in trace if line and not line.startswith((TASK_ERROR_MARKER, SECONDARY_NOTE))
+    ]
     return lines[-1].strip() if lines else None
+
+
+#: The line a task's note carries its error in (:mod:`txsink._taskerror`).
+TASK_ERROR_MARKER = "txsink-task-error: "
 
 
 class FencedError(TxsinkError):
@@ -266,6 +336,12 @@ class NonDeterministicReplayError(CommitError):
 
 class LogError(TxsinkError):
     """The txsink log cannot be read or written, or is of an unknown format version."""
+
+
+class LogUnavailableError(LogError, RetryableError):
+    """The log's store failed for a moment (connection lost, timeout, throttling, a server
+    error): transient, so also a :class:`RetryableError`. Nothing was decided by the failed
+    call; retrying it (the next run's recovery does) is safe."""
 
 
 class ConditionalWritesUnsupportedError(ConfigurationError, LogError):

@@ -42,6 +42,7 @@ from txsink.connectors.delta.writer import OpenTxn, conform, first_null, groups
 from txsink.contract import EpochCommit
 from txsink.errors import CommitError, ConfigurationError, RetryableError, WriteError
 from txsink.handles import Handle
+from txsink.rowref import RowNaming
 from txsink.sink import TwoPhaseCommitSink
 from txsink.store import LogStore
 from txsink.txid import TxnId
@@ -70,6 +71,8 @@ class DeltaSink(TwoPhaseCommitSink[OpenTxn, DeltaHandle]):
         partition_by: partition columns of a table the sink creates; for an existing table
             they must be its own (or left empty).
         compression: Parquet codec of the data files (default ``snappy``).
+        redact_rows: name a rejected row in errors by its column names and a hash of its
+            values only (for sensitive data; default: the first columns' values).
         log: the txsink log, to use the sink alone as ``foreachBatch(sink)``.
     """
 
@@ -85,10 +88,12 @@ class DeltaSink(TwoPhaseCommitSink[OpenTxn, DeltaHandle]):
         create_table: bool = False,
         partition_by: Sequence[str] = (),
         compression: str = "snappy",
+        redact_rows: bool = False,
         log: str | LogStore | None = None,
         **coordinator_options: Any,
     ) -> None:
         super().__init__(uid, log=log, **coordinator_options)
+        self.redact_rows = redact_rows
         self.table = storage.table_uri(table)
         options = {str(k): str(v) for k, v in (storage_options or {}).items()}
         storage.check_options(options)
@@ -194,7 +199,9 @@ class DeltaSink(TwoPhaseCommitSink[OpenTxn, DeltaHandle]):
                 f"column {column!r} is NOT NULL in the Delta table and this row holds a null: "
                 "filter or fill the nulls before the sink (e.g. coalesce), or make the column "
                 "nullable in the table",
-                row=txn.rows + row,
+                row=RowNaming(partition=txn.txn.partition, redact=self.redact_rows).ref(
+                    batch, row, txn.rows + row
+                ),
                 column=column,
                 phase="write",
                 epoch=txn.txn.epoch,

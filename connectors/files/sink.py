@@ -42,6 +42,7 @@ from txsink._target.formats import Format, FormatWriter
 from txsink.connectors.files.handles import FileEntry, FilesHandle
 from txsink.errors import CommitError, ConfigurationError
 from txsink.handles import Handle
+from txsink.rowref import RowNaming
 from txsink.sink import TwoPhaseCommitSink
 from txsink.store import FileStore, LogStore
 from txsink.txid import TxnId
@@ -76,6 +77,8 @@ class FilesSink(TwoPhaseCommitSink[_OpenFiles, FilesHandle]):
         compression: Parquet codec (default ``snappy``), or ``gzip`` for jsonl/csv.
         target_file_bytes: roll to a new file after about this many bytes of
             Arrow data (default 128 MiB).
+        redact_rows: name a rejected row in errors by its column names and a hash of its
+            values only (for sensitive data; default: the first columns' values).
         log: the txsink log, to use the sink alone as ``foreachBatch(sink)``.
     """
 
@@ -90,10 +93,12 @@ class FilesSink(TwoPhaseCommitSink[_OpenFiles, FilesHandle]):
         format: Format = "parquet",
         compression: str | None = None,
         target_file_bytes: int = 128 * 1024 * 1024,
+        redact_rows: bool = False,
         log: str | LogStore | None = None,
         **coordinator_options: Any,
     ) -> None:
         super().__init__(uid, log=log, **coordinator_options)
+        self.redact_rows = redact_rows
         self.compression = formats.check_options("FilesSink", format, compression)
         if target_file_bytes < 1:
             raise ValueError("target_file_bytes must be >= 1")
@@ -159,7 +164,8 @@ class FilesSink(TwoPhaseCommitSink[_OpenFiles, FilesHandle]):
     @override
     def write(self, txn: _OpenFiles, batch: pa.RecordBatch) -> None:
         writer = txn.writer if txn.writer is not None else self._open_file(txn)
-        writer.write(batch, first_row=txn.rows_total)
+        naming = RowNaming(partition=txn.txn.partition, redact=self.redact_rows)
+        writer.write(batch, first_row=txn.rows_total, naming=naming)
         txn.rows_total += batch.num_rows
         if writer.full():
             self._close_file(txn)

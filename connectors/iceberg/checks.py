@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from txsink.errors import ConfigurationError, WriteError
+from txsink.rowref import RowNaming
 
 if TYPE_CHECKING:
     from pyiceberg.schema import Schema
@@ -91,25 +92,58 @@ def check_schema(
             )
 
 
-def conform(data: pa.Table, table: pa.Schema, *, uid: str, connector: str) -> pa.Table:
-    """``data`` in the table's column order and types; absent optional columns as nulls."""
+def conform(
+    data: pa.Table,
+    table: pa.Schema,
+    *,
+    uid: str,
+    connector: str,
+    naming: RowNaming | None = None,
+    first_row: int = 0,
+) -> pa.Table:
+    """``data`` in the table's column order and types; absent optional columns as nulls.
+
+    A value the table's type cannot hold is a WriteError naming its column and its row,
+    as ``naming`` names rows (the table's identifier fields, else the first columns; the
+    row's offset is ``first_row`` + its index in ``data``)."""
     columns = []
     for target in table:
         if data.schema.get_field_index(target.name) < 0:
             columns.append(pa.nulls(data.num_rows, target.type))
             continue
         column = data.column(target.name)
+        # Timestamps truncate to the table's microseconds, as Iceberg writers do.
+        safe = not pa.types.is_timestamp(target.type)
         try:
-            # Timestamps truncate to the table's microseconds, as Iceberg writers do.
-            safe = not pa.types.is_timestamp(target.type)
             columns.append(column.cast(target.type, safe=safe))
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            row = None
+            if naming is not None and isinstance(exc, pa.ArrowInvalid):  # a value, not a type
+                at = _first_failing(column, target.type, safe)
+                one = data.slice(at, 1).combine_chunks().to_batches()[0]
+                row = naming.ref(one, 0, offset=first_row + at)
             raise WriteError(
                 f"column {target.name!r} cannot be written as {target.type}: {type(exc).__name__}; "
-                "cast it in the query",
+                "cast or filter it in the query",
                 sink_uid=uid,
                 connector=connector,
                 column=target.name,
+                row=row,
                 phase="prepare",
             ) from None
     return pa.Table.from_arrays(columns, schema=table)
+
+
+def _first_failing(column: pa.ChunkedArray, to: pa.DataType, safe: bool) -> int:
+    """The index of the first value of ``column`` the cast to ``to`` refuses (the whole
+    column's cast failed), found by halving: an error path, O(n log n) at worst."""
+    lo, hi = 0, len(column)  # the first refused value lies in [lo, hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        try:
+            column.slice(lo, mid - lo).cast(to, safe=safe)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            hi = mid
+        else:
+            lo = mid
+    return lo

@@ -12,7 +12,9 @@
 
 Options: ``catalog`` (pyiceberg catalog properties: ``type``, ``uri``, ``warehouse``,
 ``s3.*``...), ``table`` (``namespace.name``), ``catalog_name``, ``create`` (create the
-table from the stream's schema when missing).
+table from the stream's schema when missing), ``redact_rows`` (a rejected row is named by
+the table's identifier fields, else its first columns; with ``redact_rows=True`` by the
+column names and a hash of the values only, for sensitive data).
 """
 
 from __future__ import annotations
@@ -58,9 +60,11 @@ class IcebergSink(TwoPhaseCommitSink[PreparedWriter, IcebergHandle]):
         *,
         catalog_name: str = "txsink",
         create: bool = False,
+        redact_rows: bool = False,
         **options: Any,
     ) -> None:
         super().__init__(uid, **options)
+        self.redact_rows = redact_rows
         self.catalog_properties = dict(catalog)
         self.table = table
         self.catalog_name = catalog_name
@@ -133,7 +137,7 @@ class IcebergSink(TwoPhaseCommitSink[PreparedWriter, IcebergHandle]):
 
     @override
     def begin(self, txn: TxnId, schema: pa.Schema) -> PreparedWriter:
-        return PreparedWriter(self._load(), txn, self.uid, self.connector)
+        return PreparedWriter(self._load(), txn, self.uid, self.connector, self.redact_rows)
 
     @override
     def write(self, txn: PreparedWriter, batch: pa.RecordBatch) -> None:

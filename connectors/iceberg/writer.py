@@ -27,6 +27,7 @@ from txsink.connectors.iceberg.checks import conform, target_arrow_schema
 from txsink.connectors.iceberg.files import encode_partition
 from txsink.connectors.iceberg.handles import IcebergFile
 from txsink.connectors.iceberg.naming import data_file_name
+from txsink.rowref import RowNaming
 from txsink.txid import TxnId
 
 if TYPE_CHECKING:
@@ -58,7 +59,10 @@ class PreparedWriter:
     txn: TxnId
     uid: str
     connector: str
+    #: Name a rejected row by its column names and a hash of its values only.
+    redact_rows: bool = False
     _pending: list[pa.RecordBatch] = field(default_factory=list)
+    _gathered: int = 0  # rows handed to the encoding thread so far
     _pending_rows: int = 0
     _pending_bytes: int = 0
     _files: dict[str, _File] = field(default_factory=dict)
@@ -77,6 +81,11 @@ class PreparedWriter:
 
         metadata = self.table.metadata
         self._schema = metadata.schema()
+        # A rejected row is named by the table's identifier fields (its key), if it has some.
+        keys = [self._schema.find_column_name(i) for i in self._schema.identifier_field_ids]
+        self._naming = RowNaming(
+            tuple(k for k in keys if k), partition=self.txn.partition, redact=self.redact_rows
+        )
         self._file_schema = sanitize_column_names(self._schema)
         self._spec = metadata.spec()
         self._arrow = target_arrow_schema(self._schema)
@@ -141,20 +150,28 @@ class PreparedWriter:
             return
         chunk = pa.Table.from_batches(self._pending)
         self._pending, self._pending_rows, self._pending_bytes = [], 0, 0
+        first, self._gathered = self._gathered, self._gathered + chunk.num_rows
         self._wait()  # at most one row group encoding while the next one gathers
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="txsink-iceberg-encode")
-        self._inflight = self._pool.submit(self._write, chunk)
+        self._inflight = self._pool.submit(self._write, chunk, first)
 
     def _wait(self) -> None:
         if self._inflight is not None:
             inflight, self._inflight = self._inflight, None
             inflight.result()  # an encoding error surfaces in the task, typed
 
-    def _write(self, chunk: pa.Table) -> None:
+    def _write(self, chunk: pa.Table, first_row: int) -> None:
         from pyiceberg.io.pyarrow import _determine_partitions
 
-        data = conform(chunk, self._arrow, uid=self.uid, connector=self.connector)
+        data = conform(
+            chunk,
+            self._arrow,
+            uid=self.uid,
+            connector=self.connector,
+            naming=self._naming,
+            first_row=first_row,
+        )
         self.rows += data.num_rows
         self.nbytes += data.nbytes
         if self._spec.is_unpartitioned():

@@ -66,7 +66,9 @@ def check_brokers(settings: KafkaSettings, topic: str | None, ctx: dict[str, Any
         doing = f"check the marker topic {settings.marker_topic!r}"
         ensure_marker_topic(admin, meta, settings, ctx)
     except KafkaException as err:
-        raise check_error(err.args[0], settings, doing) from err
+        raise check_error(err.args[0] if err.args else err, settings, doing) from err
+    except TimeoutError as err:  # a future's result(timeout=...) that did not come
+        raise check_error(err, settings, doing) from err
 
 
 def check_topics(settings: KafkaSettings, fmt: RecordFormat, ctx: dict[str, Any]) -> int | None:

@@ -325,6 +325,6 @@ def commit_leftovers(request: EpochCommit[Any], settings: KafkaSettings, fmt: Re
     # on every transaction open on the marker topic.
     ids = [settings.transactional_id(shard) for shard in range(settings.shards)]
     with ThreadPoolExecutor(max_workers=min(8, len(ids))) as pool:  # each waits on a broker
-        list(pool.map(lambda tid: fence(settings, [tid]), ids))
+        list(pool.map(lambda tid: fence(settings, [tid], phase="commit"), ids))
     commit_by_content(data, settings, fmt, app=app, epoch=epoch, decided=decided)
     request.committed(handles)

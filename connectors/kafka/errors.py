@@ -19,6 +19,16 @@ cannot be reached (_TRANSPORT, _TIMED_OUT, _ALL_BROKERS_DOWN, _RESOLVE), refused
 credentials or ACLs (_AUTHENTICATION, SASL_AUTHENTICATION_FAILED, *_AUTHORIZATION_FAILED),
 TLS (_SSL), anything else with its code.
 
+Any other client call (admin, consumer, a fencing ``init_transactions``; :func:`client_calls`
+around it, :func:`kind_of` its table)::
+
+    fenced (_FENCED, PRODUCER_FENCED, INVALID_PRODUCER_EPOCH)         -> FencedError
+    refused credentials or ACLs (_AUTHENTICATION, *_AUTHORIZATION_FAILED) -> ConfigurationError
+    retriable(), a broker or leader gone for a moment (_TRANSPORT, _TIMED_OUT,
+    _ALL_BROKERS_DOWN, _RESOLVE, _NOENT, LEADER_NOT_AVAILABLE, NOT_COORDINATOR, ...),
+    or a client-side timeout of a call's future                       -> RetryableError
+    anything else                  -> CommitError at commit (the decision stands), else TxsinkError
+
 Each text says what to do; a transaction that ran close to ``transaction.timeout.ms``
 says that the broker aborted it, and a failed ``init_transactions`` what the brokers
 need for transactions.
@@ -33,9 +43,10 @@ id over" (docs/time-limits.md).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from txsink.connectors.kafka.clients import KafkaSettings
 from txsink.errors import (
@@ -50,11 +61,15 @@ from txsink.errors import (
 __all__ = [
     "PERMANENT",
     "FailedDelivery",
+    "Kind",
     "check_error",
+    "client_calls",
+    "client_error",
     "commit_error",
     "error_code",
     "failed_delivery",
     "has_code",
+    "kind_of",
 ]
 
 #: Codes with which the brokers refuse a decided epoch's records or transaction until an
@@ -103,6 +118,9 @@ def failed_delivery(err: Any, msg: Any) -> FailedDelivery:
     )  # fmt: skip
 
 
+#: What a client error means for the caller (:func:`kind_of`).
+Kind = Literal["fenced", "denied", "transient", "other"]
+
 _FENCED = ("_FENCED", "PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH")
 #: Codes of a failed ``init_transactions`` that mean "the brokers cannot do transactions".
 _NO_TRANSACTIONS = (
@@ -123,6 +141,22 @@ _DENIED = (
 )
 
 
+#: Codes of a broker or partition that is not there for a moment: a leader election, a
+#: broker restarting, a coordinator moving (librdkafka does not mark all of them
+#: ``retriable()``: "No leaders found" is ``_NOENT``).
+_MOMENTARY = (
+    *_UNREACHABLE,
+    "_NOENT",
+    "_MSG_TIMED_OUT",
+    "LEADER_NOT_AVAILABLE",
+    "NOT_LEADER_FOR_PARTITION",
+    "REQUEST_TIMED_OUT",
+    "NOT_COORDINATOR",
+    "COORDINATOR_NOT_AVAILABLE",
+    "COORDINATOR_LOAD_IN_PROGRESS",
+)
+
+
 def error_code(name: str) -> int:
     """The ``KafkaError`` code called ``name`` (``"TOPIC_ALREADY_EXISTS"``, ``"_FENCED"``)."""
     from confluent_kafka import KafkaError
@@ -135,11 +169,40 @@ def has_code(err: Any, *names: str) -> bool:
     return int(err.code()) in {error_code(name) for name in names}
 
 
+def kind_of(err: Any) -> Kind:
+    """What the ``KafkaError`` ``err`` (or a client call's own exception) means, by code
+    (never by its text): see the module's table."""
+    if not hasattr(err, "code"):  # not a KafkaError: a future's timeout is transient
+        return "transient" if isinstance(err, TimeoutError) else "other"
+    if has_code(err, *_FENCED):
+        return "fenced"
+    if has_code(err, *_DENIED):
+        return "denied"
+    if err.retriable() or has_code(err, *_MOMENTARY):
+        return "transient"
+    return "other"
+
+
+def _told(err: Any) -> str:
+    """``err`` in a message: a KafkaError's text and name, or an exception's type and text."""
+    if hasattr(err, "code"):
+        return f"{err.str()} ({err.name()})"
+    if isinstance(err, TimeoutError):
+        return "no answer in time (TimeoutError)"
+    return f"{type(err).__name__}: {err}"
+
+
 def check_error(err: Any, settings: KafkaSettings, doing: str) -> ConfigurationError:
-    """The start-up check's error for the ``KafkaError`` ``err`` met while ``doing``."""
+    """The start-up check's error for the ``KafkaError`` ``err`` (or a call's timeout) met
+    while ``doing``."""
     ctx = settings.context("check")
-    what = f"cannot {doing} at {settings.bootstrap_servers}: {err.str()} ({err.name()})"
-    if has_code(err, *_UNREACHABLE):
+    what = f"cannot {doing} at {settings.bootstrap_servers}: {_told(err)}"
+    if not hasattr(err, "code"):
+        fix = (
+            "the brokers did not answer in time: check bootstrap_servers, that the brokers "
+            "run and that they are not overloaded, or raise timeout_s"
+        )
+    elif has_code(err, *_UNREACHABLE):
         fix = (
             "the brokers cannot be reached: check bootstrap_servers, that the brokers run "
             "and that their advertised listeners are reachable from the driver and executors"
@@ -238,6 +301,74 @@ def commit_error(
         f"Kafka shard {shard}: {detail}; the decision stands and recovery retries the commit",
         **ctx,
     )
+
+
+def client_error(
+    err: Any,
+    settings: KafkaSettings,
+    doing: str,
+    *,
+    phase: str,
+    epoch: int | None = None,
+    shard: int | None = None,
+) -> TxsinkError:
+    """The txsink error for the ``KafkaError`` ``err`` (or a client call's own exception,
+    such as a future's ``TimeoutError``) met while ``doing`` (``"reading the marker
+    topic"``), by :func:`kind_of`: transient -> RetryableError; fenced -> FencedError;
+    refused credentials or ACLs -> ConfigurationError; else a CommitError at commit (the
+    decision stands) or a TxsinkError."""
+    ctx = settings.context(phase, epoch=epoch, shard=shard)
+    where = f"Kafka shard {shard}: " if shard is not None else "Kafka: "
+    what = f"{where}{doing} failed: {_told(err)}"
+    kind = kind_of(err)
+    if kind == "fenced":
+        return FencedError(
+            f"{what}: another producer took transactional id {settings.prefix}-"
+            f"{settings.uid}-* over; give each query its own prefix or uid",
+            **ctx,
+        )
+    if kind == "denied":
+        return ConfigurationError(
+            f"{what}: the brokers refused the credentials or the ACLs; grant what the sink "
+            "needs (docs/connectors/kafka.md), then restart",
+            **ctx,
+        )
+    if kind == "transient":
+        return RetryableError(
+            f"{what}; transient: it is retried (a task by Spark, a commit by recovery). If "
+            f"it persists, check that the brokers at {settings.bootstrap_servers} run and "
+            "that the topics' partitions have leaders",
+            **ctx,
+        )
+    if phase == "commit":
+        return CommitError(f"{what}; the decision stands and recovery retries the commit", **ctx)
+    return TxsinkError(f"{what}; fix what the brokers say, then restart", **ctx)
+
+
+@contextlib.contextmanager
+def client_calls(
+    settings: KafkaSettings,
+    doing: str,
+    *,
+    phase: str,
+    epoch: int | None = None,
+    shard: int | None = None,
+) -> Iterator[None]:
+    """Around calls into confluent-kafka: a ``KafkaException`` (or a call's future timing
+    out) leaves as the txsink error :func:`client_error` makes of it (the context said, the
+    code classified), never raw. A txsink error raised inside gets the shard and epoch it
+    lacks."""
+    from confluent_kafka import KafkaException
+
+    try:
+        yield
+    except TxsinkError as err:
+        raise err.with_context(**settings.context(phase, epoch=epoch, shard=shard)) from (
+            err.__cause__
+        )
+    except (KafkaException, TimeoutError) as exc:
+        code = exc.args[0] if isinstance(exc, KafkaException) and exc.args else exc
+        raise client_error(code, settings, doing, phase=phase, epoch=epoch, shard=shard) from exc
 
 
 def _blocked(

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from txsink.connectors.kafka.clients import KafkaSettings
-from txsink.connectors.kafka.errors import has_code
+from txsink.connectors.kafka.errors import client_calls, has_code
 from txsink.connectors.kafka.offsets import Isolation, partition_ends
 from txsink.errors import ConfigurationError, RetryableError
 
@@ -84,6 +84,21 @@ class Markers:
         self._known.clear()
 
     def read(
+        self,
+        app: str,
+        shards: Sequence[int],
+        *,
+        wait_s: float | None = None,
+        phase: str = "commit",
+    ) -> dict[int, int]:
+        """:meth:`_read`, its client errors classified and named (a leader election on the
+        marker topic is a RetryableError naming the shard, never a raw KafkaException);
+        ``phase``: the protocol step reading (the commit, recovery's look at the markers)."""
+        shard = shards[0] if len(shards) == 1 else None
+        with client_calls(self.settings, "reading the marker topic", phase=phase, shard=shard):
+            return self._read(app, shards, wait_s=wait_s)
+
+    def _read(
         self, app: str, shards: Sequence[int], *, wait_s: float | None = None
     ) -> dict[int, int]:
         """Read the markers of ``shards`` (-1: none) from the marker topic, read_committed.

@@ -28,7 +28,7 @@ import pyarrow as pa
 from txsink._logging import get_logger
 from txsink.connectors.kafka.clients import ENFORCED, KafkaSettings, init_transactions
 from txsink.connectors.kafka.columns import PyColumns, py_columns
-from txsink.connectors.kafka.errors import commit_error, failed_delivery
+from txsink.connectors.kafka.errors import client_calls, commit_error, failed_delivery
 from txsink.connectors.kafka.markers import Markers
 
 __all__ = ["ShardProducers", "StaleProducerError", "fence", "produce_records"]
@@ -265,9 +265,10 @@ def _produce_when_room(
             producer.poll(0.05)
 
 
-def fence(settings: KafkaSettings, transactional_ids: list[str]) -> None:
+def fence(settings: KafkaSettings, transactional_ids: list[str], *, phase: str) -> None:
     """``init_transactions`` on each id: aborts the transaction a dead producer left open
-    (it would hold ``read_committed`` readers back) and fences a zombie."""
+    (it would hold ``read_committed`` readers back) and fences a zombie. A client error is
+    raised classified (:func:`~txsink.connectors.kafka.errors.client_calls`), of ``phase``."""
     from confluent_kafka import Producer
 
     for tid in transactional_ids:
@@ -277,7 +278,8 @@ def fence(settings: KafkaSettings, transactional_ids: list[str]) -> None:
             "transactional.id": tid,
             **ENFORCED,
         }
-        init_transactions(Producer(conf), settings.timeout_s)
+        with client_calls(settings, f"fencing transactional id {tid!r}", phase=phase):
+            init_transactions(Producer(conf), settings.timeout_s)
 
 
 def _kafka_error(err: BaseException) -> Any:

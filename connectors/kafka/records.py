@@ -26,7 +26,8 @@ from txsink._json import json_rows
 from txsink.connectors.kafka.avro import AvroEncoder
 from txsink.connectors.kafka.limits import batch_sizes
 from txsink.connectors.kafka.topics import TopicLookup, check_records
-from txsink.errors import WriteError
+from txsink.errors import TxsinkError, WriteError
+from txsink.rowref import RowNaming
 
 __all__ = ["RECORD_SCHEMA", "RecordFormat", "avro_encoders"]
 
@@ -87,6 +88,8 @@ class RecordFormat:
     #: The cap when the topic was not described (the sink's check did not run): the
     #: explicit ``max_record_bytes``, else the producer's ``message.max.bytes``.
     max_record_bytes: int = 1_000_000
+    #: Errors name a row by its column names and a hash of its values only.
+    redact_rows: bool = False
     #: ``"key"`` / ``"value"`` -> its Avro encoder; its schema is fixed at start.
     avro: dict[str, AvroEncoder] = field(default_factory=dict)
     #: The topics as the brokers describe them (the check seeds ``topic``'s; a
@@ -116,7 +119,20 @@ class RecordFormat:
 
     def encode(self, batch: pa.RecordBatch, partition: int, first_row: int) -> pa.RecordBatch:
         """The Kafka records (:data:`RECORD_SCHEMA`) of ``batch``; ``first_row`` counts the
-        partition's rows before it, for errors that name a row."""
+        partition's rows before it, for errors that name a row: by the ``key`` column's
+        value (or the first columns), the partition and the offset in it (``redact_rows``:
+        the column names and a hash only)."""
+        try:
+            return self._encode(batch, partition, first_row)
+        except TxsinkError as err:
+            at = err.row if isinstance(err.row, int) else getattr(err.row, "offset", None)
+            if at is not None and 0 <= at - first_row < batch.num_rows:
+                keys = (self.key,) if self.key else ()
+                naming = RowNaming(keys, partition=partition, redact=self.redact_rows)
+                err.row = naming.ref(batch, at - first_row, at)
+            raise
+
+    def _encode(self, batch: pa.RecordBatch, partition: int, first_row: int) -> pa.RecordBatch:
         n = batch.num_rows
         ctx: dict[str, Any] = {"sink_uid": self.uid, "partition": partition, "connector": "kafka"}
         topic = (

@@ -136,6 +136,9 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
             at the check; per topic with ``topic_column``) and the producer's
             ``message.max.bytes``; a value above them is refused at the check.
         timeout_s: how long a call to the brokers may take.
+        redact_rows: name a rejected row in errors by its column names and a hash of its
+            values only (for sensitive data; default: the ``key`` column's value, or the
+            first columns').
         log: the txsink log, to use the sink alone as ``foreachBatch(sink)``.
     """
 
@@ -170,6 +173,7 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
         producer_config: dict[str, Any] | None = None,
         max_record_bytes: int | None = None,
         timeout_s: float = 30.0,
+        redact_rows: bool = False,
         log: str | LogStore | None = None,
         **coordinator_options: Any,
     ) -> None:
@@ -225,6 +229,7 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
             topic_column=topic_column,
             partition_column=partition_column,
             max_record_bytes=max_record_bytes or producer_max,
+            redact_rows=redact_rows,
             avro=avro_encoders(
                 key=key,
                 key_format=key_format,
@@ -385,12 +390,12 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
             self._wal.delete([handle])
         elif isinstance(handle, KafkaDirectHandle):
             # Its task aborted it or died: a new producer on the id aborts whatever is open.
-            fence(self.settings, [self.transactional_id(handle.shard)])
+            fence(self.settings, [self.transactional_id(handle.shard)], phase="abort")
             self._generation = uuid.uuid4().hex
 
     @override
     def recorded_epoch(self, app_id: str) -> int | None:
-        found = Markers(self.settings).read(app_id, range(self.shards))
+        found = Markers(self.settings).read(app_id, range(self.shards), phase="recover")
         newest = max(found.values(), default=-1)
         return None if newest < 0 else newest
 
@@ -408,7 +413,7 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
         before = dataclasses.replace(self.settings, uid=old)
         ids = [before.transactional_id(shard) for shard in range(self.shards)]
         if not dry_run:
-            fence(self.settings, ids)
+            fence(self.settings, ids, phase="migrate")
         verb = "would fence" if dry_run else "fenced"
         return [
             f"{self!r}: {verb} transactional ids {ids}; markers {app_id}/{old}/<shard> stay in "

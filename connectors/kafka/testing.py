@@ -328,7 +328,11 @@ class KafkaTesting(ConnectorTesting):
         if spec.get("mode") == "direct":
             sink = self.build_sink(spec, env)
             with contextlib.suppress(Exception):
-                fence(sink.settings, [sink.transactional_id(s) for s in range(sink.shards)])
+                fence(
+                    sink.settings,
+                    [sink.transactional_id(s) for s in range(sink.shards)],
+                    phase="abort",
+                )
             with contextlib.suppress(Exception):
                 readback.delete_topic(env[BOOTSTRAP], sink.marker_topic)
         pool.clear()

@@ -32,6 +32,7 @@ import pyarrow as pa
 
 from txsink._logging import get_logger
 from txsink.connectors.kafka.clients import KafkaSettings
+from txsink.connectors.kafka.errors import client_calls
 from txsink.connectors.kafka.producers import ShardProducers, produce_records
 from txsink.connectors.kafka.records import RECORD_SCHEMA
 from txsink.connectors.kafka.walstore import WalStore, WalWriter, crc32_of
@@ -217,8 +218,11 @@ class ShardCommit:
     def __call__(self, item: tuple[int, tuple[KafkaWalHandle, ...]]) -> ShardResult:
         shard, handles = item
         producers = ShardProducers(self.settings)
+        # Its errors name the shard and epoch, a raw client error classified by code.
+        doing = f"committing epoch {self.epoch} from the WAL"
         try:
-            return commit_shard(producers, self.store, shard, self.epoch, handles)
+            with client_calls(self.settings, doing, phase="commit", epoch=self.epoch, shard=shard):
+                return commit_shard(producers, self.store, shard, self.epoch, handles)
         finally:
             producers.close()
 

@@ -107,13 +107,19 @@ def _first_bad(column: pa.Array, convert: Callable[[pa.Array], Any]) -> int:
 
 def _bad(plan: ColumnPlan, row: int, value: Any, why: str) -> WriteError:
     return WriteError(
-        f"column {plan.name!r}, row {row}: {value!r} cannot be {plan.target} ({why}). "
+        f"column {plan.name!r}: {_short(value)} cannot be {plan.target} ({why}). "
         "Fix or filter the offending "
         f"rows (or cast the column in Spark) and restart the query{_AFTER}",
         row=row,
         column=plan.name,
         phase="write",
     )
+
+
+def _short(value: Any) -> str:
+    """A rejected value as the message shows it (the row is named by its key beside it)."""
+    text = repr(value)
+    return text if len(text) <= 100 else text[:99] + "…"
 
 
 def _plain(value: Any, t: pa.DataType) -> Any:

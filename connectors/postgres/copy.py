@@ -19,6 +19,7 @@ import pyarrow as pa
 from txsink.connectors.postgres.binary import BinaryEncoder
 from txsink.connectors.postgres.casts import ColumnPlan
 from txsink.connectors.postgres.stall import Stall
+from txsink.rowref import RowNames
 from txsink.txid import TxnId
 
 if TYPE_CHECKING:
@@ -43,9 +44,13 @@ class OpenTxn:
     target: str  # the table the COPY feeds (the stage table in upsert mode)
     rows: int = 0
     nbytes: int = 0
+    #: The identifying columns of the rows sent: the server names a bad row by its line.
+    names: RowNames | None = None
 
     def write(self, batch: pa.RecordBatch) -> None:
         """Send ``batch`` to the COPY (PostgreSQL checks it as it arrives, or at the end)."""
+        if self.names is not None:
+            self.names.add(batch)
         data = self.encoder.encode(batch, self.rows)
         with self.stall.guard("COPY"):
             self.copy.write(data)
@@ -67,8 +72,11 @@ def start_copy(
     stall: Stall,
     target: sql.Identifier,
     plans: Sequence[ColumnPlan],
+    *,
+    names: RowNames | None = None,
 ) -> OpenTxn:
-    """Open ``COPY target (the planned columns) FROM STDIN (FORMAT BINARY)`` on ``conn``."""
+    """Open ``COPY target (the planned columns) FROM STDIN (FORMAT BINARY)`` on ``conn``
+    (``names`` keeps what names a row the server rejects)."""
     from psycopg import sql
 
     columns = [p.name for p in plans]
@@ -80,4 +88,6 @@ def start_copy(
         cm = conn.cursor().copy(stmt)
         copy = cm.__enter__()
         copy.write(encoder.header())
-    return OpenTxn(txn, conn, stall, cm, copy, encoder, columns, target.as_string(conn))
+    return OpenTxn(
+        txn, conn, stall, cm, copy, encoder, columns, target.as_string(conn), names=names
+    )

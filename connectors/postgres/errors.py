@@ -7,11 +7,15 @@ psycopg errors are mapped by SQLSTATE class, never by message text::
     08P01, 42804 in a COPY    a value in another binary form than its column's (the table
                               changed after the check) -> WriteError naming row and column
     08, 53, 57, 40001, 40P01,
-    55P03                     connection, resources, operator, serialization, deadlock,
-                              lock timeout -> RetryableError (Spark may retry the task)
+    55P03, none (connection   connection, resources, operator (57P: shutdown), serialization,
+    lost: no session)         deadlock, lock timeout -> RetryableError (Spark retries the
+                              task; recovery the driver's steps)
     42501, 28000, 28P01       at commit (a decided epoch): a privilege or login revoked
                               after the decision -> EpochBlockedError (grant it back, then
                               ``txsink recover``)
+    28, 42501                 elsewhere: authorization, insufficient privilege ->
+                              ConfigurationError (an operator's grant fixes it; nothing
+                              retries it)
     anything else             TxsinkError
 
 At the start-up check (:func:`check_error`) every failure is a ConfigurationError with
@@ -35,6 +39,7 @@ from txsink.errors import (
     TxsinkError,
     WriteError,
 )
+from txsink.rowref import RowNames
 from txsink.txid import TxnId
 
 __all__ = ["check_error", "connect_error", "copy_position", "map_error", "redact_dsn"]
@@ -73,18 +78,32 @@ def copy_position(context: str) -> tuple[int | None, str | None]:
     return int(line) - 1, column or None  # COPY counts from 1
 
 
+def _sqlstate(state: str) -> str:
+    """`` (SQLSTATE 23502)``, or nothing when the server gave none (a lost connection)."""
+    return f" (SQLSTATE {state})" if state else ""
+
+
 def map_error(
-    err: BaseException, txn: TxnId | None, *, sink_uid: str, table: str, phase: str
+    err: BaseException,
+    txn: TxnId | None,
+    *,
+    sink_uid: str,
+    table: str,
+    phase: str,
+    names: RowNames | None = None,
 ) -> TxsinkError:
     """``err``, raised in ``phase`` of transaction ``txn`` (None: of no one transaction)
     writing ``table``, as a txsink error naming the sink, epoch, partition and phase (a
-    txsink error gets what it lacks)."""
+    txsink error gets what it lacks). ``names``: what the transaction sent, to name a
+    rejected row by its key rather than its offset."""
     import psycopg
 
     ctx: dict[str, Any] = {"sink_uid": sink_uid, "phase": phase, "connector": "postgres"}
     if txn is not None:
         ctx.update(epoch=txn.epoch, partition=txn.partition)
     if isinstance(err, TxsinkError):
+        if isinstance(err.row, int) and names is not None:
+            err.row = names.at(err.row)
         return err.with_context(**ctx)
     if not isinstance(err, psycopg.Error):
         return WriteError(f"{type(err).__name__}: {err}", **ctx)
@@ -94,10 +113,10 @@ def map_error(
     if state[:2] in ("22", "23"):  # data exception, integrity constraint violation
         row, copy_column = copy_position(diag.context or "")
         return WriteError(
-            f"{table} rejected a row (SQLSTATE {state}): {summary}. "
+            f"{table} rejected a row{_sqlstate(state)}: {summary}. "
             "Fix or filter the offending rows (or the table's constraint) and restart "
             "the query; nothing of this epoch was committed",
-            row=row,
+            row=names.at(row) if names is not None else row,
             column=diag.column_name or copy_column,
             **ctx,
         )
@@ -105,11 +124,11 @@ def map_error(
         # A value in another binary form than the column's: its type changed after the check.
         row, copy_column = copy_position(diag.context or "")
         return WriteError(
-            f"{table} could not read a value of column {copy_column} (SQLSTATE {state}): "
+            f"{table} could not read a value of column {copy_column}{_sqlstate(state)}: "
             f"{summary}. The column's type changed after the sink's check at start: restart "
             "the query, so that the check reads the table again; nothing of this epoch was "
             "committed",
-            row=row,
+            row=names.at(row) if names is not None else row,
             column=copy_column,
             **ctx,
         )
@@ -125,10 +144,36 @@ def map_error(
             fix=fix,
             **ctx,
         )
+    if state[:2] == "28" or state == "42501":  # authorization, insufficient privilege
+        return ConfigurationError(
+            f"PostgreSQL refused the sink's role{_sqlstate(state)}: {summary}. Grant it what "
+            f"the sink needs on {table}, its progress table and pg_prepared_xacts "
+            "(docs/connectors/postgres.md), then restart: nothing retries this by itself",
+            **ctx,
+        )
     lost = isinstance(err, psycopg.OperationalError) and not state  # no session: no SQLSTATE
     if lost or state[:2] in ("08", "53", "57") or state in ("40001", "40P01", "55P03"):
-        return RetryableError(f"transient PostgreSQL error (SQLSTATE {state}): {summary}", **ctx)
-    return TxsinkError(f"PostgreSQL error (SQLSTATE {state}): {summary}", **ctx)
+        return RetryableError(
+            f"transient PostgreSQL error{_sqlstate(state)}: {summary}. {_retried(phase)}; "
+            "if it keeps failing, check that the server runs and is reachable",
+            **ctx,
+        )
+    return TxsinkError(
+        f"PostgreSQL error{_sqlstate(state)}: {type(err).__name__}: {summary}", **ctx
+    )
+
+
+#: The phases that run in a Spark task (the rest run on the driver).
+_TASK_PHASES = ("begin", "write", "prepare")
+
+
+def _retried(phase: str) -> str:
+    """Who retries a transient failure of ``phase``."""
+    if phase in _TASK_PHASES:
+        return "Spark retries the task"
+    if phase == "commit":
+        return "The decision stands: the commit is retried, by the next run's recovery at last"
+    return "The next run's recovery does it again"
 
 
 def _first_line(err: BaseException) -> str:
@@ -173,7 +218,7 @@ def check_error(err: BaseException, *, server: str, table: str, ctx: dict[str, A
     else:
         fix = "fix what the server says, then start again"
     return ConfigurationError(
-        f"PostgreSQL at {server} refused the start-up check of {table} (SQLSTATE {state}): "
+        f"PostgreSQL at {server} refused the start-up check of {table}{_sqlstate(state)}: "
         f"{summary}. {fix[0].upper()}{fix[1:]}",
         **ctx,
     )

@@ -51,11 +51,12 @@ from txsink.connectors.postgres.progress import (
     was_committed,
 )
 from txsink.connectors.postgres.stall import Stall, Timeouts
-from txsink.connectors.postgres.tables import Tables, split_table
+from txsink.connectors.postgres.tables import Tables, primary_key, split_table
 from txsink.connectors.postgres.upsert import create_stage, merge_stage
 from txsink.errors import CommitError, ConfigurationError, RetryableError, TxsinkError
 from txsink.handles import Handle, register_handle
 from txsink.log import LogStore
+from txsink.rowref import RowNames
 from txsink.sink import Partitioning, TwoPhaseCommitSink
 from txsink.txid import TxnId
 
@@ -102,6 +103,9 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, PgHandle]):
             server's, set (``SET LOCAL``) in every task's transaction; None: the server's.
         prepared_age_warning_s: warn at start about prepared transactions older than this.
         connect_kwargs: extra keyword arguments for ``psycopg.connect``.
+        redact_rows: name a rejected row in errors by its column names and a hash of its
+            values only (for sensitive data; default: the values of ``key``, else of the
+            table's primary key, else of the first columns).
         log: the txsink log, to use the sink alone as ``foreachBatch(sink)``.
     """
 
@@ -127,10 +131,12 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, PgHandle]):
         idle_in_transaction_timeout_ms: int | None = 300_000,
         prepared_age_warning_s: float = 600.0,
         connect_kwargs: dict[str, Any] | None = None,
+        redact_rows: bool = False,
         log: str | LogStore | None = None,
         **coordinator_options: Any,
     ) -> None:
         super().__init__(uid, log=log, **coordinator_options)
+        self.redact_rows = redact_rows
         if mode not in ("append", "upsert"):
             raise ValueError(f"PostgresSink mode must be 'append' or 'upsert', got {mode!r}")
         if mode == "upsert" and not key:
@@ -156,6 +162,9 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, PgHandle]):
         self.prepared_age_warning_s = prepared_age_warning_s
         self.connect_kwargs = dict(connect_kwargs or {})
         self._driver_conn: psycopg.Connection[Any] | None = None
+        #: The columns that name a rejected row: ``key``, else the table's primary key
+        #: (read at the check; the executors get it with the pickled sink).
+        self._row_key: tuple[str, ...] = self.key
 
     @property
     def tables(self) -> Tables:
@@ -203,8 +212,11 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, PgHandle]):
         state["_driver_conn"] = None  # connections do not travel to executors
         return state
 
-    def _map(self, err: BaseException, txn: TxnId | None, *, phase: str) -> TxsinkError:
-        return map_error(err, txn, sink_uid=self.uid, table=self.qualified_table, phase=phase)
+    def _map(
+        self, err: BaseException, txn: TxnId | None, *, phase: str, names: RowNames | None = None
+    ) -> TxsinkError:
+        table = self.qualified_table
+        return map_error(err, txn, sink_uid=self.uid, table=table, phase=phase, names=names)
 
     # -- driver: start -------------------------------------------------------------
 
@@ -228,6 +240,7 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, PgHandle]):
                     server=redact_dsn(self.dsn),
                     prepared_age_warning_s=self.prepared_age_warning_s,
                 ).run(schema)
+                self._row_key = self.key or primary_key(conn, self.tables)
         except (psycopg.Error, TxsinkError) as err:
             if isinstance(err, (psycopg.OperationalError, RetryableError)):
                 self._driver_conn = None
@@ -259,7 +272,8 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, PgHandle]):
                 target = self.tables.ident()
                 if self.mode == "upsert":
                     target = create_stage(conn, self.tables, txn, schema.names)
-            return start_copy(txn, conn, stall, target, plans)
+            names = RowNames(self._row_key, partition=txn.partition, redact=self.redact_rows)
+            return start_copy(txn, conn, stall, target, plans, names=names)
         except Exception as err:
             conn.close()
             raise self._map(err, txn, phase="begin") from err
@@ -286,7 +300,7 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, PgHandle]):
         try:
             txn.write(batch)
         except Exception as err:
-            raise self._map(err, txn.txn, phase="write") from err
+            raise self._map(err, txn.txn, phase="write", names=txn.names) from err
 
     @override
     def prepare(self, txn: OpenTxn) -> PgHandle:
@@ -299,7 +313,7 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, PgHandle]):
                 record_progress(conn, self.tables, txn.txn, txn.rows, sink_uid=self.uid)
                 conn.tpc_prepare()
         except Exception as err:
-            raise self._map(err, txn.txn, phase="prepare") from err
+            raise self._map(err, txn.txn, phase="prepare", names=txn.names) from err
         finally:
             conn.close()
         return PgHandle(txn=txn.txn, rows=txn.rows, nbytes=txn.nbytes)
@@ -394,11 +408,16 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, PgHandle]):
     @override
     def migrate_uid(self, old: str, *, app_id: str, dry_run: bool = False) -> list[str]:
         """Re-label the progress rows, so the sink's own clean-up (by uid) reaches them."""
-        with self._connect(autocommit=True) as conn:
+        import psycopg
+
+        with self._connect(autocommit=True, phase="migrate") as conn:
             name = self.tables.progress_ident.as_string(conn)
-            count = relabel_progress(
-                conn, self.tables, app_id=app_id, old=old, new=self.uid, dry_run=dry_run
-            )
+            try:
+                count = relabel_progress(
+                    conn, self.tables, app_id=app_id, old=old, new=self.uid, dry_run=dry_run
+                )
+            except psycopg.Error as err:
+                raise self._map(err, None, phase="migrate") from err
         if count is None:
             return [f"{self!r}: no progress table {name}: nothing to re-label"]
         verb = "would re-label" if dry_run else "re-labelled"

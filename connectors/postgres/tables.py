@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from txsink.txid import TxnId
 
 if TYPE_CHECKING:
+    import psycopg
     from psycopg import sql
 
-__all__ = ["Tables", "split_table"]
+__all__ = ["Tables", "primary_key", "split_table"]
 
 
 def split_table(table: str) -> tuple[str | None, str]:
@@ -68,3 +69,15 @@ class Tables:
     def progress_ident(self) -> sql.Identifier:
         """The quoted identifier of the progress table."""
         return self.ident(self.progress)
+
+
+def primary_key(conn: psycopg.Connection[Any], tables: Tables) -> tuple[str, ...]:
+    """The columns of the table's primary key, in key order (empty: none, or no table)."""
+    found = conn.execute(
+        "SELECT a.attname FROM pg_index i "
+        "JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, n) ON true "
+        "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum "
+        "WHERE i.indrelid = to_regclass(%s) AND i.indisprimary ORDER BY k.n",
+        (tables.regclass(),),
+    ).fetchall()
+    return tuple(str(row[0]) for row in found)

@@ -18,6 +18,7 @@ from txsink.errors import (
     ConfigurationError,
     EpochBlockedError,
     LogError,
+    LogUnavailableError,
     RetryableError,
     TxsinkError,
 )
@@ -209,9 +210,13 @@ def sink_error(
 
 
 def log_error(op: str, where: str, bucket: str, endpoint: str, err: Exception) -> LogError:
-    """The txsink log's :class:`LogError` for a failed S3 ``op`` of ``where``, with the fix."""
+    """The txsink log's :class:`LogError` for a failed S3 ``op`` of ``where``, with the fix:
+    a :class:`LogUnavailableError` (also a RetryableError) when :func:`classify` calls it
+    passing (unreachable, connection, throttled, transient)."""
     head = f"txsink log: S3 {op} of {where} failed"
     kind = classify(err)
+    if kind in _PASSING:
+        return _log_unavailable(head, kind, endpoint, err)
     code, status = error_code(err)
     if code or status:
         if kind == "no-bucket":
@@ -231,12 +236,6 @@ def log_error(op: str, where: str, bucket: str, endpoint: str, err: Exception) -
                     else ""
                 )
             )
-        elif kind == "throttled":
-            hint = (
-                "S3 throttled the request beyond botocore's retries: retry later, or give the "
-                'client more retries (client_options={"config": botocore.config.Config('
-                'retries={"mode": "adaptive", "max_attempts": 10})})'
-            )
         else:
             hint = "see the S3 error code above"
         return LogError(f"{head}: {describe(err)}; {hint}")
@@ -245,12 +244,31 @@ def log_error(op: str, where: str, bucket: str, endpoint: str, err: Exception) -
             f"{head}: {type(err).__name__}: no usable AWS credentials. Set AWS_ACCESS_KEY_ID "
             "and AWS_SECRET_ACCESS_KEY, a profile or an instance role, or pass client_options",
         )
-    if kind in ("unreachable", "connection"):
-        return LogError(
-            f"{head}: cannot reach the S3 endpoint {endpoint} ({type(err).__name__}): check "
-            "endpoint_url / AWS_ENDPOINT_URL_S3, the network and that the server is up",
-        )
     return LogError(f"{head}: {type(err).__name__}: {err}")
+
+
+#: The kinds of failure that pass: retrying the same call can succeed.
+_PASSING: frozenset[Kind] = frozenset({"unreachable", "connection", "throttled", "transient"})
+
+
+def _log_unavailable(head: str, kind: Kind, endpoint: str, err: Exception) -> LogUnavailableError:
+    if kind == "throttled":
+        hint = (
+            "S3 throttled the request beyond botocore's retries: retry later, or give the "
+            'client more retries (client_options={"config": botocore.config.Config('
+            'retries={"mode": "adaptive", "max_attempts": 10})})'
+        )
+    elif kind in ("unreachable", "connection"):
+        hint = (
+            f"cannot reach the S3 endpoint {endpoint}: check endpoint_url / "
+            "AWS_ENDPOINT_URL_S3, the network and that the server is up"
+        )
+    else:
+        hint = "a server-side failure of the moment"
+    return LogUnavailableError(
+        f"{head}: {describe(err)}; {hint}. Transient: the call is safe to retry (the next "
+        "run's recovery does)"
+    )
 
 
 def _blocked(what: str, kind: str, bucket: str, context: Mapping[str, Any]) -> EpochBlockedError:

@@ -34,6 +34,7 @@ from txsink.connectors.s3.errors import describe, is_missing, is_no_such_upload
 from txsink.connectors.s3.handles import S3Handle, S3Object, S3Part
 from txsink.connectors.s3.target import S3Target
 from txsink.errors import CommitError, ConfigurationError, TxsinkError
+from txsink.rowref import RowNaming
 from txsink.txid import TxnId
 
 if TYPE_CHECKING:
@@ -166,10 +167,17 @@ def size(obj: OpenObject) -> int:
 
 
 def write_rows(
-    target: S3Target, txn: OpenUploads, obj: OpenObject, rows: pa.RecordBatch, first_row: int
+    target: S3Target,
+    txn: OpenUploads,
+    obj: OpenObject,
+    rows: pa.RecordBatch,
+    first_row: int,
+    *,
+    naming: RowNaming | None = None,
 ) -> None:
-    """Encode ``rows`` into ``obj`` and hand every full part to the upload threads."""
-    obj.writer.write(rows, first_row=first_row)
+    """Encode ``rows`` into ``obj`` and hand every full part to the upload threads
+    (``naming``: how an error names a row)."""
+    obj.writer.write(rows, first_row=first_row, naming=naming)
     _send_full_parts(target, txn, obj)
 
 

@@ -42,6 +42,7 @@ default) must allow more than the query's longest downtime.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
@@ -64,6 +65,7 @@ from txsink.connectors.s3.multipart import (
 from txsink.connectors.s3.target import S3Target
 from txsink.errors import ConfigurationError, TxsinkError, WriteError
 from txsink.handles import Handle
+from txsink.rowref import RowNaming, RowRef
 from txsink.sink import TwoPhaseCommitSink
 from txsink.store import LogStore
 from txsink.txid import TxnId
@@ -94,6 +96,8 @@ class S3Sink(TwoPhaseCommitSink[multipart.OpenUploads, S3Handle]):
         client_options: keyword arguments for ``boto3.client("s3", ...)``, passed as given
             (``endpoint_url``, ``region_name``, keys, a botocore ``config``); default:
             boto3's chain. Never logged, never in handles, manifests or reprs.
+        redact_rows: name a rejected row in errors by its column names and a hash of its
+            values only (for sensitive data; default: the first columns' values).
         log: the txsink log, to use the sink alone as ``foreachBatch(sink)``.
     """
 
@@ -113,10 +117,12 @@ class S3Sink(TwoPhaseCommitSink[multipart.OpenUploads, S3Handle]):
         max_open_objects: int = 8,
         upload_threads: int = 4,
         client_options: Mapping[str, Any] | None = None,
+        redact_rows: bool = False,
         log: str | LogStore | None = None,
         **coordinator_options: Any,
     ) -> None:
         super().__init__(uid, log=log, **coordinator_options)
+        self.redact_rows = redact_rows
         location = parse_s3_url(url)
         # Plain strings: S3Location (a tuple subclass) does not survive pickling into tasks.
         self.bucket = location.bucket
@@ -232,12 +238,15 @@ class S3Sink(TwoPhaseCommitSink[multipart.OpenUploads, S3Handle]):
                     target, txn, group, txn.rows + (indices[0] if indices else 0)
                 )
             txn.open[group] = obj  # most recently used last
+            naming = RowNaming(partition=txn.txn.partition, redact=self.redact_rows)
             try:
-                multipart.write_rows(target, txn, obj, rows, first_row=0)
+                multipart.write_rows(target, txn, obj, rows, first_row=0, naming=naming)
             except WriteError as err:
                 # Rows are counted from the partition's first row, not the group's.
-                local = err.row or 0
-                err.row = txn.rows + (indices[local] if indices is not None else local)
+                if isinstance(err.row, RowRef) and err.row.offset is not None:
+                    local = err.row.offset
+                    at = txn.rows + (indices[local] if indices is not None else local)
+                    err.row = dataclasses.replace(err.row, offset=at)
                 raise
             if multipart.size(obj) >= self.target_object_bytes:
                 multipart.finish_object(target, txn, txn.open.pop(group))
@@ -373,7 +382,14 @@ class S3Sink(TwoPhaseCommitSink[multipart.OpenUploads, S3Handle]):
                 f"{MAX_KEY_BYTES}-byte limit, because of its partition_by value(s): shorten "
                 "the value (e.g. substring or sha2 of it) before the sink, drop the column from "
                 "partition_by, or use a shorter prefix",
-                row=row,
+                row=RowRef.from_values(
+                    self.partition_by,
+                    list(group),
+                    keyed=False,
+                    partition=txn.txn.partition,
+                    offset=row,
+                    redact=self.redact_rows,
+                ),
                 column=self.partition_by[longest] if group else None,
                 phase="write",
                 **target.ctx(epoch=txn.txn.epoch, partition=txn.txn.partition),

@@ -253,10 +253,15 @@ class ProfiledMarkers(Markers):
 
     @override
     def read(
-        self, app: str, shards: Sequence[int], *, wait_s: float | None = None
+        self,
+        app: str,
+        shards: Sequence[int],
+        *,
+        wait_s: float | None = None,
+        phase: str = "commit",
     ) -> dict[int, int]:
         t0 = time.perf_counter()
-        found = super().read(app, shards, wait_s=wait_s)
+        found = super().read(app, shards, wait_s=wait_s, phase=phase)
         self.profile.add("marker", t0)
         return found
 

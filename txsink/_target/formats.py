@@ -31,6 +31,7 @@ from typing_extensions import override
 
 from txsink._json import json_rows
 from txsink.errors import ConfigurationError
+from txsink.rowref import RowNaming
 
 __all__ = [
     "CONTENT_TYPES",
@@ -214,11 +215,14 @@ class FormatWriter:
         """Bytes handed to the target so far (gzip holds some back until :meth:`close`)."""
         return self._counter.count
 
-    def write(self, batch: pa.RecordBatch, *, first_row: int = 0) -> None:
-        """Encode ``batch``; ``first_row`` numbers its first row in errors (JSON lines).
+    def write(
+        self, batch: pa.RecordBatch, *, first_row: int = 0, naming: RowNaming | None = None
+    ) -> None:
+        """Encode ``batch``; ``first_row`` is the offset of its first row in errors (JSON
+        lines), which name a row as ``naming`` says.
 
         Raises:
-            WriteError: a value JSON cannot hold (row ``first_row`` + its index, column).
+            WriteError: a value JSON cannot hold (the row, at ``first_row`` + its index).
         """
         if batch.schema != self.schema:
             batch = batch.cast(self.schema)
@@ -230,6 +234,7 @@ class FormatWriter:
                 first_row=first_row,
                 alternative=", or use format='parquet'",
                 context=self.context,
+                naming=naming,
             )
             rows.append("")
             self._stream.write("\n".join(rows).encode())

@@ -81,8 +81,9 @@ def main() -> int:
 
             assert isinstance(report, ChaosReport) and isinstance(result, SoakResult)
             kills = f" servers: {'; '.join(report.target_kills)}" if report.target_kills else ""
+            what = report.plan or report.disturbance or "-"
             print(
-                f"[{len(result.reports)}/{args.plans}] plan {index} {report.plan or '-'}: "
+                f"[{len(result.reports)}/{args.plans}] plan {index} {what}: "
                 f"{'ok' if report.ok else 'FAIL'} {report.restarts} restart(s) "
                 f"{report.seconds:.0f}s{kills} | {result.tally()}",
                 flush=True,

@@ -287,7 +287,7 @@ def soak_command(args: argparse.Namespace) -> int:
         bad = "" if report.ok else "  <-- FAIL\n" + report.table()
         print(
             f"[{len(result.reports)}/{args.plans}] plan {index} seed {report.seed} "
-            f"{report.plan or '(no faults)'}: "
+            f"{report.plan or report.disturbance or '(no faults)'}: "
             f"{'ok' if report.ok else 'FAIL'}, {report.restarts} restart(s), fired "
             f"{len(report.faults_fired)}/{report.faults_planned}, recovery {rec} "
             f"| {result.tally()}{bad}",

@@ -140,8 +140,9 @@ class ChaosReport:
     def table(self) -> str:
         """A summary: one line for the run, one row per sink."""
         rec = _fmt_s(self.recovery_max)
+        what = self.plan or self.disturbance or "(no faults)"
         head = (
-            f"plan {self.plan or '(no faults)'}: {'finished' if self.finished else 'NOT FINISHED'}"
+            f"plan {what}: {'finished' if self.finished else 'NOT FINISHED'}"
             f" in {self.runs} run(s), {self.restarts} restart(s), faults fired "
             f"{len(self.faults_fired)}/{self.faults_planned}, recovery max {rec}, "
             f"{self.seconds:.1f}s"

@@ -95,7 +95,7 @@ class SoakResult:
             (
                 i,
                 r.seed,
-                r.plan or "(no faults)",
+                r.plan or r.disturbance or "(no faults)",
                 r.runs,
                 f"{len(r.faults_fired)}/{r.faults_planned}",
                 "-" if r.recovery_max is None else f"{r.recovery_max:.1f}s",
@@ -244,7 +244,7 @@ def soak(
             rows_per_epoch=-(-rows // epochs),
         )
         if disturbance is not None:  # a disturbed plan carries no fault: one story per plan
-            plan, timer = ChaosPlan.none(), None
+            plan, timer = ChaosPlan((), plan_seeds[index]), None
         folder = Path(workdir, f"plan-{index:04d}").resolve()
         shutil.rmtree(folder, ignore_errors=True)  # an interrupted run's, not in results
         folder.mkdir(parents=True)

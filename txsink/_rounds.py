@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import NoReturn, TypeVar
 
 from txsink._logging import EpochLogger
+from txsink._taskerror import carried, describe
 from txsink.errors import (
     SECONDARY_NOTE,
     TASK_ERROR_MARKER,
@@ -47,7 +48,6 @@ from txsink.errors import (
     FencedError,
     InjectedFault,
     RetryableError,
-    TxsinkError,
 )
 
 __all__ = [
@@ -101,9 +101,11 @@ def outage_bound_s(given: float | None) -> float:
 
 def transient(err: BaseException) -> bool:
     """Whether ``err`` is a transient failure: a :class:`~txsink.errors.RetryableError`
-    here, or one a Spark task raised (the job's failure carries its traceback)."""
-    if isinstance(err, TxsinkError):
-        return isinstance(err, RetryableError) and not isinstance(err, InjectedFault)
+    here, or one a Spark task raised: carried to the driver (:func:`txsink._taskerror.
+    carried`), else read from the task's traceback (a task outside txsink's task code)."""
+    found = carried(err)
+    if found is not None:
+        return isinstance(found, RetryableError) and not isinstance(found, InjectedFault)
     return task_error_type(err) == f"{RetryableError.__module__}.{RetryableError.__name__}"
 
 
@@ -145,18 +147,6 @@ def _last_line(traceback: str) -> str | None:
     lines = [line.strip() for line in traceback.splitlines() if line.strip()]
     lines = [line for line in lines if not line.startswith(notes)]
     return lines[-1] if lines else None
-
-
-def describe(err: BaseException) -> str:
-    """``err`` in one line for a retry's WARNING: a txsink error as it prints, a failed
-    Spark task by its own error, anything else by its type and first line."""
-    if isinstance(err, TxsinkError):
-        return str(err)
-    found = task_error_line(err)
-    if found is not None:
-        return f"a task failed: {found}"
-    lines = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {lines[0] if lines else ''}"[:500]
 
 
 @dataclass

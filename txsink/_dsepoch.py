@@ -35,7 +35,6 @@ from txsink.coordinator import Coordinator
 from txsink.errors import EpochAbortedError
 from txsink.faults import CrashPoint, FaultPlan
 from txsink.handles import load_handle
-from txsink.lease import DEFAULT_LEASE_S, LeaseKeeper
 from txsink.recovery import Recovery
 
 if TYPE_CHECKING:
@@ -62,8 +61,9 @@ class TaskSetup:
 
 
 def coordinator(config: DsConfig) -> Coordinator:
-    """The one-sink coordinator of a Data Source write (cheap: opens nothing yet)."""
-    return Coordinator(
+    """The one-sink coordinator of a Data Source write (cheap: opens nothing yet); its
+    driver lease is the Spark driver's, as the planning's is (:func:`plan_tasks`)."""
+    coord = Coordinator(
         [config.sink],
         log=config.log,
         app_id=config.app_id,
@@ -71,6 +71,8 @@ def coordinator(config: DsConfig) -> Coordinator:
         faults=driver_faults(),
         lease_s=config.lease_s,
     )
+    coord._lease_as(driver_pid())
+    return coord
 
 
 def driver_pid() -> int | None:
@@ -167,7 +169,7 @@ def plan_tasks(
             _CHECKED.add(checked)
         # The Spark driver's lease, renewed at each planning (which may run in another
         # Python worker each batch): a second live driver refuses here, before recovery.
-        LeaseKeeper(log, coord.lease_s or DEFAULT_LEASE_S, pid=driver_pid()).hold()
+        coord._keeper().hold()
         recovery = _recovery(coord)
         recovery.execute(recovery.plan(app_id))
     last = log.last_committed()

@@ -229,6 +229,13 @@ class OperatorMixin:
             self._lease = LeaseKeeper(self.log, self.lease_s or default_lease_s(trigger_s))
         return self._lease
 
+    def _lease_as(self, pid: int | None) -> None:
+        """Hold the driver lease in the name of process ``pid`` from now on: the Data Source
+        path, where planning and Spark's ``commit`` run in Python workers of the driver's JVM
+        (each batch maybe another), and the lease is the Spark driver's
+        (:func:`txsink._dsepoch.driver_pid`). ``None``: this process."""
+        self._lease = LeaseKeeper(self.log, self.lease_s or DEFAULT_LEASE_S, pid=pid)
+
     def _hold_lease(self) -> None:
         """Acquire or renew this driver's lease (:class:`~txsink.errors.DriverLeaseError`
         while another live driver holds it; ``FencedError`` once it was taken over)."""

@@ -379,7 +379,12 @@ def test_restart_with_another_partition_count(
 def test_replay_mode_refuses_a_non_deterministic_replay(
     spark: Any, kafka: Any, tmp_path: Path
 ) -> None:
-    """rand() in the query: the replay after a crash differs, and nothing else is written."""
+    """A random value the plan cannot show (a Python UDF that says it is deterministic, so
+    the start-up check's plan rules pass it; ``rand()`` itself is refused there): the
+    replay after a crash differs, it is refused at the commit, and nothing else is
+    written."""
+    import random
+
     from pyspark.sql import functions as F
 
     from tests.streaming import prepare_input, start_query
@@ -387,9 +392,10 @@ def test_replay_mode_refuses_a_non_deterministic_replay(
     topic = kafka.new_topic(2)
     uid = _uid()
     prepare_input(tmp_path, 1000)
+    hidden = F.udf(lambda _id: random.random(), "double")
 
     def noisy(df: Any) -> Any:
-        return df.withColumn("amount", F.rand())
+        return df.withColumn("amount", hidden(F.col("id")))
 
     plan = FaultPlan.parse("after_decision:raise@1", str(tmp_path / "faults"))
     make = _kafka_coordinator(kafka, tmp_path, topic, uid, "replay", faults=plan)

@@ -104,7 +104,8 @@ def test_a_failed_python_task_is_told_by_its_own_error() -> None:
 
 def test_a_raw_error_in_a_spark_task_reaches_the_driver_clean(spark: Any, tmp_path: Path) -> None:
     sink = RawSink("s", "write", OSError(28, "No space left on device"))
-    coordinator = Coordinator([sink], log=tmp_path / "log", app_id="app")
+    # The error the driver raises, not 60 s of new rounds first (outage_s: test_rounds).
+    coordinator = Coordinator([sink], log=tmp_path / "log", app_id="app", outage_s=0)
     with pytest.raises(EpochAbortedError) as caught:
         coordinator.write(spark.range(4).toDF("id"), epoch=0)
     assert "An exception was thrown from the Python worker" not in str(caught.value)

@@ -156,7 +156,8 @@ def test_a_failed_single_pass_task_is_told_by_the_error_its_vote_carried(
     job's failure does not (issue 34, point 4)."""
     target = MemTarget()
     sink = LosesConnection("k", target, Crasher())
-    coordinator = Coordinator([sink], log=TxLog(MemStore()), app_id=APP)
+    # About the error the driver raises, not about riding it out (outage_s: test_rounds).
+    coordinator = Coordinator([sink], log=TxLog(MemStore()), app_id=APP, outage_s=0)
     job = SinglePassJob(OpaqueJobFailure(batches_for(0, 2, 3)), "127.0.0.1")
     with pytest.raises(EpochAbortedError) as caught:
         coordinator.run_epoch(0, job, app_id=APP)
@@ -181,6 +182,7 @@ def test_tasks_that_cannot_reach_the_vote_service_fail_naming_it(
         return cast_vote(nowhere, token, vote, timeout_s=2)
 
     monkeypatch.setattr("txsink._singlepass.cast_vote", unreachable)
+    monkeypatch.setenv("TXSINK_OUTAGE_S", "0")  # the error, not 60 s of new rounds first
     target, run = _run(tmp_path, lambda _log: None)
     with pytest.raises(EpochAbortedError, match=r"spark\.driver\.host") as failed:
         run()

@@ -100,7 +100,7 @@ _HOLD = """
 import sys, time
 from pathlib import Path
 from txsink._cdsbuild import build_lock
-with build_lock(Path(sys.argv[1]), 0) as held:
+with build_lock(Path(sys.argv[1]) / "x.jsa", 0) as held:
     print("held" if held else "not held", flush=True)
     time.sleep(600)
 """
@@ -122,8 +122,8 @@ def holder(tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
 def test_a_waiter_gives_up_naming_the_holder_then_takes_over_once_it_is_killed(
     tmp_path: Path, holder: subprocess.Popen[str], caplog: pytest.LogCaptureFixture
 ) -> None:
-    folder = tmp_path / "cds"
-    with caplog.at_level(logging.INFO, "txsink.cds"), _cdsbuild.build_lock(folder, 1.0) as held:
+    archive = tmp_path / "cds" / "x.jsa"
+    with caplog.at_level(logging.INFO, "txsink.cds"), _cdsbuild.build_lock(archive, 1) as held:
         assert not held
     gave_up = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(gave_up) == 1 and f"pid {holder.pid} (since " in gave_up[0], gave_up
@@ -131,9 +131,9 @@ def test_a_waiter_gives_up_naming_the_holder_then_takes_over_once_it_is_killed(
 
     holder.send_signal(signal.SIGKILL)  # a killed holder: no unlock, no clean-up ran
     holder.wait()
-    with _cdsbuild.build_lock(folder, 30.0) as held:
+    with _cdsbuild.build_lock(archive, 30.0) as held:
         assert held
-        assert json.loads((folder / ".lock").read_text())["pid"] == os.getpid()
+        assert json.loads(Path(f"{archive}.lock").read_text())["pid"] == os.getpid()
 
 
 # -- a build killed mid-way ---------------------------------------------------------------
@@ -201,14 +201,16 @@ def test_a_killed_build_leaves_nothing_after_the_next_run(tmp_path: Path) -> Non
         [sys.executable, "-c", "import time; time.sleep(600)", str(folder / work / "query")]
     )
     try:
-        with _cdsbuild.build_lock(folder, 30.0) as held:
-            assert held
-            _cdsbuild.clean_orphans(folder)
+        running = folder / f"build-{os.getpid()}"  # a build that runs (another archive's)
+        running.mkdir()
+        _cdsbuild.clean_orphans(folder)
         assert stray.wait(timeout=30) == -signal.SIGKILL
+        assert running.is_dir(), "removed the folder of a build that still runs"
+        running.rmdir()
     finally:
         stray.kill()
         stray.wait()
-    assert sorted(p.name for p in folder.iterdir()) == [".lock"]
+    assert [p.suffix for p in folder.iterdir()] == [".lock"]
 
 
 def _jvmcds_folder(cache: Path) -> Path:

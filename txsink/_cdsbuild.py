@@ -3,11 +3,13 @@
 :mod:`txsink._jvmcds` decides *whether* to build; this module does the build so that no
 run can leave anything behind for another to trip over:
 
-1. **The lock dies with its holder.** One ``flock`` on ``<cds folder>/.lock`` (released by
-   the kernel when the holding process ends, however it ends). Its *content* (holder pid,
-   start time, command) is only for the message of a waiter; nothing trusts it. A waiter
-   polls for at most its own bound, then goes on without the archive and says whose build
-   it gave up on.
+1. **The lock dies with its holder, and is the archive's own.** One ``flock`` on
+   ``<archive>.lock`` (released by the kernel when the holding process ends, however it
+   ends): checkouts with their own venvs have archives of their own and build them side by
+   side; only runs that want the same archive wait for each other. Its *content* (holder
+   pid, start time, command) is only for the message of a waiter; nothing trusts it. A
+   waiter polls for at most its own bound, then goes on without the archive and says whose
+   build it gave up on.
 2. **A killed build leaves no process running.** The training run
    (``python -m txsink.localspark``) starts in a session of its own and asks the kernel to
    SIGKILL it when the builder dies (``PR_SET_PDEATHSIG``, :func:`die_with_builder`); its
@@ -19,8 +21,8 @@ run can leave anything behind for another to trip over:
    builder's pid: ``build-<pid>/`` (the query's input and checkpoint, and the training
    run's ``TMPDIR`` and ``java.io.tmpdir``, so Spark's own scratch folders too) and the
    archive's temporary ``<name>.<pid>.tmp`` (about 180 MB), both beside the archive, never
-   in a temp folder another run's leak check looks at. The next holder of the lock removes
-   every one of them (:func:`clean_orphans`): under the lock no other build can be running.
+   in a temp folder another run's leak check looks at. The next build removes those whose
+   builder no longer runs (:func:`clean_orphans`), after killing what still runs of them.
 """
 
 from __future__ import annotations
@@ -59,17 +61,17 @@ _POLL_S = 0.5
 
 
 @contextlib.contextmanager
-def build_lock(folder: Path, wait_s: float) -> Iterator[bool]:
-    """Hold the build lock of ``folder`` (yields True), or give up after ``wait_s`` (False).
+def build_lock(archive: Path, wait_s: float) -> Iterator[bool]:
+    """Hold the build lock of ``archive`` (yields True), or give up after ``wait_s`` (False).
 
     A killed holder cannot keep it: ``flock`` locks belong to the open file, which the
     kernel closes when the process ends. While waiting, the holder named in the lock file
     is logged once (INFO), and again with the way out when the wait gives up (WARNING).
     """
-    folder.mkdir(parents=True, exist_ok=True)
+    archive.parent.mkdir(parents=True, exist_ok=True)
     # "a+": opening must not empty the file before the lock is held (its content is the
     # holder's description, read by waiters).
-    lock = folder / ".lock"
+    lock = archive.with_name(f"{archive.name}.lock")
     with open(lock, "a+") as fh:
         deadline = time.monotonic() + max(wait_s, 0.0)
         told = False
@@ -135,9 +137,9 @@ def _alive(pid: int) -> bool:
 
 
 def clean_orphans(folder: Path) -> list[Path]:
-    """Remove what killed builds left in ``folder`` (call with the lock held): kill their
-    processes still running, then delete their ``build-<pid>/`` folders and temporary
-    archives. Returns what was removed."""
+    """Remove what killed builds left in ``folder``: for each ``build-<pid>/`` folder and
+    temporary archive whose builder ``pid`` runs no more, kill the processes still running
+    from it, then delete it. Returns what was removed."""
     removed: list[Path] = []
     try:
         entries = sorted(folder.iterdir())
@@ -145,8 +147,8 @@ def clean_orphans(folder: Path) -> list[Path]:
         return removed
     for entry in entries:
         m = _LEFTOVER.match(entry.name)
-        if m is None or int(m.group(1) or m.group(2)) == os.getpid():
-            continue
+        if m is None or _alive(int(m.group(1) or m.group(2))):
+            continue  # not a build's, or its builder (perhaps this process) still runs
         killed = kill_leftovers(str(entry))
         if killed:
             log.info("killed %d process(es) left by a killed CDS build: %s", len(killed), killed)
@@ -183,8 +185,9 @@ def kill_leftovers(marker: str) -> list[int]:
 
 
 def build(path: Path, timeout: float) -> Path | None:
-    """Run the training query once and move its archive to ``path`` (call with the lock
-    held); ``None`` when it failed (logged at WARNING: only the slower start is lost)."""
+    """Run the training query once and move its archive to ``path`` (call with the
+    archive's lock held); ``None`` when it failed (logged at WARNING: only the slower start
+    is lost)."""
     me = os.getpid()
     work = path.parent / f"build-{me}"
     tmp = path.with_name(f"{path.name}.{me}.tmp")

@@ -121,7 +121,7 @@ def ensure_archive(
         return path
     if not (allowed == "build" if build is None else build):
         return None
-    with _cdsbuild.build_lock(path.parent, timeout if wait_s is None else wait_s) as held:
+    with _cdsbuild.build_lock(path, timeout if wait_s is None else wait_s) as held:
         if not held:
             return None
         if path.is_file():

@@ -203,6 +203,8 @@ def test_a_killed_build_leaves_nothing_after_the_next_run(tmp_path: Path) -> Non
     try:
         running = folder / f"build-{os.getpid()}"  # a build that runs (another archive's)
         running.mkdir()
+        # (one that has run for a while: its command line is the new program's)
+        _wait("the stray to run", lambda: stray.pid in _pids_with(str(folder / work)), 30)
         _cdsbuild.clean_orphans(folder)
         assert stray.wait(timeout=30) == -signal.SIGKILL
         assert running.is_dir(), "removed the folder of a build that still runs"

@@ -1,4 +1,5 @@
-"""Fixtures for tests/ and integration/: one local SparkSession per test session (~7 s to start)."""
+"""Fixtures for tests/ and integration/: one local SparkSession per test session (~7 s to start),
+and a session that keeps to itself on a shared machine (:mod:`tests.sharedmachine`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+from tests.sharedmachine import SessionArchive, SessionTemp
+
+_TEMP = SessionTemp()
+_ARCHIVE = pytest.StashKey[SessionArchive]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -19,21 +25,39 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-def pytest_sessionstart(session: pytest.Session) -> None:
-    """Build the Spark class-data-sharing archive once (~45 s on a fresh machine): every
-    driver the tests start afterwards (dozens of child runs) starts ~5 s faster."""
-    from txsink._jvmcds import ensure_archive
+def pytest_configure(config: pytest.Config) -> None:
+    """The session's own temporary folder, and the Spark archive's policy for its children
+    (nothing is built here: a collection never builds)."""
+    _TEMP.install()
+    config.stash[_ARCHIVE] = SessionArchive()
 
-    ensure_archive()
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    _TEMP.remove()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if (
+            "spark" in getattr(item, "fixturenames", ())
+            and item.get_closest_marker("spark") is None
+        ):
+            item.add_marker(pytest.mark.spark)
     if config.getoption("--run-slow") or os.environ.get("TXSINK_SLOW") == "1":
         return
     skip = pytest.mark.skip(reason="slow: run with --run-slow or TXSINK_SLOW=1")
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Before the first test that starts Spark (marked ``spark``; a skipped test never gets
+    here): build the class-data-sharing archive (~45 s once per machine), so every driver
+    the tests start afterwards starts ~5 s faster."""
+    archive = item.config.stash.get(_ARCHIVE, None)
+    if archive is not None and item.get_closest_marker("spark") is not None:
+        archive.ensure()
 
 
 @pytest.fixture(scope="session")

@@ -12,10 +12,11 @@ a sink, a verifier or a fixture can leave open:
 - **PostgreSQL connections**: established TCP connections of this process to a
   PostgreSQL port of the test servers (``/proc/self/fd`` sockets matched in
   ``/proc/net/tcp`` and ``tcp6``);
-- **temporary folders**: new entries named ``txsink*`` in :func:`tempfile.gettempdir`.
-  A name that carries a pid (``txsink-faults-<pid>-...``) counts only when the pid is
-  this process: a child that was SIGKILLed leaves its own, and the next plan removes
-  such orphans by design (:mod:`txsink.faults`).
+- **temporary folders**: new entries named ``txsink*`` in :func:`tempfile.gettempdir`,
+  which is the session's own folder (``tests/sharedmachine.py``: another session's folders
+  are never seen). A name that carries a pid (``txsink-faults-<pid>-...``) counts only
+  when the pid is this process: a child that was SIGKILLed leaves its own, and the next
+  plan removes such orphans by design (:mod:`txsink.faults`).
 
 Each check compares a snapshot taken before the test's setup with one taken after its
 whole teardown (pytest's own included: its captured log records keep the tracebacks of a

@@ -35,6 +35,9 @@ from txsink.testing.targets import new_targets
 from txsink.testing.verifiers import verify
 from txsink.verify import Verdict
 
+# Starts Spark drivers in child processes: the session builds the CDS archive first.
+pytestmark = pytest.mark.spark
+
 JOBS = str(Path(__file__).resolve().parent / "connect_jobs.py")
 ROWS, FILES = 400, 4
 

@@ -32,6 +32,9 @@ from txsink.testing.adapter import adapter
 from txsink.testing.inputs import make_input
 from txsink.testing.verifiers import verify
 
+# Starts Spark drivers in child processes: the session builds the CDS archive first.
+pytestmark = pytest.mark.spark
+
 ROOT = Path(__file__).resolve().parents[1]
 PIPELINE = "txsink.testing.pipelines:run_datasource"
 ROWS, FILES = 400, 4

@@ -24,6 +24,9 @@ from txsink.testing.disturb import Poison, SecondDriver
 from txsink.testing.inputs import input_epochs, make_input
 from txsink.testing.targets import RunTarget, child_env, new_targets
 
+# Starts Spark drivers in child processes: the session builds the CDS archive first.
+pytestmark = pytest.mark.spark
+
 ROWS, FILES = 300, 3
 
 

@@ -13,6 +13,9 @@ import pytest
 
 from tests import docblocks, docrun
 
+# Starts Spark drivers in child processes: the session builds the CDS archive first.
+pytestmark = pytest.mark.spark
+
 
 def _param(page: docblocks.Page) -> object:
     marks = [getattr(pytest.mark, name) for name in sorted(page.services)]

@@ -49,7 +49,8 @@ def test_two_cold_builds_at_once_build_once(tmp_path: Path) -> None:
     assert (tmp_path / "cache" / "thing" / "bin").read_text() == "built"
 
 
-def test_a_restarted_server_keeps_its_port() -> None:
+def test_a_restarted_server_keeps_its_port(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TXSINK_SERVICES_CACHE", str(tmp_path))  # its claims: not the machine's
     previous, default = free_port(), free_port()
     assert choose_port(default, previous, set()) == previous
     # No previous run: the documented default.

@@ -42,7 +42,7 @@ from txsink.testing.targets import RunTarget, child_env, new_targets
 from txsink.testing.verifiers import verify
 from txsink.verify import count_ids
 
-pytestmark = [pytest.mark.kafka]
+pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 APP = "lease-app"
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
 import select
@@ -185,9 +184,9 @@ def _run_block(
 
 @contextlib.contextmanager
 def _repo_lock() -> Iterator[None]:
-    """One ``cwd: repo`` block at a time per checkout (``./dev demo`` empties .txsink-demo/)."""
-    key = hashlib.sha256(str(ROOT).encode()).hexdigest()[:12]
-    with open(Path(tempfile.gettempdir(), f"txsink-docs-{key}.lock"), "w") as lock:
+    """One ``cwd: repo`` block at a time per checkout (``./dev demo`` empties .txsink-demo/).
+    The lock lives in the checkout: each test session has a temporary folder of its own."""
+    with open(ROOT / ".txsink-docs.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 

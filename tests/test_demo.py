@@ -21,7 +21,7 @@ from txsink.connectors.files.demo import run_demo
 from txsink.faults import SINGLE_PASS_POINTS, CrashPoint
 from txsink.testing.inputs import make_input
 
-pytestmark = pytest.mark.chaos
+pytestmark = [pytest.mark.chaos, pytest.mark.spark]
 
 
 def test_plan_covers_every_crash_point() -> None:

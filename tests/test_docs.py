@@ -13,6 +13,9 @@ from tests import docblocks, docrun
 from tests.docblocks import Block, DocsError, matches, parse
 from tests.docrun import run_page
 
+# Starts Spark drivers in child processes: the session builds the CDS archive first.
+pytestmark = pytest.mark.spark
+
 FENCE = "```"
 
 

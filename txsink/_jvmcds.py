@@ -13,34 +13,44 @@ The archive is only ever an optimisation:
   it on any mismatch (``-Xshare:auto``, CDS logging off);
 - it is built by one throw-away child process that runs a tiny streaming query
   (``python -m txsink.localspark``) and exits cleanly, written under a temporary name
-  and renamed only after that JVM exited with code 0, under a file lock: a crashed or
-  concurrent build never leaves a torn archive;
-- ``TXSINK_SPARK_CDS=0`` turns it off; the location is ``$TXSINK_CACHE_DIR`` (default
-  ``$XDG_CACHE_HOME/txsink`` or ``~/.cache/txsink``), one file per Java and PySpark build.
+  and renamed only after that JVM exited with code 0, under a lock that dies with its
+  holder; a killed build leaves no process, and its files are removed by the next build
+  (:mod:`txsink._cdsbuild`);
+- ``TXSINK_SPARK_CDS`` says what a process may do: ``1`` (default) use the archive and
+  build it where a command builds (``txsink chaos``, the test session), ``use`` use it
+  when it exists but never build or wait for a build (what the test session gives the
+  processes it starts, so their time limits never include a build), ``0`` off. The
+  location is ``$TXSINK_CACHE_DIR`` (default ``$XDG_CACHE_HOME/txsink`` or
+  ``~/.cache/txsink``), one file per Java and PySpark build.
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
-import logging
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
+from typing import Literal
 
-__all__ = ["archive_path", "ensure_archive", "java_options"]
+from txsink import _cdsbuild
 
-log = logging.getLogger("txsink.cds")
+__all__ = ["archive_path", "ensure_archive", "java_options", "policy"]
+
 
 _DUMP_ENV = "TXSINK_SPARK_CDS_DUMP"
 _QUIET = "-Xshare:auto -Xlog:cds=off -Xlog:cds+dynamic=off"
 
 
-def _enabled() -> bool:
-    return os.environ.get("TXSINK_SPARK_CDS", "1") != "0"
+POLICY_ENV = "TXSINK_SPARK_CDS"
+
+
+def policy() -> Literal["build", "use", "off"]:
+    """What ``TXSINK_SPARK_CDS`` allows this process: build, only use, or nothing."""
+    value = os.environ.get(POLICY_ENV, "1").strip().lower()
+    if value in {"0", "off", "false", "no"}:
+        return "off"
+    return "use" if value == "use" else "build"
 
 
 def _java() -> str | None:
@@ -75,8 +85,14 @@ def java_options() -> str:
     """Extra driver JVM options: use the archive if it exists, or dump it in a build."""
     dump = os.environ.get(_DUMP_ENV)
     if dump:
-        return f"-XX:ArchiveClassesAtExit={dump} -Xlog:cds=off -Xlog:cds+dynamic=off"
-    if not _enabled():
+        # The training run's TMPDIR is its build folder: Spark's scratch folders go there
+        # too (java.io.tmpdir), so a killed build leaves them where the next one looks.
+        scratch = tempfile.gettempdir()
+        return (
+            f"-XX:ArchiveClassesAtExit={dump} -Xlog:cds=off -Xlog:cds+dynamic=off "
+            f"-Djava.io.tmpdir={scratch}"
+        )
+    if policy() == "off":
         return ""
     path = archive_path()
     if path is None or not path.is_file():
@@ -84,44 +100,31 @@ def java_options() -> str:
     return f"-XX:SharedArchiveFile={path} {_QUIET}"
 
 
-def ensure_archive(timeout: float = 300.0) -> Path | None:
+def ensure_archive(
+    timeout: float = 300.0, *, wait_s: float | None = None, build: bool | None = None
+) -> Path | None:
     """Build the archive unless it exists; ``None`` when off, impossible or failed.
 
-    Safe to call from many processes at once: one builds, the others wait on the lock and
-    find it built. A failed build is logged at WARNING and costs only the slower start.
+    ``build`` overrides what :func:`policy` allows (the test session builds while its
+    children only use). Safe to call from many processes and checkouts at once: one
+    builds, the others wait for at most ``wait_s`` (default: ``timeout``, the most a build
+    takes) and find it built, or go on without it. A failed build is logged at WARNING and
+    costs only the slower start.
     """
-    if not _enabled():
+    allowed = policy()
+    if allowed == "off":
         return None
     path = archive_path()
     if path is None:
         return None
     if path.is_file():
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.parent / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    if not (allowed == "build" if build is None else build):
+        return None
+    with _cdsbuild.build_lock(path, timeout if wait_s is None else wait_s) as held:
+        if not held:
+            return None
         if path.is_file():
             return path
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        with tempfile.TemporaryDirectory(prefix="txsink-cds-") as work:
-            env = dict(os.environ, **{_DUMP_ENV: str(tmp)})
-            env.setdefault("PYSPARK_PYTHON", sys.executable)
-            try:
-                done = subprocess.run(
-                    [sys.executable, "-m", "txsink.localspark", work],
-                    env=env,
-                    capture_output=True,
-                    text=True,
-                    timeout=timeout,
-                    check=False,
-                )
-            except subprocess.TimeoutExpired:
-                done = None
-            if done is None or done.returncode != 0 or not tmp.is_file():
-                tail = "" if done is None else (done.stdout + done.stderr)[-400:]
-                log.warning("no Spark CDS archive (slower Spark starts): build failed %s", tail)
-                tmp.unlink(missing_ok=True)
-                return None
-            os.replace(tmp, path)
-    log.info("built the Spark CDS archive %s", path)
-    return path
+        _cdsbuild.clean_orphans(path.parent)
+        return _cdsbuild.build(path, timeout)

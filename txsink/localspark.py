@@ -130,4 +130,7 @@ def _count(_task: Any, batches: Any) -> int:
 
 
 if __name__ == "__main__":
+    from txsink._cdsbuild import die_with_builder
+
+    die_with_builder()  # a killed builder must not leave this run (and its JVM) behind
     _train(Path(sys.argv[1]))

@@ -20,6 +20,7 @@ from .common import (
     ServiceError,
     StartReport,
     choose_port,
+    claim_ports,
     ensure_dirs,
     log,
     pid_alive,
@@ -99,6 +100,8 @@ class LocalService(ABC):
         if self.running(state) and self.healthy(state):
             report.already_running = True
             report.notes += self.running_notes(state)
+            # Started before ports were claimed, or by another harness version: claim now.
+            report.notes += claim_ports(self.ports(state))
         else:
             if self.running(state):
                 log(f"{self.name}: running but not answering; restarting it")

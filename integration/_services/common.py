@@ -179,25 +179,105 @@ def free_port(host: str = LOOPBACK) -> int:
 
 def choose_port(default: int, previous: object, taken: set[int]) -> int:
     """Last run's port if free, else the documented default if free, else any free
-    loopback port.
+    loopback port; never one another work folder on this machine has claimed.
 
     Last run's first: a server restarted (``down`` then ``up``, or ``up`` after it died)
     keeps its port, so clients, env files and proxies that still point at it stay valid.
     ``up`` prints the port whenever it is not the default.
+
+    "Free" is not enough on a machine several checkouts share: a port only a test binds
+    (the Kafka proxy's advertised port) is free in every checkout until that test runs,
+    and two cold ``up`` runs at once both find the default free before either binds it.
+    So the choice is made under a machine-wide lock and recorded as a claim
+    (:func:`claim_ports`) that other work folders respect while the claiming work folder
+    exists (``down --purge`` of a service releases its claims).
     """
-    candidates = [previous] if isinstance(previous, int) else []
-    if default not in candidates:
-        candidates.append(default)
-    for preferred in candidates:
-        if preferred not in taken and port_is_free(preferred):
-            taken.add(preferred)
-            return preferred
-    for _ in range(50):
-        port = free_port()
-        if port not in taken:
-            taken.add(port)
-            return port
+    with cache_lock("ports"):
+        elsewhere = _claimed_elsewhere()
+        candidates = [previous] if isinstance(previous, int) else []
+        if default not in candidates:
+            candidates.append(default)
+        for preferred in candidates:
+            if preferred not in taken and preferred not in elsewhere and port_is_free(preferred):
+                return _take(preferred, taken)
+        for _ in range(50):
+            port = free_port()
+            if port not in taken and port not in elsewhere:
+                return _take(port, taken)
     raise ServiceError("no free loopback port found")
+
+
+def _take(port: int, taken: set[int]) -> int:
+    taken.add(port)
+    _write_claim(port)
+    return port
+
+
+def _claims_dir() -> Path:
+    return cache_dir() / "ports"
+
+
+def _owner() -> str:
+    return str(WORK_DIR.resolve())
+
+
+def _claimed_elsewhere() -> dict[int, str]:
+    """Ports claimed by other work folders that still exist (call under the lock); the
+    claims of a work folder that is gone (purged, or its checkout deleted) are removed."""
+    out: dict[int, str] = {}
+    folder = _claims_dir()
+    if not folder.is_dir():
+        return out
+    for entry in folder.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            owner = json.loads(entry.read_text())["work"]
+        except (OSError, ValueError, KeyError, TypeError):
+            entry.unlink(missing_ok=True)
+            continue
+        if owner == _owner():
+            continue
+        if Path(owner).is_dir():
+            out[int(entry.name)] = owner
+        else:
+            entry.unlink(missing_ok=True)
+    return out
+
+
+def _write_claim(port: int) -> None:
+    folder = _claims_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / str(port)).write_text(json.dumps({"work": _owner()}))
+
+
+def claim_ports(ports: set[int]) -> list[str]:
+    """Claim ``ports`` for this work folder (a server found running keeps its ports, and
+    says so to other checkouts); returns a warning per port another work folder claimed
+    first (both use it: restart one set with ``down`` then ``up`` to move it)."""
+    warnings: list[str] = []
+    with cache_lock("ports"):
+        elsewhere = _claimed_elsewhere()
+        for port in sorted(ports):
+            if port in elsewhere:
+                warnings.append(f"port {port} is also claimed by {elsewhere[port]}")
+            else:
+                _write_claim(port)
+    return warnings
+
+
+def release_ports(ports: set[int]) -> None:
+    """Give up this work folder's claims on ``ports`` (its service was purged)."""
+    folder = _claims_dir()
+    with cache_lock("ports"):
+        for port in ports:
+            entry = folder / str(port)
+            try:
+                owner = json.loads(entry.read_text())["work"]
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if owner == _owner():
+                entry.unlink(missing_ok=True)
 
 
 def port_open(port: int, host: str = LOOPBACK, timeout: float = 0.5) -> bool:

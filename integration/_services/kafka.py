@@ -9,10 +9,12 @@ The quorum is a static voter set (``controller.quorum.voters``), formatted witho
 ``--standalone``: with a static quorum the controller's address is read from the config at
 every start, so a port that moved since the last run does not invalidate the data folder.
 
-Besides the normal listener the broker has a ``PROXIED`` listener that advertises a fixed
-port a test can put ``integration.netproxy.NetProxy`` on: Kafka clients connect to the
+Besides the normal listener the broker has a ``PROXIED`` listener that advertises a port
+a test can put ``integration.netproxy.NetProxy`` on: Kafka clients connect to the
 *advertised* address after bootstrap, so a proxy only sees the traffic if the broker
-advertises the proxy's own port.
+advertises the proxy's own port. Nothing binds that port until a test does, so "free" says
+nothing about it: like every port it is chosen with :func:`~.common.choose_port`, whose
+machine-wide claims keep two checkouts' brokers from advertising the same one.
 """
 
 from __future__ import annotations

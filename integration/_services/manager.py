@@ -23,6 +23,7 @@ from .common import (
     locked,
     log,
     redact,
+    release_ports,
     save_state,
 )
 from .kafka import Kafka
@@ -136,6 +137,7 @@ def down(names: Sequence[str] = (), *, purge: bool = False) -> list[str]:
             (PID_DIR / f"{name}.pid").unlink(missing_ok=True)
             if purge:
                 _purge(name)
+                release_ports(SERVICES[name].ports(sub))
                 state.pop(name, None)
         save_state(state)
         _write_env_file(state)

@@ -276,9 +276,11 @@ def check_blocks_alone(
         last = part.blocks[-1]
         outcomes = run_page(part, workdir / f"alone-{i}-{last.line}", env, slow=slow)
         report = summary(outcomes)
-        print(f"-- {last.name} alone:\n{report}")
+        what = "the setup blocks together" if last.setup else f"{last.name} alone"
+        print(f"-- {what}:\n{report}")
         if any(o.status == "failed" for o in outcomes):
-            failures.append(f"{last.name}, run after the page's setup above it:\n{report}")
+            where = "" if last.setup else ", run after the page's setup above it"
+            failures.append(f"{what}{where}:\n{report}")
     if failures:
         raise AssertionError(f"{page.path}: blocks fail alone\n" + "\n".join(failures))
 

@@ -227,7 +227,7 @@ def test_a_block_that_relies_on_a_block_not_marked_setup_fails_alone(tmp_path: P
     page = parse(md("~~~python\nx = 1\n~~~\n\n~~~python\nprint(x)\n~~~\n"), "a.md")
     assert statuses(run_page(page, tmp_path / "order", docrun.docs_env())) == ["passed"] * 2
     with pytest.raises(
-        AssertionError, match=r"a\.md:5, run after the page's setup(?s:.*)NameError"
+        AssertionError, match=r"a\.md:5 alone, run after the page's setup(?s:.*)NameError"
     ):
         docrun.check_blocks_alone(page, tmp_path / "alone", docrun.docs_env())
     marked = parse(

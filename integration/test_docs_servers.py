@@ -43,6 +43,16 @@ def test_page_runs_against_the_test_servers(
     docrun.check_page(page, tmp_path, env, slow=docblocks.run_slow(request.config))
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+@pytest.mark.parametrize("page", [_param(p) for p in docblocks.pages_to_run(servers=True)])
+def test_each_block_runs_alone_after_the_page_setup(
+    page: docblocks.Page, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    env = docrun.docs_env(services_env(request, page.services))
+    docrun.check_blocks_alone(page, tmp_path, env, slow=docblocks.run_slow(request.config))
+
+
 @pytest.mark.postgres
 def test_a_page_gets_its_servers_variables(tmp_path: Path, request: pytest.FixtureRequest) -> None:
     page = docblocks.parse(

@@ -196,6 +196,43 @@ def test_postgres_check_passes_and_creates_only_the_table(
         assert count.fetchone() == (0,)
 
 
+@pytest.mark.postgres
+def test_postgres_check_warns_of_a_nullable_column_into_a_not_null_one(
+    spark: Any, tmp_path: Path, postgres: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 35: the check passed, and the failure came only when a NULL arrived. A warning,
+    not a refusal: a nullable Spark column often holds no NULL."""
+    schema = postgres.new_schema("chk")
+    with postgres.connect() as conn:
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE {} (id bigint NOT NULL, key text NOT NULL DEFAULT '', "
+                "amount double precision NOT NULL, payload text)"
+            ).format(sql.Identifier(schema, "orders"))
+        )
+    sink = PostgresSink(postgres.dsn, f"{schema}.orders", uid="orders")
+    # id: not nullable (range); key: nullable into NOT NULL with a default (COPY sends the
+    # NULL: refused all the same); amount: a nullable expression; payload: a nullable column.
+    df = spark.range(3).selectExpr(
+        "id", "cast(null as string) AS key", "if(id > 5, null, 1.5D) AS amount", "'p' AS payload"
+    )
+    caplog.set_level(logging.WARNING, logger="txsink")
+    results = Coordinator([sink], log=tmp_path / "log", app_id="app").check(df)
+    assert all(r.ok for r in results)
+    warned = [r.getMessage() for r in caplog.records if "is NOT NULL" in r.getMessage()]
+    assert [w.split(" of ", 1)[0] for w in warned] == [
+        "[uid=orders epoch=None] column 'key'",
+        "[uid=orders epoch=None] column 'amount'",
+    ], warned
+    assert warned[0] == (
+        f"[uid=orders epoch=None] column 'key' of {schema}.orders is NOT NULL, and the "
+        "DataFrame's 'key' is nullable: a NULL in it refuses its epoch at pre-commit (before "
+        "the decision, naming the row), and the query stops until it is fixed. If it may "
+        "hold NULLs, filter them (df.where(col('key').isNotNull())) or fill a default "
+        "(coalesce(col('key'), lit(...))) before the sink; else accept the risk"
+    )
+
+
 # -- Kafka ---------------------------------------------------------------------------------
 
 

@@ -9,7 +9,9 @@ The convention (docs/testing.md, "Docs that run"):
   ``<!-- not run: why -->`` (never run; the reason is required),
   ``<!-- needs: postgres kafka -->`` (test services, or ``slow``: only with ``--run-slow``),
   ``<!-- cwd: repo -->`` (run in the repository root, e.g. ``./dev``),
-  ``<!-- output -->`` (this block is what the runnable block right before it prints).
+  ``<!-- output -->`` (this block is what the runnable block right before it prints),
+  ``<!-- setup -->`` (later blocks rely on this one: a block run alone runs after the
+  page's setup blocks above it, :mod:`tests.docnames`).
 - Python blocks of a page share one interpreter (a child process, :mod:`tests.docsession`);
   a python block whose first line is ``# some/file.py`` is written to that file (and
   compiled) instead. Bash blocks run with ``bash -e``; a console block runs each ``$ ``
@@ -61,6 +63,7 @@ class Block:
     needs: frozenset[str] = frozenset()
     in_repo: bool = False
     expected: str | None = None
+    setup: bool = False
 
     @property
     def name(self) -> str:
@@ -110,10 +113,12 @@ def _markers(lines: list[str], fence: int, where: str) -> dict[str, str]:
             found["cwd"] = value
         elif key == "output" and not value:
             found["output"] = ""
+        elif key == "setup" and not value:
+            found["setup"] = ""
         else:
             raise DocsError(
                 f"{where}: unknown marker <!-- {m['text']} -->: use 'not run: why', "
-                "'needs: ...', 'cwd: repo' or 'output'"
+                "'needs: ...', 'cwd: repo', 'output' or 'setup'"
             )
         i -= 1
     return found
@@ -167,6 +172,7 @@ def parse(text: str, page: str) -> Page:
             skip=marks.get("skip"),
             needs=frozenset(marks.get("needs", "").split()),
             in_repo="cwd" in marks,
+            setup="setup" in marks,
         )
         blocks.append(previous)
     return Page(page, tuple(blocks))

@@ -10,6 +10,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -24,6 +25,13 @@ from typing import IO, Any
 from tests.docblocks import ROOT, Block, Page, console_steps, matches, mismatch, pages
 
 BLOCK_TIMEOUT = 900.0
+#: A python block that starts a streaming query writing through txsink ...
+_STARTS_TXSINK_QUERY = re.compile(
+    r"(\.foreachBatch\(|\.format\(\s*[\"']txsink[\"']\s*\))(?s:.*)\.start\(\)"
+)
+#: ... logs at least one line for an epoch (committed, skipped, aborted, recovered): a query
+#: over an empty stream runs no batch and logs none, and that is the silent run to catch.
+_EPOCH_LINE = re.compile(r"epoch[ =]\d+\]")
 
 
 @dataclass
@@ -95,6 +103,7 @@ class PythonSession:
     log: Path
     proc: subprocess.Popen[str] | None = None
     answers: IO[str] | None = field(default=None, repr=False)
+    logged: str = ""  # what the last block wrote to the log: its stdout, stderr, Spark's lines
 
     def run(self, block: Block, timeout: float) -> tuple[str | None, str]:
         """Run a block: (the error, or None; what it printed on stdout)."""
@@ -115,6 +124,7 @@ class PythonSession:
             os.close(write)
             self.answers = os.fdopen(read)
         assert self.proc.stdin is not None and self.answers is not None
+        start = self.log.stat().st_size if self.log.exists() else 0
         request = {"code": "\n" * block.line + block.text, "file": block.page}
         self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
@@ -126,6 +136,9 @@ class PythonSession:
             why = "timed out" if not ready else "the interpreter died"
             return f"{why} (after {timeout:.0f} s at most); see {self.log}", ""
         answer = json.loads(line)
+        with self.log.open("rb") as log:
+            log.seek(start)
+            self.logged = log.read().decode(errors="replace")
         return answer["error"], answer["stdout"]
 
     def close(self) -> None:
@@ -163,6 +176,12 @@ def _run_block(
         error, out = session.run(block, timeout)
         if error:
             return f"{error}\nstdout:\n{out}\nthe interpreter's log (tail):\n{_tail(session.log)}"
+        if _STARTS_TXSINK_QUERY.search(block.text) and not _EPOCH_LINE.search(session.logged):
+            return (
+                "the block starts a query that writes through txsink, and txsink logged no "
+                "epoch: the query ran no batch (an empty input, or a name an earlier block "
+                f"rebound?); what the block logged:\n{session.logged[-3000:]}"
+            )
         steps = [("", out)]
     elif block.kind == "bash":
         code, out = run_shell(block.text, cwd, env, timeout)
@@ -228,6 +247,43 @@ def run_page(
     return outcomes
 
 
+def runs(block: Block, *, slow: bool) -> bool:
+    """Whether this run runs the block (not ``not run``, and ``slow`` only with --run-slow)."""
+    return block.skip is None and (slow or "slow" not in block.needs)
+
+
+def alone(page: Page, *, slow: bool = False) -> list[Page]:
+    """The page as a reader who pastes one block pastes it: each block after the page's setup
+    blocks above it (``<!-- setup -->``), one small page per block. The setup blocks run
+    together once (each one alone is a prefix of that run)."""
+    setup = [b for b in page.blocks if b.setup and runs(b, slow=slow)]
+    found = [Page(page.path, tuple(setup))] if setup else []
+    for block in page.blocks:
+        if runs(block, slow=slow) and not block.setup:
+            above = tuple(b for b in setup if b.line < block.line)
+            found.append(Page(page.path, (*above, block)))
+    return found
+
+
+def check_blocks_alone(
+    page: Page, workdir: Path, env: Mapping[str, str], *, slow: bool = False
+) -> None:
+    """Run every block alone (:func:`alone`), each in a fresh folder and interpreter; raise
+    AssertionError naming every block that fails so."""
+    failures = []
+    for i, part in enumerate(alone(page, slow=slow)):
+        last = part.blocks[-1]
+        outcomes = run_page(part, workdir / f"alone-{i}-{last.line}", env, slow=slow)
+        report = summary(outcomes)
+        what = "the setup blocks together" if last.setup else f"{last.name} alone"
+        print(f"-- {what}:\n{report}")
+        if any(o.status == "failed" for o in outcomes):
+            where = "" if last.setup else ", run after the page's setup above it"
+            failures.append(f"{what}{where}:\n{report}")
+    if failures:
+        raise AssertionError(f"{page.path}: blocks fail alone\n" + "\n".join(failures))
+
+
 def summary(outcomes: list[Outcome]) -> str:
     """One line per block: status, seconds, where, and the reason or failure."""
     lines = []
@@ -251,8 +307,9 @@ def check_page(
 
 
 def main(argv: list[str]) -> int:
-    """``python -m tests.docrun [--slow] [PAGE ...]``: run pages by hand (servers from the
-    environment: ``set -a; . integration/.services.env; set +a``)."""
+    """``python -m tests.docrun [--slow] [--alone] [PAGE ...]``: run pages by hand (servers
+    from the environment: ``set -a; . integration/.services.env; set +a``); ``--alone``
+    runs each block alone after the page's setup too."""
     slow = "--slow" in argv
     wanted = [a for a in argv if not a.startswith("--")]
     failed = 0
@@ -265,6 +322,13 @@ def main(argv: list[str]) -> int:
             print(f"== {page.path}: {time.monotonic() - started:.1f} s", flush=True)
             print(summary(outcomes), flush=True)
             failed += any(o.status == "failed" for o in outcomes)
+            if "--alone" in argv:
+                started = time.monotonic()
+                try:
+                    check_blocks_alone(page, Path(tmp), docs_env(), slow=slow)
+                except AssertionError:
+                    failed += 1
+                print(f"== {page.path} alone: {time.monotonic() - started:.1f} s", flush=True)
     return 1 if failed else 0
 
 

@@ -7,6 +7,9 @@ The steps are the ones Spark runs (:mod:`txsink._dsepoch`): planning, the tasks
 
 from __future__ import annotations
 
+import logging
+import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +20,7 @@ from txsink import _dsepoch
 from txsink._dsoptions import DsConfig, parse_options, redacted
 from txsink._task import TaskPlan, run_partition
 from txsink.connectors.files.testing import FilesVerifier
-from txsink.datasource import TxsinkCommitMessage, TxsinkDataSource
+from txsink.datasource import TxsinkCommitMessage, TxsinkDataSource, _write_task
 from txsink.errors import ConfigurationError, FencedError, InjectedFault
 from txsink.log import open_log
 from txsink.testing.verifiers import verify
@@ -137,6 +140,51 @@ def test_commit_decides_and_commits_the_tasks_round(tmp_path: Path) -> None:
     verdict = _verdict(tmp_path, range(20))
     assert (verdict.duplicates, verdict.missing, verdict.lingering, verdict.epochs) == (0, 0, 0, 2)
     assert open_log(config.log).last_committed() == 1
+
+
+def test_the_committed_line_shows_the_tasks_precommit_time(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 35: the Data Source path logged ``precommit 0 ms`` (the time to collect acks
+    that tasks in other processes had made); the tasks' own span is shown, or nothing."""
+    caplog.set_level(logging.INFO, logger="txsink")
+    config = _config(tmp_path)
+    first, second = _epoch(config, 0, range(10))
+    timed = [
+        replace(first, started=100.0, finished=101.5),
+        replace(second, started=100.5, finished=102.25),
+    ]
+    _dsepoch.commit_epoch(config, 0, first.round, timed)
+    untimed = _epoch(config, 1, range(10, 20))
+    _dsepoch.commit_epoch(config, 1, untimed[0].round, [replace(m, started=None) for m in untimed])
+    lines = [r.getMessage() for r in caplog.records if "] committed: " in r.getMessage()]
+    assert len(lines) == 2, lines
+    assert "(precommit 2.2 s, decide " in lines[0], lines
+    assert "precommit" not in lines[1] and "(decide " in lines[1], lines
+    assert open_log(config.log).decision(0).stats["seconds"] == {"precommit": 2.25}  # type: ignore[union-attr]
+
+
+def test_a_task_times_its_precommit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import pyspark
+
+    class Task:  # what a Data Source task sees of Spark: its partition and properties
+        def partitionId(self) -> int:
+            return 0
+
+        def taskAttemptId(self) -> int:
+            return 7
+
+        def getLocalProperty(self, key: str) -> str | None:
+            return None
+
+    monkeypatch.setattr(pyspark.TaskContext, "get", staticmethod(Task))
+    config = _config(tmp_path)
+    _, setup = _dsepoch.plan_tasks(config, SCHEMA, streaming=False)
+    batch = pa.record_batch([pa.array([1, 2], pa.int64())], schema=SCHEMA)
+    before = time.time()
+    message = _write_task(config, setup, iter([batch]))
+    assert message.started is not None and message.finished is not None
+    assert before <= message.started <= message.finished <= time.time()
 
 
 def test_a_replayed_batch_writes_nothing_twice(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import pickle
 from collections.abc import Sequence
 from pathlib import Path
@@ -275,12 +276,25 @@ def test_narrower_integers_are_widened(tmp_path: Path) -> None:
     assert _ids(tmp_path / "t") == [1, 2]
 
 
-def test_a_null_in_a_not_null_column_names_its_row_and_column(tmp_path: Path) -> None:
+def test_a_null_in_a_not_null_column_names_its_row_and_column(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     strict = pa.schema([pa.field("id", pa.int64(), nullable=False), ("key", pa.string())])
     DeltaTable.create(str(tmp_path / "t"), strict)
     sink = DeltaSink(str(tmp_path / "t"), "d1")
     given = pa.schema([("id", pa.int64()), ("key", pa.string())])
-    sink.check(given, "app")  # nullable in Spark, no null yet: accepted
+    caplog.set_level(logging.WARNING, logger="txsink")
+    sink.check(given, "app")  # nullable in Spark, no null yet: accepted, with a warning
+    assert [r.getMessage() for r in caplog.records] == [
+        f"[uid=d1 epoch=None] column 'id' is NOT NULL in the Delta table at {tmp_path / 't'}, "
+        "and the DataFrame's 'id' is nullable: a null in it refuses its epoch when written "
+        "(before the decision, naming the row), and the query stops until it is fixed. If it "
+        "may hold nulls, filter them (df.where(col('id').isNotNull())) or fill a default "
+        "(coalesce(col('id'), lit(...))) before the sink; else accept the risk"
+    ]
+    caplog.clear()
+    DeltaSink(str(tmp_path / "t"), "d1").check(strict, "app")  # not nullable: nothing to say
+    assert caplog.records == []
     open_ = sink.begin(TxnId("app", "d1", 0, 0, 2, 1), given)
     sink.write(open_, pa.RecordBatch.from_pydict({"id": [1, 2], "key": ["a", "b"]}, given))
     with pytest.raises(WriteError, match="NOT NULL") as info:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import docblocks, docrun
+from tests import docblocks, docnames, docrun
 from tests.docblocks import Block, DocsError, matches, parse
 from tests.docrun import run_page
 
@@ -32,7 +32,28 @@ def test_page_runs_as_written(
     docrun.check_page(page, tmp_path, docrun.docs_env(), slow=docblocks.run_slow(request.config))
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+@pytest.mark.parametrize("page", docblocks.pages_to_run(servers=False), ids=str)
+def test_each_block_runs_alone_after_the_page_setup(
+    page: docblocks.Page, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    docrun.check_blocks_alone(
+        page, tmp_path, docrun.docs_env(), slow=docblocks.run_slow(request.config)
+    )
+
+
 # -- the pages ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("page", docblocks.pages(), ids=str)
+def test_no_block_rebinds_a_name_a_later_block_uses(page: docblocks.Page) -> None:
+    assert not docnames.rebinding_problems(page)
+
+
+@pytest.mark.parametrize("page", docblocks.pages(), ids=str)
+def test_every_block_has_its_names_from_the_page_setup(page: docblocks.Page) -> None:
+    assert not docnames.alone_problems(page)
 
 
 def test_every_page_parses_and_the_server_pages_say_so() -> None:
@@ -123,6 +144,7 @@ def test_parse_finds_kinds_markers_outputs_and_files() -> None:
     [
         ("<!-- not-run -->\n~~~python\nx\n~~~\n", "unknown marker"),
         ("<!-- not run: -->\n~~~python\nx\n~~~\n", "unknown marker"),
+        ("<!-- setup: the job -->\n~~~python\nx\n~~~\n", "unknown marker"),
         ("<!-- needs: oracle -->\n~~~python\nx\n~~~\n", "unknown needs"),
         ("<!-- output -->\n~~~text\nx\n~~~\n", "must follow a python or bash block"),
         ("~~~console\n$ a\n~~~\n<!-- output -->\n~~~text\nx\n~~~\n", "must follow"),
@@ -134,6 +156,106 @@ def test_parse_finds_kinds_markers_outputs_and_files() -> None:
 def test_parse_refuses_what_breaks_the_convention(text: str, message: str) -> None:
     with pytest.raises(DocsError, match=message):
         parse(md(text), "bad.md")
+
+
+# -- names: pasted in order, and alone ------------------------------------------------------
+
+# docs/quickstart.md before issue 35: the check rebound the job's `orders` to an empty stream,
+# and the drop-in sink below it wrote nothing, without an error.
+REBOUND = md("""
+<!-- setup -->
+~~~python
+orders = spark.readStream.parquet("data/input")
+coordinator = Coordinator([FilesSink("data/orders", uid="orders")], log="data/txlog")
+~~~
+
+~~~python
+orders = spark.readStream.parquet("doccheck/input")
+coordinator = Coordinator([FilesSink("doccheck/orders", uid="orders")], log="doccheck/txlog")
+print(coordinator.check(orders))
+~~~
+
+~~~python
+orders.writeStream.foreachBatch(FilesSink("data/alone", uid="orders", log="data/l")).start()
+~~~
+
+~~~python
+coordinator = Coordinator([FilesSink("data/both", uid="both")], log="data/both-txlog")
+~~~
+""")
+
+
+def test_a_block_that_rebinds_a_name_a_later_block_uses_is_named() -> None:
+    problems = docnames.rebinding_problems(parse(REBOUND, "q.md"))
+    assert len(problems) == 1, problems  # `coordinator` is rebound too, but no later block reads it
+    assert problems[0].startswith("q.md:8 rebinds 'orders' (bound at q.md:3), which q.md:14 uses")
+
+
+def test_names_bound_in_functions_imports_and_comprehensions_count_as_theirs() -> None:
+    page = parse(
+        md("""
+~~~python
+import os
+from x import y
+def f():
+    return y + os.sep
+n = [i for i in range(3)]
+~~~
+
+~~~python
+import os
+print(f(), n, len(os.sep))
+~~~
+"""),
+        "n.md",
+    )
+    first, second = docnames.python_blocks(page)
+    assert first[1].bound == {"os", "y", "f", "n"} and first[1].free == set()
+    assert second[1].free == {"f", "n"}
+    assert not docnames.rebinding_problems(page)  # a re-import binds the same module
+    assert docnames.alone_problems(page) == [
+        "n.md:10 uses 'f', 'n', bound by no block above it marked <!-- setup -->: pasted "
+        "alone, it fails; mark the block that binds it as setup, or bind it here"
+    ]
+
+
+def test_alone_is_each_block_after_the_setup_above_it() -> None:
+    page = parse(REBOUND, "q.md")
+    assert [b.setup for b in page.blocks] == [True, False, False, False]
+    parts = docrun.alone(page)
+    assert [[b.line for b in part.blocks] for part in parts] == [[3], [3, 8], [3, 14], [3, 18]]
+
+
+def test_a_block_that_relies_on_a_block_not_marked_setup_fails_alone(tmp_path: Path) -> None:
+    page = parse(md("~~~python\nx = 1\n~~~\n\n~~~python\nprint(x)\n~~~\n"), "a.md")
+    assert statuses(run_page(page, tmp_path / "order", docrun.docs_env())) == ["passed"] * 2
+    with pytest.raises(
+        AssertionError, match=r"a\.md:5 alone, run after the page's setup(?s:.*)NameError"
+    ):
+        docrun.check_blocks_alone(page, tmp_path / "alone", docrun.docs_env())
+    marked = parse(
+        md("<!-- setup -->\n~~~python\nx = 1\n~~~\n\n~~~python\nprint(x)\n~~~\n"), "b.md"
+    )
+    docrun.check_blocks_alone(marked, tmp_path / "marked", docrun.docs_env())
+
+
+# A query's shape without Spark: what matters is the block's text and what it logs.
+QUERY = """
+class Stream:
+    def foreachBatch(self, f): return self
+    def start(self): return self
+"""
+
+
+def test_a_query_that_writes_through_txsink_and_logs_no_epoch_fails(tmp_path: Path) -> None:
+    silent = md(f"~~~python\n{QUERY}Stream().foreachBatch(print).start()\n~~~\n")
+    outcomes = run(silent, tmp_path / "silent")
+    assert statuses(outcomes) == ["failed"] and "txsink logged no epoch" in outcomes[0].detail
+    line = "import sys; print('txsink: [orders epoch 0] committed: 1 rows', file=sys.stderr)"
+    logged = md(f"~~~python\n{QUERY}Stream().foreachBatch(print).start()\n{line}\n~~~\n")
+    assert statuses(run(logged, tmp_path / "logged")) == ["passed"]
+    not_a_query = md(f"~~~python\n{QUERY}Stream().foreachBatch(print)\n~~~\n")
+    assert statuses(run(not_a_query, tmp_path / "none")) == ["passed"]
 
 
 # -- comparing ----------------------------------------------------------------------------

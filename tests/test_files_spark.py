@@ -6,6 +6,7 @@ Faults here are ``raise`` and ``kill-worker`` (in-process restarts of the query)
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +97,27 @@ def test_static_write_with_explicit_epoch_is_idempotent(spark: Any, tmp_path: Pa
     nxt = coordinator.write(spark.range(300, 400))
     assert nxt.epoch == 20261123
     assert sorted(read_committed(tmp_path / "output").column("id").to_pylist()) == list(range(400))
+
+
+def test_a_write_of_a_committed_epoch_says_so_and_a_replay_says_replay(
+    spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 35: write() again for a committed epoch logged "Spark's replay skipped", where
+    no Spark replay happened."""
+    caplog.set_level(logging.INFO, logger="txsink")
+    coordinator = files_coordinator(tmp_path, app_id="nightly")
+    df = spark.range(0, 10)
+    coordinator.write(df, epoch=7)
+    caplog.clear()
+    assert coordinator.write(df, epoch=7).status == "skipped"
+    told = [r.getMessage() for r in caplog.records if "already committed" in r.getMessage()]
+    assert told == [
+        "[uid=out epoch=7] already committed: this epoch was committed before, nothing written"
+    ]
+    caplog.clear()
+    coordinator(df, 7)  # foreachBatch: Spark's replay of a batch
+    told = [r.getMessage() for r in caplog.records if "already committed" in r.getMessage()]
+    assert told == ["[uid=out epoch=7] already committed: Spark's replay skipped"]
 
 
 def test_sink_alone_as_foreach_batch(spark: Any, tmp_path: Path) -> None:

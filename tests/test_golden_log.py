@@ -119,6 +119,20 @@ def test_status_json_reads_every_golden_log(
     }
 
 
+def test_status_counts_every_status_of_its_table(
+    golden: tuple[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 35: the last line said "3 epochs, 1 committed, 1 decided ..." over a table
+    that showed an aborted epoch too."""
+    _name, path = golden
+    assert cli_main(["status", "--log", str(path)]) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last == (
+        "3 epochs, 1 committed, 1 decided and waiting for commit (recovery finishes them on "
+        "restart), 1 aborted (nothing of them is visible)"
+    )
+
+
 def test_every_golden_handle_loads_into_its_type(golden: tuple[str, Path]) -> None:
     name, path = golden
     uid, handle_type, _ = CONNECTORS[name]

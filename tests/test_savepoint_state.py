@@ -267,6 +267,7 @@ def test_rename_uid_then_continue(
     out = capsys.readouterr().out
     assert "would abort 1 lingering" in out and "would move 3 epoch manifest" in out
     assert "would rewrite the decisions of 3 epoch(s)" in out
+    assert "moving the handles of 'out' to 'events'" in out and "'out''s" not in out
     assert open_log(log_path).decision(0).handles.keys() == {"out"}  # type: ignore[union-attr]
 
     assert state_command(parser.parse_args(argv)) == 0

@@ -225,9 +225,29 @@ def commit_epoch(
         _abort_acks(config, epoch, acks, f"epoch {epoch} is committed already (a re-run)")
         get_logger(__name__, uid=config.sink.uid, epoch=epoch).info("already committed: skipped")
         return
-    result = coord.run_epoch(epoch, lambda _plan: acks, app_id=app_id, tasks_round=round_)
+    result = coord.run_epoch(
+        epoch,
+        lambda _plan: acks,
+        app_id=app_id,
+        tasks_round=round_,
+        tasks_seconds=_tasks_seconds(messages),
+    )
     if result.status == "skipped":  # a replay: whatever its tasks prepared is a duplicate
         _abort_acks(config, epoch, acks, f"epoch {epoch} is committed already (a replay)")
+
+
+def _tasks_seconds(messages: Sequence[Any]) -> float | None:
+    """The pre-commit's duration as the tasks timed it: first start to last end (wall clock,
+    so across hosts it is as good as their clocks agree); ``None`` if a task did not say."""
+    starts: list[float] = []
+    ends: list[float] = []
+    for message in messages:
+        started, finished = getattr(message, "started", None), getattr(message, "finished", None)
+        if started is None or finished is None:
+            return None
+        starts.append(float(started))
+        ends.append(float(finished))
+    return max(0.0, max(ends) - min(starts)) if starts else None
 
 
 def abort_epoch(config: DsConfig, epoch: int, round_: int, messages: Sequence[Any]) -> None:

@@ -204,9 +204,11 @@ class Coordinator(OperatorMixin):
                 self._recover_if_needed(app_id)
                 last = self.log.last_committed()
                 epoch = 0 if last is None else last + 1
-            return self._run_spark_epoch(epoch, df, app_id)
+            return self._run_spark_epoch(epoch, df, app_id, replay=False)
 
-    def _run_spark_epoch(self, epoch: int, df: DataFrame, app_id: str) -> EpochResult:
+    def _run_spark_epoch(
+        self, epoch: int, df: DataFrame, app_id: str, *, replay: bool = True
+    ) -> EpochResult:
         # Commits spread over the cluster (and recovery's) run as this session's tasks.
         self._recovery.tasks = _spark.SparkTaskRunner(df.sparkSession)
         wanted = [s.required_partitioning() for s in self.sinks]
@@ -218,15 +220,18 @@ class Coordinator(OperatorMixin):
             probe, tasks = self._probe_votes, self._recovery.tasks
             job = _spark.single_pass_job(df, data, uids, tasks, probe=probe, log=log)
             self._probe_votes = False
-            return self.run_epoch(epoch, job, app_id=app_id, data=job.data)
+            return self.run_epoch(epoch, job, app_id=app_id, data=job.data, replay=replay)
         if not any(s.commits_from_data for s in self.sinks):
-            return self.run_epoch(epoch, precommit_job(_spark.SparkEpochData(data)), app_id=app_id)
+            each = precommit_job(_spark.SparkEpochData(data))
+            return self.run_epoch(epoch, each, app_id=app_id, replay=replay)
         # The commit reads the rows again: keep this epoch's rows instead of
         # recomputing them (a recomputation after a crash is what the checksums catch).
         data = data.persist()
         try:
             rows = _spark.SparkEpochData(data)
-            return self.run_epoch(epoch, precommit_job(rows), app_id=app_id, data=rows)
+            return self.run_epoch(
+                epoch, precommit_job(rows), app_id=app_id, data=rows, replay=replay
+            )
         finally:
             data.unpersist()
 
@@ -239,6 +244,8 @@ class Coordinator(OperatorMixin):
         app_id: str,
         data: EpochData | None = None,
         tasks_round: int | None = None,
+        tasks_seconds: float | None = None,
+        replay: bool = True,
     ) -> EpochResult:
         """Run the protocol for one epoch. ``precommit`` runs the partition tasks; a
         :class:`~txsink._singlepass.SinglePassJob` runs steps 3 to 5 in one job for sinks
@@ -247,6 +254,11 @@ class Coordinator(OperatorMixin):
         ``data`` is the epoch's rows for sinks that commit from data (Kafka replay).
         ``tasks_round``: the round the tasks prepared under before this call (the Data Source
         path, where recovery ran before them); claimed exactly, step 1 is not run again.
+        ``tasks_seconds``: with ``tasks_round``, how long the tasks' pre-commit took as they
+        timed it (``precommit`` here only collects their acks); ``None`` leaves the figure
+        out rather than show the collection's ~0 ms.
+        ``replay``: an already committed epoch is Spark's replay of its batch (a query);
+        False for :meth:`write`, where it is the caller running a committed epoch again.
 
         1. Recover: commit a decided-but-uncommitted epoch; abort every prepared
            transaction no decision names (on the first call and after failures).
@@ -268,7 +280,11 @@ class Coordinator(OperatorMixin):
         timings["recover"] = time.monotonic() - t0
         # Step 2
         if self._already_committed(epoch):
-            self._log.bind(epoch=epoch).info("already committed: Spark's replay skipped")
+            self._log.bind(epoch=epoch).info(
+                "already committed: Spark's replay skipped"
+                if replay
+                else "already committed: this epoch was committed before, nothing written"
+            )
             self._meter.skipped({k: v for k, v in timings.items() if recovered})
             return EpochResult(epoch, "skipped")
         try:
@@ -291,9 +307,14 @@ class Coordinator(OperatorMixin):
                     epoch, round_, precommit, app_id, again=again
                 )
                 timings["precommit"] = time.monotonic() - t0
+                if tasks_round is not None:  # the tasks ran before this call
+                    timings.pop("precommit")
+                    if tasks_seconds is not None:
+                        timings["precommit"] = tasks_seconds
                 # Step 4
                 t0 = time.monotonic()
-                self._decide(epoch, round_, handles, rows, {"precommit": timings["precommit"]})
+                known = {k: v for k, v in timings.items() if k == "precommit"}
+                self._decide(epoch, round_, handles, rows, known)
                 timings["decide"] = time.monotonic() - t0
             # Step 5
             t0 = time.monotonic()

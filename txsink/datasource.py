@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 import socket
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -73,11 +74,15 @@ def register(spark: SparkSession) -> None:
 
 @dataclass
 class TxsinkCommitMessage(WriterCommitMessage):
-    """A task's pre-commit acks, the app it wrote as and its round, for ``commit``."""
+    """A task's pre-commit acks, the app it wrote as and its round, for ``commit``; with the
+    wall-clock times its pre-commit started and ended (``time.time()``), since the commit,
+    in another process, cannot time the tasks itself."""
 
     app_id: str | None
     round: int
     acks: list[Ack]
+    started: float | None = None
+    finished: float | None = None
 
 
 class TxsinkDataSource(DataSource):
@@ -213,8 +218,9 @@ def _write_task(
         _dsepoch.driver_pid() or 0,
         socket.gethostname(),
     )
+    started = time.time()
     acks = run_partition(plan, ctx.partitionId(), ctx.taskAttemptId(), batches)
-    return TxsinkCommitMessage(app_id, setup.round, acks)
+    return TxsinkCommitMessage(app_id, setup.round, acks, started, time.time())
 
 
 def _arrow(schema: StructType) -> pa.Schema:

@@ -152,7 +152,7 @@ def rename_uid(
             _rewrite_epoch(txlog, epoch, old, new)
     report.actions.append(
         f"log {txlog.location}: {verb} the decisions of {len(report.epochs)} epoch(s) "
-        f"{_span(report.epochs)} to key {old!r}'s handles by {new!r}"
+        f"{_span(report.epochs)}, moving the handles of {old!r} to {new!r}"
     )
     if not dry_run:
         txlog.store.delete(JOURNAL)

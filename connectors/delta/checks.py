@@ -104,6 +104,13 @@ def _fits(given: pa.DataType, table: pa.DataType) -> bool:
     return False
 
 
+def nullable_into_required(schema: pa.Schema, table: pa.Schema) -> list[str]:
+    """The DataFrame's nullable columns that the table declares non-nullable: warned of at
+    start, not refused (Spark marks most columns nullable even when they hold no null)."""
+    required = {f.name for f in table if not f.nullable}
+    return [f.name for f in schema if f.nullable and f.name in required]
+
+
 def check_schema(schema: pa.Schema, table: pa.Schema, ctx: Mapping[str, Any]) -> None:
     """The DataFrame's columns against the table's: none extra, none missing, types fit.
 

@@ -174,6 +174,19 @@ class DeltaSink(TwoPhaseCommitSink[OpenTxn, DeltaHandle]):
             )
         table_schema = checks.table_schema(table)
         checks.check_schema(schema, table_schema, ctx)
+        for name in checks.nullable_into_required(schema, table_schema):
+            self._log().warning(
+                "column %r is NOT NULL in the Delta table at %s, and the DataFrame's %r is "
+                "nullable: a null in it refuses its epoch when written (before the decision, "
+                "naming the row), and the query stops until it is fixed. If it may hold "
+                "nulls, filter them (df.where(col(%r).isNotNull())) or fill a default "
+                "(coalesce(col(%r), lit(...))) before the sink; else accept the risk",
+                name,
+                self.table,
+                name,
+                name,
+                name,
+            )
         self._schema, self._partitions = table_schema, partitions
 
     def _layout(self) -> tuple[pa.Schema, tuple[str, ...]]:

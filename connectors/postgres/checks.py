@@ -6,7 +6,10 @@ In order, each failure a :class:`~txsink.errors.ConfigurationError` that names t
 2. the table exists, or is created from the DataFrame's schema (``create_table=True``);
 3. every DataFrame column exists with a type binary COPY can fill from it (its plan,
    :func:`~txsink.connectors.postgres.casts.plan_column`, kept for the tasks); every NOT
-   NULL column without a default is in the DataFrame; the upsert key columns are;
+   NULL column without a default is in the DataFrame; the upsert key columns are; a
+   warning for every nullable DataFrame column into a NOT NULL column (not a refusal: Spark
+   marks most columns nullable, and most hold no NULL; one that arrives refuses its epoch
+   at pre-commit, before the decision, naming the row);
 4. upsert: a unique index (or primary key) on exactly the key, which ON CONFLICT needs;
 5. the role may INSERT (and UPDATE, for upsert) into the table;
 6. the progress table exists (created if missing) and the role may use it;
@@ -36,7 +39,7 @@ if TYPE_CHECKING:
 
     from txsink.connectors.postgres.tables import Tables
 
-__all__ = ["StartCheck", "plan_columns", "table_columns"]
+__all__ = ["StartCheck", "nullable_into_not_null", "plan_columns", "table_columns"]
 
 _log = logging.getLogger(__name__)
 
@@ -70,6 +73,7 @@ class StartCheck:
         try:
             self._two_phase_commit()
             plans = self._columns(schema)
+            self._warn_nullable(schema)
             if self.mode == "upsert":
                 self._unique_key()
             self._privileges()
@@ -125,6 +129,22 @@ class StartCheck:
                     f"upsert key column {key!r} is not in the DataFrame", column=key, **self._ctx
                 )
         return plans
+
+    def _warn_nullable(self, schema: pa.Schema) -> None:
+        for name in nullable_into_not_null(self.conn, self.tables, schema):
+            _log.warning(
+                "[uid=%s epoch=None] column %r of %s is NOT NULL, and the DataFrame's %r is "
+                "nullable: a NULL in it refuses its epoch at pre-commit (before the decision, "
+                "naming the row), and the query stops until it is fixed. If it may hold NULLs, "
+                "filter them (df.where(col(%r).isNotNull())) or fill a default "
+                "(coalesce(col(%r), lit(...))) before the sink; else accept the risk",
+                self.uid,
+                name,
+                self.tables.qualified,
+                name,
+                name,
+                name,
+            )
 
     def _schema_exists(self) -> None:
         """The table's schema exists: ``create_table`` creates a table, never its schema."""
@@ -224,6 +244,21 @@ def table_columns(
         if exists is None or exists[0] is None:
             return None
     return {str(r[0]): (str(r[1]), bool(r[2])) for r in rows}
+
+
+def nullable_into_not_null(
+    conn: psycopg.Connection[Any], tables: Tables, schema: pa.Schema
+) -> list[str]:
+    """The nullable columns of ``schema`` whose table column refuses NULL: NOT NULL (a
+    default does not help: COPY sends the NULL itself) or a NOT NULL domain."""
+    rows = conn.execute(
+        "SELECT a.attname FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid "
+        "WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped "
+        "AND (a.attnotnull OR t.typnotnull)",
+        (tables.regclass(),),
+    ).fetchall()
+    refusing = {str(r[0]) for r in rows}
+    return [f.name for f in schema if f.nullable and f.name in refusing]
 
 
 def plan_columns(

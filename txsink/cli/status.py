@@ -113,18 +113,24 @@ def status_command(args: argparse.Namespace) -> int:
             )
             if block["fix"]:
                 print(f"{'':>8}  fix: {block['fix']}; then run `txsink recover` or restart")
-    pending = [d for d in docs if d["status"] == "decided"]
-    blocked = [d for d in docs if d["status"] == "blocked"]
-    print(
-        f"{len(docs)} epochs, {sum(d['status'] == 'committed' for d in docs)} committed, "
-        f"{len(pending)} decided and waiting for commit (recovery finishes them on restart)"
-        + (
-            f", {len(blocked)} BLOCKED (the target refuses them until the cause is fixed)"
-            if blocked
-            else ""
-        )
-    )
+    print(_summary([d["status"] for d in docs]))
     return 0
+
+
+def _summary(statuses: list[str]) -> str:
+    """The last line: every status the table shows is counted (the rare ones when present)."""
+    count = {s: statuses.count(s) for s in set(statuses)}
+    rare = {
+        "aborted": "aborted (nothing of them is visible)",
+        "open": "open (running, or their driver died before deciding: recovery voids them)",
+        "blocked": "BLOCKED (the target refuses them until the cause is fixed)",
+    }
+    return (
+        f"{len(statuses)} epochs, {count.get('committed', 0)} committed, "
+        f"{count.get('decided', 0)} decided and waiting for commit "
+        "(recovery finishes them on restart)"
+        + "".join(f", {count[s]} {text}" for s, text in rare.items() if count.get(s))
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -160,6 +160,18 @@ def test_a_killed_task_attempts_transaction_is_found_and_aborted(
     _exactly_once(verdict)
 
 
+def _broken_distribution(site: Path) -> Path:
+    """A folder holding a distribution that registers connector ``gone``, whose module does
+    not exist; put it on ``PYTHONPATH`` (Spark's Python workers inherit it)."""
+    info = site / "gone_connectors-0.3.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: gone-connectors\nVersion: 0.3\n")
+    (info / "entry_points.txt").write_text(
+        "[txsink.connectors]\ngone = txsink_gone_checkout_module.plugin:CONNECTOR\n"
+    )
+    return site
+
+
 #: How PySpark's lookup lists Python Data Sources (``pkgutil.iter_modules()`` in a fresh
 #: worker), and where the module it would import comes from.
 _LOOKUP = """
@@ -182,9 +194,12 @@ def test_static_writes_through_a_killed_driver_and_automatic_registration(
     outside the repository (``python -m`` and Spark's ``python -m pyspark.daemon`` put the
     working folder on ``sys.path``, where the root's ``pyspark_txsink.py`` would hide an
     install that does not list it). In the venv that ``./dev`` installs editable, the
-    module is found through the ``.pth`` the build backend adds (build-backend/)."""
+    module is found through the ``.pth`` the build backend adds (build-backend/).
+
+    A second distribution registers a connector whose module is gone (an editable install
+    of a deleted checkout): only that connector is broken, the files connector works."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("PYTHONPATH", raising=False)
+    monkeypatch.setenv("PYTHONPATH", str(_broken_distribution(tmp_path / "site")))
     # First, the lookup as PySpark's worker makes it: a broken install fails here, clearly.
     proc = subprocess.run(
         [os.environ.get("PYSPARK_PYTHON", sys.executable), "-c", _LOOKUP],

@@ -109,6 +109,24 @@ def test_a_failing_log_is_one_warning_and_never_raised(
     assert "cannot follow the txsink log" in warnings[0] and "connection refused" in warnings[0]
 
 
+class _Progress:
+    numInputRows = 20
+
+
+def test_a_log_never_found_is_told_once_the_query_wrote_rows(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="txsink")
+    query = _Query()
+    query.recentProgress = [_Progress()]  # type: ignore[attr-defined]
+    query.isActive = False
+    with follow(tmp_path / "only-on-the-server", query):
+        pass
+    (line,) = _lines(caplog)
+    assert line.startswith("txsink: WARNING the query wrote rows, but the txsink log at "), line
+    assert "only-on-the-server was never found from this process" in line, line
+
+
 def test_a_classic_query_needs_no_follower(log: TxLog) -> None:
     classic: Any = object()  # not a Connect client's query: its lines print here already
     with follow(log, classic) as follower:

@@ -18,7 +18,9 @@ Contract:
   the ``with`` block (the query ended, or raised) stops it; nothing it does can delay or
   fail the query.
 * **Stops with the query**: when the ``with`` block is left, or when the query is no longer
-  active; a last look at the log first, so the last epoch's line is not lost.
+  active; a last look at the log first, so the last epoch's line is not lost. A log that
+  was never there (a path only the server sees looks like an empty folder here) is told by
+  a WARNING once the query ended, if it wrote rows.
 * **Cheap**: one listing of the log's ``epochs/`` per poll (as long as the log keeps
   epochs: ``retain_epochs``, 100 by default), polls every 0.5 s after something new and
   backing off to every 5 s while nothing moves; an epoch's records are read when its
@@ -69,8 +71,11 @@ def follow(
     follower.start()
     try:
         yield follower
-    finally:
+    except BaseException:
         follower.stop()
+        raise
+    follower.stop()
+    follower.tell_if_unseen()
 
 
 class LogFollower:
@@ -100,6 +105,24 @@ class LogFollower:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout_s)
+
+    def tell_if_unseen(self) -> None:
+        """After a query that wrote rows: a WARNING if the log was never there to be seen
+        (a path only the Spark server sees lists as an empty folder here, not as an error)."""
+        if self._seen or self._query is None:
+            return
+        try:
+            wrote = any(p.numInputRows > 0 for p in self._query.recentProgress)
+            missing = self.log.store.read("meta.json") is None
+        except Exception:  # the server or the store is gone: nothing sure to say
+            return
+        if wrote and missing:
+            get_logger(__name__).warning(
+                "the query wrote rows, but the txsink log at %s was never found from this "
+                "process, so no epoch line was printed: it is a path only the Spark server "
+                "sees? Put the log on storage both can read (a shared mount, s3://)",
+                self.log.location,
+            )
 
     def _run(self) -> None:
         interval = MIN_INTERVAL_S

@@ -119,8 +119,8 @@ class LogFollower:
         if wrote and missing:
             get_logger(__name__).warning(
                 "the query wrote rows, but the txsink log at %s was never found from this "
-                "process, so no epoch line was printed: it is a path only the Spark server "
-                "sees? Put the log on storage both can read (a shared mount, s3://)",
+                "process, so no epoch line was printed: is it a path only the Spark server "
+                "sees? Put the log on storage both can read (a shared mount, an object store)",
                 self.log.location,
             )
 

@@ -6,6 +6,7 @@ the client, and pickled by PySpark to the server's ``foreachBatch`` process.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,9 +25,13 @@ def stream(
     faults: str | None = None,
     drop_in: bool = False,
     hook: dict[str, Any] | None = None,
+    follow: bool = False,
 ) -> None:
     """Stream ``workdir/input`` (one file per epoch) into the sinks through Connect until the
     input is done; a failed query prints one ``txsink: query failed:`` line and exits 1.
+
+    ``follow``: await the query inside ``coordinator.follow(query)`` (the epoch lines
+    printed by this client, read from the log).
 
     ``hook``: ``{"folder", "point", "epoch"}``, the one hook a test's
     :class:`~txsink.testing.hooks.PointHooks` serves (its action runs in the test's process
@@ -67,7 +72,8 @@ def stream(
     )
     print(f"txsink-test: query {query.id} started", flush=True)
     try:
-        query.awaitTermination()
+        with target.follow(query) if follow else contextlib.nullcontext():
+            query.awaitTermination()
     except Exception as err:
         # Connect's error carries the foreachBatch process's traceback: kept whole for tests.
         Path(workdir, "failure.txt").write_text(str(err))

@@ -100,6 +100,22 @@ def test_files_sink_through_connect(connect_server: ConnectServer, tmp_path: Pat
     assert (log.meta() or {}).get("app_id") == _app_id(tmp_path)
 
 
+def test_the_client_follows_the_epoch_lines(connect_server: ConnectServer, tmp_path: Path) -> None:
+    """``with coordinator.follow(query)``: the client prints each epoch's line, read from
+    the log (a path the client shares here), once, and stops with the query."""
+    make_input(tmp_path / "input", rows=40, files=2)
+    lines: list[str] = []
+    spec = {**_files_spec(tmp_path), "uid": "followed"}
+    report = _run(connect_server, tmp_path, lines=lines, sinks=[spec], follow=True)
+    assert report.finished, "\n".join(lines[-30:])
+    told = [line.split(" (")[0] for line in lines if line.startswith("txsink: ")]
+    assert told == [
+        f"txsink: [followed epoch {epoch}] committed: followed 20 rows" for epoch in (0, 1)
+    ], lines
+    verdict = verify_files(tmp_path / "out", range(40), uid="followed")
+    assert verdict.ok and verdict.lingering == 0, verdict
+
+
 def test_without_app_id_connect_refuses_before_writing(
     connect_server: ConnectServer, tmp_path: Path
 ) -> None:

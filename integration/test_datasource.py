@@ -163,14 +163,61 @@ def test_a_killed_task_attempts_transaction_is_found_and_aborted(
     _exactly_once(verdict)
 
 
+def _broken_distribution(site: Path) -> Path:
+    """A folder holding a distribution that registers connector ``gone``, whose module does
+    not exist; put it on ``PYTHONPATH`` (Spark's Python workers inherit it)."""
+    info = site / "gone_connectors-0.3.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: gone-connectors\nVersion: 0.3\n")
+    (info / "entry_points.txt").write_text(
+        "[txsink.connectors]\ngone = txsink_gone_checkout_module.plugin:CONNECTOR\n"
+    )
+    return site
+
+
+#: How PySpark's lookup lists Python Data Sources (``pkgutil.iter_modules()`` in a fresh
+#: worker), and where the module it would import comes from.
+_LOOKUP = """
+import importlib.util, json, os, pkgutil
+listed = [m.name for m in pkgutil.iter_modules() if m.name == "pyspark_txsink"]
+spec = importlib.util.find_spec("pyspark_txsink")
+print(json.dumps({"listed": listed, "origin": spec and spec.origin}))
+"""
+
+
 @pytest.mark.parametrize("session", SESSIONS)
 def test_static_writes_through_a_killed_driver_and_automatic_registration(
-    tmp_path: Path, session: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, session: str
 ) -> None:
     """``df.write.format("txsink")``, input file ``i`` as epoch ``i``, the driver killed
     after epoch 1's decision; the re-run writes epochs 0 and 1 nothing twice. The format is
-    found by PySpark's automatic registration of ``pyspark_txsink`` (no register call)."""
-    env = {"TXSINK_DS_AUTOREGISTER": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
+    found by PySpark's automatic registration of ``pyspark_txsink`` (no register call).
+
+    It tests the install, not the checkout: the children run with no ``PYTHONPATH`` and
+    outside the repository (``python -m`` and Spark's ``python -m pyspark.daemon`` put the
+    working folder on ``sys.path``, where the root's ``pyspark_txsink.py`` would hide an
+    install that does not list it). In the venv that ``./dev`` installs editable, the
+    module is found through the ``.pth`` the build backend adds (build-backend/).
+
+    A second distribution registers a connector whose module is gone (an editable install
+    of a deleted checkout): only that connector is broken, the files connector works."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(_broken_distribution(tmp_path / "site")))
+    # First, the lookup as PySpark's worker makes it: a broken install fails here, clearly.
+    proc = subprocess.run(
+        [os.environ.get("PYSPARK_PYTHON", sys.executable), "-c", _LOOKUP],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    found = json.loads(proc.stdout)
+    assert found["listed"] == ["pyspark_txsink"], (
+        f"this environment's install does not list pyspark_txsink as PySpark's lookup does "
+        f"({found}): reinstall with pip install -e . (or ./dev)"
+    )
+    assert Path(found["origin"]).parent != ROOT, found  # not the checkout's own file
+    env = {"TXSINK_DS_AUTOREGISTER": "1"}
     report, verdict, lines = _run(
         tmp_path, "files", fault="after_decision:kill-driver@1", env=env, static=True
     )

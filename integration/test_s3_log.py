@@ -470,3 +470,33 @@ def test_streaming_files_sink_with_log_on_s3(
         assert main(["status", "--log", url, "--json"]) == 0
         doc = json.loads(capsys.readouterr().out)
         assert doc["log"] == url + "/" and len(doc["epochs"]) == 4
+
+
+# -- a client following the log (txsink._follow, docs/spark-connect.md) --------------------
+
+
+def test_a_follower_lists_once_per_poll_and_reads_each_epoch_once(s3: S3Service) -> None:
+    """What ``coordinator.follow(query)`` costs on S3: one ListObjectsV2 per poll, and an
+    epoch's records read when its committed mark appears, never again."""
+    from txsink._follow import LogFollower
+
+    bucket = s3.new_bucket()
+    writer = TxLog(store_at(s3, bucket))
+    writer.bind_app("app")
+    store = store_at(s3, bucket)
+    lists = count_calls(store._client, "ListObjectsV2")
+    gets = count_calls(store._client, "GetObject")
+    follower = LogFollower(TxLog(store))
+    follower.poll(history=True)
+    for epoch in (0, 1):
+        writer.decide(epoch, writer.claim_round(epoch), {"events": []}, {"rows": {"events": 3}})
+        writer.mark_committed(epoch, 0)
+    assert follower.poll() is True
+    assert follower.printed == [(0, "committed"), (1, "committed")]
+    read = gets["GetObject"]
+    for _ in range(3):
+        assert follower.poll() is False
+    assert gets["GetObject"] == read  # nothing new: nothing read
+    # a listing per poll (history, 1, 3 idle) and per finished epoch (its decision); a
+    # decision and a committed mark read per epoch
+    assert (lists["ListObjectsV2"], read) == (1 + 1 + 3 + 2, 2 * 2), (lists, gets)

@@ -11,6 +11,7 @@ Quick use::
 """
 
 from txsink._epochresult import EpochResult
+from txsink._follow import follow
 from txsink._logging import configure_logging
 from txsink._precheck import CheckResult
 from txsink._version import __version__
@@ -66,6 +67,7 @@ __all__ = [
     "__version__",
     "check",
     "configure_logging",
+    "follow",
     "open_log",
     "register_handle",
 ]

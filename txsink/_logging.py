@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import stat
 import sys
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from typing import Any, TextIO
@@ -149,10 +150,56 @@ class ConsoleHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             stream = self._stream or sys.stderr
-            stream.write(self.format(record) + "\n")
+            stream.write(_line_break_first(stream) + self.format(record) + "\n")
             stream.flush()
         except Exception:
             self.handleError(record)
+
+
+#: Spark's setting of its console progress bar (``[Stage 0:> ... (0 + 1) / 1]``).
+_PROGRESS_CONF = "spark.ui.showConsoleProgress"
+
+
+def _line_break_first(stream: TextIO) -> str:
+    """``"\n"`` when txsink's line must not start where it stands: another writer of the
+    same stream left its last line open. Spark's console progress bar draws with ``\r``
+    and clears itself with spaces and ``\r``, never a newline, so on a terminal its line
+    is gone, but in a file or a pipe the next line would be glued to it.
+
+    - a terminal: nothing (the bar has cleared its line before a txsink line: Spark clears
+      it at the end of every job);
+    - a regular file: a newline exactly when the file's last byte is not one (read back
+      through ``/proc/self/fd``, which also opens a write-only file);
+    - a pipe: no way to look back, so a newline whenever this process's Spark session has
+      its progress bar on (a blank line where the bar did not draw)."""
+    try:
+        stream.flush()
+        fd = stream.fileno()
+        if os.isatty(fd):
+            return ""
+        info = os.fstat(fd)
+        if stat.S_ISREG(info.st_mode):
+            if info.st_size == 0:
+                return ""
+            with open(f"/proc/self/fd/{fd}", "rb") as again:
+                again.seek(info.st_size - 1)
+                return "" if again.read(1) == b"\n" else "\n"
+    except (AttributeError, OSError, ValueError):  # no file behind it (StringIO), no /proc
+        return ""
+    return "\n" if _progress_bar_on() else ""
+
+
+def _progress_bar_on() -> bool:
+    """Whether the classic Spark session of this process (if any) draws the progress bar;
+    not asked when PySpark's context module was never imported."""
+    module = sys.modules.get("pyspark.core.context") or sys.modules.get("pyspark.context")
+    context = getattr(getattr(module, "SparkContext", None), "_active_spark_context", None)
+    if context is None:
+        return False
+    try:
+        return str(context.getConf().get(_PROGRESS_CONF, "false")).lower() == "true"
+    except Exception:  # a stopped context: py4j gone
+        return False
 
 
 def _user_configured() -> bool:

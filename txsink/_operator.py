@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, final
 
 from txsink import _precheck, _spark
+from txsink._follow import LogFollower, follow
 from txsink._logging import EpochLogger
 from txsink._precheck import CheckResult
 from txsink._remote import arrived_state, portable_state
@@ -31,8 +32,8 @@ __all__ = ["OperatorMixin"]
 
 
 class OperatorMixin:
-    """:meth:`check`, :meth:`recovery_plan`, :meth:`recover`, :meth:`abort` and
-    :meth:`close`."""
+    """:meth:`check`, :meth:`recovery_plan`, :meth:`recover`, :meth:`abort`,
+    :meth:`close` and :meth:`follow`."""
 
     log: TxLog
     sinks: tuple[SinkContract[Any, Any], ...]
@@ -79,6 +80,20 @@ class OperatorMixin:
                 sink.release()
             except Exception as err:  # best effort: the query is over anyway
                 self._log.warning("%r: release failed: %s", sink, err)
+
+    @final
+    def follow(self, query: Any) -> contextlib.AbstractContextManager[LogFollower | None]:
+        """Print this coordinator's epoch lines in this process while ``query`` runs
+        elsewhere: under Spark Connect the coordinator runs on the server, whose log gets
+        its lines. Read from the txsink log (which must be readable here: a shared path,
+        ``s3://``); never affects the query; nothing to do for a classic query
+        (:mod:`txsink._follow`, docs/spark-connect.md)::
+
+            with coordinator.follow(query):
+                query.awaitTermination()
+        """
+        label = "+".join(s.uid for s in (*self.sinks, *self.retired))
+        return follow(self.log, query, label=label)
 
     @final
     def check(

@@ -50,9 +50,24 @@ def _function(spec: str) -> Any:
     return func
 
 
+def _made(spec: str) -> Any:
+    """What ``FUNC()`` returns, the file run first. Spark's ``DATA_SOURCE_NOT_FOUND`` for the
+    txsink format (a job that starts its ``format("txsink")`` query while it loads) becomes
+    the one-line fix."""
+    try:
+        return _function(spec)()
+    except Exception as err:
+        from txsink.datasource import format_not_found
+
+        fix = format_not_found(err)
+        if fix is None:
+            raise
+        raise fix from err
+
+
 def load_sinks(spec: str) -> list[SinkContract[Any, Any]]:
     """Call ``FUNC()``; it returns a :class:`~txsink.Coordinator`, one sink, or a list."""
-    return _sinks_of(_function(spec)(), spec)
+    return _sinks_of(_made(spec), spec)
 
 
 def _split(made: Any) -> tuple[Any, Any]:
@@ -82,7 +97,7 @@ def _sinks_of(made: Any, spec: str) -> list[SinkContract[Any, Any]]:
 def load_coordinator(spec: str, log: str) -> Coordinator:
     """The pipeline's sinks in a coordinator over ``log`` (a returned coordinator's own
     options, e.g. ``allow_non_restored_state`` and ``retired``, are kept)."""
-    return _over_log(_split(_function(spec)())[0], spec, log)
+    return _over_log(_split(_made(spec))[0], spec, log)
 
 
 def load_checked(spec: str, log: str | None) -> tuple[Coordinator, Any]:
@@ -92,7 +107,7 @@ def load_checked(spec: str, log: str | None) -> tuple[Coordinator, Any]:
     A sink returned alone is the drop-in ``foreachBatch(sink)``: it needs ``log=`` (or
     ``log``), as at its first batch.
     """
-    made, df = _split(_function(spec)())
+    made, df = _split(_made(spec))
     if log is not None:
         return _over_log(made, spec, log), df
     if isinstance(made, Coordinator):

@@ -44,7 +44,14 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.types import StructType
 
-__all__ = ["FORMAT", "TxsinkCommitMessage", "TxsinkDataSource", "error_text", "register"]
+__all__ = [
+    "FORMAT",
+    "TxsinkCommitMessage",
+    "TxsinkDataSource",
+    "error_text",
+    "format_not_found",
+    "register",
+]
 
 #: The format name: ``df.writeStream.format("txsink")``.
 FORMAT = "txsink"
@@ -64,6 +71,48 @@ def error_text(err: BaseException) -> str | None:
     error line. ``None`` if there is none."""
     found = _ERROR_LINE.findall(str(err))
     return f"{found[-1][0]}: {found[-1][1]}" if found else None
+
+
+#: Spark's error condition for a format no installed or registered source provides.
+_NOT_FOUND = "DATA_SOURCE_NOT_FOUND"
+
+
+def format_not_found(err: BaseException) -> ConfigurationError | None:
+    """The fix, as a :class:`ConfigurationError`, when ``err`` (or an exception it came
+    from) is Spark's ``DATA_SOURCE_NOT_FOUND`` for the ``txsink`` format; else ``None``.
+
+    Read from Spark's structured error (condition and ``provider`` parameter: PySpark's
+    own exceptions, and the Java ``SparkThrowable`` inside a ``Py4JJavaError``), never
+    from the message text."""
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        for source in (current, getattr(current, "java_exception", None)):
+            condition, provider = _spark_condition(source)
+            if condition == _NOT_FOUND and provider.lower() == FORMAT:
+                return ConfigurationError(
+                    "Spark found no data source named 'txsink' (DATA_SOURCE_NOT_FOUND): "
+                    "PySpark registers it by itself only where txsink is pip-installed in "
+                    "the Python that Spark's Python workers run (PYSPARK_PYTHON); call "
+                    "txsink.datasource.register(spark) once after creating the session "
+                    "(docs/datasource.md#registration)",
+                    phase="check",
+                )
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _spark_condition(source: object) -> tuple[str | None, str]:
+    """(error condition, ``provider`` parameter) of a Spark error, Python or Java side."""
+    if source is None:
+        return None, ""
+    try:
+        condition = source.getCondition()  # type: ignore[attr-defined]
+        params = source.getMessageParameters()  # type: ignore[attr-defined]
+        return (str(condition) if condition else None), str(dict(params or {}).get("provider", ""))
+    except Exception:  # not a Spark error (py4j answers any name, then fails the call)
+        return None, ""
 
 
 def register(spark: SparkSession) -> None:

@@ -20,7 +20,7 @@ def local_spark(
     app_name: str = "txsink",
     *,
     fast_start: bool = True,
-    quiet: bool = False,
+    quiet: bool = True,
 ) -> Any:
     """A local SparkSession set up for txsink (workers run this interpreter).
 
@@ -29,10 +29,15 @@ def local_spark(
     when one was built (:mod:`txsink._jvmcds`, about half the start again): right for
     the demo, tests and chaos runs, not for long jobs.
 
-    ``quiet`` starts the JVM with a log4j2 configuration at ERROR, so Spark's start-up
-    banner and WARN lines (default profile, loopback hostname, native Hadoop) stay out of
-    a command's output: for commands that use Spark only as a helper (``txsink check``
-    parsing a schema), not for jobs whose Spark warnings matter.
+    Spark's console stays quiet: no progress bar (``spark.ui.showConsoleProgress``: its
+    ``\r`` updates would share a line with txsink's epoch lines in a log file), and with
+    ``quiet`` (the default) the JVM starts with a log4j2 configuration at ERROR, so Spark's
+    start-up banner and WARN lines (default profile, loopback hostname, native Hadoop,
+    adaptive execution in streaming) stay out of the output of the demo, chaos runs and
+    ``txsink check``. ``quiet=False`` keeps Spark's own log4j2 profile for the start-up
+    lines; either way the session logs at ERROR once started (``setLogLevel``). The JVM's
+    own ``WARNING: Using incubator modules`` line is not Spark's logging: Spark's launcher
+    always adds that module, and the JVM says so before any configuration applies.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -61,10 +66,14 @@ def local_spark(
 
 
 _QUIET_LOG4J2 = """\
-# txsink: Spark as a helper of a command, errors only
+# txsink: a local session's Spark console, errors only (txsink prints what happens)
 rootLogger.level = error
 rootLogger.appenderRef.stderr.ref = stderr
-# the shell's logger at the root's level: no "Setting default log level" banner
+# Spark takes a shell's level from the logger of the class that starts its logging (PySpark's
+# gateway, Spark's shell) and prints a "Setting default log level" banner when it differs
+# from the root's: the same level, no banner
+logger.gateway.name = org.apache.spark.api.python.PythonGatewayServer
+logger.gateway.level = error
 logger.repl.name = org.apache.spark.repl.Main
 logger.repl.level = error
 appender.console.type = Console
@@ -76,7 +85,8 @@ appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
 
 
 def _quiet_log4j2() -> Path:
-    """The ERROR-only log4j2 configuration, written once to the user's cache folder."""
+    """The ERROR-only log4j2 configuration, written once to the user's cache folder (the
+    JVM reads it by path)."""
     folder = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "txsink"
     path = folder / "log4j2-quiet.properties"
     if not path.is_file() or path.read_text() != _QUIET_LOG4J2:

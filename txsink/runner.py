@@ -198,7 +198,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("usage: python -m txsink.runner MODULE:FUNCTION [JSON_KWARGS]", file=sys.stderr)
         return 2
     kwargs = json.loads(args[1]) if len(args) > 1 else {}
-    load_callable(args[0])(**kwargs)
+    try:
+        load_callable(args[0])(**kwargs)
+    except Exception as err:
+        from txsink.datasource import format_not_found
+
+        fix = format_not_found(err)
+        if fix is None:
+            raise
+        print(f"{FAILED_LINE}{fix}", file=sys.stderr, flush=True)  # the fix, not the trace
+        return 1
     return 0
 
 

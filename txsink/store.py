@@ -138,10 +138,12 @@ def open_store(location: str | os.PathLike[str] | LogStore, **options: Any) -> L
     schemes = registry.log_store_schemes()
     if scheme not in schemes:
         known = ", ".join(f"{s}:// ({c.name})" for s, (c, _) in sorted(schemes.items()))
+        # A connector that failed to load may be the one that registers this scheme.
+        broken = "".join(f"; {u.error()}" for u in registry.unloadable().values())
         raise LogError(
             f"txsink log location {loc!r}: no store is registered for scheme {scheme!r}; "
             f"use a local or mounted filesystem path or a registered scheme "
-            f"({known or 'none installed'})"
+            f"({known or 'none installed'}){broken}"
         )
     record, ref = schemes[scheme]
     store: LogStore = registry.load(ref, record)(loc, **options)

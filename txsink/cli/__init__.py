@@ -137,7 +137,14 @@ def _silence_closed_streams() -> bool:
 
 def _run(argv: list[str] | None) -> int:
     table = commands()
-    parser = argparse.ArgumentParser(prog="txsink", description="exactly-once sinks for Spark")
+    # A connector that cannot be loaded is left out (with its commands); the others work.
+    broken = "\n".join(f"  {u.error()}" for u in registry.unloadable().values())
+    parser = argparse.ArgumentParser(
+        prog="txsink",
+        description="exactly-once sinks for Spark",
+        epilog=f"not loaded:\n{broken}" if broken else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     for name, command in table.items():
         command.add_arguments(sub.add_parser(name, help=command.help))

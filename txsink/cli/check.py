@@ -102,7 +102,7 @@ def _empty_frame(ddl: str) -> tuple[Any, Any]:
     if SparkContext._active_spark_context is not None:  # the pipeline's own session
         spark, started = SparkSession.builder.getOrCreate(), None
     else:
-        spark = started = local_spark("local[1]", "txsink-check", quiet=True)
+        spark = started = local_spark("local[1]", "txsink-check")
     try:
         return started, spark.createDataFrame([], schema=ddl)
     except Exception as err:  # Spark's ParseException, with its own long message

@@ -134,7 +134,7 @@ def run_datasource(
     """
     import os
 
-    from txsink.datasource import error_text, register
+    from txsink.datasource import error_text, format_not_found, register
     from txsink.localspark import local_spark
 
     if remote is not None:
@@ -165,7 +165,7 @@ def run_datasource(
         )
         query.awaitTermination()
     except Exception as err:
-        text = error_text(err) or failure_line(err)
+        text = error_text(err) or str(format_not_found(err) or "") or failure_line(err)
         print(f"{FAILED_LINE}{text}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
     finally:

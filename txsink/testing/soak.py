@@ -174,6 +174,8 @@ def soak(
         raise ValueError(f"soak: jobs must be at least 1, not {jobs}")
     source = dict(os.environ if env is None else env)
     chosen = list(connectors) if connectors is not None else available_connectors(source)
+    for name in set(chosen) & set(registry.unloadable()):
+        raise registry.unloadable()[name].error()
     unknown = sorted(set(chosen) - set(registry.connectors()))
     if unknown:
         raise ValueError(

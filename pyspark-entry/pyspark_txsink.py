@@ -1,0 +1,1 @@
+../pyspark_txsink.py

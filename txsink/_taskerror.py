@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from txsink._logging import one_line
 from txsink.errors import (
+    ERROR_NOTE_MARKER,
     SECONDARY_NOTE,
     TASK_ERROR_MARKER,
     EpochAbortedError,
@@ -189,7 +190,11 @@ def describe(err: BaseException) -> str:
             trace = str((params() or {}).get("traceback", ""))
         except Exception:
             trace = ""
-        lines = [line.strip() for line in trace.splitlines() if line.strip()]
+        lines = [
+            line.strip()
+            for line in trace.splitlines()
+            if line.strip() and not line.startswith(ERROR_NOTE_MARKER)
+        ]
         if lines:
             return lines[-1][:500]
     java = getattr(err, "java_exception", None)

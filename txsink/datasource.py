@@ -33,6 +33,7 @@ from pyspark.sql.datasource import (
 
 from txsink import _dsepoch
 from txsink._dsoptions import DsConfig, parse_options, redacted
+from txsink._failure import install_excepthook
 from txsink._logging import failures_logged, get_logger
 from txsink._task import Ack, TaskPlan, run_partition
 from txsink.errors import ConfigurationError
@@ -67,8 +68,11 @@ def error_text(err: BaseException) -> str | None:
 
 def register(spark: SparkSession) -> None:
     """Register the ``txsink`` format with ``spark`` (needed only where the automatic
-    registration of installed ``pyspark_*`` modules is off or not supported)."""
+    registration of installed ``pyspark_*`` modules is off or not supported). A query of
+    this process that a txsink error stops ends with one paragraph, not Spark's traceback
+    (:mod:`txsink._failure`)."""
     spark.dataSource.register(TxsinkDataSource)
+    install_excepthook()
 
 
 @dataclass

@@ -1,0 +1,209 @@
+"""One failure, one paragraph (issue 35, point 2): a query that fails because of txsink,
+run as a user runs it (``python job.py``, stdout and stderr captured), prints txsink's
+error once, first, as one paragraph naming the sink, the phase, the cause and the fix;
+Spark's and py4j's traces go to a file that the last line names, which holds them whole.
+
+Against the real servers: a NULL into a Postgres NOT NULL column (pre-commit), a missing
+Postgres table (the start-up check), an unreachable Kafka broker (``127.0.0.1:1``); the
+first also through the Data Source path (``writeStream.format("txsink")``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.spark]
+
+_JOB = """\
+import os, sys
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+from pyspark.sql import SparkSession
+from txsink import Coordinator
+{imports}
+
+
+def pipeline():
+    return Coordinator([{sink}], log="data/txsink-log")
+
+
+if __name__ == "__main__":
+    spark = SparkSession.builder.master("local[2]").getOrCreate()
+    coordinator = pipeline()
+    query = (
+        spark.readStream.format("rate").option("rowsPerSecond", 20).load()
+        .selectExpr({columns})
+        .writeStream.foreachBatch(coordinator)
+        .option("checkpointLocation", "data/checkpoint")
+        .trigger(processingTime="1 second")
+        .start()
+    )
+    query.awaitTermination(90)
+"""
+
+_DATASOURCE_JOB = """\
+import os, sys
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+from pyspark.sql import SparkSession
+from txsink.datasource import register
+
+spark = SparkSession.builder.master("local[2]").getOrCreate()
+register(spark)
+query = (
+    spark.readStream.format("rate").option("rowsPerSecond", 20).load()
+    .selectExpr({columns})
+    .writeStream.format("txsink")
+    .option("connector", "postgres").option("dsn", os.environ["TXSINK_PG_DSN"])
+    .option("table", "{table}").option("uid", "orders").option("log", "data/txsink-log")
+    .option("checkpointLocation", "data/checkpoint")
+    .trigger(processingTime="1 second")
+    .start()
+)
+query.awaitTermination(90)
+"""
+
+_NULL_COLUMNS = '"value AS id", "IF(value = 3, NULL, CONCAT(\'n\', value)) AS name"'
+_PG_IMPORTS = "from txsink.connectors.postgres import PostgresSink"
+#: A line that tells of the failure (Spark's ERROR records, a traceback, an exception).
+_FAILURE = re.compile(r"ERROR|Traceback|Exception|Error: |terminated with|failed")
+#: txsink's per-epoch lines (``txsink: [uid epoch N] committed: …``), told before it.
+_EPOCH_LINE = re.compile(r"^txsink: \[[^\]]+ epoch \d+\] ")
+
+
+def _run(tmp_path: Path, script: str, env: dict[str, str]) -> tuple[str, Path]:
+    job = tmp_path / "job.py"
+    job.write_text(script)
+    traces = tmp_path / "traces"
+    run_env = {
+        **os.environ,
+        **env,
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "TXSINK_TRACE_DIR": str(traces),
+    }
+    run_env.pop("TXSINK_TRACEBACK", None)
+    done = subprocess.run(
+        [sys.executable, str(job)],
+        cwd=tmp_path,
+        env=run_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode != 0, f"the job did not fail:\n{done.stdout}"
+    return done.stdout, traces
+
+
+def _lines(output: str) -> list[str]:
+    # Spark's progress bar may share a line with txsink's (issue 35, point 3): txsink's part.
+    out = []
+    for line in output.splitlines():
+        at = line.find("txsink: ")
+        out.append(line[at:] if at > 0 and line.lstrip().startswith("[Stage") else line)
+    return out
+
+
+def _assert_one_paragraph(output: str, traces: Path, *, cause: str, parts: list[str]) -> None:
+    """The first line telling of the failure is txsink's paragraph (with ``parts``), the
+    ``cause`` is told once, and the last line names a trace file that holds it all."""
+    lines = _lines(output)
+    failing = [
+        i for i, line in enumerate(lines) if _FAILURE.search(line) and not _EPOCH_LINE.match(line)
+    ]
+    assert failing, output
+    first = lines[failing[0]]
+    assert first.startswith("txsink: ERROR ["), output
+    for part in parts:
+        assert part in first, (part, first)
+    assert output.count(cause) == 1, output
+    assert lines[-1].startswith("txsink: the query stopped on the error above"), output
+    named = re.search(r" is in (\S+\.txt)$", lines[-1])
+    assert named, lines[-1]
+    trace = Path(named[1])
+    assert trace.parent == traces.resolve() and trace.is_file(), trace
+    text = trace.read_text()
+    assert cause in text and "Traceback (most recent call last)" in text, text[:2000]
+    assert "StreamingQueryException" in text, text[:2000]
+    assert "\tat org.apache.spark." in text, text[:2000]  # the JVM's trace, whole
+    # Below the paragraph: nothing but the trace file's line.
+    assert lines[failing[0] + 1 :] == lines[-1:], output
+
+
+@pytest.mark.postgres
+def test_a_null_into_not_null_is_one_paragraph(postgres: Any, tmp_path: Path) -> None:
+    schema = postgres.new_schema("para")
+    with postgres.connect() as conn:
+        conn.execute(f"CREATE TABLE {schema}.t (id bigint PRIMARY KEY, name text NOT NULL)")
+    sink = f'PostgresSink(os.environ["TXSINK_PG_DSN"], "{schema}.t", uid="orders")'
+    script = _JOB.format(imports=_PG_IMPORTS, sink=sink, columns=_NULL_COLUMNS)
+    output, traces = _run(tmp_path, script, postgres.env())
+    _assert_one_paragraph(
+        output,
+        traces,
+        cause='violates not-null constraint',
+        parts=["[orders epoch ", "phase=precommit", "column=name", "key id=3", "Fix or filter"],
+    )
+
+
+@pytest.mark.postgres
+def test_a_missing_table_is_one_paragraph(postgres: Any, tmp_path: Path) -> None:
+    schema = postgres.new_schema("para")
+    sink = f'PostgresSink(os.environ["TXSINK_PG_DSN"], "{schema}.missing", uid="orders")'
+    script = _JOB.format(imports=_PG_IMPORTS, sink=sink, columns=_NULL_COLUMNS)
+    output, traces = _run(tmp_path, script, postgres.env())
+    _assert_one_paragraph(
+        output,
+        traces,
+        cause=f"table {schema}.missing does not exist",
+        parts=["[orders epoch 0]", "phase=check", "create_table=True"],
+    )
+
+
+def test_an_unreachable_broker_is_one_paragraph(tmp_path: Path) -> None:
+    sink = 'KafkaSink("127.0.0.1:1", "events", uid="events", wal="data/wal", timeout_s=3)'
+    imports = "from txsink.connectors.kafka import KafkaSink"
+    columns = '"CAST(value AS STRING) AS key", "CAST(value AS STRING) AS value"'
+    output, traces = _run(tmp_path, _JOB.format(imports=imports, sink=sink, columns=columns), {})
+    _assert_one_paragraph(
+        output,
+        traces,
+        cause="cannot list the topics at 127.0.0.1:1",
+        parts=["[events epoch 0]", "phase=check", "check bootstrap_servers"],
+    )
+
+
+@pytest.mark.postgres
+def test_a_null_through_the_data_source_is_one_paragraph(postgres: Any, tmp_path: Path) -> None:
+    """The Data Source path: the commit runs in a Python worker of Spark's, which prints
+    txsink's paragraph first; the user's process prints no traceback, only the trace
+    file's path. Spark's own log4j record of the query's end still carries the error
+    once more below the paragraph (a worker cannot reach the JVM's log configuration)."""
+    schema = postgres.new_schema("para")
+    with postgres.connect() as conn:
+        conn.execute(f"CREATE TABLE {schema}.t (id bigint PRIMARY KEY, name text NOT NULL)")
+    script = _DATASOURCE_JOB.format(columns=_NULL_COLUMNS, table=f"{schema}.t")
+    output, traces = _run(tmp_path, script, postgres.env())
+    lines = _lines(output)
+    failing = [
+        i for i, line in enumerate(lines) if _FAILURE.search(line) and not _EPOCH_LINE.match(line)
+    ]
+    assert failing, output
+    first = lines[failing[0]]
+    assert first.startswith("txsink: ERROR [orders epoch "), output
+    assert "phase=precommit" in first and "column=name" in first and "id=3" in first, first
+    assert "pyspark.errors.exceptions" not in output, output  # no Python traceback of it
+    assert lines[-1].startswith("txsink: the query stopped on the error above"), output
+    named = re.search(r" is in (\S+\.txt)$", lines[-1])
+    assert named, lines[-1]
+    trace = Path(named[1])
+    assert trace.parent == traces.resolve() and trace.is_file(), trace
+    assert "violates not-null constraint" in trace.read_text()

@@ -71,8 +71,8 @@ def test_the_hook_prints_the_paragraph_and_the_trace_file(
     err = _failed()
     wrapped = _wrapped(err)
     # Printed by another process (a Spark Connect server): the client prints it.
-    monkeypatch.setattr(_failure.os, "getpid", lambda: -1)
-    monkeypatch.setattr(_failure.socket, "gethostname", lambda: "elsewhere")
+    monkeypatch.setattr("txsink._failure.os.getpid", lambda: -1)
+    monkeypatch.setattr("txsink._failure.socket.gethostname", lambda: "elsewhere")
     out = io.StringIO()
     _failure.excepthook(RuntimeError, wrapped, wrapped.__traceback__, stream=out)
     lines = out.getvalue().splitlines()

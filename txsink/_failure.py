@@ -51,6 +51,7 @@ __all__ = [
     "TRACE_DIR_ENV",
     "carried_note",
     "excepthook",
+    "failure_texts",
     "install_excepthook",
     "mark",
     "silence_termination",
@@ -88,8 +89,6 @@ def mark(err: BaseException, paragraph: str, *, printed: bool) -> None:
 def carried_note(err: BaseException) -> dict[str, Any] | None:
     """The last note :func:`mark` left in ``err``'s texts (its message, its chain, the
     traceback a Spark error carries, a JVM exception's messages), or None."""
-    from txsink._taskerror import failure_texts
-
     texts: list[str] = []
     seen: set[int] = set()
     current: BaseException | None = err
@@ -114,6 +113,27 @@ def carried_note(err: BaseException) -> dict[str, Any] | None:
             if isinstance(doc, dict) and isinstance(doc.get("paragraph"), str):
                 found = doc
     return found
+
+
+def failure_texts(err: BaseException) -> list[str]:
+    """Every text a Spark failure carries: its message, a ``PythonException``'s traceback
+    parameter, and the messages of a JVM exception and its causes (a ``Py4JJavaError``
+    says only "An error occurred while calling o267.collectToPython")."""
+    texts = [str(err)]
+    params = getattr(err, "getMessageParameters", None)
+    if callable(params):
+        with contextlib.suppress(Exception):  # a JVM gone: the other texts are what is left
+            texts.append(str((params() or {}).get("traceback", "")))
+    java = getattr(err, "java_exception", None)
+    seen = 0
+    while java is not None and seen < 20:
+        try:
+            texts.append(str(java.toString()))
+            java = java.getCause()
+        except Exception:
+            break
+        seen += 1
+    return [t for t in texts if t]
 
 
 # -- the trace file ----------------------------------------------------------------------

@@ -26,6 +26,7 @@ import json
 import re
 from typing import TYPE_CHECKING, Any
 
+from txsink._failure import failure_texts
 from txsink._logging import one_line
 from txsink.errors import (
     ERROR_NOTE_MARKER,
@@ -94,27 +95,6 @@ def document(err: BaseException, **context: Any) -> dict[str, Any]:
         "message": message[:_MAX_MESSAGE],
         "context": {k: v for k, v in ctx.items() if k in (*_PLAIN_CONTEXT, "row")},
     }
-
-
-def failure_texts(err: BaseException) -> list[str]:
-    """Every text a Spark failure carries: its message, a ``PythonException``'s traceback
-    parameter, and the messages of a JVM exception and its causes (a ``Py4JJavaError``
-    says only "An error occurred while calling o267.collectToPython")."""
-    texts = [str(err)]
-    params = getattr(err, "getMessageParameters", None)
-    if callable(params):
-        with contextlib.suppress(Exception):  # a JVM gone: the other texts are what is left
-            texts.append(str((params() or {}).get("traceback", "")))
-    java = getattr(err, "java_exception", None)
-    seen = 0
-    while java is not None and seen < 20:
-        try:
-            texts.append(str(java.toString()))
-            java = java.getCause()
-        except Exception:
-            break
-        seen += 1
-    return [t for t in texts if t]
 
 
 def carried(err: BaseException) -> TxsinkError | None:

@@ -52,7 +52,9 @@ __all__ = [
     "carried_note",
     "excepthook",
     "failure_texts",
+    "full_traceback",
     "install_excepthook",
+    "last_note",
     "mark",
     "silence_termination",
     "told_once",
@@ -67,8 +69,10 @@ TRACEBACK_ENV = "TXSINK_TRACEBACK"
 TRACE_DIR_ENV = "TXSINK_TRACE_DIR"
 
 
-def _full() -> bool:
+def full_traceback() -> bool:
+    """Whether ``TXSINK_TRACEBACK=full`` asks for Spark's traces as Spark prints them."""
     return os.environ.get(TRACEBACK_ENV, "").strip().lower() == "full"
+
 
 
 def mark(err: BaseException, paragraph: str, *, printed: bool) -> None:
@@ -100,6 +104,11 @@ def carried_note(err: BaseException) -> dict[str, Any] | None:
         except Exception:  # a JVM gone: what Python holds is what is left
             texts.append(str(current))
         current = current.__cause__ or current.__context__
+    return last_note(texts)
+
+
+def last_note(texts: list[str]) -> dict[str, Any] | None:
+    """The last note :func:`mark` left in ``texts`` (wherever a text quotes it), or None."""
     found = None
     for text in texts:
         for line in text.splitlines():
@@ -214,7 +223,7 @@ def excepthook(
 ) -> None:
     """Print a txsink failure as its paragraph and the path of its whole trace; hand
     anything else to the hook that was there before."""
-    doc = None if _full() or not isinstance(err, Exception) else carried_note(err)
+    doc = None if full_traceback() or not isinstance(err, Exception) else carried_note(err)
     if doc is None:
         _previous[0](kind, err, tb)
         return
@@ -240,7 +249,7 @@ _previous: list[Any] = [sys.__excepthook__]
 def install_excepthook() -> None:
     """Install :func:`excepthook` once, only over Python's default hook (a hook of the
     user's, IPython's or a test runner's stays), and not with ``TXSINK_TRACEBACK=full``."""
-    if _full() or sys.excepthook is not sys.__excepthook__:
+    if full_traceback() or sys.excepthook is not sys.__excepthook__:
         return
     _previous[0] = sys.excepthook
     sys.excepthook = excepthook
@@ -269,7 +278,7 @@ def silence_termination(spark: Any, query_id: str) -> bool:
     with error`` (classic PySpark: the driver's JVM), so a txsink error that ends this run
     is not printed again inside a JVM trace. Other runs and queries log as before.
     Returns whether the filter is in place; never raises."""
-    if _full():
+    if full_traceback():
         return False
     try:
         # The batch's session is a clone that lists no query; Spark names the job group of

@@ -34,6 +34,7 @@ from pyspark.sql.datasource import (
 from txsink import _dsepoch
 from txsink._dsoptions import DsConfig, parse_options, redacted
 from txsink._failure import install_excepthook
+from txsink._jvmlog import deny_marked_terminations
 from txsink._logging import failures_logged, get_logger
 from txsink._task import Ack, TaskPlan, run_partition
 from txsink.errors import ConfigurationError
@@ -70,9 +71,11 @@ def register(spark: SparkSession) -> None:
     """Register the ``txsink`` format with ``spark`` (needed only where the automatic
     registration of installed ``pyspark_*`` modules is off or not supported). A query of
     this process that a txsink error stops ends with one paragraph, not Spark's traceback
-    (:mod:`txsink._failure`)."""
+    (:mod:`txsink._failure`), and without Spark's log4j record of its end repeating the
+    error (:mod:`txsink._jvmlog`)."""
     spark.dataSource.register(TxsinkDataSource)
     install_excepthook()
+    deny_marked_terminations(spark)
 
 
 @dataclass

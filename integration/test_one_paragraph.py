@@ -209,3 +209,23 @@ def test_a_null_through_the_data_source_is_one_paragraph(postgres: Any, tmp_path
         parts=["[orders epoch ", "phase=precommit", "column=name", "id=3", "Fix or filter"],
     )
     assert "terminated with error" not in output, output
+
+
+@pytest.mark.postgres
+def test_a_missing_table_through_the_data_source_is_one_paragraph(
+    postgres: Any, tmp_path: Path
+) -> None:
+    """A refusal at the Data Source's planning (the start-up check in ``streamWriter``)
+    reaches the driver as txsink's error: no ``PicklingError`` traceback printed by the
+    planning worker, no Spark record of the query's end."""
+    schema = postgres.new_schema("para")
+    script = _DATASOURCE_JOB.format(columns=_NULL_COLUMNS, table=f"{schema}.missing")
+    output, traces = _run(tmp_path, script, postgres.env())
+    _assert_one_paragraph(
+        output,
+        traces,
+        cause=f"table {schema}.missing does not exist",
+        parts=["[orders] ConfigurationError", "phase=check", "create_table=True"],
+    )
+    assert "Pickl" not in output and "terminated with error" not in output, output
+    assert "PicklingError" not in (traces / os.listdir(traces)[0]).read_text()

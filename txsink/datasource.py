@@ -90,6 +90,17 @@ class TxsinkCommitMessage(WriterCommitMessage):
 class TxsinkDataSource(DataSource):
     """The ``txsink`` format: streaming and static writes through any registered connector."""
 
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
+        # Built here, not unpickled: Spark's planning worker builds the source it asks for a
+        # stream writer; the commit worker unpickles one (no planning there). Not pickled.
+        self._built_here = True
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.pop("_built_here", None)
+        return state
+
     @classmethod
     def name(cls) -> str:
         return FORMAT
@@ -105,10 +116,15 @@ class TxsinkDataSource(DataSource):
         return _BatchWriter(config, setup)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> _StreamWriter:
-        """Streaming: planning runs before each batch's tasks (recovery, the round); Spark
-        also calls this before ``commit`` / ``abort``, which need neither."""
+        """Streaming: in the planning worker (a source built there), plan before the batch's
+        tasks (recovery, the round), so that a refusal is raised here, as Spark's planning
+        error. Spark also calls this before ``commit`` / ``abort`` (on a source it
+        unpickled), which need no planning."""
         config = self._checked(overwrite)
-        return _StreamWriter(config, _arrow(schema))
+        writer = _StreamWriter(config, _arrow(schema))
+        if getattr(self, "_built_here", False):
+            writer.plan()
+        return writer
 
     def _checked(self, overwrite: bool) -> DsConfig:
         with failures_logged(get_logger(__name__)):
@@ -128,20 +144,24 @@ class TxsinkDataSource(DataSource):
 
 
 class _StreamWriter(DataSourceStreamArrowWriter):
-    """Streaming writes. Created by Spark in the planning worker (then pickled to the tasks)
-    and again in the commit worker: the planning's work happens when it is pickled."""
+    """Streaming writes. Created by Spark in the planning worker, planned there (then
+    pickled to the tasks), and again in the commit worker, unplanned."""
 
     def __init__(self, config: DsConfig, schema: pa.Schema) -> None:
         self.config = config
         self.schema = schema
         self.setup: _dsepoch.TaskSetup | None = None
 
-    def __getstate__(self) -> dict[str, Any]:
-        # Pickled only by the planning worker, to ship this writer to the batch's tasks:
-        # the one moment before the tasks where recovery can run and the round be chosen.
+    def plan(self) -> None:
+        """Recovery and the round, once (:func:`txsink._dsepoch.plan_tasks`)."""
         if self.setup is None:
             with failures_logged(get_logger(__name__, uid=self.config.sink.uid)):
                 _, self.setup = _dsepoch.plan_tasks(self.config, self.schema, streaming=True)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Shipped to the tasks planned: a PySpark that would unpickle the source in its
+        # planning worker (no plan in streamWriter) gets it planned here, as before.
+        self.plan()
         return self.__dict__.copy()
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> TxsinkCommitMessage:

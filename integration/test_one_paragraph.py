@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from connect_server import ConnectServer, client_env
 
 pytestmark = [pytest.mark.spark]
 
@@ -70,6 +71,29 @@ query = (
 query.awaitTermination(90)
 """
 
+_CONNECT_JOB = """\
+import os
+from pyspark.sql import SparkSession
+from txsink import Coordinator
+from txsink.connectors.postgres import PostgresSink
+
+spark = SparkSession.builder.remote(os.environ["TXSINK_TEST_CONNECT_URL"]).getOrCreate()
+coordinator = Coordinator(
+    [PostgresSink(os.environ["TXSINK_PG_DSN"], "{table}", uid="orders")],
+    log=os.path.abspath("data/txsink-log"),
+    app_id="orders-app",
+)
+query = (
+    spark.readStream.format("rate").option("rowsPerSecond", 20).load()
+    .selectExpr("value AS id", "CONCAT('n', value) AS name")
+    .writeStream.foreachBatch(coordinator)
+    .option("checkpointLocation", os.path.abspath("data/checkpoint"))
+    .trigger(processingTime="1 second")
+    .start()
+)
+query.awaitTermination(90)
+"""
+
 _NULL_COLUMNS = '"value AS id", "IF(value = 3, NULL, CONCAT(\'n\', value)) AS name"'
 _PG_IMPORTS = "from txsink.connectors.postgres import PostgresSink"
 #: A line that tells of the failure (Spark's ERROR records, a traceback, an exception).
@@ -90,6 +114,9 @@ def _run(tmp_path: Path, script: str, env: dict[str, str]) -> tuple[str, Path]:
         "TXSINK_TRACE_DIR": str(traces),
     }
     run_env.pop("TXSINK_TRACEBACK", None)
+    if "TXSINK_TEST_CONNECT_URL" in env:  # a Connect client: no classic session's settings
+        run_env.pop("PYSPARK_SUBMIT_ARGS", None)
+        run_env.pop("SPARK_CONNECT_MODE_ENABLED", None)
     done = subprocess.run(
         [sys.executable, str(job)],
         check=False,
@@ -229,3 +256,33 @@ def test_a_missing_table_through_the_data_source_is_one_paragraph(
     )
     assert "Pickl" not in output and "terminated with error" not in output, output
     assert "PicklingError" not in (traces / os.listdir(traces)[0]).read_text()
+
+
+@pytest.mark.postgres
+def test_a_missing_table_through_spark_connect_is_one_paragraph(
+    postgres: Any, connect_server: ConnectServer, tmp_path: Path
+) -> None:
+    """Through Spark Connect the coordinator runs in the server, whose console is its log:
+    the client prints the paragraph (carried in the error's note) first, and the path of
+    the trace file it wrote on the client's machine; the server's log has its own lines."""
+    schema = postgres.new_schema("para")
+    script = _CONNECT_JOB.format(table=f"{schema}.missing")
+    env = {**client_env(connect_server), **postgres.env()}
+    env["TXSINK_TEST_CONNECT_URL"] = connect_server.url
+    output, traces = _run(tmp_path, script, env)
+    cause = f"table {schema}.missing does not exist"
+    told = [line for line in _lines(output) if _FAILURE.search(line)]
+    assert len(told) == 2, output
+    assert told[0].startswith("txsink: ERROR [orders epoch 0] ConfigurationError: "), output
+    assert "phase=check" in told[0] and cause in told[0] and "create_table=True" in told[0]
+    assert output.count(cause) == 1, output
+    assert told[1].startswith("txsink: the query stopped on this error (StreamingQuery"), output
+    named = re.search(r" is in (\S+\.txt)$", told[1])
+    assert named, told[1]
+    trace = Path(named[1])  # on the client's machine, under TXSINK_TRACE_DIR
+    assert trace.parent == traces.resolve() and trace.is_file(), trace
+    text = trace.read_text()
+    assert cause in text and "Found error inside foreachBatch Python process" in text, text
+    assert "JVM stacktrace:" in text, text[:3000]
+    served = connect_server.log_path.read_text(errors="replace")
+    assert "txsink: ERROR [orders epoch 0] ConfigurationError: " in served and cause in served

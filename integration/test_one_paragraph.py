@@ -94,6 +94,44 @@ query = (
 query.awaitTermination(90)
 """
 
+_OUTAGE_JOB = """\
+import os, sys
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from pyspark.sql import SparkSession
+from txsink import Coordinator
+from txsink.connectors.postgres import PostgresSink
+from txsink.testing.netproxy import NetProxy
+
+# The server, reached through a proxy that the second batch cuts: an outage that
+# outage_s=0 does not ride out, so the tasks' RetryableError ends the query.
+params = conninfo_to_dict(os.environ["TXSINK_PG_DSN"])
+proxy = NetProxy(str(params.get("host") or "127.0.0.1"), int(params.get("port") or 5432))
+proxy.start()
+params.update(host="127.0.0.1", port=str(proxy.port))
+sink = PostgresSink(make_conninfo("", **params), "{table}", uid="orders")
+coordinator = Coordinator([sink], log="data/txsink-log", outage_s=0)
+
+
+def batch(df, epoch):
+    if epoch == 1:
+        proxy.cut()
+    coordinator(df, epoch)
+
+
+spark = SparkSession.builder.master("{master}").getOrCreate()
+query = (
+    spark.readStream.format("rate").option("rowsPerSecond", 20).load()
+    .selectExpr("value AS id", "CONCAT('n', value) AS name")
+    .writeStream.foreachBatch(batch)
+    .option("checkpointLocation", "data/checkpoint")
+    .trigger(processingTime="1 second")
+    .start()
+)
+query.awaitTermination(90)
+"""
+
 _NULL_COLUMNS = '"value AS id", "IF(value = 3, NULL, CONCAT(\'n\', value)) AS name"'
 _PG_IMPORTS = "from txsink.connectors.postgres import PostgresSink"
 #: A line that tells of the failure (Spark's ERROR records, a traceback, an exception).
@@ -286,3 +324,47 @@ def test_a_missing_table_through_spark_connect_is_one_paragraph(
     assert "JVM stacktrace:" in text, text[:3000]
     served = connect_server.log_path.read_text(errors="replace")
     assert "txsink: ERROR [orders epoch 0] ConfigurationError: " in served and cause in served
+
+
+#: Spark's records of a failed task (what the filter of :mod:`txsink._jvmlog` denies).
+_TASK_RECORDS = re.compile(r"Exception in task|Lost task|aborting job|terminated with error")
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("master", ["local[2]", "local[2,2]"])
+def test_a_task_failure_that_ends_the_query_is_one_paragraph(
+    postgres: Any, tmp_path: Path, master: str
+) -> None:
+    """A target gone while the tasks write (a ``RetryableError`` in each task): Spark's
+    records of the failed tasks (the executor's trace, the scheduler's ``Lost task`` with
+    the Python traceback, ``aborting job``) are not printed; the paragraph is the first
+    ERROR. With a retry (``local[2,2]``) each attempt Spark runs again is one WARNING line
+    of txsink's."""
+    schema = postgres.new_schema("para")
+    with postgres.connect() as conn:
+        conn.execute(f"CREATE TABLE {schema}.t (id bigint PRIMARY KEY, name text NOT NULL)")
+    script = _OUTAGE_JOB.format(table=f"{schema}.t", master=master)
+    output, traces = _run(tmp_path, script, postgres.env())
+    lines = _lines(output)
+    assert not [line for line in lines if _TASK_RECORDS.search(line)], output
+    errors = [i for i, line in enumerate(lines) if "ERROR" in line or "Traceback" in line]
+    first = lines[errors[0]]
+    assert first.startswith("txsink: ERROR [orders epoch 1] EpochAbortedError: "), output
+    assert "a task failed: txsink.errors.RetryableError: " in first, first
+    assert "phase=begin" in first and "cannot connect to PostgreSQL" in first, first
+    assert lines[errors[0] + 1 :] == lines[-1:], output  # then only the trace file's line
+    assert lines[-1].startswith("txsink: the query stopped on the error above"), output
+    retried = [line for line in lines if "Spark runs it again" in line]
+    if master == "local[2]":  # no retry: the first failure fails the job
+        assert not retried, output
+    else:
+        assert retried and all(
+            line.startswith("txsink: WARNING [orders epoch 1] task ")
+            and "(attempt 1 of 2) failed, Spark runs it again: RetryableError: " in line
+            for line in retried
+        ), output
+    named = re.search(r" is in (\S+\.txt)$", lines[-1])
+    assert named, lines[-1]
+    text = Path(named[1]).read_text()
+    assert "cannot connect to PostgreSQL" in text and "\tat org.apache.spark." in text
+    assert Path(named[1]).parent == traces.resolve()

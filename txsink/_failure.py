@@ -12,10 +12,8 @@ traceback of ~60 lines. This module removes the repeats, never the error:
   notes after the exception's line, so the note travels in every text Spark wraps the
   error in: py4j's return message, ``PYTHON_STREAMING_DATA_SOURCE_RUNTIME_ERROR``, a
   Spark Connect error.
-- :func:`silence_termination`: in a classic driver, the coordinator's ``foreachBatch``
-  call that raises a txsink error denies (a log4j ``RegexFilter``) the one record
-  ``Query [id = …, runId = …] terminated with error`` of *that query run*: the record
-  the error ends. Any other query's, or a later run's, is logged as before.
+- :mod:`txsink._jvmlog` denies Spark's log4j records that repeat the error (the query's
+  ``terminated with error``, a failed task's records), from the user's process.
 - :func:`excepthook` (installed by :func:`install_excepthook` when a coordinator is built
   or the Data Source is registered, only over Python's default hook): an uncaught
   exception whose text carries the note writes its whole traceback (Python's, py4j's,
@@ -38,12 +36,11 @@ import socket
 import sys
 import tempfile
 import traceback
-from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TextIO
 
-from txsink.errors import ERROR_NOTE_MARKER, TxsinkError
+from txsink.errors import ERROR_NOTE_MARKER
 
 __all__ = [
     "MARKER",
@@ -56,8 +53,6 @@ __all__ = [
     "install_excepthook",
     "last_note",
     "mark",
-    "silence_termination",
-    "told_once",
     "trace_dir",
 ]
 
@@ -72,7 +67,6 @@ TRACE_DIR_ENV = "TXSINK_TRACE_DIR"
 def full_traceback() -> bool:
     """Whether ``TXSINK_TRACEBACK=full`` asks for Spark's traces as Spark prints them."""
     return os.environ.get(TRACEBACK_ENV, "").strip().lower() == "full"
-
 
 
 def mark(err: BaseException, paragraph: str, *, printed: bool) -> None:
@@ -253,49 +247,3 @@ def install_excepthook() -> None:
         return
     _previous[0] = sys.excepthook
     sys.excepthook = excepthook
-
-
-# -- Spark's log4j record of the query's end ---------------------------------------------
-
-
-@contextlib.contextmanager
-def told_once(df: Any, query_id: str | None) -> Iterator[None]:
-    """Around a classic ``foreachBatch`` call of query ``query_id``: a txsink error
-    leaving it silences Spark's record of the run's end (:func:`silence_termination`)."""
-    try:
-        yield
-    except TxsinkError:
-        if query_id is not None:
-            silence_termination(df.sparkSession, query_id)
-        raise
-
-
-_UUID = re.compile(r"[0-9a-fA-F-]{36}")
-
-
-def silence_termination(spark: Any, query_id: str) -> bool:
-    """Deny Spark's log4j record ``Query … [id = query_id, runId = <this run>] terminated
-    with error`` (classic PySpark: the driver's JVM), so a txsink error that ends this run
-    is not printed again inside a JVM trace. Other runs and queries log as before.
-    Returns whether the filter is in place; never raises."""
-    if full_traceback():
-        return False
-    try:
-        # The batch's session is a clone that lists no query; Spark names the job group of
-        # a query run's jobs after its run id (StreamExecution.runStream).
-        run_id = spark.sparkContext.getLocalProperty("spark.jobGroup.id")
-        if not run_id or not _UUID.fullmatch(run_id):
-            return False
-        jvm = spark.sparkContext._jvm
-        core = jvm.org.apache.logging.log4j.core
-        result = getattr(core, "Filter$Result")
-        regex = (
-            rf"Query .*\[id = {re.escape(query_id)}, runId = {re.escape(run_id)}\] "
-            r"terminated with error"
-        )
-        deny = core.filter.RegexFilter.createFilter(regex, None, False, result.DENY, result.NEUTRAL)
-        config = jvm.org.apache.logging.log4j.LogManager.getContext(False).getConfiguration()
-        config.addFilter(deny)
-        return True
-    except Exception:  # no py4j, no log4j 2, a query gone: Spark prints as it does
-        return False

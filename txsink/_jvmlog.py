@@ -1,46 +1,80 @@
-"""Spark's log4j record of a query that a txsink error ended, denied from the user's process.
+"""Spark's log4j records that repeat a txsink error, denied from the user's process.
 
-When a query ends on an error, Spark's driver logs ``Query … [id = …, runId = …] terminated
-with error`` at ERROR with the whole exception: for a txsink error, the JVM trace with the
-Python traceback inside, the error told again below txsink's paragraph. On the Data Source
-path (``writeStream.format("txsink")``) txsink's code runs in Python workers of Spark's,
-which cannot reach the driver's log configuration; only the user's process can (py4j), and
-it runs no txsink code between the failure and the record. The record's *message* names
-only the query; the txsink error is in its *throwable*, which log4j's own filters
-(``RegexFilter``, ``StringMatchFilter``) do not read.
+A txsink error that ends a query is told by txsink first, as one paragraph
+(:mod:`txsink._failure`). Spark's driver logs it again, whole, in records whose text holds
+the Python traceback inside a JVM trace:
 
-So :func:`deny_marked_terminations`, called from the user's process (``register(spark)``),
-adds to the log4j configuration that governs Spark's stream execution a filter written in
-Python (a py4j callback, as ``foreachBatch`` is): a ``RegexFilter`` lets every record whose
-message is not ``Query … terminated with error`` through in the JVM, and only those few
-records reach Python, which denies the one whose exception carries txsink's note
-(:func:`txsink._failure.mark`) *and* whose paragraph was printed on this driver's console.
-A query ending for any other reason, or a paragraph nobody saw, is logged as before.
+1. ``Query … [id = …, runId = …] terminated with error`` (``MicroBatchExecution``), with
+   the exception that ended the query run;
+2. when one of txsink's tasks raised (a :class:`~txsink.errors.RetryableError` Spark
+   retries, say): ``Exception in task …`` (``Executor``, in local mode the driver's JVM),
+   ``Lost task …`` (``TaskSetManager``, for each failed or killed attempt) and
+   ``Task … failed N times; aborting job``.
 
-Classic PySpark only: under Spark Connect the driver is the server, whose log is its own.
-``TXSINK_TRACEBACK=full`` turns it off. The filter is removed when the Python process exits
-(a py4j callback to a process gone would fail inside Spark's logging).
+On the Data Source path txsink's code runs in Python workers of Spark's, which cannot
+reach the driver's log configuration; in a classic ``foreachBatch`` it runs in the user's
+process, but the records are written by the JVM's threads. The records' *messages* name
+only the query or the task; txsink's error is in their exception (1, ``Exception in
+task``) or deep in the message (``Lost task``), which log4j's own filters do not tell
+apart from any other failure.
+
+So :func:`deny_told_records` (called from the user's process: ``register(spark)``, and
+each ``foreachBatch`` call of a coordinator, :func:`told_once`) adds to the log4j
+configuration that governs those loggers a filter written in Python (a py4j callback, as
+``foreachBatch`` is). A ``RegexFilter`` lets every other record through in the JVM; only
+these few reach Python, which denies:
+
+- record 1 when its exception carries txsink's note (:func:`txsink._failure.mark`) saying
+  the paragraph was printed on this driver's console;
+- the task records when their text carries a task's note (:mod:`txsink._taskerror`) and
+  txsink's console prints errors here (the coordinator tells the job's failure, or its
+  retry of the epoch, in one line). An attempt Spark runs again gets one WARNING line of
+  txsink's instead of its trace.
+
+A query ending for any other reason, a task failing with another error, or a paragraph
+nobody saw, is logged as before. Classic PySpark only: under Spark Connect the driver is
+the server, whose log is its own. ``TXSINK_TRACEBACK=full`` turns it off. The filter is
+removed when the Python process exits (a py4j callback to a process gone would fail
+inside Spark's logging).
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
+import re
 import threading
+from collections.abc import Iterator
 from typing import Any, ClassVar
 
 from txsink._failure import full_traceback, last_note
+from txsink._logging import console_prints, get_logger
+from txsink.errors import TASK_ERROR_MARKER
 
-__all__ = ["TERMINATION_LOGGERS", "denies", "deny_marked_terminations"]
+__all__ = ["GOVERNED_LOGGERS", "Decision", "denies", "deny_told_records", "told_once"]
 
-#: The stream execution's logger names (Spark 4.1 moved the class into ``runtime``).
-TERMINATION_LOGGERS = (
+#: The loggers whose records repeat a txsink error (Spark 4.1 moved the stream execution
+#: into ``runtime``; both names are looked up).
+GOVERNED_LOGGERS = (
     "org.apache.spark.sql.execution.streaming.runtime.MicroBatchExecution",
     "org.apache.spark.sql.execution.streaming.MicroBatchExecution",
+    "org.apache.spark.executor.Executor",
+    "org.apache.spark.scheduler.TaskSetManager",
 )
-#: Spark's message for a query run's end on an error (``StreamExecution.runStream``).
-_TERMINATED = r"Query .*terminated with error"
+#: The records that may reach Python; a ``RegexFilter`` (whole message, Java) lets the
+#: rest through. Spark 4.1 prefixes a streaming task's records with ``[queryId = …]``.
+_CANDIDATES = (
+    r"(?s).*Query .*terminated with error"
+    r"|.*Exception in task \S+ in stage .*"
+    r"|.*Lost task \S+ in stage .*"
+    r"|.*Task \d+ in stage \S+ failed \d+ times; aborting job.*"
+)
+_LOST = re.compile(r"Lost task (\d+)\.(\d+) in stage (\S+) \(TID")
+_ABORTING = re.compile(r"Task \d+ in stage (\S+) failed \d+ times; aborting job")
 _MAX_CAUSES = 20
+_MAX_STAGES = 1000
+_log = get_logger("txsink.spark")
 
 _lock = threading.Lock()
 #: The py4j gateways (one per driver JVM) whose log4j configuration has the filter.
@@ -48,26 +82,75 @@ _installed: set[int] = set()
 
 
 def denies(texts: list[str]) -> bool:
-    """Whether a record whose exception reads ``texts`` is a txsink failure told already:
-    the last note :func:`txsink._failure.mark` left says its paragraph was printed."""
+    """Whether a query's end whose exception reads ``texts`` is a txsink failure told
+    already: the last note :func:`txsink._failure.mark` left says it was printed."""
     doc = last_note(texts)
     return doc is not None and doc.get("printed") is True
 
 
-class _MarkedTermination:
-    """A log4j 2 ``Filter`` implemented in Python: DENY a record whose throwable carries a
-    printed txsink paragraph, NEUTRAL for anything else. Every method must return, never
-    raise: an exception here would escape Spark's ``logError`` on the query's thread."""
+class Decision:
+    """What the filter decides for one record's message and exception texts; keeps the
+    stages whose task failures it denied (their ``aborting job`` line goes too)."""
 
-    def __init__(self, result: Any, state: Any) -> None:
+    def __init__(self, max_failures: int) -> None:
+        self.max_failures = max_failures
+        self.stages: list[str] = []
+
+    def deny(self, message: str, thrown: list[str]) -> bool:
+        if message.rstrip().endswith("terminated with error"):
+            return denies(thrown)
+        aborting = _ABORTING.search(message)
+        if aborting is not None:
+            return aborting[1] in self.stages
+        if not any(TASK_ERROR_MARKER in t for t in (message, *thrown)):
+            return False
+        if not console_prints(logging.ERROR):  # nobody would see txsink's line
+            return False
+        lost = _LOST.search(message)
+        if lost is not None:
+            self._remember(lost[3])
+            attempt = int(lost[2])
+            if "TaskKilled" not in message and attempt + 1 < self.max_failures:
+                self._retried(message, int(lost[1]), attempt)
+        return True
+
+    def _remember(self, stage: str) -> None:
+        if stage not in self.stages:
+            self.stages.append(stage)
+            del self.stages[:-_MAX_STAGES]
+
+    def _retried(self, message: str, task: int, attempt: int) -> None:
+        from txsink._taskerror import carried
+
+        err = carried(RuntimeError(message))
+        if err is None:
+            return
+        _log.bind(uid=err.sink_uid, epoch=err.epoch).warning(
+            "task %d (attempt %d of %d) failed, Spark runs it again: %s: %s",
+            task,
+            attempt + 1,
+            self.max_failures,
+            type(err).__name__,
+            " ".join(str(err).split()),
+        )
+
+
+class _TxsinkRecords:
+    """A log4j 2 ``Filter`` implemented in Python: DENY what :class:`Decision` denies,
+    NEUTRAL for anything else. Every method must return, never raise: an exception here
+    would escape Spark's logging call on a query's or the scheduler's thread."""
+
+    def __init__(self, result: Any, state: Any, decision: Decision) -> None:
         self._result = result
         self._state = state
+        self._decision = decision
 
     def filter(self, *args: Any) -> Any:  # every overload of Filter.filter
         with contextlib.suppress(Exception):  # a record it cannot read is logged
             if len(args) == 1:  # filter(LogEvent): what a LoggerConfig calls
-                thrown = args[0].getThrown()
-                if thrown is not None and denies(_texts(thrown)):
+                event = args[0]
+                message = str(event.getMessage().getFormattedMessage())
+                if self._decision.deny(message, _texts(event.getThrown())):
                     return self._result.DENY
         return self._result.NEUTRAL
 
@@ -96,7 +179,7 @@ class _MarkedTermination:
         return False
 
     def toString(self) -> str:
-        return "txsink: deny a query's termination record that carries a told txsink error"
+        return "txsink: deny Spark's records that repeat a txsink error told already"
 
     class Java:
         implements: ClassVar[list[str]] = ["org.apache.logging.log4j.core.Filter"]
@@ -113,10 +196,18 @@ def _texts(thrown: Any) -> list[str]:
     return texts
 
 
-def deny_marked_terminations(spark: Any) -> bool:
+@contextlib.contextmanager
+def told_once(df: Any) -> Iterator[None]:
+    """Around a classic ``foreachBatch`` call: the filter is in place before its tasks
+    run (:func:`deny_told_records`, once per driver JVM)."""
+    with contextlib.suppress(Exception):  # a Connect DataFrame, a session gone
+        deny_told_records(df.sparkSession)
+    yield
+
+
+def deny_told_records(spark: Any) -> bool:
     """Add the filter (once per driver JVM) to the log4j configuration of ``spark``'s
-    driver, so a query that a txsink error ends is not logged again inside Spark's
-    ``terminated with error`` record. Returns whether it is in place; never raises."""
+    driver. Returns whether it is in place; never raises."""
     if full_traceback():
         return False
     try:
@@ -131,7 +222,7 @@ def deny_marked_terminations(spark: Any) -> bool:
         if id(gateway) in _installed:
             return True
         try:
-            added = _install(gateway, jvm)
+            added = _install(gateway, jvm, Decision(_max_failures(sc)))
         except Exception:  # no log4j 2, no callback server: Spark logs as it does
             return False
         _installed.add(id(gateway))
@@ -139,29 +230,41 @@ def deny_marked_terminations(spark: Any) -> bool:
     return True
 
 
-def _install(gateway: Any, jvm: Any) -> list[tuple[Any, Any]]:
+_LOCAL = re.compile(r"local(?:\[\s*(?:\d+|\*)\s*(?:,\s*(\d+)\s*)?\])?")
+
+
+def _max_failures(sc: Any) -> int:
+    """How many times Spark runs a task before it fails the job: ``local[N,F]`` says F,
+    ``local`` / ``local[N]`` 1, a cluster ``spark.task.maxFailures`` (4)."""
+    master = str(sc.master or "")
+    local = _LOCAL.fullmatch(master)
+    if local is not None:
+        return int(local[1] or 1)
+    return int(sc.getConf().get("spark.task.maxFailures", "4"))
+
+
+def _install(gateway: Any, jvm: Any, decision: Decision) -> list[tuple[Any, Any]]:
     from pyspark.java_gateway import ensure_callback_server_started
 
     ensure_callback_server_started(gateway)  # type: ignore[no-untyped-call]
     core = jvm.org.apache.logging.log4j.core
     result = getattr(core, "Filter$Result")
     state = getattr(core, "LifeCycle$State")
-    # Only the stream execution's termination records reach Python: the RegexFilter
-    # accepts (ends the chain for) every other record in the JVM.
+    # Only the candidate records reach Python: the RegexFilter accepts (ends the chain
+    # for) every other record in the JVM.
     regex = core.filter.RegexFilter.createFilter(
-        _TERMINATED, None, False, result.NEUTRAL, result.ACCEPT
+        _CANDIDATES, None, False, result.NEUTRAL, result.ACCEPT
     )
     first = gateway.new_array(core.Filter, 1)
     first[0] = regex
     # A Python object crosses as an argument of a call (not as an array element).
     chain = core.filter.CompositeFilter.createFilters(first).addFilter(
-        _MarkedTermination(result, state)
+        _TxsinkRecords(result, state, decision)
     )
-    context = jvm.org.apache.logging.log4j.LogManager.getContext(False)
-    config = context.getConfiguration()
+    config = jvm.org.apache.logging.log4j.LogManager.getContext(False).getConfiguration()
     added: list[tuple[Any, Any]] = []
     names: set[str] = set()
-    for logger in TERMINATION_LOGGERS:
+    for logger in GOVERNED_LOGGERS:
         governing = config.getLoggerConfig(logger)
         name = str(governing.getName())
         if name in names:

@@ -28,7 +28,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, final
 
-from txsink import _failure, _layout, _precheck, _rounds, _spark, _stability
+from txsink import _failure, _jvmlog, _layout, _precheck, _rounds, _spark, _stability
 from txsink._commit import commit_decided
 from txsink._decide import decide_epoch
 from txsink._epochresult import EpochResult
@@ -174,7 +174,7 @@ class Coordinator(OperatorMixin):
         logged once at ERROR, on one line, first (:mod:`txsink._failure`), as in write."""
         with failures_logged(self._log, epoch=int(batch_id), on_failure=self.close):
             query_id = _spark.streaming_query_id(df)
-            with _failure.told_once(df, query_id):  # not again in Spark's log
+            with _jvmlog.told_once(df):  # not again in Spark's log
                 app_id = self.app_id or query_id
                 if app_id is None:
                     raise _precheck.no_app_error(connect=_spark.is_connect(df))

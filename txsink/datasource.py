@@ -34,7 +34,7 @@ from pyspark.sql.datasource import (
 from txsink import _dsepoch
 from txsink._dsoptions import DsConfig, parse_options, redacted
 from txsink._failure import install_excepthook
-from txsink._jvmlog import deny_marked_terminations
+from txsink._jvmlog import deny_told_records
 from txsink._logging import failures_logged, get_logger
 from txsink._task import Ack, TaskPlan, run_partition
 from txsink.errors import ConfigurationError
@@ -75,7 +75,7 @@ def register(spark: SparkSession) -> None:
     error (:mod:`txsink._jvmlog`)."""
     spark.dataSource.register(TxsinkDataSource)
     install_excepthook()
-    deny_marked_terminations(spark)
+    deny_told_records(spark)
 
 
 @dataclass

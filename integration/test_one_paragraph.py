@@ -368,3 +368,36 @@ def test_a_task_failure_that_ends_the_query_is_one_paragraph(
     text = Path(named[1]).read_text()
     assert "cannot connect to PostgreSQL" in text and "\tat org.apache.spark." in text
     assert Path(named[1]).parent == traces.resolve()
+
+
+@pytest.mark.postgres
+def test_a_task_failure_through_the_data_source_is_one_paragraph(
+    postgres: Any, tmp_path: Path
+) -> None:
+    """Through ``format("txsink")`` no coordinator tells a failed task (Spark aborts the
+    write, then ends the query on the task's error): the user's process prints the
+    task's error as the paragraph (from its note), and Spark's records of the task
+    (``Aborting task``, ``Aborting commit``, ``Exception in task``, ``Lost task``, the
+    query's end) are not printed; Spark's two lines of the write's abort stay. The task
+    raises by the fault plan (``TXSINK_FAULT``), at a known epoch."""
+    schema = postgres.new_schema("para")
+    with postgres.connect() as conn:
+        conn.execute(f"CREATE TABLE {schema}.t (id bigint PRIMARY KEY, name text NOT NULL)")
+    script = _DATASOURCE_JOB.format(columns=_NULL_COLUMNS, table=f"{schema}.t")
+    script = script.replace("IF(value = 3, NULL, CONCAT('n', value))", "CONCAT('n', value)")
+    env = {**postgres.env(), "TXSINK_FAULT": "before_precommit:raise@1"}
+    env["TXSINK_FAULT_STATE"] = str(tmp_path / "faults")
+    output, traces = _run(tmp_path, script, env)
+    lines = [line for line in _lines(output) if not _DS_ABORT.search(line)]
+    assert not [line for line in lines if _TASK_RECORDS.search(line)], output
+    assert "Aborting task" not in output and "Aborting commit" not in output, output
+    errors = [i for i, line in enumerate(lines) if "ERROR" in line or "Traceback" in line]
+    first = lines[errors[0]]
+    assert first.startswith("txsink: ERROR [orders epoch 1] InjectedFault: "), output
+    assert "before_precommit" in first, first
+    assert lines[errors[0] + 1 :] == lines[-1:], output
+    assert lines[-1].startswith("txsink: the query stopped on this error"), output
+    named = re.search(r" is in (\S+\.txt)$", lines[-1])
+    assert named, lines[-1]
+    assert Path(named[1]).parent == traces.resolve()
+    assert "\tat org.apache.spark." in Path(named[1]).read_text()

@@ -134,3 +134,27 @@ def test_the_hook_is_installed_only_over_pythons_default(monkeypatch: pytest.Mon
     monkeypatch.setenv(_failure.TRACEBACK_ENV, "full")
     _failure.install_excepthook()
     assert sys.excepthook is sys.__excepthook__
+
+
+def test_a_failed_tasks_error_no_coordinator_told_is_printed_by_the_hook(
+    hook: list[Any], tmp_path: Path
+) -> None:
+    """The Data Source path: the query ends on a task's failure, which carries only the
+    task's note (:mod:`txsink._taskerror`); the hook prints it as the paragraph."""
+    from txsink._taskerror import mark
+    from txsink.errors import RetryableError
+
+    err = RetryableError("cannot connect", sink_uid="pg", epoch=2, partition=1, phase="begin")
+    try:
+        raise mark(err)
+    except RetryableError as raised:
+        wrapped = _wrapped(raised)
+    out = io.StringIO()
+    _failure.excepthook(RuntimeError, wrapped, None, stream=out)
+    first, second = out.getvalue().splitlines()
+    assert first == (
+        "txsink: ERROR [pg epoch 2] RetryableError: [sink_uid=pg, epoch=2, partition=1, "
+        "phase=begin] cannot connect"
+    )
+    assert second.startswith("txsink: the query stopped on this error (RuntimeError); ")
+    assert hook == [] and _failure.ended_by_failure()

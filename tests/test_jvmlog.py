@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import traceback
 from collections.abc import Iterator
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 
 from txsink import _jvmlog
-from txsink._failure import MARKER, TRACEBACK_ENV
+from txsink._failure import MARKER, TRACEBACK_ENV, excepthook
 from txsink._logging import configure_logging
 from txsink._taskerror import mark
 from txsink.errors import RetryableError
@@ -86,6 +87,9 @@ class _Event:
 
     def getMessage(self) -> _Message:
         return _Message(self.message)
+
+    def getThreadName(self) -> str:
+        return "stream execution thread for [id = 6c1f, runId = 9e2a]"
 
     def getThrown(self) -> _Thrown | None:
         if isinstance(self.thrown, _Thrown) and self.thrown.text == "gone":
@@ -164,6 +168,26 @@ def test_a_failed_tasks_records_are_denied_and_a_retried_attempt_is_one_line(
     )
     assert retried.deny(_lost("0.1"), [])  # the last attempt: the paragraph follows
     assert capsys.readouterr().err == ""
+
+
+def test_a_data_source_tasks_records_and_the_queries_end_go_when_the_hook_tells_it(
+    console: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through ``format("txsink")`` no coordinator tells a failed task: the executor's
+    ``Aborting task`` (its stage in the thread's name) and ``Aborting commit`` lines go,
+    and the query's end goes when this process's hook will print the task's error."""
+    decision = _jvmlog.Decision(max_failures=1)
+    worker = "Executor task launch worker for task 1.0 in stage 5.0 (TID 4)"
+    assert decision.deny("Aborting task", [_task_failure()], worker)
+    assert decision.deny("Aborting commit for partition 1 (task 4, attempt 0, stage 5.0)", [])
+    assert decision.deny("Aborted commit for partition 1 (task 4, attempt 0, stage 5.0)", [])
+    assert not decision.deny("Aborting commit for partition 1 (task 9, attempt 0, stage 6.0)", [])
+    ended = [_task_failure()]
+    monkeypatch.setattr("sys.excepthook", sys.__excepthook__)
+    assert not decision.deny(_ENDED, ended)  # no hook of txsink's: Spark's record stays
+    monkeypatch.setattr("sys.excepthook", excepthook)
+    assert decision.deny(_ENDED, ended)
+    assert not decision.deny(_ENDED, ["java.lang.IllegalStateException: the source"])
 
 
 def test_task_records_stay_when_txsinks_console_is_off(console: None) -> None:

@@ -36,6 +36,7 @@ import socket
 import sys
 import tempfile
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TextIO
@@ -43,10 +44,12 @@ from typing import Any, TextIO
 from txsink.errors import ERROR_NOTE_MARKER
 
 __all__ = [
+    "FINDERS",
     "MARKER",
     "TRACEBACK_ENV",
     "TRACE_DIR_ENV",
     "carried_note",
+    "ended_by_failure",
     "excepthook",
     "failure_texts",
     "full_traceback",
@@ -116,6 +119,21 @@ def last_note(texts: list[str]) -> dict[str, Any] | None:
             if isinstance(doc, dict) and isinstance(doc.get("paragraph"), str):
                 found = doc
     return found
+
+
+#: Where else a failure may carry a txsink error no coordinator told: each returns a
+#: document as :func:`carried_note` does, or None (:mod:`txsink._taskerror` adds a failed
+#: task's note, found in what the Data Source path's query ends on).
+FINDERS: list[Callable[[BaseException], dict[str, Any] | None]] = []
+
+
+def _found_elsewhere(err: BaseException) -> dict[str, Any] | None:
+    for find in FINDERS:
+        with contextlib.suppress(Exception):  # a JVM gone: Python prints it as it is
+            doc = find(err)
+            if doc is not None:
+                return doc
+    return None
 
 
 def failure_texts(err: BaseException) -> list[str]:
@@ -217,7 +235,9 @@ def excepthook(
 ) -> None:
     """Print a txsink failure as its paragraph and the path of its whole trace; hand
     anything else to the hook that was there before."""
-    doc = None if full_traceback() or not isinstance(err, Exception) else carried_note(err)
+    doc = None
+    if not full_traceback() and isinstance(err, Exception):
+        doc = carried_note(err) or _found_elsewhere(err)
     if doc is None:
         _previous[0](kind, err, tb)
         return
@@ -235,9 +255,18 @@ def excepthook(
         out.write(f"txsink: ERROR {doc['paragraph']}\n")
         out.write(f"txsink: the query stopped on this error ({where}); {trace}\n")
     out.flush()
+    _ended.append(True)
 
 
 _previous: list[Any] = [sys.__excepthook__]
+#: Whether :func:`excepthook` told a txsink failure that ends this process.
+_ended: list[bool] = []
+
+
+def ended_by_failure() -> bool:
+    """Whether this process ends on a txsink failure the hook told (its exit may wait for
+    the tasks Spark is killing, :mod:`txsink._jvmlog`)."""
+    return bool(_ended)
 
 
 def install_excepthook() -> None:

@@ -44,11 +44,13 @@ import atexit
 import contextlib
 import logging
 import re
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
-from txsink._failure import full_traceback, last_note
+from txsink._failure import ended_by_failure, excepthook, full_traceback, last_note
 from txsink._logging import console_prints, get_logger
 from txsink.errors import TASK_ERROR_MARKER
 
@@ -61,6 +63,8 @@ GOVERNED_LOGGERS = (
     "org.apache.spark.sql.execution.streaming.MicroBatchExecution",
     "org.apache.spark.executor.Executor",
     "org.apache.spark.scheduler.TaskSetManager",
+    "org.apache.spark.util.Utils",
+    "org.apache.spark.sql.execution.datasources.v2.DataWritingSparkTask",
 )
 #: The records that may reach Python; a ``RegexFilter`` (whole message, Java) lets the
 #: rest through. Spark 4.1 prefixes a streaming task's records with ``[queryId = …]``.
@@ -69,11 +73,18 @@ _CANDIDATES = (
     r"|.*Exception in task \S+ in stage .*"
     r"|.*Lost task \S+ in stage .*"
     r"|.*Task \d+ in stage \S+ failed \d+ times; aborting job.*"
+    r"|Aborting task|Abort(?:ing|ed) commit for partition .*"
 )
 _LOST = re.compile(r"Lost task (\d+)\.(\d+) in stage (\S+) \(TID")
-_ABORTING = re.compile(r"Task \d+ in stage (\S+) failed \d+ times; aborting job")
+_ABORTING = re.compile(
+    r"Task \d+ in stage (\S+) failed \d+ times; aborting job"
+    r"|Abort(?:ing|ed) commit for partition \d+ \(task \d+, attempt \d+, stage (\S+)\)"
+)
+#: A task's stage, in an executor's record or in the name of the thread that wrote it.
+_STAGE = re.compile(r"in stage (\S+) \(TID")
 _MAX_CAUSES = 20
 _MAX_STAGES = 1000
+_SETTLE_TICKS = 50  # x 0.1 s
 _log = get_logger("txsink.spark")
 
 _lock = threading.Lock()
@@ -88,6 +99,18 @@ def denies(texts: list[str]) -> bool:
     return doc is not None and doc.get("printed") is True
 
 
+def _told_by_the_hook(texts: list[str]) -> bool:
+    """A query's end on a failed txsink task that no coordinator told (the Data Source
+    path): told by this process's hook (:func:`txsink._failure.excepthook`) when the
+    exception ends it, and its task records were denied here."""
+    return (
+        last_note(texts) is None
+        and any(TASK_ERROR_MARKER in t for t in texts)
+        and sys.excepthook is excepthook
+        and console_prints(logging.ERROR)
+    )
+
+
 class Decision:
     """What the filter decides for one record's message and exception texts; keeps the
     stages whose task failures it denied (their ``aborting job`` line goes too)."""
@@ -96,19 +119,21 @@ class Decision:
         self.max_failures = max_failures
         self.stages: list[str] = []
 
-    def deny(self, message: str, thrown: list[str]) -> bool:
+    def deny(self, message: str, thrown: list[str], thread: str = "") -> bool:
         if message.rstrip().endswith("terminated with error"):
-            return denies(thrown)
+            return denies(thrown) or _told_by_the_hook(thrown)
         aborting = _ABORTING.search(message)
         if aborting is not None:
-            return aborting[1] in self.stages
+            return (aborting[1] or aborting[2]) in self.stages
         if not any(TASK_ERROR_MARKER in t for t in (message, *thrown)):
             return False
         if not console_prints(logging.ERROR):  # nobody would see txsink's line
             return False
+        stage = _STAGE.search(message) or _STAGE.search(thread)
+        if stage is not None:
+            self._remember(stage[1])
         lost = _LOST.search(message)
         if lost is not None:
-            self._remember(lost[3])
             attempt = int(lost[2])
             if "TaskKilled" not in message and attempt + 1 < self.max_failures:
                 self._retried(message, int(lost[1]), attempt)
@@ -150,7 +175,8 @@ class _TxsinkRecords:
             if len(args) == 1:  # filter(LogEvent): what a LoggerConfig calls
                 event = args[0]
                 message = str(event.getMessage().getFormattedMessage())
-                if self._decision.deny(message, _texts(event.getThrown())):
+                thread = str(event.getThreadName() or "")
+                if self._decision.deny(message, _texts(event.getThrown()), thread):
                     return self._result.DENY
         return self._result.NEUTRAL
 
@@ -226,7 +252,7 @@ def deny_told_records(spark: Any) -> bool:
         except Exception:  # no log4j 2, no callback server: Spark logs as it does
             return False
         _installed.add(id(gateway))
-    atexit.register(_remove, gateway, added)
+    atexit.register(_remove, gateway, added, sc)
     return True
 
 
@@ -275,8 +301,18 @@ def _install(gateway: Any, jvm: Any, decision: Decision) -> list[tuple[Any, Any]
     return added
 
 
-def _remove(gateway: Any, added: list[tuple[Any, Any]]) -> None:
-    """At exit: take the filter out while the py4j callback can still answer."""
+def _remove(gateway: Any, added: list[tuple[Any, Any]], sc: Any) -> None:
+    """At exit: take the filter out while the py4j callback can still answer. When a
+    txsink failure ends the process, first let the tasks Spark is killing (the failed
+    stage's others) end, so that their records are still filtered (a few seconds at most:
+    past that the exit goes on)."""
+    if ended_by_failure():
+        with contextlib.suppress(Exception):  # a SparkContext stopped: nothing runs
+            tracker = sc._jsc.sc().statusTracker()
+            for _ in range(_SETTLE_TICKS):
+                if sum(e.numRunningTasks() for e in tracker.getExecutorInfos()) == 0:
+                    break
+                time.sleep(0.1)
     with _lock:
         _installed.discard(id(gateway))
     for governing, chain in added:

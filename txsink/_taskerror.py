@@ -26,7 +26,7 @@ import json
 import re
 from typing import TYPE_CHECKING, Any
 
-from txsink._failure import failure_texts
+from txsink._failure import FINDERS, failure_texts
 from txsink._logging import one_line
 from txsink.errors import (
     ERROR_NOTE_MARKER,
@@ -55,6 +55,7 @@ __all__ = [
     "from_task",
     "mark",
     "rebuild",
+    "task_paragraph",
     "unless_raised_again",
 ]
 
@@ -254,3 +255,19 @@ class _Unless(contextlib.AbstractContextManager[None]):
 
     def __exit__(self, kind: object, value: BaseException | None, tb: object) -> bool:
         return value is not None and value is self.err
+
+
+def task_paragraph(err: BaseException) -> dict[str, Any] | None:
+    """A failed task's error that no coordinator told (the Data Source path: the query
+    ends on the task's failure), as the paragraph :func:`txsink._failure.excepthook`
+    prints; or None."""
+    found = carried(err)
+    if found is None:
+        return None
+    epoch = None if found.epoch is None else f"epoch {found.epoch}"
+    where = " ".join(p for p in (found.sink_uid, epoch) if p)
+    text = f"{type(found).__name__}: {' '.join(str(found).split())}"
+    return {"type": type(found).__name__, "paragraph": f"[{where}] {text}" if where else text}
+
+
+FINDERS.append(task_paragraph)

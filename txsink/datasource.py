@@ -35,8 +35,9 @@ from txsink import _dsepoch
 from txsink._dsoptions import DsConfig, parse_options, redacted
 from txsink._failure import install_excepthook
 from txsink._jvmlog import deny_told_records
-from txsink._logging import failures_logged, get_logger
+from txsink._logging import failures_logged, get_logger, install_console
 from txsink._task import Ack, TaskPlan, run_partition
+from txsink._taskerror import mark
 from txsink.errors import ConfigurationError
 from txsink.faults import FaultPlan
 
@@ -74,6 +75,7 @@ def register(spark: SparkSession) -> None:
     (:mod:`txsink._failure`), and without Spark's log4j record of its end repeating the
     error (:mod:`txsink._jvmlog`)."""
     spark.dataSource.register(TxsinkDataSource)
+    install_console()  # a task's retry, told in one line here (txsink._jvmlog)
     install_excepthook()
     deny_told_records(spark)
 
@@ -240,7 +242,10 @@ def _write_task(
         _dsepoch.driver_pid() or 0,
         socket.gethostname(),
     )
-    acks = run_partition(plan, ctx.partitionId(), ctx.taskAttemptId(), batches)
+    try:
+        acks = run_partition(plan, ctx.partitionId(), ctx.taskAttemptId(), batches)
+    except Exception as err:  # Spark retries the task; the note names it on the driver
+        raise mark(err, sink_uid=config.sink.uid, partition=ctx.partitionId()) from err.__cause__
     return TxsinkCommitMessage(app_id, setup.round, acks)
 
 

@@ -34,6 +34,7 @@ import os
 import re
 import socket
 import sys
+import sysconfig
 import tempfile
 import traceback
 from collections.abc import Callable
@@ -220,8 +221,11 @@ def _where(tb: TracebackType | None) -> str:
     if not frames:
         return ""
     last = frames[0]
-    for frame in frames:  # the user's own last frame: outside pyspark, py4j and txsink
-        if not re.search(r"[/\\](pyspark|py4j|txsink)[/\\]", frame.filename):
+    stdlib = os.path.realpath(sysconfig.get_paths()["stdlib"]) + os.sep
+    for frame in frames:  # the user's own last frame: outside pyspark, py4j, txsink, stdlib
+        if not re.search(
+            r"[/\\](pyspark|py4j|txsink)[/\\]", frame.filename
+        ) and not os.path.realpath(frame.filename).startswith(stdlib):
             last = frame
     return f" at {os.path.basename(last.filename)}:{last.lineno}"
 

@@ -128,6 +128,44 @@ def test_overwrite_is_refused(tmp_path: Path) -> None:
         TxsinkDataSource(options).streamWriter(StructType([StructField("id", LongType())]), True)
 
 
+def test_the_planning_workers_stream_writer_plans_and_raises_txsinks_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Planning happens in ``streamWriter`` of a source built in the worker (Spark's
+    planning worker), so a refusal is raised there as itself; raised while PySpark pickles
+    the writer instead, it became a ``PicklingError`` and a traceback printed by the
+    worker. The commit worker's source is unpickled: no planning there."""
+    import pickle
+
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    schema = StructType([StructField("id", LongType())])
+    options = {"connector": "files", "path": str(tmp_path / "out"), "uid": "out"}
+    options |= {"log": str(tmp_path / "log"), "app_id": APP}
+    planned: list[str] = []
+    real = _dsepoch.plan_tasks
+
+    def plan_tasks(config: DsConfig, arrow: pa.Schema, *, streaming: bool) -> Any:
+        planned.append(config.sink.uid)
+        return real(config, arrow, streaming=streaming)
+
+    monkeypatch.setattr(_dsepoch, "plan_tasks", plan_tasks)
+    source = TxsinkDataSource(options)
+    writer = source.streamWriter(schema, False)
+    assert planned == ["out"] and writer.setup is not None
+    pickle.loads(pickle.dumps(writer))  # shipped to the tasks: planned once, not again
+    assert planned == ["out"]
+    unpickled = pickle.loads(pickle.dumps(source))
+    assert unpickled.streamWriter(schema, False).setup is None and planned == ["out"]
+
+    def refuse(config: DsConfig, arrow: pa.Schema, *, streaming: bool) -> Any:
+        raise ConfigurationError("table t does not exist", sink_uid="out", phase="check")
+
+    monkeypatch.setattr(_dsepoch, "plan_tasks", refuse)
+    with pytest.raises(ConfigurationError, match="does not exist"):
+        TxsinkDataSource(options).streamWriter(schema, False)
+
+
 # -- the protocol steps -------------------------------------------------------------------
 
 

@@ -29,6 +29,7 @@ __all__ = [
     "EpochLogger",
     "committed_text",
     "configure_logging",
+    "console_prints",
     "failures_logged",
     "get_logger",
     "install_console",
@@ -202,6 +203,21 @@ def _progress_bar_on() -> bool:
         return False
 
 
+def console_prints(level: int) -> bool:
+    """Whether txsink's own console handler prints a record of ``level`` to this
+    process's stderr or stdout (not when the user's logging took over, nor to a file)."""
+    logger = logging.getLogger(_ROOT)
+    if not logger.isEnabledFor(level):
+        return False
+    return any(
+        isinstance(h, ConsoleHandler)
+        and h.level <= level
+        and (h.explicit or not _user_configured())
+        and h._stream in (None, sys.stderr, sys.stdout, sys.__stderr__, sys.__stdout__)
+        for h in logger.handlers
+    )
+
+
 def _user_configured() -> bool:
     handlers = (*logging.getLogger().handlers, *logging.getLogger(_ROOT).handlers)
     return any(not isinstance(h, ConsoleHandler) for h in handlers)
@@ -283,6 +299,12 @@ def log_failure(logger: EpochLogger, err: BaseException, *, epoch: int | None = 
     else:  # not a txsink error: its first line is enough (a JVM trace may follow)
         text, uid = one_line(str(err), 500), None
     logger.bind(uid=uid, epoch=epoch).error("%s: %s", type(err).__name__, text)
+    if isinstance(err, TxsinkError):  # carried through Spark's texts (txsink._failure)
+        from txsink._failure import mark
+
+        where = " ".join(p for p in (uid, None if epoch is None else f"epoch {epoch}") if p)
+        paragraph = f"{f'[{where}] ' if where else ''}{type(err).__name__}: {text}"
+        mark(err, paragraph, printed=console_prints(logging.ERROR))
     with contextlib.suppress(AttributeError):  # an exception type without a __dict__
         err._txsink_logged = True  # type: ignore[attr-defined]
 

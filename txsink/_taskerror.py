@@ -26,8 +26,10 @@ import json
 import re
 from typing import TYPE_CHECKING, Any
 
+from txsink._failure import FINDERS, failure_texts
 from txsink._logging import one_line
 from txsink.errors import (
+    ERROR_NOTE_MARKER,
     SECONDARY_NOTE,
     TASK_ERROR_MARKER,
     EpochAbortedError,
@@ -53,6 +55,7 @@ __all__ = [
     "from_task",
     "mark",
     "rebuild",
+    "task_paragraph",
     "unless_raised_again",
 ]
 
@@ -93,27 +96,6 @@ def document(err: BaseException, **context: Any) -> dict[str, Any]:
         "message": message[:_MAX_MESSAGE],
         "context": {k: v for k, v in ctx.items() if k in (*_PLAIN_CONTEXT, "row")},
     }
-
-
-def failure_texts(err: BaseException) -> list[str]:
-    """Every text a Spark failure carries: its message, a ``PythonException``'s traceback
-    parameter, and the messages of a JVM exception and its causes (a ``Py4JJavaError``
-    says only "An error occurred while calling o267.collectToPython")."""
-    texts = [str(err)]
-    params = getattr(err, "getMessageParameters", None)
-    if callable(params):
-        with contextlib.suppress(Exception):  # a JVM gone: the other texts are what is left
-            texts.append(str((params() or {}).get("traceback", "")))
-    java = getattr(err, "java_exception", None)
-    seen = 0
-    while java is not None and seen < 20:
-        try:
-            texts.append(str(java.toString()))
-            java = java.getCause()
-        except Exception:
-            break
-        seen += 1
-    return [t for t in texts if t]
 
 
 def carried(err: BaseException) -> TxsinkError | None:
@@ -189,7 +171,11 @@ def describe(err: BaseException) -> str:
             trace = str((params() or {}).get("traceback", ""))
         except Exception:
             trace = ""
-        lines = [line.strip() for line in trace.splitlines() if line.strip()]
+        lines = [
+            line.strip()
+            for line in trace.splitlines()
+            if line.strip() and not line.startswith(ERROR_NOTE_MARKER)
+        ]
         if lines:
             return lines[-1][:500]
     java = getattr(err, "java_exception", None)
@@ -269,3 +255,19 @@ class _Unless(contextlib.AbstractContextManager[None]):
 
     def __exit__(self, kind: object, value: BaseException | None, tb: object) -> bool:
         return value is not None and value is self.err
+
+
+def task_paragraph(err: BaseException) -> dict[str, Any] | None:
+    """A failed task's error that no coordinator told (the Data Source path: the query
+    ends on the task's failure), as the paragraph :func:`txsink._failure.excepthook`
+    prints; or None."""
+    found = carried(err)
+    if found is None:
+        return None
+    epoch = None if found.epoch is None else f"epoch {found.epoch}"
+    where = " ".join(p for p in (found.sink_uid, epoch) if p)
+    text = f"{type(found).__name__}: {' '.join(str(found).split())}"
+    return {"type": type(found).__name__, "paragraph": f"[{where}] {text}" if where else text}
+
+
+FINDERS.append(task_paragraph)

@@ -28,7 +28,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, final
 
-from txsink import _layout, _precheck, _rounds, _spark, _stability
+from txsink import _failure, _jvmlog, _layout, _precheck, _rounds, _spark, _stability
 from txsink._commit import commit_decided
 from txsink._decide import decide_epoch
 from txsink._epochresult import EpochResult
@@ -151,6 +151,7 @@ class Coordinator(OperatorMixin):
         self.lease_s = check_lease_s(lease_s)
         self._lease: LeaseKeeper | None = None
         install_console()  # one line per epoch on stderr, unless logging is configured
+        _failure.install_excepthook()  # a failure that ends the process: one paragraph
         self._log = get_logger(__name__, uid="+".join(uids))
         self._recovery = self._new_recovery()
 
@@ -169,24 +170,23 @@ class Coordinator(OperatorMixin):
 
     @final
     def __call__(self, df: DataFrame, batch_id: int) -> None:
-        """``foreachBatch`` entry point: run epoch ``batch_id`` over ``df``.
-
-        A failure is logged once at ERROR (one line, with its context) before it goes
-        to Spark, which wraps it in a JVM trace; the same for :meth:`write`."""
+        """``foreachBatch`` entry point: run epoch ``batch_id`` over ``df``. A failure is
+        logged once at ERROR, on one line, first (:mod:`txsink._failure`), as in write."""
         with failures_logged(self._log, epoch=int(batch_id), on_failure=self.close):
             query_id = _spark.streaming_query_id(df)
-            app_id = self.app_id or query_id
-            if app_id is None:
-                raise _precheck.no_app_error(connect=_spark.is_connect(df))
-            if query_id is not None and query_id not in self._checked_queries:
-                _spark.check_query_mode(df, query_id)
-                self._checked_queries.add(query_id)
-                self._needs_recovery = True  # a new query run: recover before its first epoch
-                self._probe_votes = True
-                self._start_lease(df, query_id)
-            self._bind(app_id)  # the log's own checks come before the sinks'
-            self._check_schema(df, app_id)
-            self._run_spark_epoch(int(batch_id), df, app_id)
+            with _jvmlog.told_once(df):  # not again in Spark's log
+                app_id = self.app_id or query_id
+                if app_id is None:
+                    raise _precheck.no_app_error(connect=_spark.is_connect(df))
+                if query_id is not None and query_id not in self._checked_queries:
+                    _spark.check_query_mode(df, query_id)
+                    self._checked_queries.add(query_id)
+                    self._needs_recovery = True  # a new query run: recover first
+                    self._probe_votes = True
+                    self._start_lease(df, query_id)
+                self._bind(app_id)  # the log's own checks come before the sinks'
+                self._check_schema(df, app_id)
+                self._run_spark_epoch(int(batch_id), df, app_id)
 
     @final
     def write(self, df: DataFrame, epoch: int | None = None) -> EpochResult:

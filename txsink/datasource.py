@@ -34,8 +34,11 @@ from pyspark.sql.datasource import (
 
 from txsink import _dsepoch
 from txsink._dsoptions import DsConfig, parse_options, redacted
-from txsink._logging import failures_logged, get_logger
+from txsink._failure import install_excepthook
+from txsink._jvmlog import deny_told_records
+from txsink._logging import failures_logged, get_logger, install_console
 from txsink._task import Ack, TaskPlan, run_partition
+from txsink._taskerror import mark
 from txsink.errors import ConfigurationError
 from txsink.faults import FaultPlan
 
@@ -117,8 +120,14 @@ def _spark_condition(source: object) -> tuple[str | None, str]:
 
 def register(spark: SparkSession) -> None:
     """Register the ``txsink`` format with ``spark`` (needed only where the automatic
-    registration of installed ``pyspark_*`` modules is off or not supported)."""
+    registration of installed ``pyspark_*`` modules is off or not supported). A query of
+    this process that a txsink error stops ends with one paragraph, not Spark's traceback
+    (:mod:`txsink._failure`), and without Spark's log4j record of its end repeating the
+    error (:mod:`txsink._jvmlog`)."""
     spark.dataSource.register(TxsinkDataSource)
+    install_console()  # a task's retry, told in one line here (txsink._jvmlog)
+    install_excepthook()
+    deny_told_records(spark)
 
 
 @dataclass
@@ -137,6 +146,17 @@ class TxsinkCommitMessage(WriterCommitMessage):
 class TxsinkDataSource(DataSource):
     """The ``txsink`` format: streaming and static writes through any registered connector."""
 
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
+        # Built here, not unpickled: Spark's planning worker builds the source it asks for a
+        # stream writer; the commit worker unpickles one (no planning there). Not pickled.
+        self._built_here = True
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.pop("_built_here", None)
+        return state
+
     @classmethod
     def name(cls) -> str:
         return FORMAT
@@ -152,10 +172,15 @@ class TxsinkDataSource(DataSource):
         return _BatchWriter(config, setup)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> _StreamWriter:
-        """Streaming: planning runs before each batch's tasks (recovery, the round); Spark
-        also calls this before ``commit`` / ``abort``, which need neither."""
+        """Streaming: in the planning worker (a source built there), plan before the batch's
+        tasks (recovery, the round), so that a refusal is raised here, as Spark's planning
+        error. Spark also calls this before ``commit`` / ``abort`` (on a source it
+        unpickled), which need no planning."""
         config = self._checked(overwrite)
-        return _StreamWriter(config, _arrow(schema))
+        writer = _StreamWriter(config, _arrow(schema))
+        if getattr(self, "_built_here", False):
+            writer.plan()
+        return writer
 
     def _checked(self, overwrite: bool) -> DsConfig:
         with failures_logged(get_logger(__name__)):
@@ -175,20 +200,24 @@ class TxsinkDataSource(DataSource):
 
 
 class _StreamWriter(DataSourceStreamArrowWriter):
-    """Streaming writes. Created by Spark in the planning worker (then pickled to the tasks)
-    and again in the commit worker: the planning's work happens when it is pickled."""
+    """Streaming writes. Created by Spark in the planning worker, planned there (then
+    pickled to the tasks), and again in the commit worker, unplanned."""
 
     def __init__(self, config: DsConfig, schema: pa.Schema) -> None:
         self.config = config
         self.schema = schema
         self.setup: _dsepoch.TaskSetup | None = None
 
-    def __getstate__(self) -> dict[str, Any]:
-        # Pickled only by the planning worker, to ship this writer to the batch's tasks:
-        # the one moment before the tasks where recovery can run and the round be chosen.
+    def plan(self) -> None:
+        """Recovery and the round, once (:func:`txsink._dsepoch.plan_tasks`)."""
         if self.setup is None:
             with failures_logged(get_logger(__name__, uid=self.config.sink.uid)):
                 _, self.setup = _dsepoch.plan_tasks(self.config, self.schema, streaming=True)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Shipped to the tasks planned: a PySpark that would unpickle the source in its
+        # planning worker (no plan in streamWriter) gets it planned here, as before.
+        self.plan()
         return self.__dict__.copy()
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> TxsinkCommitMessage:
@@ -268,7 +297,10 @@ def _write_task(
         socket.gethostname(),
     )
     started = time.time()
-    acks = run_partition(plan, ctx.partitionId(), ctx.taskAttemptId(), batches)
+    try:
+        acks = run_partition(plan, ctx.partitionId(), ctx.taskAttemptId(), batches)
+    except Exception as err:  # Spark retries the task; the note names it on the driver
+        raise mark(err, sink_uid=config.sink.uid, partition=ctx.partitionId()) from err.__cause__
     return TxsinkCommitMessage(app_id, setup.round, acks, started, time.time())
 
 

@@ -282,13 +282,17 @@ def _python_task_error(err: BaseException) -> str | None:
     trace = str((params() or {}).get("traceback", "")).splitlines()
     # Notes follow the exception's own line: txsink's carried error, a clean-up's failure.
     lines = [
-        line for line in trace if line and not line.startswith((TASK_ERROR_MARKER, SECONDARY_NOTE))
+        line
+        for line in trace
+        if line and not line.startswith((TASK_ERROR_MARKER, ERROR_NOTE_MARKER, SECONDARY_NOTE))
     ]
     return lines[-1].strip() if lines else None
 
 
 #: The line a task's note carries its error in (:mod:`txsink._taskerror`).
 TASK_ERROR_MARKER = "txsink-task-error: "
+#: The line a driver's note carries its error's paragraph in (:mod:`txsink._failure`).
+ERROR_NOTE_MARKER = "txsink-error: "
 
 
 class FencedError(TxsinkError):

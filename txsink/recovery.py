@@ -28,7 +28,7 @@ from typing import Any
 
 from txsink._actions import ABORTS, ActionKind, RecoveryAction, decided, on_handle, summary
 from txsink._commit import abort_one, commit_share
-from txsink._logging import EpochLogger
+from txsink._logging import EpochLogger, one_line
 from txsink._metering import Meter
 from txsink.contract import EpochData, SinkContract, TaskRunner, local_tasks
 from txsink.errors import CheckpointMismatchError, NonRestoredStateError, StateError
@@ -286,7 +286,7 @@ class Recovery:
                 # abort_attempts of this epoch, or recovery, finds them.
                 self._log.bind(uid=sink.uid, epoch=epoch).warning(
                     "could not list the prepared transactions to abort (recovery retries): %s",
-                    err,
+                    one_line(str(err), 500),  # a server's message may span lines
                 )
                 continue
             for handle in prepared:

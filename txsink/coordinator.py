@@ -28,7 +28,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, final
 
-from txsink import _failure, _jvmlog, _layout, _precheck, _rounds, _spark, _stability
+from txsink import _failure, _jvmlog, _layout, _precheck, _rounds, _spark
 from txsink._commit import commit_decided
 from txsink._decide import decide_epoch
 from txsink._epochresult import EpochResult
@@ -37,7 +37,8 @@ from txsink._metering import Meter
 from txsink._operator import OperatorMixin
 from txsink._remote import location_of
 from txsink._singlepass import SinglePassJob, SinglePassOutcome, run_in_rounds, run_single_pass
-from txsink._task import Precommit, TaskPlan, collect_acks, precommit_job
+from txsink._sparkepoch import SparkEpochMixin
+from txsink._task import Precommit, TaskPlan, collect_acks
 from txsink._taskerror import cleanup_after, describe, epoch_aborted, unless_raised_again
 from txsink.contract import EpochData, SinkContract
 from txsink.errors import EpochAbortedError, FencedError
@@ -59,7 +60,7 @@ AnySink = SinkContract[Any, Any]
 _TWO = "another query is writing with the same txsink log: stop one of them"
 
 
-class Coordinator(OperatorMixin):
+class Coordinator(SparkEpochMixin, OperatorMixin):
     """Runs the txsink protocol for each epoch over a set of sinks.
 
     Args:
@@ -205,35 +206,6 @@ class Coordinator(OperatorMixin):
                 last = self.log.last_committed()
                 epoch = 0 if last is None else last + 1
             return self._run_spark_epoch(epoch, df, app_id, replay=False)
-
-    def _run_spark_epoch(
-        self, epoch: int, df: DataFrame, app_id: str, *, replay: bool = True
-    ) -> EpochResult:
-        # Commits spread over the cluster (and recovery's) run as this session's tasks.
-        self._recovery.tasks = _spark.SparkTaskRunner(df.sparkSession)
-        wanted = [s.required_partitioning() for s in self.sinks]
-        data = _layout.laid_out(df, wanted, self.max_tasks)
-        _stability.check_replayed(data, self.sinks, self.log)  # once per query run
-        in_task = [s.uid for s in self.sinks if s.commits_in_task]
-        if in_task:
-            log, uids = self._log.bind(epoch=epoch), "+".join(in_task)
-            probe, tasks = self._probe_votes, self._recovery.tasks
-            job = _spark.single_pass_job(df, data, uids, tasks, probe=probe, log=log)
-            self._probe_votes = False
-            return self.run_epoch(epoch, job, app_id=app_id, data=job.data, replay=replay)
-        if not any(s.commits_from_data for s in self.sinks):
-            each = precommit_job(_spark.SparkEpochData(data))
-            return self.run_epoch(epoch, each, app_id=app_id, replay=replay)
-        # The commit reads the rows again: keep this epoch's rows instead of
-        # recomputing them (a recomputation after a crash is what the checksums catch).
-        data = data.persist()
-        try:
-            rows = _spark.SparkEpochData(data)
-            return self.run_epoch(
-                epoch, precommit_job(rows), app_id=app_id, data=rows, replay=replay
-            )
-        finally:
-            data.unpersist()
 
     @final
     def run_epoch(

@@ -28,6 +28,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from txsink._process import process_alive
+
 __all__ = ["SessionArchive", "SessionTemp"]
 
 _PREFIX = "txsink-session-"
@@ -70,18 +72,8 @@ def _remove_dead_sessions(system: Path) -> None:
     with contextlib.suppress(OSError):
         for entry in system.iterdir():
             m = _NAME.match(entry.name)
-            if m is not None and not _alive(int(m.group(1))):
+            if m is not None and not process_alive(int(m.group(1))):
                 shutil.rmtree(entry, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class SessionArchive:

@@ -42,6 +42,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from txsink._process import process_alive
+
 __all__ = [
     "BUILDER_ENV",
     "build",
@@ -121,19 +123,9 @@ def _holder(lock: Path) -> str:
         argv = " ".join(str(a) for a in info.get("argv", []))[:120]
     except (OSError, ValueError, KeyError, TypeError):
         return "another process"
-    if not _alive(pid):
+    if not process_alive(pid):
         return f"a process that inherited the lock of pid {pid} (gone)"
     return f"pid {pid} (since {since}: {argv})"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def clean_orphans(folder: Path) -> list[Path]:
@@ -147,7 +139,7 @@ def clean_orphans(folder: Path) -> list[Path]:
         return removed
     for entry in entries:
         m = _LEFTOVER.match(entry.name)
-        if m is None or _alive(int(m.group(1) or m.group(2))):
+        if m is None or process_alive(int(m.group(1) or m.group(2))):
             continue  # not a build's, or its builder (perhaps this process) still runs
         killed = kill_leftovers(str(entry))
         if killed:

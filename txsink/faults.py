@@ -58,6 +58,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
+from txsink._process import process_alive
 from txsink._procs import EXECUTOR_MAIN_CLASSES, find_executor_jvm
 from txsink.errors import ConfigurationError, InjectedFault
 
@@ -227,18 +228,8 @@ def _remove_orphans() -> None:
         return
     for name in names:
         m = _OWN_NAME.fullmatch(name)
-        if m is not None and not _process_runs(int(m.group(1))):
+        if m is not None and not process_alive(int(m.group(1))):
             shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
-
-
-def _process_runs(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process
-    return True
 
 
 @dataclass(frozen=True)

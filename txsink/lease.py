@@ -63,6 +63,7 @@ from typing import Any
 from txsink._format import when
 from txsink._json import dumps_record
 from txsink._logging import get_logger
+from txsink._process import process_alive
 from txsink.errors import DriverLeaseError, FencedError, LogError
 from txsink.log import TxLog
 
@@ -140,16 +141,6 @@ def process_identity(pid: int | None = None) -> str:
     return f"{boot}:{fields[19].decode()}" if len(fields) > 19 else ""
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: it exists
-        return True
-    return True
-
-
 def _holder_dead(lease: DriverLease, host: str, me: str, pid: int) -> bool:
     """Whether the holder is known dead from here (same host only), or is this very
     driver process (an earlier coordinator of it: dropped, or rebuilt from a pickle)."""
@@ -157,7 +148,7 @@ def _holder_dead(lease: DriverLease, host: str, me: str, pid: int) -> bool:
         return False
     if lease.pid == pid and (not lease.started or lease.started == me):
         return True
-    if not _alive(lease.pid):
+    if not process_alive(lease.pid):
         return True
     if lease.started:
         now = process_identity(lease.pid)

@@ -1,4 +1,4 @@
-"""Guards in txsink._spark, with stand-ins for the JVM objects.
+"""Guards in txsink.spark.jobs, with stand-ins for the JVM objects.
 
 Spark 4 itself refuses async progress tracking and continuous triggers with
 foreachBatch, so a real query cannot reach txsink in those modes today; the
@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from txsink import _spark
 from txsink.errors import UnsupportedQueryError
+from txsink.spark import jobs as _spark
 
 
 @dataclass

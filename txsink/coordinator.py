@@ -15,7 +15,7 @@ Replay edge cases this handles (the reason for each step):
   or runs speculatively: those transactions are named by no decision and are
   aborted (step 1 at the next start, step 5 after each epoch).
 * A zombie driver still runs an epoch another driver took over: rounds and
-  voids in the log let only one of them decide (see :mod:`txsink.log`).
+  voids in the log let only one of them decide (see :mod:`txsink.protocol.log`).
 * The Spark checkpoint was reset or restored from an old copy while the log
   was kept: refused, because epoch numbers no longer mean the same rows.
 """
@@ -28,26 +28,37 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, final
 
-from txsink import _failure, _jvmlog, _layout, _precheck, _rounds, _spark
-from txsink._commit import commit_decided
-from txsink._decide import decide_epoch
-from txsink._epochresult import EpochResult
-from txsink._logging import committed_text, failures_logged, get_logger, install_console
-from txsink._metering import Meter
-from txsink._operator import OperatorMixin
-from txsink._remote import location_of
-from txsink._singlepass import SinglePassJob, SinglePassOutcome, run_in_rounds, run_single_pass
-from txsink._sparkepoch import SparkEpochMixin
-from txsink._task import Precommit, TaskPlan, collect_acks
-from txsink._taskerror import cleanup_after, describe, epoch_aborted, unless_raised_again
 from txsink.contract import EpochData, SinkContract
 from txsink.errors import EpochAbortedError, FencedError
-from txsink.faults import CrashPoint, FaultPlan
 from txsink.handles import Handle
-from txsink.lease import LeaseKeeper, check_lease_s
-from txsink.log import LogStore, TxLog, open_log
 from txsink.metrics import Metrics
-from txsink.recovery import Recovery
+from txsink.observe import failure as _failure
+from txsink.observe.logs import committed_text, failures_logged, get_logger, install_console
+from txsink.observe.metering import Meter
+from txsink.ops import precheck as _precheck
+from txsink.ops.operator import OperatorMixin
+from txsink.protocol import rounds as _rounds
+from txsink.protocol.commit import commit_decided
+from txsink.protocol.decide import decide_epoch
+from txsink.protocol.epochresult import EpochResult
+from txsink.protocol.faults import CrashPoint, FaultPlan
+from txsink.protocol.lease import LeaseKeeper, check_lease_s
+from txsink.protocol.log import TxLog, open_log
+from txsink.protocol.recovery import Recovery
+from txsink.protocol.singlepass import (
+    SinglePassJob,
+    SinglePassOutcome,
+    run_in_rounds,
+    run_single_pass,
+)
+from txsink.protocol.task import Precommit, TaskPlan, collect_acks
+from txsink.protocol.taskerror import cleanup_after, describe, epoch_aborted, unless_raised_again
+from txsink.spark import jobs as _spark
+from txsink.spark import jvmlog as _jvmlog
+from txsink.spark import layout as _layout
+from txsink.spark.epoch import SparkEpochMixin
+from txsink.spark.remote import location_of
+from txsink.store import LogStore
 from txsink.txid import check_name
 
 if TYPE_CHECKING:
@@ -65,7 +76,7 @@ class Coordinator(SparkEpochMixin, OperatorMixin):
 
     Args:
         sinks: one sink or several; all share one decision per epoch.
-        log: where the txsink log lives (a path, or a :class:`~txsink.log.LogStore`).
+        log: where the txsink log lives (a path, or a :class:`~txsink.protocol.log.LogStore`).
         app_id: the app's stable id. Defaults to the streaming query's id, which
             Spark keeps in its checkpoint. Required for :meth:`write` on a
             fresh log, and under Spark Connect (docs/spark-connect.md).
@@ -98,7 +109,7 @@ class Coordinator(SparkEpochMixin, OperatorMixin):
         outage_s: how long an epoch keeps running new rounds of its pre-commit, and trying
             its commit again, while a target is unreachable, before it fails the query
             (default: ``TXSINK_OUTAGE_S``, else 60; docs/reliability.md).
-        lease_s: how long this driver's lease on the query (:mod:`txsink.lease`) lives
+        lease_s: how long this driver's lease on the query (:mod:`txsink.protocol.lease`) lives
             unrenewed; default ``max(60, 3 x trigger interval)``. Shorter: faster take-over
             of a frozen driver; longer: fewer false take-overs (docs/operations.md).
     """
@@ -172,7 +183,7 @@ class Coordinator(SparkEpochMixin, OperatorMixin):
     @final
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         """``foreachBatch`` entry point: run epoch ``batch_id`` over ``df``. A failure is
-        logged once at ERROR, on one line, first (:mod:`txsink._failure`), as in write."""
+        logged once at ERROR, on one line, first (:mod:`txsink.observe.failure`), as in write."""
         with failures_logged(self._log, epoch=int(batch_id), on_failure=self.close):
             query_id = _spark.streaming_query_id(df)
             with _jvmlog.told_once(df):  # not again in Spark's log
@@ -220,7 +231,7 @@ class Coordinator(SparkEpochMixin, OperatorMixin):
         replay: bool = True,
     ) -> EpochResult:
         """Run the protocol for one epoch. ``precommit`` runs the partition tasks; a
-        :class:`~txsink._singlepass.SinglePassJob` runs steps 3 to 5 in one job for sinks
+        :class:`~txsink.protocol.singlepass.SinglePassJob` runs steps 3 to 5 in one job for sinks
         that commit in their tasks (then step 5 here commits only what they did not).
 
         ``data`` is the epoch's rows for sinks that commit from data (Kafka replay).
@@ -240,7 +251,7 @@ class Coordinator(SparkEpochMixin, OperatorMixin):
         5. Commit every handle, finish the epoch, write the committed mark,
            abort the epoch's leftover attempts.
 
-        First the driver lease is held (:mod:`txsink.lease`): a second live driver
+        First the driver lease is held (:mod:`txsink.protocol.lease`): a second live driver
         refuses here, before its recovery voids anything.
         """
         self._bind(app_id)
@@ -348,7 +359,7 @@ class Coordinator(SparkEpochMixin, OperatorMixin):
         self, epoch: int, round_: int, precommit: Precommit, app_id: str, *, again: bool
     ) -> tuple[int, dict[str, list[Handle]], dict[str, int]]:
         """Step 3, in new rounds while a target is briefly unreachable (``again``: the
-        tasks run here; :mod:`txsink._rounds`): the round, its handles and rows."""
+        tasks run here; :mod:`txsink.protocol.rounds`): the round, its handles and rows."""
 
         def run(r: int) -> tuple[dict[str, list[Handle]], dict[str, int]]:
             acks = precommit(self._plan(app_id, epoch, r))
@@ -374,7 +385,7 @@ class Coordinator(SparkEpochMixin, OperatorMixin):
     def _single_pass(
         self, epoch: int, round_: int, job: SinglePassJob, timings: dict[str, float], app_id: str
     ) -> tuple[int, dict[str, list[Handle]], dict[str, int], set[str]]:
-        """Steps 3-4 in one job, in rounds (:func:`~txsink._singlepass.run_in_rounds`)."""
+        """Steps 3-4 in one job, in rounds (:func:`~txsink.protocol.singlepass.run_in_rounds`)."""
 
         def run(r: int) -> SinglePassOutcome:
             plan = self._plan(app_id, epoch, r)
@@ -459,7 +470,7 @@ class Coordinator(SparkEpochMixin, OperatorMixin):
         data: EpochData | None = None,
         done: set[str] | None = None,
     ) -> None:
-        """Step 5 (:func:`~txsink._commit.commit_decided`), then the committed mark."""
+        """Step 5 (:func:`~txsink.protocol.commit.commit_decided`), then the committed mark."""
         try:
             commit_decided(
                 self.sinks, epoch, handles, data=data, done=done or set(),

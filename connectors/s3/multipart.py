@@ -2,7 +2,7 @@
 
 Write side (tasks): :func:`open_object` records the key in the transaction's marker, starts
 the upload (``txsink-txn`` metadata, CRC32 checksums) and records its upload id; a
-:class:`~txsink._target.formats.FormatWriter` encodes rows into an in-memory buffer, cut into
+:class:`~txsink.kit.formats.FormatWriter` encodes rows into an in-memory buffer, cut into
 ``part_bytes`` parts that upload on the task's threads while encoding goes on;
 :func:`finish_object` sends the last (possibly small) part and notes the expected ETag and
 composite CRC32 of the completed object.
@@ -27,13 +27,13 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from txsink._target import formats
-from txsink._target.formats import FormatWriter
 from txsink.connectors.s3 import markers
 from txsink.connectors.s3.errors import describe, is_missing, is_no_such_upload
 from txsink.connectors.s3.handles import S3Handle, S3Object, S3Part
 from txsink.connectors.s3.target import S3Target
 from txsink.errors import CommitError, ConfigurationError, TxsinkError
+from txsink.kit import formats
+from txsink.kit.formats import FormatWriter
 from txsink.rowref import RowNaming
 from txsink.txid import TxnId
 

@@ -17,7 +17,7 @@ txsink-per-part  the same with ``max_tasks=None``: one task (and file) per parti
 append   ``table.append(df.toArrow())``: what a user without txsink writes (pyiceberg
          writes and commits from the driver; ``toArrow`` collects every row there).
 feed     not a writer: tasks that only receive the batches (Spark's own cost), with the
-         Arrow byte cap lifted as txsink lifts it for its own job (``txsink._spark``).
+         Arrow byte cap lifted as txsink lifts it for its own job (``txsink.spark.jobs``).
 
 Spark's own Iceberg writer is not measured: no Iceberg Spark runtime runs on PySpark 4.3
 (``iceberg-spark-runtime-4.1_2.13:1.12.0`` fails with ``IncompatibleClassChangeError``;
@@ -117,7 +117,7 @@ def write(writer: str, catalog: Catalog, df: Any, name: str, log: Path) -> dict[
         table = catalog.catalog.create_table(name, schema=data.schema)
         table.append(data)
         return {}
-    from txsink._spark import arrow_batches_cut_by_rows
+    from txsink.spark.jobs import arrow_batches_cut_by_rows
 
     with arrow_batches_cut_by_rows(df.sparkSession):  # as txsink's own job runs
         df.mapInArrow(_feed_task, "rows long").collect()

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from txsink import registry
-from txsink._logging import install_console
 from txsink.errors import TxsinkError
+from txsink.observe.logs import install_console
 
 __all__ = ["Command", "commands", "exit_after", "log_location_help", "main"]
 

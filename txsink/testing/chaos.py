@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from txsink._rounds import OUTAGE_ENV
-from txsink.faults import FaultPlan
+from txsink.protocol.faults import FaultPlan
+from txsink.protocol.rounds import OUTAGE_ENV
 from txsink.testing.disturb import Disturbed, Poison, SecondDriver
 from txsink.testing.observer import Observer, Target
 from txsink.testing.plan import ChaosPlan
@@ -224,7 +224,7 @@ def run_chaos(
         pipeline: ``path/to/file.py:function`` or ``package.module:function``; it runs one
             streaming query to the end of its input (e.g. ``trigger(availableNow=True)``)
             and raises or exits non-zero when the query fails.
-        plan: a :class:`ChaosPlan` or a ``txsink.faults`` spec.
+        plan: a :class:`ChaosPlan` or a ``txsink.protocol.faults`` spec.
         workdir: a folder of the caller's; the fault state goes to ``workdir/faults``
             (emptied first, so the plan fires afresh).
         sinks_verifiers: sink name -> verifier, read once the run is over.
@@ -371,7 +371,7 @@ def run_chaos(
     return report
 
 
-#: txsink's own line for a committed epoch (see txsink._logging): the child told it already.
+#: txsink's own line for a committed epoch (see txsink.observe.logs): the child told it already.
 _TOLD_COMMIT = re.compile(r"txsink: \[[^\]]* epoch (\d+)\] committed: ")
 
 
@@ -390,7 +390,7 @@ def _fired(state: Path) -> list[tuple[str, float]]:
 
 def _commit_times(location: str) -> tuple[list[tuple[int, float]] | None, str | None]:
     """(epoch, committed_at) of every committed epoch of the log, or an error text."""
-    from txsink.log import open_log
+    from txsink.protocol.log import open_log
 
     try:
         log = open_log(location)

@@ -29,9 +29,9 @@ from txsink.errors import (
     LogError,
     TxsinkError,
 )
-from txsink.ops.precheck import check_sinks
 from txsink.protocol.log import open_log
 from txsink.sink import Partitioning
+from txsink.spark.checks import check_sinks
 
 
 class CheckSink(MemSink):

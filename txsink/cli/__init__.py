@@ -3,6 +3,9 @@
 The core's commands (``status``, ``inspect``, ``check``, ``chaos``, and the operator
 commands ``savepoint``, ``state``, ``recover`` and ``abort``) and those connectors register
 (``demo``, by the files connector) through :mod:`txsink.registry`.
+
+May import: every room of txsink/ (the top of the order), and a connector only through
+the registry. Loading a user's pipeline file (``--pipeline``) is :mod:`txsink.cli.pipeline`.
 """
 
 from __future__ import annotations

@@ -36,6 +36,7 @@ from txsink.protocol.commit import abort_one
 from txsink.protocol.faults import CrashPoint, FaultPlan
 from txsink.protocol.recovery import Recovery
 from txsink.protocol.task import Ack
+from txsink.spark.checks import check_sinks
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -165,7 +166,7 @@ def plan_tasks(
         log.bind_app(app_id)  # the log's own checks come before the sink's
         checked = (log.location, config.sink.uid, app_id, schema.to_string())
         if checked not in _CHECKED:  # once per query and schema while this worker lives
-            _precheck.check_sinks(coord.sinks, schema, app_id, log=log)
+            check_sinks(coord.sinks, schema, app_id, log=log)
             _CHECKED.add(checked)
         # The Spark driver's lease, renewed at each planning (which may run in another
         # Python worker each batch): a second live driver refuses here, before recovery.

@@ -6,5 +6,5 @@ and its HTML report (``txsink inspect``), and following a log from another proce
 
 May import: the base API, the kit, observe, the protocol and spark. Not the faces,
 ``testing`` or ``cli``: the Coordinator's operator methods
-(:class:`~txsink.ops.operator.OperatorMixin`) live here and the face inherits them.
+(:class:`~txsink.ops.operator.Operations`) live here and the face inherits them.
 """

@@ -15,21 +15,24 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from txsink.coordinator import Coordinator
+from txsink.contract import SinkContract
+from txsink.observe import failure as _failure
+from txsink.observe.logs import install_console
+from txsink.ops.operator import Operations
+from txsink.protocol.epoch import EpochProtocol
 from txsink.protocol.log import TxLog
 from txsink.protocol.recovery import RecoveryAction
-from txsink.sink import TwoPhaseCommitSink
 from txsink.store import LogStore
 
 __all__ = ["abort", "recover"]
 
-AnySink = TwoPhaseCommitSink[Any, Any]
+AnySink = SinkContract[Any, Any]
 Log = str | os.PathLike[str] | LogStore | TxLog
 
 
 def recover(
     log: Log,
-    sinks: Coordinator | Sequence[AnySink],
+    sinks: EpochProtocol | Sequence[AnySink],
     *,
     dry_run: bool = False,
     retired: Sequence[AnySink] = (),
@@ -51,7 +54,7 @@ def recover(
 
 def abort(
     log: Log,
-    sinks: Coordinator | Sequence[AnySink],
+    sinks: EpochProtocol | Sequence[AnySink],
     *,
     epoch: int | None = None,
     dry_run: bool = False,
@@ -72,13 +75,17 @@ def abort(
 
 def _coordinator(
     log: Log,
-    sinks: Coordinator | Sequence[AnySink],
+    sinks: EpochProtocol | Sequence[AnySink],
     retired: Sequence[AnySink],
     allow: bool,
     app_id: str | None,
-) -> Coordinator:
-    if isinstance(sinks, Coordinator):
-        return Coordinator(
+) -> Operations:
+    """The protocol with its operator entry points, as :class:`~txsink.Coordinator` runs
+    them, without the Spark side (an operator's recovery runs no Spark job)."""
+    install_console()  # the epoch lines, as the Coordinator prints them
+    _failure.install_excepthook()
+    if isinstance(sinks, EpochProtocol):  # a Coordinator
+        return Operations(
             sinks.sinks,
             log=log,
             app_id=app_id or sinks.app_id,
@@ -88,6 +95,6 @@ def _coordinator(
             faults=sinks.faults,
             lease_s=sinks.lease_s,
         )
-    return Coordinator(
+    return Operations(
         list(sinks), log=log, app_id=app_id, allow_non_restored_state=allow, retired=retired
     )

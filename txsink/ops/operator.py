@@ -2,57 +2,46 @@
 by hand (``txsink check``, ``txsink recover``, ``txsink abort``), starting from a
 savepoint, and closing what the sinks hold once the query is over.
 
-A mixin of :class:`txsink.Coordinator`, kept apart so the protocol's own module holds
-the epoch's steps only; these methods drive the same :class:`~txsink.protocol.recovery.Recovery`
-the epochs use, so an operator's recovery is the query's.
+:class:`Operations` is the protocol (:class:`~txsink.protocol.epoch.EpochProtocol`) with
+these around it; :class:`txsink.Coordinator` is an :class:`Operations` with its Spark
+side, and :mod:`txsink.ops.operate` builds one without Spark. The methods drive the same
+:class:`~txsink.protocol.recovery.Recovery` the epochs use, so an operator's recovery is
+the query's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, final
 
-from txsink.contract import SinkContract
-from txsink.observe.logs import EpochLogger
 from txsink.ops import precheck as _precheck
 from txsink.ops.follow import LogFollower, follow
 from txsink.ops.precheck import CheckResult
-from txsink.protocol.lease import DEFAULT_LEASE_S, DriverLease, LeaseKeeper, default_lease_s
+from txsink.protocol.epoch import EpochProtocol
+from txsink.protocol.lease import DEFAULT_LEASE_S, LeaseKeeper
 from txsink.protocol.log import TxLog
-from txsink.protocol.recovery import Recovery, RecoveryAction
-from txsink.spark import jobs as _spark
+from txsink.protocol.recovery import RecoveryAction
 from txsink.spark.remote import arrived_state, portable_state
 from txsink.store import LogStore
 
 if TYPE_CHECKING:
-    import pyarrow as pa
     from pyspark.sql import DataFrame
 
-__all__ = ["OperatorMixin"]
+__all__ = ["Operations"]
 
 
-class OperatorMixin:
-    """:meth:`check`, :meth:`recovery_plan`, :meth:`recover`, :meth:`abort`,
-    :meth:`close` and :meth:`follow`."""
+class Operations(EpochProtocol):
+    """The protocol, with the operator's entry points around it: :meth:`check`,
+    :meth:`recovery_plan`, :meth:`recover`, :meth:`abort`, :meth:`close` and
+    :meth:`follow`, travelling to another process, and starting from a savepoint."""
 
-    log: TxLog
-    sinks: tuple[SinkContract[Any, Any], ...]
-    app_id: str | None
-    from_savepoint: str | os.PathLike[str] | LogStore | TxLog | None
-    _recovery: Recovery
-    _needs_recovery: bool
-    _restored: bool
-    retired: tuple[SinkContract[Any, Any], ...]
-    _log: EpochLogger
-    _lease: LeaseKeeper | None
-    lease_s: float | None
-    _checked_schema: pa.Schema | None
+    #: :class:`txsink.Coordinator`'s ``from_savepoint=`` (none for an operator's own).
+    from_savepoint: str | os.PathLike[str] | LogStore | TxLog | None = None
+    _restored: bool = True
 
-    _new_recovery: Callable[[], Recovery]
-
-    # -- travelling (Spark Connect) and the sinks' checks --------------------------------
+    # -- travelling (Spark Connect), closing, following --------------------------------------
 
     def __getstate__(self) -> dict[str, Any]:
         return portable_state(self.__dict__)  # Spark Connect's foreachBatch: txsink.spark.remote
@@ -60,13 +49,6 @@ class OperatorMixin:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(arrived_state(state))
         self._recovery = self._new_recovery()
-
-    def _check_schema(self, df: DataFrame, app_id: str) -> None:
-        schema = _spark.arrow_schema(df)
-        if self._checked_schema is not None and schema.equals(self._checked_schema):
-            return
-        _precheck.check_sinks(self.sinks, schema, app_id, log=self.log)
-        self._checked_schema = schema
 
     def close(self) -> None:
         """Close what the sinks hold open in this driver (:meth:`SinkContract.release`):
@@ -199,65 +181,6 @@ class OperatorMixin:
         finally:
             lease.release()
 
-    # -- the driver lease ---------------------------------------------------------------
-
-    @final
-    def hold_lease(self) -> DriverLease:
-        """Take this driver's lease on the query now: call it before
-        ``writeStream...start()``.
-
-        Spark writes its checkpoint (``offsets/<n>``) before ``foreachBatch`` runs, so a
-        second driver that only learns of the first inside its first epoch has already
-        raced it there, and Spark may fail *either* query with
-        ``CONCURRENT_STREAM_LOG_UPDATE``. Held before ``start()``, the lease refuses the
-        second driver (:class:`~txsink.errors.DriverLeaseError`) before its query reads or
-        writes the checkpoint, and the first runs on undisturbed.
-
-        The lease is renewed from a daemon thread from now on (the query's epochs take it
-        over once it runs) and released by :meth:`close`, when the query stops, or when
-        the process exits. Renews it if this coordinator already holds it; raises
-        :class:`~txsink.errors.FencedError` if it was taken over since. Classic PySpark
-        only: under Spark Connect the epochs run in another process, which takes the lease
-        at its first epoch (docs/operations.md#the-driver-lease).
-        """
-        lease = self._keeper()
-        held = lease.hold()
-        lease.keep_alive(_until_the_query_runs)
-        return held
-
-    def _start_lease(self, df: DataFrame, query_id: str) -> None:
-        """A new query run: the lease's length from its trigger, renewed from a thread
-        while the query is active (between epochs too: a long trigger interval)."""
-        trigger = _spark.trigger_interval_s(df, query_id)
-        lease = self._keeper(trigger)
-        if self.lease_s is None:  # held before start(), when the trigger was unknown
-            lease.lengthen(default_lease_s(trigger))
-        active = _spark.query_active_probe(df, query_id)
-        if active is not None:
-            lease.keep_alive(active)
-        elif not _spark.is_connect(df):  # the query can't be watched: while the process lives
-            lease.keep_alive(_until_the_query_runs)
-        # Under Spark Connect this process is the server's worker: renewed at each epoch.
-
-    def _keeper(self, trigger_s: float | None = None) -> LeaseKeeper:
-        """This driver's lease keeper (made at first use: a coordinator that travelled to
-        another process holds its own lease there)."""
-        if self._lease is None:
-            self._lease = LeaseKeeper(self.log, self.lease_s or default_lease_s(trigger_s))
-        return self._lease
-
-    def _lease_as(self, pid: int | None) -> None:
-        """Hold the driver lease in the name of process ``pid`` from now on: the Data Source
-        path, where planning and Spark's ``commit`` run in Python workers of the driver's JVM
-        (each batch maybe another), and the lease is the Spark driver's
-        (:func:`txsink.datasource.epoch.driver_pid`). ``None``: this process."""
-        self._lease = LeaseKeeper(self.log, self.lease_s or DEFAULT_LEASE_S, pid=pid)
-
-    def _hold_lease(self) -> None:
-        """Acquire or renew this driver's lease (:class:`~txsink.errors.DriverLeaseError`
-        while another live driver holds it; ``FencedError`` once it was taken over)."""
-        self._keeper().hold()
-
     # -- starting from a savepoint ------------------------------------------------------
 
     def _restore_once(self) -> None:
@@ -276,9 +199,3 @@ class OperatorMixin:
         if meta is None:
             raise _precheck.empty_log_error(self.log.location)
         return str(meta["app_id"])
-
-
-def _until_the_query_runs() -> bool:
-    """The renewal probe of a lease held before the query started: renew until the first
-    epoch replaces it with the query's own probe (or :meth:`OperatorMixin.close`)."""
-    return True

@@ -31,9 +31,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from txsink.errors import CheckpointMismatchError, ConfigurationError, LogError, TxsinkError
+from txsink.protocol.epoch import checkpoint_reset_error
 from txsink.spark import jobs as _spark
 from txsink.spark import layout as _layout
 from txsink.spark import stability as _stability
+from txsink.spark.checks import check_sink, check_sinks, no_app_error
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -79,44 +81,11 @@ class CheckResult:
         return f"FAIL  {one_line(self.error)}"
 
 
-def no_app_error(*, connect: bool = False) -> ConfigurationError:
-    """A coordinator called without ``app_id`` where no query id is in sight: by hand,
-    outside a streaming query, or under Spark Connect (``connect``), whose foreachBatch
-    cannot see its query's id."""
-    if connect:
-        return ConfigurationError(
-            "txsink.Coordinator runs under Spark Connect, where foreachBatch cannot see its "
-            "streaming query's id (the app id txsink binds its log to): pass app_id=... to "
-            "the Coordinator, a name that stays the same for as long as the query's "
-            "checkpoint does (to keep a log a classic query wrote: the id in the "
-            "checkpoint's metadata file)",
-            phase="check",
-        )
-    return ConfigurationError(
-        "txsink.Coordinator was called outside a streaming query's foreachBatch and "
-        "without app_id: pass app_id=..., or use coordinator.write(df) for a static "
-        "DataFrame"
-    )
-
-
 def empty_log_error(location: str) -> ConfigurationError:
     """A one-shot write on an empty log without ``app_id``."""
     return ConfigurationError(
         f"the txsink log at {location} is empty and no app_id was given: "
         "pass app_id=... for a one-shot write"
-    )
-
-
-def checkpoint_reset_error(location: str, epoch: int, last: int) -> CheckpointMismatchError:
-    """Epoch ``epoch`` asked for (Spark's next batch) below the log's last committed."""
-    return CheckpointMismatchError(
-        f"epoch {epoch} was asked for, but the txsink log at {location} has "
-        f"already committed epoch {last}: the Spark checkpoint was reset or restored "
-        "from an older copy while the txsink log was kept (or write() was given an "
-        "epoch lower than the log's last), so epoch numbers no longer name the same "
-        "rows. Restore the matching checkpoint, or start the query with a new "
-        "checkpoint AND a new txsink log (and a new output folder or sink uid)",
-        epoch=epoch,
     )
 
 
@@ -131,56 +100,6 @@ class _App:
     source: str
     new: bool = False  # the checkpoint says: a new query
     next_batch: int | None = None
-
-
-def check_sink(sink: SinkContract[Any, Any], schema: pa.Schema, app_id: str) -> None:
-    """Run ``sink.check`` with the context every error of it carries; an exception that is
-    not a txsink error (a connector's gap) becomes one, naming the sink and the phase."""
-    ctx: dict[str, Any] = {"sink_uid": sink.uid, "phase": "check", "connector": sink.connector}
-    try:
-        sink.check(schema, app_id)
-    except TxsinkError as err:
-        err.with_context(**ctx)
-        raise
-    except Exception as err:
-        text = str(err).strip().splitlines()
-        raise ConfigurationError(
-            f"the start-up check failed with {type(err).__name__}: {text[0] if text else ''}. "
-            "Fix the cause it names (the sink's target, its settings), then start again",
-            **ctx,
-        ) from err
-
-
-def check_sinks(
-    sinks: Sequence[SinkContract[Any, Any]],
-    schema: pa.Schema,
-    app_id: str,
-    *,
-    log: TxLog | None = None,
-) -> None:
-    """What the first batch of a query run checks: partitioning, then each sink's hook;
-    on a ``log`` that holds no epoch, that no target remembers epochs of ``app_id``."""
-    _layout.required_partitioning([s.required_partitioning() for s in sinks], schema.names)
-    fresh = log is not None and not log.epochs()
-    for sink in sinks:
-        check_sink(sink, schema, app_id)
-        if fresh and log is not None:
-            _check_not_recorded(sink, app_id, log)
-
-
-def _check_not_recorded(sink: SinkContract[Any, Any], app_id: str, log: TxLog) -> None:
-    recorded = sink.recorded_epoch(app_id)
-    if recorded is not None:
-        raise ConfigurationError(
-            f"the target already records epochs up to {recorded} of app {app_id!r} as "
-            f"committed, but the txsink log at {log.location} holds no epoch: a new log "
-            "numbers its epochs from 0 again, and they would be skipped as already written. "
-            "Give a new pipeline a new app_id (or a new sink uid), or point log= at this "
-            "app's own log (restore it from a savepoint if it was lost)",
-            sink_uid=sink.uid,
-            phase="check",
-            connector=sink.connector,
-        )
 
 
 def run_checks(

@@ -1,82 +1,139 @@
-"""How the coordinator turns a Spark DataFrame into one epoch of the protocol: the layout
-of its partitions (``coalesce`` to ``max_tasks``, a sink's required partitioning), the
-plan check of a replayed source, and which job runs the pre-commit (the partition tasks,
-the single pass for sinks that commit in their tasks, or the tasks over persisted rows
-for sinks whose commit reads the rows again).
+"""The Spark side of a coordinator's epochs: one interface between a DataFrame and the
+protocol.
 
-A mixin of :class:`txsink.Coordinator`, kept apart so the protocol's module holds the
-epoch's steps and not the Spark glue around them (:meth:`run_epoch` never sees a
-DataFrame).
+:class:`SparkEpochs` is everything ``foreachBatch(df, batch_id)`` and ``write(df)`` do
+before the protocol runs, and the one place that turns a DataFrame into what the
+protocol takes: the query's checks (its id, its mode, the lease's renewal while it runs),
+the schema check of its first batch, the layout of its partitions (``coalesce`` to
+``max_tasks``, a sink's required partitioning), the plan check of a replayed source, and
+which job runs the pre-commit (the partition tasks, the single pass for sinks that commit
+in their tasks, or the tasks over persisted rows for sinks whose commit reads the rows
+again). Then :meth:`~txsink.protocol.epoch.EpochProtocol.run_epoch` runs the steps; it
+never sees a DataFrame.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from txsink.contract import EpochData, SinkContract
-from txsink.observe.logs import EpochLogger
+from txsink.protocol.epoch import EpochProtocol, until_the_query_runs
 from txsink.protocol.epochresult import EpochResult
-from txsink.protocol.log import TxLog
-from txsink.protocol.recovery import Recovery
+from txsink.protocol.lease import default_lease_s
 from txsink.protocol.task import precommit_job
 from txsink.spark import jobs as _spark
+from txsink.spark import jvmlog as _jvmlog
 from txsink.spark import layout as _layout
 from txsink.spark import stability as _stability
+from txsink.spark.checks import check_sinks, no_app_error
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame
 
-__all__ = ["SparkEpochMixin"]
+__all__ = ["SparkEpochs"]
 
 
-class SparkEpochMixin:
-    """:meth:`_run_spark_epoch`: one epoch over a DataFrame, for ``foreachBatch`` and
-    :meth:`~txsink.Coordinator.write`."""
+class SparkEpochs:
+    """Epochs over DataFrames, for one :class:`~txsink.protocol.epoch.EpochProtocol`.
 
-    log: TxLog
-    sinks: tuple[SinkContract[Any, Any], ...]
-    max_tasks: int | Literal["slots"] | None
-    _recovery: Recovery
-    _log: EpochLogger
-    _probe_votes: bool
+    Holds what the Spark side learns in one process (the queries it checked, the schema
+    it checked, whether the single pass's vote service was probed this run); none of it
+    travels to another process (:meth:`__getstate__`).
+    """
 
-    if TYPE_CHECKING:  # the protocol's own entry point (txsink.coordinator)
+    def __init__(self, protocol: EpochProtocol, max_tasks: _layout.MaxTasks) -> None:
+        _layout.check_max_tasks(max_tasks, protocol.sinks)
+        self.protocol = protocol
+        self.max_tasks = _layout.resolve_max_tasks(max_tasks, protocol.sinks)
+        self.checked_queries: set[str] = set()
+        self.checked_schema: pa.Schema | None = None
+        self.probe_votes = True  # single pass: executors reach the driver? once per run
 
-        def run_epoch(
-            self,
-            epoch: int,
-            precommit: Any,
-            *,
-            app_id: str,
-            data: EpochData | None = None,
-            replay: bool = True,
-        ) -> EpochResult: ...
+    def __getstate__(self) -> dict[str, Any]:
+        """Travelling (Spark Connect): the receiving process checks its queries again."""
+        return {**self.__dict__, "checked_queries": set(), "checked_schema": None,
+                "probe_votes": True}  # fmt: skip
 
-    def _run_spark_epoch(
-        self, epoch: int, df: DataFrame, app_id: str, *, replay: bool = True
-    ) -> EpochResult:
+    def foreach_batch(self, df: DataFrame, epoch: int) -> EpochResult:
+        """``foreachBatch``: the query's checks (once per query run), then the epoch."""
+        protocol = self.protocol
+        query_id = _spark.streaming_query_id(df)
+        with _jvmlog.told_once(df):  # not again in Spark's log
+            app_id = protocol.app_id or query_id
+            if app_id is None:
+                raise no_app_error(connect=_spark.is_connect(df))
+            if query_id is not None and query_id not in self.checked_queries:
+                _spark.check_query_mode(df, query_id)
+                self.checked_queries.add(query_id)
+                protocol._new_run()  # a new query run: recover first
+                self.probe_votes = True
+                self._start_lease(df, query_id)
+            protocol._bind(app_id)  # the log's own checks come before the sinks'
+            self.check_schema(df, app_id)
+            return self.run(epoch, df, app_id)
+
+    def write(self, df: DataFrame, epoch: int | None, app_id: str) -> EpochResult:
+        """A static DataFrame as one epoch (the next one when ``epoch`` is None)."""
+        protocol = self.protocol
+        protocol._bind(app_id)
+        protocol._hold_lease()
+        self.check_schema(df, app_id)
+        if epoch is None:
+            protocol._recover_if_needed(app_id)
+            last = protocol.log.last_committed()
+            epoch = 0 if last is None else last + 1
+        return self.run(epoch, df, app_id, replay=False)
+
+    def check_schema(self, df: DataFrame, app_id: str) -> None:
+        """The sinks' checks (:func:`~txsink.spark.checks.check_sinks`), again only when
+        the epoch's schema changed."""
+        schema = _spark.arrow_schema(df)
+        if self.checked_schema is not None and schema.equals(self.checked_schema):
+            return
+        check_sinks(self.protocol.sinks, schema, app_id, log=self.protocol.log)
+        self.checked_schema = schema
+
+    def run(self, epoch: int, df: DataFrame, app_id: str, *, replay: bool = True) -> EpochResult:
+        """Lay the epoch out, pick its pre-commit job, and run the protocol's steps."""
+        protocol = self.protocol
         # Commits spread over the cluster (and recovery's) run as this session's tasks.
-        self._recovery.tasks = _spark.SparkTaskRunner(df.sparkSession)
-        wanted = [s.required_partitioning() for s in self.sinks]
+        protocol._recovery.tasks = _spark.SparkTaskRunner(df.sparkSession)
+        sinks = protocol.sinks
+        wanted = [s.required_partitioning() for s in sinks]
         data = _layout.laid_out(df, wanted, self.max_tasks)
-        _stability.check_replayed(data, self.sinks, self.log)  # once per query run
-        in_task = [s.uid for s in self.sinks if s.commits_in_task]
+        _stability.check_replayed(data, sinks, protocol.log)  # once per query run
+        in_task = [s.uid for s in sinks if s.commits_in_task]
         if in_task:
-            log, uids = self._log.bind(epoch=epoch), "+".join(in_task)
-            probe, tasks = self._probe_votes, self._recovery.tasks
+            log, uids = protocol._log.bind(epoch=epoch), "+".join(in_task)
+            probe, tasks = self.probe_votes, protocol._recovery.tasks
             job = _spark.single_pass_job(df, data, uids, tasks, probe=probe, log=log)
-            self._probe_votes = False
-            return self.run_epoch(epoch, job, app_id=app_id, data=job.data, replay=replay)
-        if not any(s.commits_from_data for s in self.sinks):
+            self.probe_votes = False
+            return protocol.run_epoch(epoch, job, app_id=app_id, data=job.data, replay=replay)
+        if not any(s.commits_from_data for s in sinks):
             each = precommit_job(_spark.SparkEpochData(data))
-            return self.run_epoch(epoch, each, app_id=app_id, replay=replay)
+            return protocol.run_epoch(epoch, each, app_id=app_id, replay=replay)
         # The commit reads the rows again: keep this epoch's rows instead of
         # recomputing them (a recomputation after a crash is what the checksums catch).
         data = data.persist()
         try:
             rows = _spark.SparkEpochData(data)
-            return self.run_epoch(
+            return protocol.run_epoch(
                 epoch, precommit_job(rows), app_id=app_id, data=rows, replay=replay
             )
         finally:
             data.unpersist()
+
+    def _start_lease(self, df: DataFrame, query_id: str) -> None:
+        """A new query run: the lease's length from its trigger, renewed from a thread
+        while the query is active (between epochs too: a long trigger interval)."""
+        protocol = self.protocol
+        trigger = _spark.trigger_interval_s(df, query_id)
+        lease = protocol._keeper(trigger)
+        if protocol.lease_s is None:  # held before start(), when the trigger was unknown
+            lease.lengthen(default_lease_s(trigger))
+        active = _spark.query_active_probe(df, query_id)
+        if active is not None:
+            lease.keep_alive(active)
+        elif not _spark.is_connect(df):  # the query can't be watched: while the process lives
+            lease.keep_alive(until_the_query_runs)
+        # Under Spark Connect this process is the server's worker: renewed at each epoch.

@@ -27,18 +27,16 @@ def location_of(log: object) -> str | os.PathLike[str] | None:
 def portable_state(state: dict[str, Any]) -> dict[str, Any]:
     """A coordinator's ``__dict__`` as it travels: the open log left behind when it has a
     location, recovery rebuilt on arrival, and the run's knowledge reset (the bound app,
-    the checked queries and schema, the last committed epoch): the receiving process
-    checks and recovers before its first epoch."""
+    the last committed epoch; the Spark side resets its checked queries and schema itself:
+    :meth:`txsink.spark.epoch.SparkEpochs.__getstate__`): the receiving process checks and
+    recovers before its first epoch."""
     out = dict(state)
     if out.get("_log_location") is not None:
         out["log"] = None
     out.update(
         _recovery=None,
         _bound_app=None,
-        _checked_queries=set(),
-        _checked_schema=None,
         _needs_recovery=True,
-        _probe_votes=True,
         _last_committed=None,
         _lease=None,  # the receiving process is another driver process: its own lease
     )

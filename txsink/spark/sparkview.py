@@ -12,12 +12,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from txsink.coordinator import Coordinator
+    from txsink.protocol.log import TxLog
+    from txsink.spark.epoch import SparkEpochs
 
-__all__ = ["EpochProgress", "progress_listener"]
+__all__ = ["EpochProgress", "Writer", "progress_listener"]
+
+
+class Writer(Protocol):
+    """What the view reads of a :class:`txsink.Coordinator`: its txsink log, and its Spark
+    side (which knows the queries it wrote). A Protocol, so this room names no face."""
+
+    log: TxLog
+    _spark: SparkEpochs
 
 
 @dataclass(frozen=True)
@@ -40,7 +49,7 @@ class EpochProgress:
 
 
 def progress_listener(
-    coordinator: Coordinator,
+    coordinator: Writer,
     on_epoch: Callable[[EpochProgress], None] | None = None,
 ) -> Any:
     """A ``StreamingQueryListener`` for the queries ``coordinator`` writes: add it with
@@ -62,7 +71,7 @@ def progress_listener(
         def onQueryProgress(self, event: Any) -> None:
             progress = event.progress
             query_id = str(progress.id)
-            if query_id not in coordinator._checked_queries:
+            if query_id not in coordinator._spark.checked_queries:
                 return  # another query of the session
             record = joined(coordinator, query_id, progress)
             self.epochs.append(record)
@@ -78,7 +87,7 @@ def progress_listener(
     return _Listener()
 
 
-def joined(coordinator: Coordinator, query_id: str, progress: Any) -> EpochProgress:
+def joined(coordinator: Writer, query_id: str, progress: Any) -> EpochProgress:
     """The :class:`EpochProgress` of one progress object (``batchId``, ``numInputRows``,
     ``durationMs``) and the coordinator's txsink log."""
     epoch = int(progress.batchId)

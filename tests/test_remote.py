@@ -12,7 +12,7 @@ from txsink import Coordinator
 from txsink.connectors.files import FilesSink
 from txsink.errors import ConfigurationError
 from txsink.protocol.log import open_log
-from txsink.spark.jobs import is_connect, streaming_query_id
+from txsink.spark.query import is_connect, streaming_query_id
 
 
 class _ConnectFrame:

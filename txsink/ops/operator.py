@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any, final
 from txsink.ops import precheck as _precheck
 from txsink.ops.follow import LogFollower, follow
 from txsink.ops.precheck import CheckResult
-from txsink.protocol.epoch import EpochProtocol
-from txsink.protocol.lease import DEFAULT_LEASE_S, LeaseKeeper
+from txsink.protocol.epoch import EpochProtocol, until_the_query_runs
+from txsink.protocol.lease import DEFAULT_LEASE_S, DriverLease, LeaseKeeper
 from txsink.protocol.log import TxLog
 from txsink.protocol.recovery import RecoveryAction
 from txsink.spark.remote import arrived_state, portable_state
@@ -34,8 +34,8 @@ __all__ = ["Operations"]
 
 class Operations(EpochProtocol):
     """The protocol, with the operator's entry points around it: :meth:`check`,
-    :meth:`recovery_plan`, :meth:`recover`, :meth:`abort`, :meth:`close` and
-    :meth:`follow`, travelling to another process, and starting from a savepoint."""
+    :meth:`recovery_plan`, :meth:`recover`, :meth:`abort`, :meth:`close`, :meth:`follow`
+    and :meth:`hold_lease`, travelling to another process, and starting from a savepoint."""
 
     #: :class:`txsink.Coordinator`'s ``from_savepoint=`` (none for an operator's own).
     from_savepoint: str | os.PathLike[str] | LogStore | TxLog | None = None
@@ -180,6 +180,32 @@ class Operations(EpochProtocol):
             yield
         finally:
             lease.release()
+
+    # -- the driver lease, before the query starts -------------------------------------
+
+    @final
+    def hold_lease(self) -> DriverLease:
+        """Take this driver's lease on the query now: call it before
+        ``writeStream...start()``.
+
+        Spark writes its checkpoint (``offsets/<n>``) before ``foreachBatch`` runs, so a
+        second driver that only learns of the first inside its first epoch has already
+        raced it there, and Spark may fail *either* query with
+        ``CONCURRENT_STREAM_LOG_UPDATE``. Held before ``start()``, the lease refuses the
+        second driver (:class:`~txsink.errors.DriverLeaseError`) before its query reads or
+        writes the checkpoint, and the first runs on undisturbed.
+
+        The lease is renewed from a daemon thread from now on (the query's epochs take it
+        over once it runs) and released by :meth:`close`, when the query stops, or when
+        the process exits. Renews it if this coordinator already holds it; raises
+        :class:`~txsink.errors.FencedError` if it was taken over since. Classic PySpark
+        only: under Spark Connect the epochs run in another process, which takes the lease
+        at its first epoch (docs/operations.md#the-driver-lease).
+        """
+        lease = self._keeper()
+        held = lease.hold()
+        lease.keep_alive(until_the_query_runs)
+        return held
 
     # -- starting from a savepoint ------------------------------------------------------
 

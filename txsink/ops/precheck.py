@@ -32,10 +32,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from txsink.errors import CheckpointMismatchError, ConfigurationError, LogError, TxsinkError
 from txsink.protocol.epoch import checkpoint_reset_error
-from txsink.spark import jobs as _spark
 from txsink.spark import layout as _layout
 from txsink.spark import stability as _stability
-from txsink.spark.checks import check_sink, check_sinks, no_app_error
+from txsink.spark.checks import arrow_schema, check_sink, check_sinks, no_app_error
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -145,7 +144,7 @@ def run_checks(
 
 
 def _schema(df: DataFrame) -> tuple[pa.Schema, str]:
-    arrow = _spark.arrow_schema(df)
+    arrow = arrow_schema(df)
     return arrow, ", ".join(f"{f.name} {f.type}" for f in arrow)
 
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, final
 
 from txsink.contract import EpochData, SinkContract
@@ -47,7 +47,6 @@ from txsink.protocol.epochresult import EpochResult
 from txsink.protocol.faults import CrashPoint, FaultPlan
 from txsink.protocol.lease import (
     DEFAULT_LEASE_S,
-    DriverLease,
     LeaseKeeper,
     check_lease_s,
     default_lease_s,
@@ -418,35 +417,22 @@ class EpochProtocol:
         """Fill an empty log before the first bind: nothing here; the Coordinator's
         operator side starts from a savepoint (:class:`~txsink.ops.operator.Operations`)."""
 
-    def _new_run(self) -> None:
-        """A new query run (or a process the coordinator travelled to): recover first."""
+    def _new_run(
+        self, trigger_s: float | None = None, renew: Callable[[], bool | None] | None = None
+    ) -> None:
+        """A new query run: recover first, and hold the driver lease for the run: its length
+        from the query's trigger interval (``trigger_s``), renewed from a thread for as long
+        as ``renew`` says the query runs (between epochs too: a long trigger interval).
+        ``renew=None``: renewed at each epoch only (a process that cannot watch its query,
+        as Spark Connect's server-side worker)."""
         self._needs_recovery = True
+        lease = self._keeper(trigger_s)
+        if self.lease_s is None:  # held before start(), when the trigger was unknown
+            lease.lengthen(default_lease_s(trigger_s))
+        if renew is not None:
+            lease.keep_alive(renew)
 
     # -- the driver lease ----------------------------------------------------------------
-
-    @final
-    def hold_lease(self) -> DriverLease:
-        """Take this driver's lease on the query now: call it before
-        ``writeStream...start()``.
-
-        Spark writes its checkpoint (``offsets/<n>``) before ``foreachBatch`` runs, so a
-        second driver that only learns of the first inside its first epoch has already
-        raced it there, and Spark may fail *either* query with
-        ``CONCURRENT_STREAM_LOG_UPDATE``. Held before ``start()``, the lease refuses the
-        second driver (:class:`~txsink.errors.DriverLeaseError`) before its query reads or
-        writes the checkpoint, and the first runs on undisturbed.
-
-        The lease is renewed from a daemon thread from now on (the query's epochs take it
-        over once it runs) and released by :meth:`close`, when the query stops, or when
-        the process exits. Renews it if this coordinator already holds it; raises
-        :class:`~txsink.errors.FencedError` if it was taken over since. Classic PySpark
-        only: under Spark Connect the epochs run in another process, which takes the lease
-        at its first epoch (docs/operations.md#the-driver-lease).
-        """
-        lease = self._keeper()
-        held = lease.hold()
-        lease.keep_alive(until_the_query_runs)
-        return held
 
     def _keeper(self, trigger_s: float | None = None) -> LeaseKeeper:
         """This driver's lease keeper (made at first use: a coordinator that travelled to

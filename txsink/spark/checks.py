@@ -1,6 +1,7 @@
-"""The checks of a query run's first batch, on the driver: the partitioning the sinks
-need, then each sink's own ``check(schema, app_id)`` hook against its real target, and
-that a fresh log's app is not one its targets already remember.
+"""The checks of a query run's first batch, on the driver: the epoch's schema as the sinks
+see it (Arrow), the partitioning the sinks need, then each sink's own ``check(schema,
+app_id)`` hook against its real target, and that a fresh log's app is not one its targets
+already remember.
 
 The same checks run before the start (:mod:`txsink.ops.precheck`, ``txsink check``) and
 at the first batch of every query run (:class:`~txsink.spark.epoch.SparkEpochs`), so they
@@ -9,19 +10,22 @@ live once, here: they need the epoch's schema and the layout's rules, not a Data
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
 
 from txsink.errors import ConfigurationError, TxsinkError
 from txsink.spark import layout as _layout
 
 if TYPE_CHECKING:
-    import pyarrow as pa
+    from pyspark.sql import DataFrame
 
     from txsink.contract import SinkContract
     from txsink.protocol.log import TxLog
 
-__all__ = ["check_sink", "check_sinks", "no_app_error"]
+__all__ = ["arrow_schema", "check_sink", "check_sinks", "no_app_error"]
 
 
 def no_app_error(*, connect: bool = False) -> ConfigurationError:
@@ -92,3 +96,32 @@ def _check_not_recorded(sink: SinkContract[Any, Any], app_id: str, log: TxLog) -
             phase="check",
             connector=sink.connector,
         )
+
+
+@functools.cache
+def _takes_timezone() -> bool:
+    """PySpark 4.2+ converts a schema to Arrow in a given time zone (``timezone=``); 4.0 and
+    4.1 only in UTC (``timestamp_utc=``)."""
+    import inspect
+
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return "timezone" in inspect.signature(to_arrow_schema).parameters
+
+
+def arrow_schema(df: DataFrame) -> pa.Schema:
+    """The DataFrame's schema as the sinks see it (Arrow; timestamps in the session's time
+    zone, in UTC on PySpark before 4.2)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    tz = df.sparkSession.conf.get("spark.sql.session.timeZone")
+    try:
+        if _takes_timezone():
+            return to_arrow_schema(df.schema, timezone=tz)
+        return to_arrow_schema(df.schema, timestamp_utc=True)  # type: ignore[call-arg, unused-ignore]
+    except (TypeError, ValueError) as err:  # a Spark type Arrow cannot carry
+        raise ConfigurationError(
+            f"the DataFrame's schema cannot be written through Arrow: {err}. Cast or drop that "
+            "column before the sink (e.g. to a string with to_json)",
+            phase="check",
+        ) from err

@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 from txsink.protocol.epoch import EpochProtocol, until_the_query_runs
 from txsink.protocol.epochresult import EpochResult
-from txsink.protocol.lease import default_lease_s
 from txsink.protocol.task import precommit_job
 from txsink.spark import jobs as _spark
 from txsink.spark import jvmlog as _jvmlog
 from txsink.spark import layout as _layout
 from txsink.spark import stability as _stability
-from txsink.spark.checks import check_sinks, no_app_error
+from txsink.spark.checks import arrow_schema, check_sinks, no_app_error
+from txsink.spark.query import identify
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -57,17 +57,18 @@ class SparkEpochs:
     def foreach_batch(self, df: DataFrame, epoch: int) -> EpochResult:
         """``foreachBatch``: the query's checks (once per query run), then the epoch."""
         protocol = self.protocol
-        query_id = _spark.streaming_query_id(df)
         with _jvmlog.told_once(df):  # not again in Spark's log
-            app_id = protocol.app_id or query_id
+            query = identify(df, self.checked_queries)
+            app_id = protocol.app_id or query.query_id
             if app_id is None:
-                raise no_app_error(connect=_spark.is_connect(df))
-            if query_id is not None and query_id not in self.checked_queries:
-                _spark.check_query_mode(df, query_id)
-                self.checked_queries.add(query_id)
-                protocol._new_run()  # a new query run: recover first
+                raise no_app_error(connect=query.connect)
+            if query.new_run and query.query_id is not None:
+                self.checked_queries.add(query.query_id)
+                # The query can't be watched: renewed while the process lives; under Spark
+                # Connect this process is the server's worker: renewed at each epoch.
+                watch = None if query.connect else until_the_query_runs
+                protocol._new_run(query.trigger_s, query.active or watch)
                 self.probe_votes = True
-                self._start_lease(df, query_id)
             protocol._bind(app_id)  # the log's own checks come before the sinks'
             self.check_schema(df, app_id)
             return self.run(epoch, df, app_id)
@@ -87,7 +88,7 @@ class SparkEpochs:
     def check_schema(self, df: DataFrame, app_id: str) -> None:
         """The sinks' checks (:func:`~txsink.spark.checks.check_sinks`), again only when
         the epoch's schema changed."""
-        schema = _spark.arrow_schema(df)
+        schema = arrow_schema(df)
         if self.checked_schema is not None and schema.equals(self.checked_schema):
             return
         check_sinks(self.protocol.sinks, schema, app_id, log=self.protocol.log)
@@ -122,18 +123,3 @@ class SparkEpochs:
             )
         finally:
             data.unpersist()
-
-    def _start_lease(self, df: DataFrame, query_id: str) -> None:
-        """A new query run: the lease's length from its trigger, renewed from a thread
-        while the query is active (between epochs too: a long trigger interval)."""
-        protocol = self.protocol
-        trigger = _spark.trigger_interval_s(df, query_id)
-        lease = protocol._keeper(trigger)
-        if protocol.lease_s is None:  # held before start(), when the trigger was unknown
-            lease.lengthen(default_lease_s(trigger))
-        active = _spark.query_active_probe(df, query_id)
-        if active is not None:
-            lease.keep_alive(active)
-        elif not _spark.is_connect(df):  # the query can't be watched: while the process lives
-            lease.keep_alive(until_the_query_runs)
-        # Under Spark Connect this process is the server's worker: renewed at each epoch.

@@ -1,4 +1,4 @@
-"""Spark glue: partition jobs, the query's identity, guard checks, the epoch's schema.
+"""Spark glue: the partition jobs every epoch runs, and the single pass's job.
 
 Kept apart from the protocol so the coordinator can be driven without Spark, and
 so connectors never import Spark: every job txsink runs (the pre-commit, a
@@ -26,12 +26,12 @@ from txsink.errors import (
     InjectedFault,
     RetryableError,
     TxsinkError,
-    UnsupportedQueryError,
 )
 from txsink.observe.logs import EpochLogger
 from txsink.protocol.singlepass import SinglePassJob, probe_vote_service
 from txsink.protocol.taskerror import carried, failure_text, mark
 from txsink.spark.layout import task_slots
+from txsink.spark.query import is_connect
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -39,24 +39,15 @@ if TYPE_CHECKING:
 __all__ = [
     "SparkEpochData",
     "SparkTaskRunner",
-    "arrow_schema",
-    "check_query_mode",
     "check_single_pass",
     "driver_host",
     "failure_text",
-    "is_connect",
-    "streaming_query_id",
     "task_retries",
 ]
 
 R = TypeVar("R")
 T = TypeVar("T")
 
-# Execution classes that break "one foreachBatch call = one replayable epoch".
-_REFUSED_EXECUTIONS = {
-    "AsyncProgressTrackingMicroBatchExecution": "async progress tracking",
-    "ContinuousExecution": "a continuous trigger",
-}
 _RESULT_SCHEMA = pa.schema([("partition", pa.int64()), ("result", pa.binary())])
 _RESULT_DDL = "partition long, result binary"
 
@@ -68,27 +59,6 @@ def _result_schema() -> Any:
     from pyspark.sql.types import BinaryType, LongType, StructField, StructType
 
     return StructType([StructField("partition", LongType()), StructField("result", BinaryType())])
-
-
-def is_connect(df: DataFrame) -> bool:
-    """Whether ``df`` is a Spark Connect DataFrame (in Connect's ``foreachBatch`` process,
-    or a client's), rather than a classic one with a SparkContext behind it."""
-    return type(df).__module__.startswith("pyspark.sql.connect.")
-
-
-def streaming_query_id(df: DataFrame) -> str | None:
-    """The durable id of the streaming query running this foreachBatch call.
-
-    It is stored in the checkpoint, so it survives restarts (unlike the run id). ``None``
-    outside a query, and always under Spark Connect: its ``foreachBatch`` gets a DataFrame
-    of a session cloned for the batch, which has no SparkContext and lists no active query
-    (checked against a real Connect server in integration/test_connect.py), so a
-    coordinator there needs ``app_id=``.
-    """
-    if is_connect(df):
-        return None
-    query_id: str | None = df.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId")
-    return query_id
 
 
 def driver_host(df: DataFrame) -> str:
@@ -200,107 +170,6 @@ def single_pass_job(
     if probe:
         probe_vote_service(tasks, host, parts, sink_uid=sink_uid)
     return SinglePassJob(SparkEpochData(data), host, task_retries(df))
-
-
-def check_query_mode(df: DataFrame, query_id: str) -> None:
-    """Refuse query settings that break the guarantee, before anything is written.
-
-    Classic PySpark only (the query object through py4j). Under Spark Connect it is not
-    needed for ``foreachBatch``: Spark itself refuses both at ``start()`` ("'foreachBatch'
-    is not supported with continuous trigger"; "Sink ForeachBatchSink does not support
-    async progress tracking"), which integration/test_connect.py checks.
-    """
-    if is_connect(df):
-        return
-    jsession = df.sparkSession._jsparkSession
-    for jq in jsession.streams().active():
-        if jq.id().toString() != query_id:
-            continue
-        name = jq.streamingQuery().getClass().getSimpleName()
-        if name in _REFUSED_EXECUTIONS:
-            raise UnsupportedQueryError(
-                f"the streaming query {query_id} runs with {_REFUSED_EXECUTIONS[name]}, which "
-                "does not replay a failed batch with the same id: txsink cannot be exactly-once. "
-                "Remove that option (use a micro-batch trigger without "
-                "asyncProgressTrackingEnabled)"
-            )
-
-
-def _running_query(df: DataFrame, query_id: str) -> Any:
-    """The JVM's running query ``query_id`` (its ``StreamExecution``), ``None`` once stopped.
-
-    Inside ``foreachBatch``, ``df.sparkSession`` is the stream's own *clone* of the user's
-    session, whose ``streams`` lists no query at all; the registry every clone shares
-    (``SharedState.activeStreamingQueries``, Spark's own guard against two runs of one
-    query in an application) has it. Raises on a Spark without it."""
-    jvm = df.sparkSession._jvm
-    if jvm is None:
-        raise RuntimeError("no JVM behind this session")
-    shared = df.sparkSession._jsparkSession.sharedState()
-    return shared.activeStreamingQueries().get(jvm.java.util.UUID.fromString(query_id))
-
-
-def trigger_interval_s(df: DataFrame, query_id: str) -> float | None:
-    """The streaming query's processing-time trigger interval in seconds (classic PySpark);
-    ``None`` when unknown (Spark Connect, another trigger, another Spark's internals)."""
-    if is_connect(df):
-        return None
-    try:
-        query = _running_query(df, query_id)
-        trigger = query.trigger() if query is not None else None
-        if trigger is not None and trigger.getClass().getSimpleName() == "ProcessingTimeTrigger":
-            return float(trigger.intervalMs()) / 1000.0
-    except Exception:  # another Spark's internals: the default lease then
-        return None
-    return None
-
-
-def query_active_probe(df: DataFrame, query_id: str) -> Callable[[], bool | None] | None:
-    """A call saying whether the streaming query ``query_id`` still runs (``None`` once it
-    stopped), for the driver lease's renewal thread; ``None`` where it cannot be told
-    (Spark Connect, another Spark's internals): the lease is then renewed while the
-    process lives."""
-    if is_connect(df):
-        return None
-    try:
-        _running_query(df, query_id)
-    except Exception:
-        return None
-
-    def active() -> bool | None:
-        query = _running_query(df, query_id)
-        return True if query is not None and query.isActive() else None
-
-    return active
-
-
-@functools.cache
-def _takes_timezone() -> bool:
-    """PySpark 4.2+ converts a schema to Arrow in a given time zone (``timezone=``); 4.0 and
-    4.1 only in UTC (``timestamp_utc=``)."""
-    import inspect
-
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    return "timezone" in inspect.signature(to_arrow_schema).parameters
-
-
-def arrow_schema(df: DataFrame) -> pa.Schema:
-    """The DataFrame's schema as the sinks see it (Arrow; timestamps in the session's time
-    zone, in UTC on PySpark before 4.2)."""
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    tz = df.sparkSession.conf.get("spark.sql.session.timeZone")
-    try:
-        if _takes_timezone():
-            return to_arrow_schema(df.schema, timezone=tz)
-        return to_arrow_schema(df.schema, timestamp_utc=True)  # type: ignore[call-arg, unused-ignore]
-    except (TypeError, ValueError) as err:  # a Spark type Arrow cannot carry
-        raise ConfigurationError(
-            f"the DataFrame's schema cannot be written through Arrow: {err}. Cast or drop that "
-            "column before the sink (e.g. to a string with to_json)",
-            phase="check",
-        ) from err
 
 
 class SparkTaskRunner:

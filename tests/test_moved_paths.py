@@ -31,6 +31,7 @@ def test_an_old_path_is_its_new_module(old: str, new: str) -> None:
 
 def test_names_from_an_old_path_are_the_same_objects() -> None:
     from txsink.log import TxLog, open_log  # type: ignore[import-not-found,unused-ignore]
+
     from txsink.protocol.log import TxLog as Home
     from txsink.protocol.log import open_log as home_open
 

@@ -1,7 +1,7 @@
 """Direct mode (single pass): the task's producer holds the epoch's transaction and commits it.
 
 Flink's Kafka sink on Spark: no write-ahead log, no second pass. The coordinator runs the
-epoch as one barrier job (:mod:`txsink.protocol.singlepass`); in each task::
+epoch as one barrier job (:mod:`txsink._singlepass`); in each task::
 
     begin    the task's shard is its Spark partition; its producer, transactional id
              <prefix>-<uid>-<partition>, is taken from this Python worker's pool (made
@@ -21,7 +21,7 @@ batch): the same verified path as replay mode (:func:`~txsink.connectors.kafka.r
 commit_by_content`): the shard's marker says whether it is committed, and the replayed
 rows must match the decided count and checksum. The shard is the partition, so the replay
 must deal each partition the rows it had: plans that do not (a round-robin repartition,
-``rand()``...) are refused at the start (:mod:`txsink.spark.stability`); a replay that only
+``rand()``...) are refused at the start (:mod:`txsink._stability`); a replay that only
 numbers the partitions otherwise is matched by content; one whose rows differ is refused
 with NonDeterministicReplayError, nothing of that shard written.
 

@@ -183,7 +183,7 @@ def commit_by_content(
     left from the partition whose count and checksum are its decided ones. A shard that
     no partition matches is a replay that differs in content: NonDeterministicReplayError,
     nothing of that shard written (the plans that cause it are refused at the start,
-    :mod:`txsink.spark.stability`).
+    :mod:`txsink._stability`).
     """
     first = data.map_partitions(ShardCommit(settings, fmt, app, epoch, decided))
     done = {r.shard for r in first if r.status in ("committed", "already-committed")}

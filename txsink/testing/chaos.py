@@ -224,7 +224,7 @@ def run_chaos(
         pipeline: ``path/to/file.py:function`` or ``package.module:function``; it runs one
             streaming query to the end of its input (e.g. ``trigger(availableNow=True)``)
             and raises or exits non-zero when the query fails.
-        plan: a :class:`ChaosPlan` or a ``txsink.protocol.faults`` spec.
+        plan: a :class:`ChaosPlan` or a ``txsink.faults`` spec.
         workdir: a folder of the caller's; the fault state goes to ``workdir/faults``
             (emptied first, so the plan fires afresh).
         sinks_verifiers: sink name -> verifier, read once the run is over.
@@ -371,7 +371,7 @@ def run_chaos(
     return report
 
 
-#: txsink's own line for a committed epoch (see txsink.observe.logs): the child told it already.
+#: txsink's own line for a committed epoch (see txsink._logging): the child told it already.
 _TOLD_COMMIT = re.compile(r"txsink: \[[^\]]* epoch (\d+)\] committed: ")
 
 

@@ -51,8 +51,8 @@ class SparkEpochs:
 
     def __getstate__(self) -> dict[str, Any]:
         """Travelling (Spark Connect): the receiving process checks its queries again."""
-        return {**self.__dict__, "checked_queries": set(), "checked_schema": None,
-                "probe_votes": True}  # fmt: skip
+        run = {"checked_queries": set(), "checked_schema": None, "probe_votes": True}
+        return {**self.__dict__, **run}
 
     def foreach_batch(self, df: DataFrame, epoch: int) -> EpochResult:
         """``foreachBatch``: the query's checks (once per query run), then the epoch."""

@@ -51,7 +51,11 @@ class SparkEpochs:
 
     def __getstate__(self) -> dict[str, Any]:
         """Travelling (Spark Connect): the receiving process checks its queries again."""
-        run = {"checked_queries": set(), "checked_schema": None, "probe_votes": True}
+        run: dict[str, Any] = {
+            "checked_queries": set(),
+            "checked_schema": None,
+            "probe_votes": True,
+        }
         return {**self.__dict__, **run}
 
     def foreach_batch(self, df: DataFrame, epoch: int) -> EpochResult:

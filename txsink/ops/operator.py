@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any, final
 from txsink.ops import precheck as _precheck
 from txsink.ops.follow import LogFollower, follow
 from txsink.ops.precheck import CheckResult
-from txsink.protocol.epoch import EpochProtocol, until_the_query_runs
-from txsink.protocol.lease import DEFAULT_LEASE_S, DriverLease, LeaseKeeper
+from txsink.protocol.epoch import EpochProtocol
+from txsink.protocol.lease import DEFAULT_LEASE_S, DriverLease, LeaseKeeper, until_the_query_runs
 from txsink.protocol.log import TxLog
 from txsink.protocol.recovery import RecoveryAction
 from txsink.spark.remote import arrived_state, portable_state

@@ -63,7 +63,7 @@ from txsink.protocol.task import Precommit, TaskPlan, collect_acks
 from txsink.protocol.taskerror import cleanup_after, describe, epoch_aborted, unless_raised_again
 from txsink.txid import check_name
 
-__all__ = ["AnySink", "EpochProtocol", "checkpoint_reset_error", "until_the_query_runs"]
+__all__ = ["AnySink", "EpochProtocol", "checkpoint_reset_error"]
 
 AnySink = SinkContract[Any, Any]
 _TWO = "another query is writing with the same txsink log: stop one of them"
@@ -465,9 +465,3 @@ def checkpoint_reset_error(location: str, epoch: int, last: int) -> CheckpointMi
         "checkpoint AND a new txsink log (and a new output folder or sink uid)",
         epoch=epoch,
     )
-
-
-def until_the_query_runs() -> bool:
-    """The renewal probe of a lease held before the query started: renew until the first
-    epoch replaces it with the query's own probe (or the Coordinator's ``close``)."""
-    return True

@@ -76,6 +76,7 @@ __all__ = [
     "default_lease_s",
     "live_holder",
     "process_identity",
+    "until_the_query_runs",
 ]
 
 _PREFIX = "lease/"
@@ -477,3 +478,10 @@ class LeaseKeeper:
                 self._log.warning("could not renew the driver lease: %s", err)
         if not self._stop.is_set():
             self.release()  # the query stopped: the lease is free for the next driver
+
+
+def until_the_query_runs() -> bool:
+    """The renewal probe of a lease held before the query started: renew until the first
+    epoch replaces it with the query's own probe (or the Coordinator's ``close``). A
+    process that cannot watch its query renews with it while the process lives."""
+    return True

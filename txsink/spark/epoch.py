@@ -16,8 +16,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from txsink.protocol.epoch import EpochProtocol, until_the_query_runs
+from txsink.protocol.epoch import EpochProtocol
 from txsink.protocol.epochresult import EpochResult
+from txsink.protocol.lease import until_the_query_runs
 from txsink.protocol.task import precommit_job
 from txsink.spark import jobs as _spark
 from txsink.spark import jvmlog as _jvmlog

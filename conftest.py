@@ -64,7 +64,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 def spark() -> Iterator[Any]:
     """``local[2,2]``: two cores, and a failed task is retried once (spark.task.maxFailures=2)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from txsink.localspark import local_spark
+    from txsink.spark.localspark import local_spark
 
     session = local_spark("local[2,2]", "txsink-tests")
     yield session

@@ -39,14 +39,14 @@ def stream(
     from pyspark.sql import SparkSession
 
     from txsink import Coordinator
-    from txsink.faults import FaultPlan
+    from txsink.protocol.faults import FaultPlan
 
     spark = SparkSession.builder.remote(remote).getOrCreate()
     plan: FaultPlan | None = None
     if faults:
         plan = FaultPlan.parse(faults, str(Path(workdir, "faults")))
     if hook is not None:
-        from txsink.faults import CrashPoint
+        from txsink.protocol.faults import CrashPoint
         from txsink.testing.hooks import Hook, HookPlan
 
         plan = HookPlan(

@@ -9,7 +9,7 @@ own process group, on 127.0.0.1 and a free port::
 
 Its Python processes (the ``foreachBatch`` process of each query, the tasks' workers) are
 its children and run this interpreter (``PYSPARK_PYTHON``); the JVM maps Spark's classes
-from txsink's CDS archive when one was built (:mod:`txsink._jvmcds`). :meth:`kill` SIGKILLs
+from txsink's CDS archive when one was built (:mod:`txsink.spark.jvmcds`). :meth:`kill` SIGKILLs
 the whole group (a crash), :meth:`restart` starts it again on the same port.
 
 A Connect client cannot share a Python process with a classic SparkSession (PySpark raises
@@ -92,7 +92,7 @@ class ConnectServer:
         return server
 
     def command(self) -> list[str]:
-        from txsink._jvmcds import java_options
+        from txsink.spark.jvmcds import java_options
 
         java = " ".join(filter(None, ["-XX:TieredStopAtLevel=1 -XX:+UseSerialGC", java_options()]))
         conf = {

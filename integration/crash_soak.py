@@ -51,7 +51,7 @@ def main() -> int:
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args()
 
-    from txsink._jvmcds import ensure_archive
+    from txsink.spark.jvmcds import ensure_archive
 
     ensure_archive()  # every plan's runs start drivers: ~5 s faster each
     base = Path(args.workdir or tempfile.mkdtemp(prefix="txsink-crash-soak-"))

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from txsink.faults import FaultPlan
+from txsink.protocol.faults import FaultPlan
 from txsink.testing.observer import Observer, ObserverReport
 from txsink.testing.targets import RunTarget, child_env, new_targets
 from txsink.testing.verifiers import verify

@@ -16,7 +16,7 @@ a sink, a verifier or a fixture can leave open:
   which is the session's own folder (``tests/sharedmachine.py``: another session's folders
   are never seen). A name that carries a pid (``txsink-faults-<pid>-...``) counts only
   when the pid is this process: a child that was SIGKILLed leaves its own, and the next
-  plan removes such orphans by design (:mod:`txsink.faults`).
+  plan removes such orphans by design (:mod:`txsink.protocol.faults`).
 
 Each check compares a snapshot taken before the test's setup with one taken after its
 whole teardown (pytest's own included: its captured log records keep the tracebacks of a

@@ -27,7 +27,7 @@ from cluster import Cluster, ClusterError, start_cluster, submit_args
 
 from conftest import services_for, variant_params
 from txsink.connectors.files.testing import FilesVerifier, verify_files
-from txsink.log import EpochState, open_log
+from txsink.protocol.log import EpochState, open_log
 from txsink.testing import run_chaos
 from txsink.testing.adapter import adapters
 from txsink.testing.chaos import ChaosReport

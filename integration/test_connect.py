@@ -24,9 +24,9 @@ from connect_server import ConnectServer, client_cmd, client_env
 from cross import Cross
 
 from conftest import services_for
-from txsink._checkpoint import inspect_checkpoint
 from txsink.connectors.files.testing import verify_files
-from txsink.log import open_log
+from txsink.ops.checkpoint import inspect_checkpoint
+from txsink.protocol.log import open_log
 from txsink.runner import RunReport, run_until_done
 from txsink.testing.adapter import adapters
 from txsink.testing.hooks import PointHooks

@@ -39,7 +39,7 @@ from tests.streaming import (
     is_task_point,
     kill_driver_at_every_point,
 )
-from txsink.faults import FaultPlan
+from txsink.protocol.faults import FaultPlan
 from txsink.testing.hooks import PointHooks
 from txsink.testing.observer import (
     ObserverReport,

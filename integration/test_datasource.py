@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from conftest import services_for
-from txsink.log import open_log
+from txsink.protocol.log import open_log
 from txsink.runner import RunReport, python_module_cmd, run_until_done
 from txsink.testing.adapter import adapter
 from txsink.testing.inputs import make_input

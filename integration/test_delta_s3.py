@@ -23,7 +23,7 @@ from txsink.connectors.delta import DeltaHandle, DeltaSink
 from txsink.connectors.delta.commit import app_txn_id
 from txsink.connectors.delta.testing import ADAPTER, storage_options
 from txsink.contract import EpochCommit
-from txsink.faults import FaultPlan
+from txsink.protocol.faults import FaultPlan
 from txsink.testing import contract
 from txsink.testing.targets import new_targets
 from txsink.testing.verifiers import verify

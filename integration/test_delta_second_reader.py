@@ -18,7 +18,7 @@ import pytest
 from conftest import variant_target
 from tests.streaming import fault_spec, prepare_input, run_until_done
 from txsink import Coordinator
-from txsink.faults import FaultPlan
+from txsink.protocol.faults import FaultPlan
 from txsink.testing.verifiers import verify
 
 ROOT = Path(__file__).resolve().parent.parent

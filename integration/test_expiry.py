@@ -48,8 +48,8 @@ from pyarrow.fs import FileSystemHandler
 
 from tests.streaming import prepare_input, run_until_done, start_query
 from txsink import Coordinator
-from txsink.faults import FaultPlan
-from txsink.log import open_log
+from txsink.protocol.faults import FaultPlan
+from txsink.protocol.log import open_log
 from txsink.testing.hooks import PointHooks
 
 ROWS, FILES = 600, 3
@@ -488,7 +488,7 @@ def _child_stream(workdir: str, bootstrap: str, topic: str) -> None:
     """A direct-mode query in a process of its own (``python -m txsink.runner``), killed
     by its ``TXSINK_FAULT``: the driver's death takes Spark's JVM and workers with it, and
     the tasks' open transactions stay at the broker."""
-    from txsink.localspark import local_spark
+    from txsink.spark.localspark import local_spark
     from txsink.testing.pipelines import input_stream
 
     spark = local_spark("local[2]", "txsink-expiry")

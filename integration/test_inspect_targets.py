@@ -19,8 +19,8 @@ from cross import Cross
 
 from tests.streaming import prepare_input, run_until_done
 from txsink.cli import inspect as cli_inspect
-from txsink.faults import FaultPlan
-from txsink.inspect import epoch_table, log_table, read_log
+from txsink.ops.inspect import epoch_table, log_table, read_log
+from txsink.protocol.faults import FaultPlan
 
 pytestmark = [pytest.mark.postgres, pytest.mark.kafka, pytest.mark.s3, pytest.mark.spark]
 

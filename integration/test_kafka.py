@@ -18,8 +18,8 @@ from txsink.connectors.kafka import direct as direct_pool
 from txsink.connectors.kafka.readback import delete_topic
 from txsink.contract import EpochCommit
 from txsink.errors import CommitError, ConfigurationError, FencedError, WriteError
-from txsink.faults import FaultPlan
 from txsink.handles import dump_handle, load_handle
+from txsink.protocol.faults import FaultPlan
 from txsink.txid import TxnId
 from txsink.verify import Verdict, count_ids
 

@@ -29,7 +29,7 @@ import pytest
 
 from txsink import Coordinator
 from txsink.errors import ConfigurationError
-from txsink.log import open_log
+from txsink.protocol.log import open_log
 
 ROWS, PARTITIONS, STEP = 400, 2, 50  # 4 epochs of 2 x 50 records
 #: What the commit logs when it matches a shard to a replayed partition of another number.
@@ -182,7 +182,7 @@ def test_round_robin_repartition_is_refused_before_any_row(spark: Any, tmp_path:
 def _child(workdir: str, bootstrap: str, source: str, out: str, layout: str) -> None:
     """The query in a process of its own: the first run lists the source's partitions
     forward, every restart the other way round."""
-    from txsink.localspark import local_spark
+    from txsink.spark.localspark import local_spark
 
     first = not Path(workdir, "ran").exists()
     Path(workdir, "ran").touch()

@@ -148,7 +148,7 @@ def test_check_refuses_an_unreachable_or_unwritable_location(kafka: Any, s3: Any
 @pytest.mark.spark
 def test_wal_commit_runs_in_spark_tasks(spark: Any, kafka: Any, s3: Any) -> None:
     """One Spark task per shard produces the shard's records: the driver produces none."""
-    from txsink._spark import SparkTaskRunner
+    from txsink.spark.jobs import SparkTaskRunner
 
     topic = kafka.new_topic(3)
     bucket = s3.new_bucket("wal")
@@ -254,7 +254,7 @@ def test_restart_with_another_partition_count_commits_the_s3_wal(
     commit tasks read the decided files: exactly the decided records, nothing left."""
     from tests.streaming import prepare_input, start_query
     from txsink import Coordinator
-    from txsink.faults import FaultPlan
+    from txsink.protocol.faults import FaultPlan
     from txsink.verify import count_ids
 
     topic = kafka.new_topic(2)

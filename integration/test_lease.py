@@ -32,9 +32,9 @@ from readback import open_transactions, read_topic
 from tests.memsink import memory_precommit
 from txsink import Coordinator
 from txsink.errors import InjectedFault
-from txsink.faults import FaultPlan
-from txsink.lease import current_lease, live_holder
-from txsink.log import open_log
+from txsink.protocol.faults import FaultPlan
+from txsink.protocol.lease import current_lease, live_holder
+from txsink.protocol.log import open_log
 from txsink.runner import FAILED_LINE
 from txsink.testing.hooks import PointHooks
 from txsink.testing.inputs import append_input, make_input

@@ -26,8 +26,8 @@ from tests.streaming import (
     run_until_done,
 )
 from txsink import Coordinator
-from txsink.faults import FaultPlan
-from txsink.log import open_log
+from txsink.protocol.faults import FaultPlan
+from txsink.protocol.log import open_log
 from txsink.testing.adapter import adapters
 from txsink.testing.targets import RunTarget
 from txsink.testing.verifiers import verify

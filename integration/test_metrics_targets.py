@@ -14,8 +14,8 @@ pytest.importorskip("prometheus_client")
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from txsink.faults import FaultPlan
-from txsink.log import open_log
+from txsink.protocol.faults import FaultPlan
+from txsink.protocol.log import open_log
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -48,7 +48,7 @@ def test_prometheus_counters_equal_postgres_after_crash_and_recovery(
     from tests.streaming import prepare_input, run_until_done
     from txsink import Coordinator
     from txsink.connectors.postgres import PostgresSink
-    from txsink.prometheus import PrometheusMetrics
+    from txsink.observe.prometheus import PrometheusMetrics
 
     uid = postgres.new_schema("met")
     with postgres.connect() as conn:

@@ -259,7 +259,7 @@ _DS_ABORT = re.compile(
 def test_a_null_through_the_data_source_is_one_paragraph(postgres: Any, tmp_path: Path) -> None:
     """The Data Source path: the commit runs in a Python worker of Spark's, which prints
     txsink's paragraph first; Spark's ``terminated with error`` record is denied by the
-    filter ``register(spark)`` added from the user's process (:mod:`txsink._jvmlog`), and
+    filter ``register(spark)`` added from the user's process (:mod:`txsink.spark.jvmlog`), and
     the user's process prints no traceback, only the trace file's path."""
     schema = postgres.new_schema("para")
     with postgres.connect() as conn:
@@ -326,7 +326,7 @@ def test_a_missing_table_through_spark_connect_is_one_paragraph(
     assert "txsink: ERROR [orders epoch 0] ConfigurationError: " in served and cause in served
 
 
-#: Spark's records of a failed task (what the filter of :mod:`txsink._jvmlog` denies).
+#: Spark's records of a failed task (what the filter of :mod:`txsink.spark.jvmlog` denies).
 _TASK_RECORDS = re.compile(r"Exception in task|Lost task|aborting job|terminated with error")
 
 

@@ -28,8 +28,8 @@ from txsink.cli.operate import (
     add_recover_arguments,
     recover_command,
 )
-from txsink.faults import FaultPlan
-from txsink.log import open_log
+from txsink.protocol.faults import FaultPlan
+from txsink.protocol.log import open_log
 from txsink.txid import TxnId
 from txsink.verify import Verdict
 

@@ -1,5 +1,5 @@
 """A 10 s Postgres outage during an epoch's pre-commit is ridden out in the same query run
-(issue 34 point 7, ``Coordinator(outage_s=)``, :mod:`txsink._rounds`).
+(issue 34 point 7, ``Coordinator(outage_s=)``, :mod:`txsink.protocol.rounds`).
 
 One coordinator writes Postgres and Kafka (direct mode: the single pass; WAL mode: the
 two-phase path). The sinks reach Postgres through a proxy
@@ -27,7 +27,7 @@ from txsink.testing.targets import new_targets
 from txsink.testing.verifiers import verify
 
 ROWS, FILES, OUTAGE_S = 600, 3, 10.0
-#: The coordinator's WARNING for a round that failed and runs again (txsink._rounds).
+#: The coordinator's WARNING for a round that failed and runs again (txsink.protocol.rounds).
 RETRIED = "failed before its decision"
 
 

@@ -18,7 +18,7 @@ from psycopg import sql
 
 from txsink.connectors.postgres import PostgresSink, redact_dsn
 from txsink.errors import ConfigurationError, EpochAbortedError, WriteError
-from txsink.faults import FaultPlan
+from txsink.protocol.faults import FaultPlan
 from txsink.rowref import RowRef
 from txsink.sink import Partitioning
 from txsink.txid import TxnId

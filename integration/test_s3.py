@@ -18,8 +18,8 @@ import pytest
 
 from txsink.connectors.s3 import S3Handle, S3Sink, markers, read_committed, read_manifests
 from txsink.errors import CommitError, ConfigurationError, EpochAbortedError, WriteError
-from txsink.faults import FaultPlan
 from txsink.handles import dump_handle, load_handle
+from txsink.protocol.faults import FaultPlan
 from txsink.txid import TxnId
 from txsink.verify import Verdict, count_ids
 
@@ -508,7 +508,7 @@ def _s3_coordinator(
     s3: Any, tmp: Path, bucket: str, uid: str, *, log_on_s3: bool = False, **options: Any
 ) -> Callable[[], Any]:
     from txsink import Coordinator
-    from txsink.log import open_log
+    from txsink.protocol.log import open_log
 
     def make() -> Any:
         sink = _sink(s3, bucket, uid)

@@ -31,8 +31,8 @@ from txsink import Coordinator, open_log
 from txsink.connectors.files.testing import verify_files
 from txsink.connectors.s3.log_store import ConditionalWritesUnsupportedError, S3Store
 from txsink.errors import ConfigurationError, LogError
-from txsink.faults import FaultPlan
-from txsink.log import TxLog
+from txsink.protocol.faults import FaultPlan
+from txsink.protocol.log import TxLog
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -472,13 +472,13 @@ def test_streaming_files_sink_with_log_on_s3(
         assert doc["log"] == url + "/" and len(doc["epochs"]) == 4
 
 
-# -- a client following the log (txsink._follow, docs/spark-connect.md) --------------------
+# -- a client following the log (txsink.ops.follow, docs/spark-connect.md) --------------------
 
 
 def test_a_follower_lists_once_per_poll_and_reads_each_epoch_once(s3: S3Service) -> None:
     """What ``coordinator.follow(query)`` costs on S3: one ListObjectsV2 per poll, and an
     epoch's records read when its committed mark appears, never again."""
-    from txsink._follow import LogFollower
+    from txsink.ops.follow import LogFollower
 
     bucket = s3.new_bucket()
     writer = TxLog(store_at(s3, bucket))

@@ -18,9 +18,9 @@ from cross import Cross
 
 from tests.streaming import append_input, prepare_input, start_query
 from txsink import Coordinator
-from txsink.log import TxLog, open_log
-from txsink.savepoint import create_savepoint, read_savepoint, restore_savepoint
-from txsink.state import rename_uid
+from txsink.ops.savepoint import create_savepoint, read_savepoint, restore_savepoint
+from txsink.ops.state import rename_uid
+from txsink.protocol.log import TxLog, open_log
 
 pytestmark = [pytest.mark.kafka, pytest.mark.postgres, pytest.mark.s3, pytest.mark.spark]
 ROWS, FILES, MORE = 400, 2, 200

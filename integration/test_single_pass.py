@@ -18,8 +18,8 @@ from conftest import variant_params, variant_target
 from tests.streaming import prepare_input, run_until_done, start_query
 from txsink import Coordinator
 from txsink.errors import ConfigurationError
-from txsink.faults import FaultPlan
-from txsink.log import open_log
+from txsink.protocol.faults import FaultPlan
+from txsink.protocol.log import open_log
 from txsink.testing.targets import RunTarget
 from txsink.testing.verifiers import verify
 

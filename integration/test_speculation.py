@@ -48,7 +48,7 @@ from typing import Any
 import pytest
 from cluster import Cluster, ClusterError, driver_conf, start_cluster
 
-from txsink.log import open_log
+from txsink.protocol.log import open_log
 from txsink.runner import run_until_done
 from txsink.testing.hooks import PointHooks
 from txsink.testing.inputs import make_input
@@ -104,7 +104,7 @@ def speculative_stream(
     epoch 0 pausing after its pre-commit until the test's hook answers (its first
     attempt only: the hook fires once)."""
     from txsink import Coordinator
-    from txsink.localspark import local_spark
+    from txsink.spark.localspark import local_spark
     from txsink.testing.pipelines import build_sink, input_stream
 
     spark = local_spark(master, "txsink-speculation")

@@ -37,7 +37,7 @@ from cross import FILES, ROWS, Cross, observed
 
 from conftest import server_connectors, services_for
 from tests.streaming import prepare_input, run_until_done, start_query
-from txsink.faults import FaultPlan
+from txsink.protocol.faults import FaultPlan
 from txsink.testing.adapter import adapters
 from txsink.testing.hooks import PointHooks
 from txsink.testing.observer import input_epochs
@@ -105,8 +105,8 @@ def _run_driver_b(cross: Cross, partitions: int = 2) -> subprocess.CompletedProc
     ``txsink recover --break-lease`` does (A lives on in this process and renews it: B
     would refuse to start otherwise, which is the lease's job); A's next renewal finds the
     lease lost."""
-    from txsink.lease import LeaseKeeper
-    from txsink.log import open_log
+    from txsink.protocol.lease import LeaseKeeper
+    from txsink.protocol.log import open_log
 
     breaker = LeaseKeeper(open_log(cross.log), 60.0, by="operator")
     breaker.hold(force=True)

@@ -22,7 +22,7 @@ from crashable_targets import CrashableKafka, CrashableMinio, CrashablePostgres
 
 from tests.streaming import prepare_input, run_until_done
 from txsink import Coordinator
-from txsink.log import open_log
+from txsink.protocol.log import open_log
 from txsink.testing.hooks import PointHooks
 
 ROWS, FILES = 600, 3

@@ -59,7 +59,7 @@ def docs_env(
     env["PATH"] = f"{venv_bin()}{os.pathsep}{env.get('PATH', '')}"
     env["VIRTUAL_ENV"] = str(venv_bin().parent)
     env["PYTHONUNBUFFERED"] = "1"
-    from txsink._jvmcds import java_options
+    from txsink.spark.jvmcds import java_options
 
     if cds := java_options():
         opts = f"-XX:TieredStopAtLevel=1 -XX:+UseSerialGC {cds}"

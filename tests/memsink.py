@@ -14,9 +14,9 @@ from typing import Any, ClassVar
 import pyarrow as pa
 from typing_extensions import override
 
-from txsink._task import Ack, TaskPlan, run_partition
 from txsink.errors import CommitError
 from txsink.handles import Handle, register_handle
+from txsink.protocol.task import Ack, TaskPlan, run_partition
 from txsink.sink import TwoPhaseCommitSink
 from txsink.txid import TxnId
 

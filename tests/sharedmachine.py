@@ -11,7 +11,7 @@ archive built only when a test starts Spark, by the session alone.
   it was (``PYTEST_DEBUG_TEMPROOT``), so a failed test's folders are kept as usual. The
   folder is removed when the session ends; a killed session's is removed by the next
   session (the pid in its name is gone).
-- **The CDS archive** (:mod:`txsink._jvmcds`, ~45 s to build on an idle 2-core machine)
+- **The CDS archive** (:mod:`txsink.spark.jvmcds`, ~45 s to build on an idle 2-core machine)
   is built before the first test marked ``spark`` (any test that asks for the ``spark``
   fixture is marked), never for a collection (``--collect-only``) nor for a run that
   starts no Spark. The processes the tests start get ``TXSINK_SPARK_CDS=use``: they use
@@ -28,7 +28,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from txsink._process import process_alive
+from txsink.kit.process import process_alive
 
 __all__ = ["SessionArchive", "SessionTemp"]
 
@@ -80,7 +80,7 @@ class SessionArchive:
     """The CDS archive, built at most once per session and only when a test needs Spark."""
 
     def __init__(self) -> None:
-        from txsink import _jvmcds
+        from txsink.spark import jvmcds as _jvmcds
 
         # The user's choice decides for the session; its children only ever use.
         self.build = _jvmcds.policy() == "build"
@@ -93,6 +93,6 @@ class SessionArchive:
             return
         self.done = True
         if self.build:
-            from txsink._jvmcds import ensure_archive
+            from txsink.spark.jvmcds import ensure_archive
 
             ensure_archive(build=True)

@@ -149,7 +149,7 @@ SOME_POINTS = ",".join(
 
 
 def is_task_point(point: str) -> bool:
-    from txsink.faults import TASK_POINTS
+    from txsink.protocol.faults import TASK_POINTS
 
     return point in TASK_POINTS
 

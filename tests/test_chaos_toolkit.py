@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from txsink.connectors.files.testing import FilesVerifier
-from txsink.faults import TASK_POINTS, CrashPoint, FaultMode, FaultPlan
+from txsink.protocol.faults import TASK_POINTS, CrashPoint, FaultMode, FaultPlan
 from txsink.testing import (
     ChaosPlan,
     IdsVerifier,
@@ -41,7 +41,7 @@ def test_random_plan_is_reproducible_and_valid() -> None:
         plan = ChaosPlan.random(
             seed, epochs=4, partitions=2, n=3, modes=list(FaultMode), targets=["pg", "s3"]
         )
-        parsed = FaultPlan.parse(plan.spec, "/nonexistent")  # a valid txsink.faults spec
+        parsed = FaultPlan.parse(plan.spec, "/nonexistent")  # a valid txsink.protocol.faults spec
         assert parsed.faults == plan.faults
         for i, fault in enumerate(plan.faults):
             if fault.mode is FaultMode.KILL_WORKER or fault.partition is not None:

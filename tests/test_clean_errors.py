@@ -13,8 +13,8 @@ from typing_extensions import override
 
 from tests.memsink import Crasher, MemSink, MemTarget, _Open
 from txsink import Coordinator
-from txsink._task import TaskPlan, run_partition
 from txsink.errors import EpochAbortedError, RetryableError, WriteError
+from txsink.protocol.task import TaskPlan, run_partition
 
 
 class RawSink(MemSink):

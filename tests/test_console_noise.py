@@ -2,7 +2,7 @@
 
 - A user's session draws Spark's progress bar (``[Stage 0:> ... (0 + 1) / 1]``, ``\\r``
   updates, no newline): txsink's epoch lines still start lines of their own.
-- A session txsink starts (:func:`txsink.localspark.local_spark`, what the demo, chaos runs
+- A session txsink starts (:func:`txsink.spark.localspark.local_spark`, what the demo, chaos runs
   and ``txsink check`` run) prints no WARN line and no log-level banner.
 """
 

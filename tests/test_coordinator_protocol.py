@@ -23,7 +23,6 @@ from tests.memsink import (
     memory_precommit,
 )
 from txsink import Coordinator
-from txsink._task import Ack, TaskPlan, collect_acks
 from txsink.errors import (
     CheckpointMismatchError,
     EpochAbortedError,
@@ -31,7 +30,8 @@ from txsink.errors import (
     NonRestoredStateError,
     WriteError,
 )
-from txsink.log import TxLog
+from txsink.protocol.log import TxLog
+from txsink.protocol.task import Ack, TaskPlan, collect_acks
 
 EPOCHS = 3
 PARTITIONS = 2
@@ -299,7 +299,7 @@ def test_zombie_deciding_during_recovery_is_finished_from_its_record() -> None:
 
 def test_same_coordinator_recovers_after_a_failure_after_the_decision() -> None:
     from txsink.errors import InjectedFault
-    from txsink.faults import FaultPlan
+    from txsink.protocol.faults import FaultPlan
 
     world = World()
     coord = world.coordinator(Crasher())

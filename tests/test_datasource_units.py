@@ -1,7 +1,7 @@
 """The Data Source path without Spark: its options, and its protocol steps driven by hand.
 
-The steps are the ones Spark runs (:mod:`txsink._dsepoch`): planning, the tasks
-(:func:`txsink.datasource._write_task`'s core, :func:`txsink._task.run_partition`), then
+The steps are the ones Spark runs (:mod:`txsink.datasource.epoch`): planning, the tasks
+(:func:`txsink.datasource._write_task`'s core, :func:`txsink.protocol.task.run_partition`), then
 ``commit`` or ``abort``, against a real files sink read back through its manifests.
 """
 
@@ -16,13 +16,13 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from txsink import _dsepoch
-from txsink._dsoptions import DsConfig, parse_options, redacted
-from txsink._task import TaskPlan, run_partition
 from txsink.connectors.files.testing import FilesVerifier
 from txsink.datasource import TxsinkCommitMessage, TxsinkDataSource, _write_task
+from txsink.datasource import epoch as _dsepoch
+from txsink.datasource.options import DsConfig, parse_options, redacted
 from txsink.errors import ConfigurationError, FencedError, InjectedFault
-from txsink.log import open_log
+from txsink.protocol.log import open_log
+from txsink.protocol.task import TaskPlan, run_partition
 from txsink.testing.verifiers import verify
 
 SCHEMA = pa.schema([("id", pa.int64())])

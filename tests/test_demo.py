@@ -18,7 +18,7 @@ import pytest
 
 from tests.streaming import EVERY_POINT_ONCE
 from txsink.connectors.files.demo import run_demo
-from txsink.faults import SINGLE_PASS_POINTS, CrashPoint
+from txsink.protocol.faults import SINGLE_PASS_POINTS, CrashPoint
 from txsink.testing.inputs import make_input
 
 pytestmark = [pytest.mark.chaos, pytest.mark.spark]

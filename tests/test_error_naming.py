@@ -18,9 +18,6 @@ from typing_extensions import override
 
 from tests.memsink import Crasher, MemSink, MemStore, MemTarget
 from txsink import Coordinator
-from txsink._commit import commit_share
-from txsink._task import Ack, TaskPlan
-from txsink._taskerror import MARKER, carried, describe, mark
 from txsink.connectors.postgres.errors import map_error
 from txsink.contract import EpochCommit
 from txsink.errors import (
@@ -31,7 +28,10 @@ from txsink.errors import (
     TxsinkError,
     WriteError,
 )
-from txsink.log import TxLog
+from txsink.protocol.commit import commit_share
+from txsink.protocol.log import TxLog
+from txsink.protocol.task import Ack, TaskPlan
+from txsink.protocol.taskerror import MARKER, carried, describe, mark
 from txsink.rowref import RowNames, RowNaming, RowRef
 from txsink.txid import TxnId
 
@@ -133,8 +133,8 @@ class _PythonFailure(Exception):
 def test_the_rounds_read_a_tasks_error_past_its_notes() -> None:
     """The note that carries a task's error (and a clean-up's) follows the exception's
     own line in the traceback: the outage rounds still find the task's error type there,
-    so a transient one is ridden out (txsink._rounds)."""
-    from txsink._rounds import task_error_line, transient
+    so a transient one is ridden out (txsink.protocol.rounds)."""
+    from txsink.protocol.rounds import task_error_line, transient
 
     err = mark(RetryableError("connection lost", phase="write"), partition=2)
     trace = "".join(traceback.format_exception(err))
@@ -235,7 +235,7 @@ class _Raise:
 
 @pytest.mark.spark
 def test_a_commit_task_failing_raw_is_a_commit_error_with_its_type(spark: Any) -> None:
-    from txsink._spark import SparkTaskRunner
+    from txsink.spark.jobs import SparkTaskRunner
 
     sink = _CommitInTasks(ConnectionResetError("peer reset"))
     handle = sink.prepare(sink.begin(TxnId("app", "s", 4, 0, 0, 0), BATCH.schema))
@@ -254,7 +254,7 @@ def test_a_commit_task_failing_raw_is_a_commit_error_with_its_type(spark: Any) -
 
 @pytest.mark.spark
 def test_a_commit_task_failing_retryable_keeps_its_type_and_shard(spark: Any) -> None:
-    from txsink._spark import SparkTaskRunner
+    from txsink.spark.jobs import SparkTaskRunner
 
     failure = RetryableError("Kafka shard 1: no leader for the marker topic", shard=1)
     sink = _CommitInTasks(failure)

@@ -20,8 +20,8 @@ pytest.importorskip("opentelemetry.sdk")
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.test_metrics import APP, EPOCHS, PARTITIONS, ROWS, UIDS, World, _step
-from txsink.otel import OTelMetrics
-from txsink.prometheus import PrometheusMetrics
+from txsink.observe.otel import OTelMetrics
+from txsink.observe.prometheus import PrometheusMetrics
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

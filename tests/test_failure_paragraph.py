@@ -1,4 +1,4 @@
-"""One failure, one paragraph (:mod:`txsink._failure`), without Spark: the note a txsink
+"""One failure, one paragraph (:mod:`txsink.observe.failure`), without Spark: the note a txsink
 error carries through Spark's texts, and the hook that prints an uncaught one as its
 paragraph and a trace file's path, while any other error goes to the previous hook as is.
 The real runs (``python job.py`` against real servers) are integration/test_one_paragraph.py.
@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from txsink import _failure
-from txsink._logging import get_logger, log_failure
 from txsink.errors import ConfigurationError
+from txsink.observe import failure as _failure
+from txsink.observe.logs import get_logger, log_failure
 
 
 def _failed(text: str = "table t does not exist: create it") -> ConfigurationError:
@@ -71,8 +71,8 @@ def test_the_hook_prints_the_paragraph_and_the_trace_file(
     err = _failed()
     wrapped = _wrapped(err)
     # Printed by another process (a Spark Connect server): the client prints it.
-    monkeypatch.setattr("txsink._failure.os.getpid", lambda: -1)
-    monkeypatch.setattr("txsink._failure.socket.gethostname", lambda: "elsewhere")
+    monkeypatch.setattr("txsink.observe.failure.os.getpid", lambda: -1)
+    monkeypatch.setattr("txsink.observe.failure.socket.gethostname", lambda: "elsewhere")
     out = io.StringIO()
     _failure.excepthook(RuntimeError, wrapped, wrapped.__traceback__, stream=out)
     lines = out.getvalue().splitlines()
@@ -91,7 +91,7 @@ def test_the_hook_prints_the_paragraph_and_the_trace_file(
 
 def test_the_hook_does_not_print_again_what_this_console_printed(hook: list[Any]) -> None:
     logging.getLogger("txsink").handlers.clear()
-    from txsink._logging import configure_logging
+    from txsink.observe.logs import configure_logging
 
     configure_logging("info")  # txsink's console handler, on stderr
     try:
@@ -140,9 +140,9 @@ def test_a_failed_tasks_error_no_coordinator_told_is_printed_by_the_hook(
     hook: list[Any], tmp_path: Path
 ) -> None:
     """The Data Source path: the query ends on a task's failure, which carries only the
-    task's note (:mod:`txsink._taskerror`); the hook prints it as the paragraph."""
-    from txsink._taskerror import mark
+    task's note (:mod:`txsink.protocol.taskerror`); the hook prints it as the paragraph."""
     from txsink.errors import RetryableError
+    from txsink.protocol.taskerror import mark
 
     err = RetryableError("cannot connect", sink_uid="pg", epoch=2, partition=1, phase="begin")
     try:

@@ -22,8 +22,8 @@ from tests.streaming import (
 from txsink.connectors.files import FilesSink, read_committed
 from txsink.connectors.files.testing import verify_files
 from txsink.errors import CheckpointMismatchError
-from txsink.faults import FaultPlan
-from txsink.log import open_log
+from txsink.protocol.faults import FaultPlan
+from txsink.protocol.log import open_log
 
 pytestmark = pytest.mark.spark
 ROWS = 1000
@@ -198,9 +198,9 @@ def test_checkpoint_reset_is_refused(spark: Any, tmp_path: Path) -> None:
 
 def test_racing_driver_is_fenced_with_real_log(spark: Any, tmp_path: Path) -> None:
     """Driver B replays epoch 0 while A is pre-committing it; A loses, data lands once."""
-    from txsink._spark import SparkEpochData
-    from txsink._task import precommit_job
     from txsink.errors import FencedError
+    from txsink.protocol.task import precommit_job
+    from txsink.spark.jobs import SparkEpochData
 
     df = spark.range(0, 200).repartition(2)
     a = files_coordinator(tmp_path, app_id="race")

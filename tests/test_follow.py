@@ -1,6 +1,6 @@
-"""The log follower (:mod:`txsink._follow`) on a real txsink log, without Spark.
+"""The log follower (:mod:`txsink.ops.follow`) on a real txsink log, without Spark.
 
-The records are written through :class:`~txsink.log.TxLog` as a coordinator writes them;
+The records are written through :class:`~txsink.protocol.log.TxLog` as a coordinator writes them;
 the lines are read as txsink's console prints them. The whole path (a Connect client
 printing the server's epochs) runs in integration/test_connect.py.
 """
@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from txsink._follow import LogFollower, follow
-from txsink._logging import _ConsoleFormatter
-from txsink.log import TxLog, open_log
+from txsink.observe.logs import _ConsoleFormatter
+from txsink.ops.follow import LogFollower, follow
+from txsink.protocol.log import TxLog, open_log
 
 
 def _decide_and_commit(log: TxLog, epoch: int, rows: int, *, commit: bool = True) -> None:
@@ -28,7 +28,7 @@ def _decide_and_commit(log: TxLog, epoch: int, rows: int, *, commit: bool = True
 
 def _lines(caplog: pytest.LogCaptureFixture) -> list[str]:
     formatter = _ConsoleFormatter()
-    return [formatter.format(r) for r in caplog.records if r.name == "txsink._follow"]
+    return [formatter.format(r) for r in caplog.records if r.name == "txsink.ops.follow"]
 
 
 @pytest.fixture

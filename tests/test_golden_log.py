@@ -25,8 +25,8 @@ from txsink.connectors.postgres import PgHandle
 from txsink.connectors.s3 import S3Handle
 from txsink.errors import HandleFormatError, LogError
 from txsink.handles import Handle, load_handle
-from txsink.log import open_log
-from txsink.recovery import ActionKind
+from txsink.protocol.log import open_log
+from txsink.protocol.recovery import ActionKind
 from txsink.sink import TwoPhaseCommitSink
 from txsink.txid import TxnId
 

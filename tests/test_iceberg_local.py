@@ -416,8 +416,8 @@ def test_concurrent_commit_is_retried(tmp_path: Path, monkeypatch: pytest.Monkey
 def test_data_source_options_build_the_sink(tmp_path: Path) -> None:
     import json
 
-    from txsink._dsoptions import parse_options
     from txsink.connectors.iceberg.sink import IcebergSink
+    from txsink.datasource.options import parse_options
 
     props = {"type": "sql", "uri": f"sqlite:///{tmp_path}/c.db", "warehouse": tmp_path.as_uri()}
     config = parse_options(

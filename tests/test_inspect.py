@@ -1,9 +1,9 @@
-"""txsink.inspect (log as tables), txsink.report (HTML report) and ``txsink inspect``.
+"""txsink.ops.inspect (log as tables), txsink.ops.report (HTML report) and ``txsink inspect``.
 
 The main log is real: the files sink in a streaming query on the shared session, with a
 crash after the decision of epoch 1 (recovery finishes it) and a pre-commit that fails
 twice in epoch 2 (its round 0 is voided, round 1 decides). Small synthetic logs written
-through :class:`~txsink.log.TxLog` cover what a finished query never leaves behind: a
+through :class:`~txsink.protocol.log.TxLog` cover what a finished query never leaves behind: a
 decided-but-uncommitted epoch, a claimed round, an aborted epoch.
 """
 
@@ -23,8 +23,7 @@ import pytest
 from tests.streaming import files_coordinator, prepare_input, run_until_done
 from txsink.cli import inspect as cli_inspect
 from txsink.errors import LogError
-from txsink.faults import FaultPlan
-from txsink.inspect import (
+from txsink.ops.inspect import (
     EPOCH_COLUMNS,
     LOG_COLUMNS,
     EpochRecords,
@@ -35,8 +34,9 @@ from txsink.inspect import (
     spark_log_table,
     spark_schema,
 )
-from txsink.log import FileStore, TxLog, open_log
-from txsink.report import CHART_EPOCHS, render_report
+from txsink.ops.report import CHART_EPOCHS, render_report
+from txsink.protocol.faults import FaultPlan
+from txsink.protocol.log import FileStore, TxLog, open_log
 from txsink.txid import check_name
 
 ROWS = 1000

@@ -1,5 +1,5 @@
 """Spark's log4j records that repeat a txsink error told already, denied from the user's
-process (:mod:`txsink._jvmlog`): the query's ``terminated with error`` record and a failed
+process (:mod:`txsink.spark.jvmlog`): the query's ``terminated with error`` record and a failed
 task's records. The rules without Spark, then the real log4j configuration of the test
 session's driver deciding on real log events. The whole runs (``python job.py``) are in
 integration/test_one_paragraph.py.
@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from txsink import _jvmlog
-from txsink._failure import MARKER, TRACEBACK_ENV, excepthook
-from txsink._logging import configure_logging
-from txsink._taskerror import mark
 from txsink.errors import RetryableError
+from txsink.observe.failure import MARKER, TRACEBACK_ENV, excepthook
+from txsink.observe.logs import configure_logging
+from txsink.protocol.taskerror import mark
+from txsink.spark import jvmlog as _jvmlog
 
 
 def _note(printed: bool) -> str:

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from txsink._procs import _ppid_from_stat
 from txsink.errors import ConfigurationError, EpochAbortedError
-from txsink.faults import (
+from txsink.kit.procs import _ppid_from_stat
+from txsink.protocol.faults import (
     EXECUTOR_MAIN_CLASSES,
     CrashPoint,
     Fault,
@@ -92,7 +92,9 @@ def test_ppid_from_stat(stat: str, ppid: int | None) -> None:
     assert _ppid_from_stat(stat) == ppid
 
 
-_PROBE = "from txsink.faults import find_executor_jvm; import os; print(find_executor_jvm())"
+_PROBE = (
+    "from txsink.protocol.faults import find_executor_jvm; import os; print(find_executor_jvm())"
+)
 
 
 def _probe_under(*ancestors: str) -> tuple[str, list[int]]:

@@ -1,4 +1,4 @@
-"""The driver lease (txsink.lease) on the file store with a fake clock, and the blocked
+"""The driver lease (txsink.protocol.lease) on the file store with a fake clock, and the blocked
 epoch (EpochBlockedError) end to end through the coordinator, status and recover, with
 in-memory sinks. The same on real servers: integration/test_lease.py."""
 
@@ -19,9 +19,9 @@ from tests.memsink import Crasher, MemHandle, MemSink, MemTarget, batches_for, m
 from txsink import Coordinator
 from txsink.cli import main as cli_main
 from txsink.errors import DriverLeaseError, EpochBlockedError, FencedError
-from txsink.lease import LeaseKeeper, current_lease, live_holder, process_identity
-from txsink.log import TxLog, open_log
 from txsink.metrics import RecordingMetrics
+from txsink.protocol.lease import LeaseKeeper, current_lease, live_holder, process_identity
+from txsink.protocol.log import TxLog, open_log
 from txsink.txid import TxnId
 
 APP = "app-1"
@@ -221,7 +221,7 @@ def test_a_blocked_epoch_is_recorded_shown_and_finished_by_recover(
     assert doc["epochs"][1]["status"] == "blocked"
     assert doc["epochs"][1]["blocked"]["attempts"] == 2
 
-    from txsink.inspect import epoch_table
+    from txsink.ops.inspect import epoch_table
 
     table = epoch_table(tmp_path / "log")
     assert list(table["status"]) == ["committed", "blocked"]

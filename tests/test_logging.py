@@ -22,8 +22,8 @@ import pytest
 
 from tests.memsink import Crasher, MemSink, MemTarget, batches_for, memory_precommit
 from txsink import Coordinator, EpochAbortedError
-from txsink._logging import committed_text, one_line, seconds_text
-from txsink._outages import Failure, OutageFilter
+from txsink.observe.logs import committed_text, one_line, seconds_text
+from txsink.observe.outages import Failure, OutageFilter
 from txsink.txid import TxnId
 
 ROOT = Path(__file__).resolve().parent.parent

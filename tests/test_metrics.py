@@ -21,8 +21,8 @@ from tests.memsink import (
 from txsink import Coordinator
 from txsink.contract import EpochCommit
 from txsink.errors import EpochAbortedError, WriteError
-from txsink.log import TxLog
 from txsink.metrics import Metrics, RecordingMetrics
+from txsink.protocol.log import TxLog
 
 EPOCHS, PARTITIONS, ROWS, APP = 3, 2, 3, "app-m"
 UIDS = ("a", "b")

@@ -1,4 +1,4 @@
-"""Recover and abort by hand (txsink.operate, ``txsink recover`` / ``txsink abort``).
+"""Recover and abort by hand (txsink.ops.operate, ``txsink recover`` / ``txsink abort``).
 
 Protocol logic runs on the in-memory participants of tests/memsink.py; the end-to-end
 case leaves a real files sink's query crashed in the shared Spark session, repairs it by
@@ -19,8 +19,7 @@ import pyarrow as pa
 import pytest
 
 from tests.memsink import Crasher, MemSink, MemStore, MemTarget, batches_for, memory_precommit
-from txsink import Coordinator, operate
-from txsink._task import TaskPlan, collect_acks
+from txsink import Coordinator
 from txsink.cli.operate import (
     abort_command,
     add_abort_arguments,
@@ -28,10 +27,12 @@ from txsink.cli.operate import (
     recover_command,
 )
 from txsink.errors import InjectedFault, NonRestoredStateError, StateError
-from txsink.faults import FaultPlan
 from txsink.handles import dump_handle
-from txsink.log import TxLog
-from txsink.recovery import RecoveryAction
+from txsink.ops import operate
+from txsink.protocol.faults import FaultPlan
+from txsink.protocol.log import TxLog
+from txsink.protocol.recovery import RecoveryAction
+from txsink.protocol.task import TaskPlan, collect_acks
 from txsink.txid import TxnId
 
 APP = "app-1"

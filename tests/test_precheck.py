@@ -21,7 +21,6 @@ import txsink
 from tests.memsink import Crasher, MemSink, MemTarget
 from tests.streaming import SCHEMA, prepare_input, start_query
 from txsink import Coordinator
-from txsink._precheck import check_sinks
 from txsink.cli import main
 from txsink.connectors.files import FilesSink
 from txsink.errors import (
@@ -30,8 +29,9 @@ from txsink.errors import (
     LogError,
     TxsinkError,
 )
-from txsink.log import open_log
+from txsink.protocol.log import open_log
 from txsink.sink import Partitioning
+from txsink.spark.checks import check_sinks
 
 
 class CheckSink(MemSink):

@@ -41,7 +41,7 @@ from tests.memsink import Crash, Crasher, MemHandle, MemSink, MemStore, MemTarge
 from tests.memsink import memory_precommit as precommit_in_process
 from txsink import Coordinator
 from txsink.errors import CheckpointMismatchError, FencedError
-from txsink.log import TxLog
+from txsink.protocol.log import TxLog
 
 EPOCHS = 3
 PARTITIONS = 2

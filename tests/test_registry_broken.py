@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from txsink import cli, registry
-from txsink._dsoptions import parse_options
+from txsink.datasource.options import parse_options
 from txsink.errors import ConfigurationError, LogError
-from txsink.log import open_log
+from txsink.protocol.log import open_log
 from txsink.testing.adapter import adapter
 
 MISSING = "txsink_gone_checkout_module"

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from txsink import Coordinator
-from txsink._spark import is_connect, streaming_query_id
 from txsink.connectors.files import FilesSink
 from txsink.errors import ConfigurationError
-from txsink.log import open_log
+from txsink.protocol.log import open_log
+from txsink.spark.query import is_connect, streaming_query_id
 
 
 class _ConnectFrame:

@@ -18,8 +18,8 @@ from tests.chromium import CHROMIUM, run_chromium
 from tests.memsink import batches_for, memory_precommit
 from txsink import Coordinator
 from txsink.errors import EpochAbortedError, InjectedFault
-from txsink.faults import FaultPlan
-from txsink.report import render_report
+from txsink.ops.report import render_report
+from txsink.protocol.faults import FaultPlan
 
 pytestmark = pytest.mark.browser
 

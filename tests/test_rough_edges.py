@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from txsink import cli
-from txsink.faults import FaultPlan
+from txsink.protocol.faults import FaultPlan
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN_LOG = ROOT / "tests/golden/log-v1/files"
@@ -63,7 +63,7 @@ def _plan_in_child(code: str, tmp: Path) -> subprocess.CompletedProcess[str]:
     """Run ``code`` (with ``FaultPlan`` imported) in a child whose temporary folder is
     ``tmp``; its stdout is returned."""
     return subprocess.run(
-        [sys.executable, "-c", f"from txsink.faults import FaultPlan, CrashPoint\n{code}"],
+        [sys.executable, "-c", f"from txsink.protocol.faults import FaultPlan, CrashPoint\n{code}"],
         env={**os.environ, "TMPDIR": str(tmp)},
         capture_output=True,
         text=True,

@@ -1,4 +1,4 @@
-"""Riding out a target outage in the two-phase path (txsink._rounds): the scenarios of its
+"""Riding out a target outage in the two-phase path (txsink.protocol.rounds): the scenarios of its
 docstring, driven through the coordinator with in-memory sinks and a scripted clock (no
 Spark, no server). The single pass's rounds are in tests/test_stability.py.
 """
@@ -12,8 +12,7 @@ import pyarrow as pa
 import pytest
 
 from tests.memsink import Crasher, MemSink, MemStore, MemTarget, batches_for, memory_precommit
-from txsink import Coordinator, _rounds
-from txsink._task import Ack, TaskPlan
+from txsink import Coordinator
 from txsink.errors import (
     ConfigurationError,
     EpochAbortedError,
@@ -23,7 +22,9 @@ from txsink.errors import (
     WriteError,
 )
 from txsink.handles import Handle
-from txsink.log import TxLog
+from txsink.protocol import rounds as _rounds
+from txsink.protocol.log import TxLog
+from txsink.protocol.task import Ack, TaskPlan
 
 APP = "app-1"
 

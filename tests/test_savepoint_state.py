@@ -27,16 +27,16 @@ from txsink.cli.state import (
 from txsink.connectors.files import FilesSink, read_manifests
 from txsink.connectors.files.testing import verify_files
 from txsink.errors import SavepointError, StateError
-from txsink.faults import FaultPlan
-from txsink.log import open_log
-from txsink.savepoint import (
+from txsink.ops.savepoint import (
     MANIFEST,
     create_savepoint,
     read_savepoint,
     restore_if_empty,
     restore_savepoint,
 )
-from txsink.state import rename_uid
+from txsink.ops.state import rename_uid
+from txsink.protocol.faults import FaultPlan
+from txsink.protocol.log import open_log
 
 pytestmark = pytest.mark.spark
 ROWS, FILES = 600, 3
@@ -297,7 +297,7 @@ def test_rename_resumes_after_a_crash_between_delete_and_create(
     log = open_log(tmp_path / "txlog")
     # As if a rename died in epoch 1: journal written, the side record written, the old
     # decision deleted, the new one not yet created.
-    from txsink.state import JOURNAL, _renamed
+    from txsink.ops.state import JOURNAL, _renamed
 
     log.store.create(JOURNAL, json.dumps({"old": "out", "new": "events"}).encode())
     dec_key = f"epochs/{1:020d}/decision-{log.decision(1).round:06d}.json"  # type: ignore[union-attr]

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from txsink import _cdsbuild, _jvmcds
+from txsink.spark import cdsbuild as _cdsbuild
+from txsink.spark import jvmcds as _jvmcds
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -99,7 +100,7 @@ def test_use_never_builds_nor_waits(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 _HOLD = """
 import sys, time
 from pathlib import Path
-from txsink._cdsbuild import build_lock
+from txsink.spark.cdsbuild import build_lock
 with build_lock(Path(sys.argv[1]) / "x.jsa", 0) as held:
     print("held" if held else "not held", flush=True)
     time.sleep(600)
@@ -163,7 +164,7 @@ def _wait(what: str, condition: object, timeout: float) -> None:
 def test_a_killed_build_leaves_nothing_after_the_next_run(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     builder = subprocess.Popen(
-        [sys.executable, "-c", "from txsink._jvmcds import ensure_archive; ensure_archive()"],
+        [sys.executable, "-c", "from txsink.spark.jvmcds import ensure_archive; ensure_archive()"],
         env=_env(cache),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

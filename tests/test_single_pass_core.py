@@ -18,13 +18,13 @@ from typing_extensions import override
 
 from tests.memsink import Crasher, MemHandle, MemSink, MemStore, MemTarget, _Open, batches_for
 from txsink import Coordinator
-from txsink._singlepass import SinglePassJob
-from txsink._spark import check_single_pass
-from txsink._votes import cast_vote
 from txsink.contract import TaskInfo
 from txsink.errors import ConfigurationError, EpochAbortedError, FencedError, RetryableError
-from txsink.faults import CrashPoint, FaultPlan
-from txsink.log import TxLog
+from txsink.protocol.faults import CrashPoint, FaultPlan
+from txsink.protocol.log import TxLog
+from txsink.protocol.singlepass import SinglePassJob
+from txsink.protocol.votes import cast_vote
+from txsink.spark.jobs import check_single_pass
 
 APP = "app-sp"
 
@@ -181,7 +181,7 @@ def test_tasks_that_cannot_reach_the_vote_service_fail_naming_it(
     def unreachable(_address: Any, token: str, vote: Any, *, timeout_s: float) -> Any:
         return cast_vote(nowhere, token, vote, timeout_s=2)
 
-    monkeypatch.setattr("txsink._singlepass.cast_vote", unreachable)
+    monkeypatch.setattr("txsink.protocol.singlepass.cast_vote", unreachable)
     monkeypatch.setenv("TXSINK_OUTAGE_S", "0")  # the error, not 60 s of new rounds first
     target, run = _run(tmp_path, lambda _log: None)
     with pytest.raises(EpochAbortedError, match=r"spark\.driver\.host") as failed:

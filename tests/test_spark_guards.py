@@ -1,4 +1,4 @@
-"""Guards in txsink._spark, with stand-ins for the JVM objects.
+"""Guards in txsink.spark.jobs, with stand-ins for the JVM objects.
 
 Spark 4 itself refuses async progress tracking and continuous triggers with
 foreachBatch, so a real query cannot reach txsink in those modes today; the
@@ -12,8 +12,10 @@ from typing import Any
 
 import pytest
 
-from txsink import _spark
 from txsink.errors import UnsupportedQueryError
+from txsink.spark import checks as _checks
+from txsink.spark import jobs as _spark
+from txsink.spark import query as _query
 
 
 @dataclass
@@ -73,11 +75,11 @@ def _df(*queries: _Query) -> Any:
 def test_refuses_modes_that_break_replay(execution: str, what: str) -> None:
     df = _df(_Query("other", "MicroBatchExecution"), _Query("q1", execution))
     with pytest.raises(UnsupportedQueryError, match=what):
-        _spark.check_query_mode(df, "q1")
+        _query.check_query_mode(df, "q1")
 
 
 def test_accepts_micro_batch() -> None:
-    _spark.check_query_mode(_df(_Query("q1", "MicroBatchExecution")), "q1")
+    _query.check_query_mode(_df(_Query("q1", "MicroBatchExecution")), "q1")
 
 
 class _Conf:
@@ -137,7 +139,7 @@ def test_arrow_schema_on_a_pyspark_without_the_timezone_argument(
         return pa.schema([("id", pa.int64()), ("at", pa.timestamp("us", tz="UTC"))])
 
     monkeypatch.setattr(types, "to_arrow_schema", old)
-    _spark._takes_timezone.cache_clear()
+    _checks._takes_timezone.cache_clear()
 
     class Conf:
         def get(self, key: str, default: Any = None) -> str:
@@ -151,7 +153,7 @@ def test_arrow_schema_on_a_pyspark_without_the_timezone_argument(
         schema = StructType([StructField("id", LongType()), StructField("at", TimestampType())])
 
     try:
-        assert _spark.arrow_schema(DF()).field("at").type == pa.timestamp("us", tz="UTC")  # type: ignore[arg-type]
+        assert _checks.arrow_schema(DF()).field("at").type == pa.timestamp("us", tz="UTC")  # type: ignore[arg-type]
         assert calls == [{"timestamp_utc": True}]
     finally:
-        _spark._takes_timezone.cache_clear()
+        _checks._takes_timezone.cache_clear()

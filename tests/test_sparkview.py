@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.streaming import files_coordinator, prepare_input, start_query
-from txsink.sparkview import EpochProgress, progress_listener
+from txsink.spark.sparkview import EpochProgress, progress_listener
 
 pytestmark = [
     pytest.mark.spark,

@@ -1,4 +1,4 @@
-"""The replay-stability check (txsink._stability) and the outage rounds of a single pass,
+"""The replay-stability check (txsink.spark.stability) and the outage rounds of a single pass,
 on plan texts and scripted jobs: no Spark, no server.
 
 The plan texts are Spark 4.3's own ``explain(extended=True)`` analyzed sections (the form
@@ -12,9 +12,9 @@ from typing import Any, NoReturn
 
 import pytest
 
-from txsink._singlepass import SinglePassOutcome, run_in_rounds
-from txsink._stability import _analyzed_section, parse_plan_text, unstable_step
 from txsink.errors import EpochAbortedError
+from txsink.protocol.singlepass import SinglePassOutcome, run_in_rounds
+from txsink.spark.stability import _analyzed_section, parse_plan_text, unstable_step
 
 SOURCE = "StreamingRelation FileSource[/in], [id#1L, key#2], name=<Unassigned>"
 

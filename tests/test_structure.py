@@ -213,3 +213,189 @@ def test_the_architecture_doc_maps_every_module() -> None:
         f"regenerate the map (python docs/tools/module_map.py): missing "
         f"{sorted(on_disk - mapped)}, gone {sorted(mapped - on_disk)}"
     )
+
+
+# -- the rooms (issue #36) -----------------------------------------------------------------
+
+#: The rooms of txsink/, bottom to top, and the rooms each may import (its own included).
+#: ``base`` is the connector-facing API at the top of txsink/; the faces are what users
+#: build and run (the package, the Coordinator, the drop-in sink, the Data Source, the
+#: runner); ``testing`` and ``cli`` stand above them all. docs/architecture.md draws it.
+ROOMS: dict[str, set[str]] = {
+    "base": {"base"},
+    "kit": {"base", "kit"},
+    "observe": {"base", "kit", "observe"},
+    "protocol": {"base", "kit", "observe", "protocol"},
+    "spark": {"base", "kit", "observe", "protocol", "spark"},
+    "ops": {"base", "kit", "observe", "protocol", "spark", "ops"},
+    "face": {"base", "kit", "observe", "protocol", "spark", "ops", "face"},
+    "testing": {"base", "kit", "observe", "protocol", "spark", "ops", "face", "testing"},
+    "cli": {"base", "kit", "observe", "protocol", "spark", "ops", "face", "testing", "cli"},
+}
+#: The base API: top-level modules that import only each other.
+BASE = {
+    "txsink.contract", "txsink.errors", "txsink.handles", "txsink.txid", "txsink.rowref",
+    "txsink.registry", "txsink.store", "txsink.metrics", "txsink.verify", "txsink._version",
+}  # fmt: skip
+#: The faces: top-level modules (and the Data Source package) that may import any room.
+FACES = {"txsink", "txsink.coordinator", "txsink.sink", "txsink.runner", "txsink._moved"}
+#: What a connector's own modules may import: the base, the kit, observe (logging), the
+#: package's face and the sink base class, and the testing toolkit.
+CONNECTOR_MAY = {"base", "kit", "observe", "testing", "txsink", "txsink.sink"}
+#: ... and what the modules it registers for the toolkit and the CLI (its testing adapter,
+#: its commands: ``registry.Connector.testing`` / ``.commands``) may import besides.
+CONNECTOR_TOOLS_MAY = CONNECTOR_MAY | {"cli", "txsink.runner"}
+#: Rooms whose modules must not import these top-level packages, at any depth of the file.
+FORBIDDEN = {"protocol": ("pyspark", "py4j")}
+MAX_MODULES = 15
+#: Folders over MAX_MODULES for now, each with the issue that splits it.
+CROWDED = {"txsink/testing": "issue #36: the testing toolkit is split by its own branch"}
+
+
+def room_of(module: str) -> str | None:
+    """The room of a module of txsink/ (``None``: a connector)."""
+    if module.startswith("txsink.connectors"):
+        return None
+    if module in BASE:
+        return "base"
+    if module in FACES or module == "txsink.datasource" or module.startswith("txsink.datasource."):
+        return "face"
+    part = module.split(".")[1]
+    if part in ROOMS and part not in ("base", "face"):
+        return part
+    raise AssertionError(f"{module}: in no room; add it to ROOMS/BASE/FACES in this test")
+
+
+def _core_modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in _modules(CORE)}
+
+
+def _all_modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in [*_modules(CORE), *_modules(CONNECTORS)]}
+
+
+def _arrows(path: Path, name: str, modules: dict[str, Path]) -> Iterator[tuple[int, str]]:
+    """(line, imported module) for every import of a txsink module in the file, at any
+    depth (functions, ``TYPE_CHECKING``), resolved to the module that defines it."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if (isinstance(node, ast.ImportFrom) and node.module is not None) or (
+            isinstance(node, ast.ImportFrom) and node.level
+        ):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1])
+                base = f"{base}.{node.module}" if node.module else base
+            targets = [f"{base}.{a.name}" for a in node.names]
+            # ``from txsink import errors`` names a module; ``from txsink import Coordinator``
+            # names the package's face.
+            found = [t for t in targets if t in modules] or [base]
+        elif isinstance(node, ast.Import):
+            found = [a.name for a in node.names]
+        else:
+            continue
+        for imported in found:
+            resolved = imported
+            while resolved and resolved not in modules:
+                resolved = resolved.rpartition(".")[0]
+            if resolved and resolved != name and imported.startswith("txsink"):
+                yield node.lineno, resolved
+
+
+def _top_imports(path: Path) -> Iterator[tuple[int, str]]:
+    """(line, top-level package) of every import in the file, at any depth."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            yield node.lineno, node.module.split(".")[0]
+        elif isinstance(node, ast.Import):
+            yield from ((node.lineno, a.name.split(".")[0]) for a in node.names)
+
+
+def room_violations(modules: dict[str, Path]) -> list[str]:
+    found = []
+    for name, path in modules.items():
+        room = room_of(name)
+        if room is None:
+            continue
+        for line, imported in _arrows(path, name, modules):
+            other = room_of(imported)
+            if other is not None and other not in ROOMS[room]:
+                found.append(
+                    f"{path.relative_to(ROOT)}:{line}: {room} imports {other} ({imported})"
+                )
+        for line, top in _top_imports(path):
+            if top in FORBIDDEN.get(room, ()):
+                found.append(f"{path.relative_to(ROOT)}:{line}: {room} imports {top}")
+    return found
+
+
+def test_imports_run_one_way_between_the_rooms() -> None:
+    """Every import in txsink/ (lazy and ``TYPE_CHECKING`` ones too: a lazy import is an
+    arrow all the same) goes to its own room or one below; the protocol never imports
+    Spark."""
+    found = room_violations(_core_modules())
+    assert not found, "imports against the rooms' order (docs/architecture.md):\n" + "\n".join(
+        found
+    )
+
+
+def _tool_modules() -> set[str]:
+    """The modules connectors register for the testing toolkit and the CLI."""
+    refs = []
+    for record in registry.connectors().values():
+        refs += [record.testing or "", *record.commands.values()]
+    return {ref.partition(":")[0] for ref in refs if ref}
+
+
+def connector_violations(modules: dict[str, Path], tools: set[str]) -> list[str]:
+    found = []
+    for name, path in modules.items():
+        if not name.startswith("txsink.connectors."):
+            continue
+        may = CONNECTOR_TOOLS_MAY if name in tools else CONNECTOR_MAY
+        for line, imported in _arrows(path, name, modules):
+            if imported.startswith("txsink.connectors"):
+                continue
+            if imported not in may and room_of(imported) not in may:
+                where = f"{path.relative_to(ROOT)}:{line}"
+                found.append(f"{where}: imports {imported} ({room_of(imported)})")
+    return found
+
+
+def test_connectors_import_only_the_api_the_kit_and_the_toolkit() -> None:
+    """A connector builds on the base API, the kit, logging, the face and the sink base
+    class (and its testing adapter and commands on the toolkit and the CLI): never on the
+    protocol, Spark or the operator tools, which reach it through its hooks."""
+    found = connector_violations(_all_modules(), _tool_modules())
+    assert not found, "connectors importing the core's rooms:\n" + "\n".join(found)
+
+
+def crowded_folders(root: Path) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for folder in [root, *sorted(p for p in root.rglob("*") if p.is_dir())]:
+        if folder.name == "__pycache__" or folder.is_symlink():
+            continue
+        n = sum(1 for p in folder.glob("*.py") if p.name != "__init__.py")
+        rel = str(folder.relative_to(ROOT))
+        if n > MAX_MODULES and rel not in CROWDED:
+            counts[rel] = n
+    return counts
+
+
+def test_no_folder_of_the_core_is_crowded() -> None:
+    """At most 15 modules a folder: a folder that grows past it is a room to split."""
+    big = crowded_folders(CORE)
+    assert not big, f"folders over {MAX_MODULES} modules (split them into rooms): {big}"
+
+
+def test_every_room_states_its_job() -> None:
+    """Each sub-package's docstring says its job and what it may import."""
+    for init in sorted(CORE.glob("*/__init__.py")):
+        if init.parent.is_symlink():
+            continue
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        assert doc, f"{init.relative_to(ROOT)}: no docstring stating the room's job"
+        # testing/: its docstring is its own branch's (issue #36), being split meanwhile
+        if init.parent.name in ROOMS and init.parent.name != "testing":
+            assert "May import" in doc, f"{init.relative_to(ROOT)}: say what it may import"

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-import txsink.faults
+import txsink.protocol.faults
 from txsink.errors import InjectedFault
-from txsink.faults import CrashPoint, Fault, FaultMode, FaultPlan
+from txsink.protocol.faults import CrashPoint, Fault, FaultMode, FaultPlan
 from txsink.testing import ChaosPlan, IdsVerifier, ServerProcess, TargetCrashes, run_chaos
 from txsink.testing.soaklog import done_indices, settings_line, summary
 
@@ -91,7 +91,7 @@ def test_a_firing_fault_waits_for_the_supervisor_to_kill_the_server(tmp_path: Pa
 def test_without_a_supervisor_the_fault_says_how_to_serve_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(txsink.faults, "TARGET_KILL_WAIT_S", 0.3)
+    monkeypatch.setattr(txsink.protocol.faults, "TARGET_KILL_WAIT_S", 0.3)
     plan = FaultPlan.parse("after_decision:kill-target", str(tmp_path / "state"))
     with pytest.raises(InjectedFault, match=r"run_chaos\(\.\.\., targets=") as err:
         plan.fire(CrashPoint.AFTER_DECISION, epoch=0)
@@ -151,7 +151,7 @@ TINY = textwrap.dedent(
     """
     import json, os, sys
     from pathlib import Path
-    from txsink.faults import CrashPoint, FaultPlan
+    from txsink.protocol.faults import CrashPoint, FaultPlan
 
     def run(out, flag, ids):
         plan = FaultPlan.from_env()

@@ -25,7 +25,7 @@ def test_local_tasks_run_in_order_in_this_process() -> None:
 
 @pytest.mark.spark
 def test_spark_tasks_run_each_item_in_a_task_and_keep_the_order(spark: Any) -> None:
-    from txsink._spark import SparkTaskRunner
+    from txsink.spark.jobs import SparkTaskRunner
 
     results = SparkTaskRunner(spark).run(_pid_twice, [3, 1, 2])
     assert [value for value, _ in results] == [6, 2, 4]
@@ -35,7 +35,7 @@ def test_spark_tasks_run_each_item_in_a_task_and_keep_the_order(spark: Any) -> N
 
 @pytest.mark.spark
 def test_a_txsink_error_in_a_task_is_raised_on_the_driver_with_its_context(spark: Any) -> None:
-    from txsink._spark import SparkTaskRunner
+    from txsink.spark.jobs import SparkTaskRunner
 
     # An item's index is no partition of the epoch: the item's function names where it is.
     with pytest.raises(CommitError) as caught:

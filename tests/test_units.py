@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from txsink.errors import EpochAbortedError, HandleFormatError, LogError, WriteError
-from txsink.faults import CrashPoint, Fault, FaultMode, FaultPlan
 from txsink.handles import dump_handle, load_handle
-from txsink.log import FileStore, TxLog, open_log
+from txsink.protocol.faults import CrashPoint, Fault, FaultMode, FaultPlan
+from txsink.protocol.log import FileStore, TxLog, open_log
 from txsink.txid import TxnId
 
 

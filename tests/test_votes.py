@@ -11,10 +11,19 @@ from typing import Any, TypeVar
 
 import pytest
 
-from txsink._logging import get_logger
-from txsink._singlepass import probe_vote_service
-from txsink._votes import ABORT, COMMIT, DECIDED, NO_ANSWER, Vote, VoteService, cast_vote, ping
 from txsink.errors import ConfigurationError
+from txsink.observe.logs import get_logger
+from txsink.protocol.singlepass import probe_vote_service
+from txsink.protocol.votes import (
+    ABORT,
+    COMMIT,
+    DECIDED,
+    NO_ANSWER,
+    Vote,
+    VoteService,
+    cast_vote,
+    ping,
+)
 
 LOG = get_logger(__name__, uid="votes")
 T = TypeVar("T")

@@ -10,10 +10,7 @@ Quick use::
     df.writeStream.foreachBatch(coordinator).option("checkpointLocation", ...).start()
 """
 
-from txsink._epochresult import EpochResult
-from txsink._follow import follow
-from txsink._logging import configure_logging
-from txsink._precheck import CheckResult
+from txsink import _moved
 from txsink._version import __version__
 from txsink.coordinator import Coordinator
 from txsink.errors import (
@@ -32,11 +29,17 @@ from txsink.errors import (
     UnsupportedQueryError,
     WriteError,
 )
-from txsink.faults import CrashPoint, Fault, FaultMode, FaultPlan
 from txsink.handles import Handle, register_handle
-from txsink.log import TxLog, open_log
+from txsink.observe.logs import configure_logging
+from txsink.ops.follow import follow
+from txsink.ops.precheck import CheckResult
+from txsink.protocol.epochresult import EpochResult
+from txsink.protocol.faults import CrashPoint, Fault, FaultMode, FaultPlan
+from txsink.protocol.log import TxLog, open_log
 from txsink.sink import TwoPhaseCommitSink, check
 from txsink.txid import TxnId
+
+_moved.install()  # the old paths of modules that moved into the rooms still import
 
 __all__ = [
     "CheckResult",

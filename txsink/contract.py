@@ -1,7 +1,7 @@
 """The two-phase-commit contract that every connector implements: hooks only.
 
 The protocol itself lives in :class:`txsink.Coordinator` (and
-:mod:`txsink.recovery`); a connector implements the hooks below and never
+:mod:`txsink.protocol.recovery`); a connector implements the hooks below and never
 re-implements the protocol. Who calls what, and where::
 
     driver    check(schema, app_id)            once per query run, before any write

@@ -5,67 +5,47 @@ epoch, so several targets move atomically. Use it as
 ``df.writeStream.foreachBatch(coordinator)`` or, for a static DataFrame,
 ``coordinator.write(df)``.
 
-Replay edge cases this handles (the reason for each step):
-
-* Spark re-runs the last batch after a crash with the same ``batch_id``: a
-  committed epoch is skipped (step 2) and writes nothing.
-* The driver dies after the decision: the next run commits the decided
-  handles before anything else (step 1); the decision stands.
-* The driver dies before the decision, or a task attempt fails, is retried
-  or runs speculatively: those transactions are named by no decision and are
-  aborted (step 1 at the next start, step 5 after each epoch).
-* A zombie driver still runs an epoch another driver took over: rounds and
-  voids in the log let only one of them decide (see :mod:`txsink.log`).
-* The Spark checkpoint was reset or restored from an old copy while the log
-  was kept: refused, because epoch numbers no longer mean the same rows.
+The face of three rooms: the protocol's steps
+(:class:`~txsink.protocol.epoch.EpochProtocol`, which never sees a DataFrame), the
+operator's entry points around them (:class:`~txsink.ops.operator.Operations`), and
+the Spark side that turns a DataFrame into an epoch
+(:class:`~txsink.spark.epoch.SparkEpochs`). The replay edge cases each step handles are
+listed in :mod:`txsink.protocol.epoch`.
 """
 
 from __future__ import annotations
 
 import os
-import socket
-import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NoReturn, final
+from typing import TYPE_CHECKING, Any, Literal, final
 
-from txsink import _failure, _jvmlog, _layout, _precheck, _rounds, _spark
-from txsink._commit import commit_decided
-from txsink._decide import decide_epoch
-from txsink._epochresult import EpochResult
-from txsink._logging import committed_text, failures_logged, get_logger, install_console
-from txsink._metering import Meter
-from txsink._operator import OperatorMixin
-from txsink._remote import location_of
-from txsink._singlepass import SinglePassJob, SinglePassOutcome, run_in_rounds, run_single_pass
-from txsink._sparkepoch import SparkEpochMixin
-from txsink._task import Precommit, TaskPlan, collect_acks
-from txsink._taskerror import cleanup_after, describe, epoch_aborted, unless_raised_again
-from txsink.contract import EpochData, SinkContract
-from txsink.errors import EpochAbortedError, FencedError
-from txsink.faults import CrashPoint, FaultPlan
-from txsink.handles import Handle
-from txsink.lease import LeaseKeeper, check_lease_s
-from txsink.log import LogStore, TxLog, open_log
+from txsink.contract import SinkContract
 from txsink.metrics import Metrics
-from txsink.recovery import Recovery
-from txsink.txid import check_name
+from txsink.observe import failure as _failure
+from txsink.observe.logs import failures_logged, install_console
+from txsink.ops.operator import Operations
+from txsink.protocol.epochresult import EpochResult
+from txsink.protocol.faults import FaultPlan
+from txsink.protocol.log import TxLog
+from txsink.spark.epoch import SparkEpochs
+from txsink.spark.layout import MaxTasks
+from txsink.spark.remote import location_of
+from txsink.store import LogStore
 
 if TYPE_CHECKING:
-    import pyarrow as pa
     from pyspark.sql import DataFrame
 
 __all__ = ["Coordinator", "EpochResult"]
 
 AnySink = SinkContract[Any, Any]
-_TWO = "another query is writing with the same txsink log: stop one of them"
 
 
-class Coordinator(SparkEpochMixin, OperatorMixin):
+class Coordinator(Operations):
     """Runs the txsink protocol for each epoch over a set of sinks.
 
     Args:
         sinks: one sink or several; all share one decision per epoch.
-        log: where the txsink log lives (a path, or a :class:`~txsink.log.LogStore`).
+        log: where the txsink log lives (a path, or a :class:`~txsink.protocol.log.LogStore`).
         app_id: the app's stable id. Defaults to the streaming query's id, which
             Spark keeps in its checkpoint. Required for :meth:`write` on a
             fresh log, and under Spark Connect (docs/spark-connect.md).
@@ -98,7 +78,7 @@ class Coordinator(SparkEpochMixin, OperatorMixin):
         outage_s: how long an epoch keeps running new rounds of its pre-commit, and trying
             its commit again, while a target is unreachable, before it fails the query
             (default: ``TXSINK_OUTAGE_S``, else 60; docs/reliability.md).
-        lease_s: how long this driver's lease on the query (:mod:`txsink.lease`) lives
+        lease_s: how long this driver's lease on the query (:mod:`txsink.protocol.lease`) lives
             unrenewed; default ``max(60, 3 x trigger interval)``. Shorter: faster take-over
             of a frozen driver; longer: fewer false take-overs (docs/operations.md).
     """
@@ -115,79 +95,34 @@ class Coordinator(SparkEpochMixin, OperatorMixin):
         faults: FaultPlan | str | None = None,
         from_savepoint: str | os.PathLike[str] | LogStore | TxLog | None = None,
         metrics: Metrics | Sequence[Metrics] | None = None,
-        max_tasks: _layout.MaxTasks = "auto",
+        max_tasks: MaxTasks = "auto",
         outage_s: float | None = None,
         lease_s: float | None = None,
     ) -> None:
-        self.sinks = (sinks,) if isinstance(sinks, SinkContract) else tuple(sinks)
-        if not self.sinks:
-            raise ValueError("Coordinator needs at least one sink")
-        self.retired: tuple[AnySink, ...] = tuple(retired)
-        uids = [s.uid for s in (*self.sinks, *self.retired)]
-        if len(set(uids)) != len(uids):
-            raise ValueError(
-                f"sink uids must be unique within a coordinator (sinks and retired), got {uids}"
-            )
-        if retain_epochs < 1:
-            raise ValueError("retain_epochs must be >= 1")
-        _layout.check_max_tasks(max_tasks, self.sinks)
-        self.max_tasks = _layout.resolve_max_tasks(max_tasks, self.sinks)
-        self.log = open_log(log)
-        self._log_location = location_of(log)  # what travels to Spark Connect (_remote)
-        self.app_id = check_name("app id", app_id) if app_id is not None else None
-        self.allow_non_restored_state = allow_non_restored_state
-        self.retain_epochs = retain_epochs
-        self.faults = FaultPlan.parse(faults) if isinstance(faults, str) else faults
-        if self.faults is None:
-            self.faults = FaultPlan.from_env()
-        self.from_savepoint, self.outage_s = from_savepoint, _rounds.outage_bound_s(outage_s)
+        super().__init__(
+            sinks, log=log, app_id=app_id, allow_non_restored_state=allow_non_restored_state,
+            retired=retired, retain_epochs=retain_epochs, faults=faults, metrics=metrics,
+            outage_s=outage_s, lease_s=lease_s,
+        )  # fmt: skip
+        self._spark = SparkEpochs(self, max_tasks)
+        self._log_location = location_of(log)  # what travels to Spark Connect (remote)
+        self.from_savepoint = from_savepoint
         self._restored = from_savepoint is None
-        self._bound_app: str | None = None
-        self._checked_queries: set[str] = set()
-        self._checked_schema: pa.Schema | None = None
-        self._needs_recovery = True
-        self._probe_votes = True  # single pass: executors reach the driver? once per run
-        self._last_committed: int | None = None
-        self._meter = Meter(metrics)
-        self.lease_s = check_lease_s(lease_s)
-        self._lease: LeaseKeeper | None = None
         install_console()  # one line per epoch on stderr, unless logging is configured
         _failure.install_excepthook()  # a failure that ends the process: one paragraph
-        self._log = get_logger(__name__, uid="+".join(uids))
-        self._recovery = self._new_recovery()
 
-    def _new_recovery(self) -> Recovery:
-        return Recovery(
-            self.log,
-            self.sinks,
-            self.retired,
-            allow_non_restored_state=self.allow_non_restored_state,
-            fire=self._fire,
-            logger=self._log,
-            meter=self._meter,
-        )
-
-    # -- entry points ------------------------------------------------------------------
+    @property
+    def max_tasks(self) -> int | Literal["slots"] | None:
+        """The pre-commit tasks' bound as resolved (an int, ``"slots"`` or None)."""
+        return self._spark.max_tasks
 
     @final
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         """``foreachBatch`` entry point: run epoch ``batch_id`` over ``df``. A failure is
-        logged once at ERROR, on one line, first (:mod:`txsink._failure`), as in write."""
+        logged once at ERROR, on one line, first (:mod:`txsink.observe.failure`), as in
+        write."""
         with failures_logged(self._log, epoch=int(batch_id), on_failure=self.close):
-            query_id = _spark.streaming_query_id(df)
-            with _jvmlog.told_once(df):  # not again in Spark's log
-                app_id = self.app_id or query_id
-                if app_id is None:
-                    raise _precheck.no_app_error(connect=_spark.is_connect(df))
-                if query_id is not None and query_id not in self._checked_queries:
-                    _spark.check_query_mode(df, query_id)
-                    self._checked_queries.add(query_id)
-                    self._needs_recovery = True  # a new query run: recover first
-                    self._probe_votes = True
-                    self._start_lease(df, query_id)
-                self._bind(app_id)  # the log's own checks come before the sinks'
-                self._check_schema(df, app_id)
-                self._run_spark_epoch(int(batch_id), df, app_id)
+            self._spark.foreach_batch(df, int(batch_id))
 
     @final
     def write(self, df: DataFrame, epoch: int | None = None) -> EpochResult:
@@ -197,297 +132,7 @@ class Coordinator(SparkEpochMixin, OperatorMixin):
         writes nothing twice; without ``epoch`` every call is a new epoch.
         """
         with failures_logged(self._log, epoch=epoch):
-            app_id = self.app_id or self._app_from_log()
-            self._bind(app_id)
-            self._hold_lease()
-            self._check_schema(df, app_id)
-            if epoch is None:
-                self._recover_if_needed(app_id)
-                last = self.log.last_committed()
-                epoch = 0 if last is None else last + 1
-            return self._run_spark_epoch(epoch, df, app_id, replay=False)
-
-    @final
-    def run_epoch(
-        self,
-        epoch: int,
-        precommit: Precommit | SinglePassJob,
-        *,
-        app_id: str,
-        data: EpochData | None = None,
-        tasks_round: int | None = None,
-        tasks_seconds: float | None = None,
-        replay: bool = True,
-    ) -> EpochResult:
-        """Run the protocol for one epoch. ``precommit`` runs the partition tasks; a
-        :class:`~txsink._singlepass.SinglePassJob` runs steps 3 to 5 in one job for sinks
-        that commit in their tasks (then step 5 here commits only what they did not).
-
-        ``data`` is the epoch's rows for sinks that commit from data (Kafka replay).
-        ``tasks_round``: the round the tasks prepared under before this call (the Data Source
-        path, where recovery ran before them); claimed exactly, step 1 is not run again.
-        ``tasks_seconds``: with ``tasks_round``, how long the tasks' pre-commit took as they
-        timed it (``precommit`` here only collects their acks); ``None`` leaves the figure
-        out rather than show the collection's ~0 ms.
-        ``replay``: an already committed epoch is Spark's replay of its batch (a query);
-        False for :meth:`write`, where it is the caller running a committed epoch again.
-
-        1. Recover: commit a decided-but-uncommitted epoch; abort every prepared
-           transaction no decision names (on the first call and after failures).
-        2. Skip the epoch if it is already committed (Spark's replay).
-        3. Pre-commit: every partition writes and prepares (``precommit``).
-        4. Decide: create the epoch's decision record; the commit point.
-        5. Commit every handle, finish the epoch, write the committed mark,
-           abort the epoch's leftover attempts.
-
-        First the driver lease is held (:mod:`txsink.lease`): a second live driver
-        refuses here, before its recovery voids anything.
-        """
-        self._bind(app_id)
-        self._hold_lease()
-        timings: dict[str, float] = {}
-        # Step 1
-        t0 = time.monotonic()
-        recovered = tasks_round is None and self._recover_if_needed(app_id, data, epoch)
-        timings["recover"] = time.monotonic() - t0
-        # Step 2
-        if self._already_committed(epoch):
-            self._log.bind(epoch=epoch).info(
-                "already committed: Spark's replay skipped"
-                if replay
-                else "already committed: this epoch was committed before, nothing written"
-            )
-            self._meter.skipped({k: v for k, v in timings.items() if recovered})
-            return EpochResult(epoch, "skipped")
-        try:
-            round_ = self.log.claim_round(epoch) if tasks_round is None else tasks_round
-            if tasks_round is not None and not self.log.claim(epoch, tasks_round):
-                raise FencedError(
-                    f"round {round_} was claimed by another driver: {_TWO}", epoch=epoch
-                )
-            done: set[str] = set()
-            self._meter.preparing(self.sinks)
-            if isinstance(precommit, SinglePassJob):  # steps 3, 4 and most of 5
-                round_, handles, rows, done = self._single_pass(
-                    epoch, round_, precommit, timings, app_id
-                )
-            else:
-                # Step 3
-                t0 = time.monotonic()
-                again = tasks_round is None
-                round_, handles, rows = self._precommit(
-                    epoch, round_, precommit, app_id, again=again
-                )
-                timings["precommit"] = time.monotonic() - t0
-                if tasks_round is not None:  # the tasks ran before this call
-                    timings.pop("precommit")
-                    if tasks_seconds is not None:
-                        timings["precommit"] = tasks_seconds
-                # Step 4
-                t0 = time.monotonic()
-                known = {k: v for k, v in timings.items() if k == "precommit"}
-                self._decide(epoch, round_, handles, rows, known)
-                timings["decide"] = time.monotonic() - t0
-            # Step 5
-            t0 = time.monotonic()
-            self._commit(epoch, round_, handles, data, done)
-            self._recovery.abort_attempts(
-                app_id, epoch, keep={str(h.txn) for hs in handles.values() for h in hs}
-            )
-            self._last_committed = epoch
-            self.log.prune(self.retain_epochs)
-        except BaseException:
-            # Whatever failed, the next call must look at the log and the targets
-            # again before doing anything else (a decision may stand unfinished).
-            self._needs_recovery = True
-            raise
-        timings["commit"] = time.monotonic() - t0
-        count = sum(len(hs) for hs in handles.values())
-        shown = {k: v for k, v in timings.items() if recovered or k != "recover"}
-        self._meter.finished(epoch, self.sinks, handles, rows, shown)
-        self._log.bind(epoch=epoch).info(
-            "committed: %s",
-            committed_text(rows, shown),
-            extra={"txsink_rows": rows, "txsink_seconds": timings, "txsink_handles": count},
-        )
-        return EpochResult(epoch, "committed", round_, rows, count, timings)
-
-    # -- step 1: recover -----------------------------------------------------------------
-
-    def _recover_if_needed(
-        self, app_id: str, data: EpochData | None = None, epoch: int | None = None
-    ) -> bool:
-        """Recover if needed; whether recovery had anything to do."""
-        self._bind(app_id)
-        if not self._needs_recovery:
-            return False
-        # The same plan and execution an operator's recover() runs.
-        done = self._recovery.execute(self._recovery.plan(app_id), data, epoch)
-        self._needs_recovery = False
-        return bool(done)
-
-    # -- step 2: skip ----------------------------------------------------------------
-
-    def _already_committed(self, epoch: int) -> bool:
-        if self._last_committed is None:
-            self._last_committed = self.log.last_committed()
-        last = self._last_committed
-        if last is not None and epoch < last:
-            raise _precheck.checkpoint_reset_error(self.log.location, epoch, last)
-        if last is not None and epoch > last + 1:
-            self._log.bind(epoch=epoch).warning(
-                "the txsink log's last committed epoch is %d: epochs in between were not "
-                "written through this log",
-                last,
-            )
-        return self.log.committed(epoch) is not None
-
-    # -- step 3: pre-commit ------------------------------------------------------------
-
-    def _precommit(
-        self, epoch: int, round_: int, precommit: Precommit, app_id: str, *, again: bool
-    ) -> tuple[int, dict[str, list[Handle]], dict[str, int]]:
-        """Step 3, in new rounds while a target is briefly unreachable (``again``: the
-        tasks run here; :mod:`txsink._rounds`): the round, its handles and rows."""
-
-        def run(r: int) -> tuple[dict[str, list[Handle]], dict[str, int]]:
-            acks = precommit(self._plan(app_id, epoch, r))
-            errors = [a.error for a in acks if a.error is not None]
-            if errors:
-                raise EpochAbortedError.of(epoch, errors)
-            return collect_acks(self.sinks, epoch, acks)
-
-        round_, (handles, rows) = _rounds.run_in_rounds(
-            round_,
-            run=run,
-            retry=_rounds.transient if again else lambda err: False,
-            void=lambda r, err: self._void_round(epoch, r, app_id, err),
-            abort=lambda r, err: self._abort_round(epoch, r, app_id, err),
-            claim=lambda: self.log.claim_round(epoch),
-            bound=_rounds.OutageBound(self.outage_s),
-            logger=self._log.bind(epoch=epoch),
-            describe=_rounds.describe,
-        )
-        self._fire(CrashPoint.BEFORE_DECISION, epoch)
-        return round_, handles, rows
-
-    def _single_pass(
-        self, epoch: int, round_: int, job: SinglePassJob, timings: dict[str, float], app_id: str
-    ) -> tuple[int, dict[str, list[Handle]], dict[str, int], set[str]]:
-        """Steps 3-4 in one job, in rounds (:func:`~txsink._singlepass.run_in_rounds`)."""
-
-        def run(r: int) -> SinglePassOutcome:
-            plan = self._plan(app_id, epoch, r)
-            return run_single_pass(
-                log=self.log, plan=plan, data=job.data, host=job.host, fire=self._fire,
-                logger=self._log,
-            )  # fmt: skip
-
-        round_, out = run_in_rounds(
-            round_,
-            job.retries,
-            outage_s=self.outage_s,
-            run=run,
-            void=lambda r, err: self._void_round(epoch, r, app_id, err),
-            abort=lambda r, err: self._abort_round(epoch, r, app_id, err),
-            claim=lambda: self.log.claim_round(epoch),
-            logger=self._log.bind(epoch=epoch),
-            describe=describe,
-        )
-        timings.update(out.seconds)
-        return round_, out.handles, out.rows, out.committed
-
-    def _plan(self, app_id: str, epoch: int, round_: int) -> TaskPlan:
-        return TaskPlan(
-            app_id, epoch, round_, self.sinks, self.faults, os.getpid(), socket.gethostname()
-        )
-
-    def _void_round(self, epoch: int, round_: int, app_id: str, err: BaseException) -> None:
-        """Void the round first, so it can never be decided, then abort what it prepared."""
-        self._needs_recovery = True
-        with cleanup_after(err, "voiding the round", self._log.bind(epoch=epoch)):
-            if self.log.void(epoch, round_, "pre-commit failed") is not None:
-                # Cannot happen: only this driver holds the round.
-                raise FencedError(
-                    f"round {round_} of epoch {epoch} was decided meanwhile", epoch=epoch
-                ) from err
-            self._recovery.abort_attempts(app_id, epoch, round_=round_, best_effort=True)
-        self._meter.voided(self.sinks)
-
-    def _abort_round(self, epoch: int, round_: int, app_id: str, err: BaseException) -> NoReturn:
-        """A pre-commit failed: void and abort the round; raise the epoch's abort."""
-        with unless_raised_again(err):  # the clean-up failed too: noted on err, told below
-            self._void_round(epoch, round_, app_id, err)
-        self._meter.epoch("aborted")
-        raise epoch_aborted(epoch, err)
-
-    # -- step 4: decide ----------------------------------------------------------------
-
-    def _decide(
-        self,
-        epoch: int,
-        round_: int,
-        handles: dict[str, list[Handle]],
-        rows: dict[str, int],
-        seconds: dict[str, float] | None = None,
-    ) -> None:
-        try:
-            decide_epoch(
-                self.log,
-                self.sinks,
-                epoch,
-                round_,
-                handles,
-                rows=rows,
-                seconds=seconds,
-                logger=self._log,
-                meter=self._meter,
-            )
-        except FencedError:
-            self._needs_recovery = True
-            raise
-        self._meter.decided(epoch)
-        self._fire(CrashPoint.AFTER_DECISION, epoch)
-
-    # -- step 5: commit --------------------------------------------------------------
-
-    def _commit(
-        self,
-        epoch: int,
-        round_: int,
-        handles: dict[str, list[Handle]],
-        data: EpochData | None = None,
-        done: set[str] | None = None,
-    ) -> None:
-        """Step 5 (:func:`~txsink._commit.commit_decided`), then the committed mark."""
-        try:
-            commit_decided(
-                self.sinks, epoch, handles, data=data, done=done or set(),
-                first_visible=lambda: self._fire(CrashPoint.DURING_COMMIT, epoch),
-                tasks=self._recovery.tasks, meter=self._meter,
-                bound=_rounds.OutageBound(self.outage_s), logger=self._log.bind(epoch=epoch),
-                log=self.log, round_=round_,
-            )  # fmt: skip
-            self._fire(CrashPoint.AFTER_COMMIT_BEFORE_MARK, epoch)
-            self.log.mark_committed(epoch, round_)
-        except BaseException:
-            # The decision stands; the next run's recovery finishes the commit.
-            self._needs_recovery = True
-            raise
-
-    # -- helpers ---------------------------------------------------------------------
-
-    def _bind(self, app_id: str) -> None:
-        if self._bound_app != app_id:
-            self._restore_once()
-            self.log.bind_app(app_id)
-            self._bound_app = self._meter.app = app_id
-            self._last_committed = None
-            self._needs_recovery = True
-
-    def _fire(self, point: CrashPoint, epoch: int) -> None:
-        if self.faults is not None:
-            self.faults.fire(point, epoch=epoch)
+            return self._spark.write(df, epoch, self.app_id or self._app_from_log())
 
     def __repr__(self) -> str:
         return f"Coordinator(sinks={list(self.sinks)!r}, log={self.log.location!r})"

@@ -19,7 +19,7 @@ The hierarchy::
     ├── LogError                     the txsink log is unreadable or of an unknown format
     │   └── LogUnavailableError      its store did not answer for a moment (also a RetryableError)
     ├── HandleFormatError            a handle's serializer or version is unknown
-    └── InjectedFault                raised on purpose by :mod:`txsink.faults`
+    └── InjectedFault                raised on purpose by :mod:`txsink.protocol.faults`
 
 Every error pickles with its context, because Spark ships exceptions between
 the Python workers and the driver. Retryable and fatal errors are different
@@ -237,12 +237,12 @@ class EpochAbortedError(TxsinkError):
         task_error: TxsinkError | None = None,
     ) -> EpochAbortedError:
         """The epoch's abort caused by ``err``. The error a failed task carried in a Spark
-        failure (``task_error``, found by :func:`txsink._taskerror.carried`) is told
+        failure (``task_error``, found by :func:`txsink.protocol.taskerror.carried`) is told
         whole, type included; a failed Python task (Spark's condition
         ``PYTHON_EXCEPTION``) by the last line of its traceback, the task's own error;
         anything else by ``text`` (default: the first line of ``err``, as a JVM stack
         trace follows a Spark failure's message)."""
-        if task_error is not None:  # carried from the task that failed (txsink._taskerror)
+        if task_error is not None:  # carried from the task that failed (txsink.protocol.taskerror)
             kind = f"{type(task_error).__module__}.{type(task_error).__name__}"
             where = {k: task_error.context.get(k) for k in ("sink_uid", "partition", "shard")}
             return cls(
@@ -289,9 +289,9 @@ def _python_task_error(err: BaseException) -> str | None:
     return lines[-1].strip() if lines else None
 
 
-#: The line a task's note carries its error in (:mod:`txsink._taskerror`).
+#: The line a task's note carries its error in (:mod:`txsink.protocol.taskerror`).
 TASK_ERROR_MARKER = "txsink-task-error: "
-#: The line a driver's note carries its error's paragraph in (:mod:`txsink._failure`).
+#: The line a driver's note carries its error's paragraph in (:mod:`txsink.observe.failure`).
 ERROR_NOTE_MARKER = "txsink-error: "
 
 

@@ -1,5 +1,5 @@
 """Live metrics: the coordinator's hook, with no dependency (exporters in
-:mod:`txsink.prometheus` and :mod:`txsink.otel`; docs/observability.md).
+:mod:`txsink.observe.prometheus` and :mod:`txsink.observe.otel`; docs/observability.md).
 
 ``Coordinator(..., metrics=...)`` takes one :class:`Metrics` or several. Every call is
 made on the driver, from what the protocol knows anyway (the task acks carry rows and

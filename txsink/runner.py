@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from txsink._logging import one_line
-from txsink.faults import FAULT_LINE
+from txsink.observe.logs import one_line
+from txsink.protocol.faults import FAULT_LINE
 
 __all__ = ["FAILED_LINE", "RunReport", "describe_exit", "run_until_done"]
 

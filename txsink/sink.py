@@ -12,18 +12,18 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from txsink._logging import failures_logged, get_logger
-from txsink._remote import location_of
 from txsink.contract import EpochCommit, EpochData, Partitioning, SinkContract, TaskInfo
 from txsink.coordinator import Coordinator
 from txsink.errors import ConfigurationError
 from txsink.handles import Handle
+from txsink.observe.logs import failures_logged, get_logger
+from txsink.spark.remote import location_of
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from txsink._precheck import CheckResult
-    from txsink.log import LogStore
+    from txsink.ops.precheck import CheckResult
+    from txsink.store import LogStore
 
 __all__ = [
     "EpochCommit",

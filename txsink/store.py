@@ -15,10 +15,23 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from txsink import registry
-from txsink._fs import fsync_dir
 from txsink.errors import LogError
 
-__all__ = ["FileStore", "LogStore", "open_store"]
+__all__ = ["FileStore", "LogStore", "fsync_dir", "open_store"]
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """Make a directory's entries durable (a new, renamed or linked name in it): the file
+    store's, and the file-backed connectors' (staged files, WAL files, Delta files).
+
+    fsyncing a file makes its bytes durable, not its name: after a crash the
+    name can be gone unless the directory itself is fsynced too.
+    """
+    fd = os.open(Path(path), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class LogStore(Protocol):

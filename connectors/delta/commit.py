@@ -19,11 +19,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from txsink._logging import EpochLogger
 from txsink.connectors.delta.errors import describe, is_conflict
 from txsink.connectors.delta.handles import DeltaHandle
 from txsink.contract import EpochCommit
 from txsink.errors import CommitError
+from txsink.observe.logs import EpochLogger
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable

@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import pyarrow as pa
 from typing_extensions import override
 
-from txsink._logging import EpochLogger, get_logger
 from txsink.connectors.delta import checks, commit, naming, storage
 from txsink.connectors.delta.errors import describe, is_not_found
 from txsink.connectors.delta.handles import DeltaFile, DeltaHandle
@@ -42,6 +41,7 @@ from txsink.connectors.delta.writer import OpenTxn, conform, first_null, groups
 from txsink.contract import EpochCommit
 from txsink.errors import CommitError, ConfigurationError, RetryableError, WriteError
 from txsink.handles import Handle
+from txsink.observe.logs import EpochLogger, get_logger
 from txsink.rowref import RowNaming
 from txsink.sink import TwoPhaseCommitSink
 from txsink.store import LogStore

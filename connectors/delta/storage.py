@@ -21,7 +21,7 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from txsink._fs import fsync_dir
+from txsink.store import fsync_dir
 
 __all__ = ["Storage", "check_options", "table_uri"]
 

@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from txsink import CrashPoint, Fault, FaultMode, FaultPlan
 from txsink.cli import Command
-from txsink.faults import CrashPoint, Fault, FaultMode, FaultPlan
 from txsink.testing.inputs import make_input
 
 __all__ = ["COMMAND", "main", "run_demo"]

@@ -9,7 +9,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from txsink._target import formats, manifests
+from txsink.kit import formats, manifests
 from txsink.store import FileStore
 
 __all__ = ["iter_final_files", "read_committed", "read_manifests"]

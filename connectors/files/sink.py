@@ -36,15 +36,14 @@ from typing import IO, Any, ClassVar
 import pyarrow as pa
 from typing_extensions import override
 
-from txsink._fs import fsync_dir
-from txsink._target import formats, manifests
-from txsink._target.formats import Format, FormatWriter
 from txsink.connectors.files.handles import FileEntry, FilesHandle
 from txsink.errors import CommitError, ConfigurationError
 from txsink.handles import Handle
+from txsink.kit import formats, manifests
+from txsink.kit.formats import Format, FormatWriter
 from txsink.rowref import RowNaming
 from txsink.sink import TwoPhaseCommitSink
-from txsink.store import FileStore, LogStore
+from txsink.store import FileStore, LogStore, fsync_dir
 from txsink.txid import TxnId
 
 __all__ = ["MANIFESTS", "STAGING", "FilesSink"]

@@ -14,12 +14,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from txsink._logging import get_logger
 from txsink.connectors.iceberg.catalog import describe
 from txsink.connectors.iceberg.files import data_file
 from txsink.connectors.iceberg.handles import IcebergHandle
 from txsink.connectors.iceberg.naming import SUMMARY_APP, SUMMARY_EPOCH, SUMMARY_UID
 from txsink.errors import CommitError, RetryableError
+from txsink.observe.logs import get_logger
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table

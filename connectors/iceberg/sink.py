@@ -27,7 +27,6 @@ import pyarrow as pa
 from typing_extensions import override
 
 from txsink import Handle, TwoPhaseCommitSink, TxnId
-from txsink._logging import get_logger
 from txsink.connectors.iceberg import catalog as cat
 from txsink.connectors.iceberg.checks import check_schema, target_arrow_schema
 from txsink.connectors.iceberg.commit import commit_files, committed_epoch
@@ -36,6 +35,7 @@ from txsink.connectors.iceberg.naming import txn_of
 from txsink.connectors.iceberg.writer import PreparedWriter
 from txsink.contract import EpochCommit
 from txsink.errors import ConfigurationError
+from txsink.observe.logs import get_logger
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from txsink._outages import Failure, OutageFilter
+from txsink.observe.outages import Failure, OutageFilter
 
 __all__ = ["ENFORCED", "KafkaSettings", "init_transactions", "outages", "rdkafka_logger"]
 

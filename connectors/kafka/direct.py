@@ -42,7 +42,6 @@ from typing import Any, ClassVar
 
 import pyarrow as pa
 
-from txsink._logging import get_logger
 from txsink.connectors.kafka.clients import KafkaSettings, init_transactions
 from txsink.connectors.kafka.columns import py_columns
 from txsink.connectors.kafka.errors import FailedDelivery, commit_error, failed_delivery
@@ -57,6 +56,7 @@ from txsink.errors import (
     RetryableError,
 )
 from txsink.handles import Handle, register_handle
+from txsink.observe.logs import get_logger
 from txsink.txid import TxnId
 
 __all__ = ["KafkaDirectHandle", "OpenDirect", "clear", "commit_leftovers", "open_direct"]

@@ -25,7 +25,6 @@ from typing import Any, ClassVar, Literal, TypeAlias
 import pyarrow as pa
 from typing_extensions import override
 
-from txsink._logging import get_logger
 from txsink.connectors.kafka import pool
 from txsink.connectors.kafka.checksum import CHECKSUM_VERSION, checksum
 from txsink.connectors.kafka.clients import KafkaSettings
@@ -35,6 +34,7 @@ from txsink.connectors.kafka.records import RecordFormat
 from txsink.contract import EpochCommit, EpochData, TaskInfo
 from txsink.errors import CommitError, ConfigurationError, NonDeterministicReplayError
 from txsink.handles import Handle, register_handle
+from txsink.observe.logs import get_logger
 from txsink.txid import TxnId
 
 __all__ = [

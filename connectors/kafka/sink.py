@@ -69,8 +69,8 @@ from txsink.connectors.kafka.topics import TopicLookup
 from txsink.connectors.kafka.wal import KafkaWalHandle, OpenWal, WriteAheadLog
 from txsink.connectors.kafka.walstore import WalStore
 from txsink.handles import Handle
-from txsink.log import LogStore
 from txsink.sink import EpochCommit, Partitioning, TwoPhaseCommitSink
+from txsink.store import LogStore
 from txsink.txid import TxnId
 
 __all__ = ["KafkaHandle", "KafkaSink", "OpenTxn"]

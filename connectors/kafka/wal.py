@@ -30,7 +30,6 @@ from typing import Any, ClassVar
 
 import pyarrow as pa
 
-from txsink._logging import get_logger
 from txsink.connectors.kafka.clients import KafkaSettings
 from txsink.connectors.kafka.errors import client_calls
 from txsink.connectors.kafka.producers import ShardProducers, produce_records
@@ -39,6 +38,7 @@ from txsink.connectors.kafka.walstore import WalStore, WalWriter, crc32_of
 from txsink.contract import EpochCommit, local_tasks
 from txsink.errors import CommitError, ConfigurationError, RetryableError
 from txsink.handles import Handle, register_handle
+from txsink.observe.logs import get_logger
 from txsink.txid import TxnId
 
 __all__ = ["KafkaWalHandle", "OpenWal", "ShardCommit", "ShardResult", "WriteAheadLog"]

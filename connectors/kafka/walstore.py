@@ -33,7 +33,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from txsink._fs import fsync_dir
+from txsink.store import fsync_dir
 
 __all__ = ["OBJECT_STORES", "PublishedFile", "WalStore", "WalWriter", "crc32_of"]
 

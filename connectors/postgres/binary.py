@@ -22,9 +22,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from txsink._json import json_default
 from txsink.connectors.postgres.casts import ColumnPlan
 from txsink.errors import WriteError
+from txsink.kit.jsonrows import json_default
 
 __all__ = ["BinaryEncoder"]
 

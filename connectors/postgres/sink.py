@@ -55,9 +55,9 @@ from txsink.connectors.postgres.tables import Tables, primary_key, split_table
 from txsink.connectors.postgres.upsert import create_stage, merge_stage
 from txsink.errors import CommitError, ConfigurationError, RetryableError, TxsinkError
 from txsink.handles import Handle, register_handle
-from txsink.log import LogStore
 from txsink.rowref import RowNames
 from txsink.sink import Partitioning, TwoPhaseCommitSink
+from txsink.store import LogStore
 from txsink.txid import TxnId
 
 if TYPE_CHECKING:

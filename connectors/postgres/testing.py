@@ -34,7 +34,7 @@ DDL = "CREATE TABLE {} (id bigint, key text, amount double precision, payload te
 def _app_id(log: str | None) -> str | None:
     if log is None:
         return None
-    from txsink.log import open_log
+    from txsink import open_log
 
     meta = open_log(log).meta()
     return None if meta is None else str(meta["app_id"])

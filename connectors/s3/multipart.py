@@ -27,13 +27,13 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from txsink._target import formats
-from txsink._target.formats import FormatWriter
 from txsink.connectors.s3 import markers
 from txsink.connectors.s3.errors import describe, is_missing, is_no_such_upload
 from txsink.connectors.s3.handles import S3Handle, S3Object, S3Part
 from txsink.connectors.s3.target import S3Target
 from txsink.errors import CommitError, ConfigurationError, TxsinkError
+from txsink.kit import formats
+from txsink.kit.formats import FormatWriter
 from txsink.rowref import RowNaming
 from txsink.txid import TxnId
 

@@ -7,11 +7,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from txsink._target import formats, manifests
 from txsink.connectors.s3.client import make_client, parse_s3_url
 from txsink.connectors.s3.hive import partition_types
 from txsink.connectors.s3.store import S3Objects
 from txsink.errors import TxsinkError
+from txsink.kit import formats, manifests
 
 __all__ = ["read_committed", "read_manifests"]
 

@@ -50,8 +50,6 @@ from typing import Any, ClassVar
 import pyarrow as pa
 from typing_extensions import override
 
-from txsink._target import formats, manifests
-from txsink._target.formats import Format
 from txsink.connectors.s3 import hive, markers, multipart
 from txsink.connectors.s3.client import S3Location, parse_s3_url
 from txsink.connectors.s3.handles import S3Handle
@@ -65,6 +63,8 @@ from txsink.connectors.s3.multipart import (
 from txsink.connectors.s3.target import S3Target
 from txsink.errors import ConfigurationError, TxsinkError, WriteError
 from txsink.handles import Handle
+from txsink.kit import formats, manifests
+from txsink.kit.formats import Format
 from txsink.rowref import RowNaming, RowRef
 from txsink.sink import TwoPhaseCommitSink
 from txsink.store import LogStore

@@ -11,11 +11,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from txsink._logging import EpochLogger, get_logger
 from txsink.connectors.s3.client import cached_client, completing_options, safe_options
 from txsink.connectors.s3.errors import redact_url, sink_error
 from txsink.connectors.s3.store import S3Objects
 from txsink.errors import ConfigurationError, TxsinkError
+from txsink.observe.logs import EpochLogger, get_logger
 from txsink.txid import TxnId
 
 if TYPE_CHECKING:

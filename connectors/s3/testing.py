@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from txsink._target import manifests
 from txsink.connectors.s3.client import make_client, parse_s3_url
 from txsink.connectors.s3.errors import describe
 from txsink.connectors.s3.log_store import S3Store
 from txsink.connectors.s3.markers import UPLOADS, upload_exists, uploads_in
 from txsink.connectors.s3.readers import read_committed, read_manifests
 from txsink.connectors.s3.sink import S3Sink
+from txsink.kit import manifests
 from txsink.testing.adapter import ConnectorTesting
 from txsink.testing.observer import Snapshot, Target
 from txsink.testing.verifiers import SinkVerifier

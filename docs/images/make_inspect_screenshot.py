@@ -29,7 +29,7 @@ def build_log(workdir: Path) -> Path:
 
     from txsink import Coordinator, FaultPlan
     from txsink.connectors.files import FilesSink
-    from txsink.localspark import local_spark
+    from txsink.spark.localspark import local_spark
     from txsink.testing.inputs import make_input
 
     spark = local_spark("local[2,2]", "txsink-docs")
@@ -83,7 +83,7 @@ def main() -> int:
     parser.add_argument("--height", type=int, default=1800, help="window height in pixels")
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from txsink.report import render_report
+    from txsink.ops.report import render_report
 
     with tempfile.TemporaryDirectory(prefix="txsink-docs-") as tmp:
         log = build_log(Path(tmp))

@@ -86,8 +86,8 @@ def record(workdir: Path) -> list[tuple[float, dict[str, float]]]:
 
     from txsink import Coordinator, FaultPlan
     from txsink.connectors.files import FilesSink
-    from txsink.localspark import local_spark
-    from txsink.prometheus import PrometheusMetrics
+    from txsink.observe.prometheus import PrometheusMetrics
+    from txsink.spark.localspark import local_spark
     from txsink.testing.inputs import make_input
 
     spark = local_spark("local[2,2]", "txsink-docs")

@@ -18,10 +18,15 @@ CONNECTORS = sorted(
     p.name for p in (ROOT / "connectors").iterdir() if p.is_dir() and not p.name.startswith("_")
 )
 GROUPS = [
-    ("txsink/", "the core"),
+    ("txsink/", "the core's public surface: the base API and the faces"),
+    ("txsink/kit/", "plumbing shared by the core and the connectors"),
+    ("txsink/observe/", "logging, failures, metering, exporters"),
+    ("txsink/protocol/", "the protocol, without Spark"),
+    ("txsink/spark/", "everything that touches Spark"),
+    ("txsink/ops/", "operator tools over a log"),
+    ("txsink/datasource/", "the Data Source face"),
     ("txsink/cli/", "the command line"),
     ("txsink/testing/", "the testing toolkit"),
-    ("txsink/_target/", "plumbing shared by connectors"),
     ("connectors/", "the connectors' namespace package"),
     *[(f"connectors/{name}/", f"the {name} connector") for name in CONNECTORS],
 ]

@@ -26,7 +26,7 @@ from typing import Any
 
 from txsink import Coordinator
 from txsink.datasource import register
-from txsink.localspark import local_spark
+from txsink.spark.localspark import local_spark
 from txsink.testing.inputs import INPUT_SCHEMA, make_input
 
 
@@ -62,7 +62,7 @@ def _target(connector: str, tmp: Path, tag: str) -> tuple[dict[str, str], Any]:
 
 
 def _sink(options: dict[str, str]) -> Any:
-    from txsink._dsoptions import parse_options
+    from txsink.datasource.options import parse_options
 
     return parse_options({**options, "log": "unused"}).sink
 

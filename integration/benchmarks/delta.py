@@ -182,7 +182,7 @@ def write_spark(df: Any, uri: str) -> dict[str, Any]:
 def _feed(df: Any) -> dict[str, Any]:
     """Spark's own cost: tasks that only receive the batches, with the Arrow byte cap lifted
     as txsink lifts it for its own job."""
-    from txsink._spark import arrow_batches_cut_by_rows
+    from txsink.spark.jobs import arrow_batches_cut_by_rows
 
     with arrow_batches_cut_by_rows(df.sparkSession):
         return {

@@ -117,7 +117,7 @@ def write(writer: str, catalog: Catalog, df: Any, name: str, log: Path) -> dict[
         table = catalog.catalog.create_table(name, schema=data.schema)
         table.append(data)
         return {}
-    from txsink._spark import arrow_batches_cut_by_rows
+    from txsink.spark.jobs import arrow_batches_cut_by_rows
 
     with arrow_batches_cut_by_rows(df.sparkSession):  # as txsink's own job runs
         df.mapInArrow(_feed_task, "rows long").collect()

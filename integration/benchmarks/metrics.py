@@ -45,8 +45,8 @@ def _writers(tmp: Path) -> dict[str, tuple[Coordinator, Callable[[], None]]]:
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-    from txsink.otel import OTelMetrics
-    from txsink.prometheus import PrometheusMetrics
+    from txsink.observe.otel import OTelMetrics
+    from txsink.observe.prometheus import PrometheusMetrics
 
     def coordinator(name: str, metrics: Any) -> Coordinator:
         sink = FilesSink(tmp / name, uid=name)

@@ -8,7 +8,7 @@ wrote, and every later txsink must read them (tests/test_golden_log.py). When th
 format or a handle serializer gets a new version, add a new folder (``log-v2/``, or a
 new connector folder) from that release's generator and keep the old ones untouched.
 
-Each ``log-v1/<connector>/`` is a txsink log written through :class:`txsink.log.TxLog`
+Each ``log-v1/<connector>/`` is a txsink log written through :class:`txsink.protocol.log.TxLog`
 of this release, with handles dumped by the connectors' own handle classes
 (``dump_handle``), telling one story per connector (app ``golden-app``):
 
@@ -37,7 +37,7 @@ from txsink.connectors.kafka import KafkaReplayHandle, KafkaWalHandle
 from txsink.connectors.postgres import PgHandle
 from txsink.connectors.s3 import S3Handle, S3Object, S3Part
 from txsink.handles import Handle, dump_handle
-from txsink.log import FileStore, TxLog
+from txsink.protocol.log import FileStore, TxLog
 from txsink.txid import TxnId
 
 APP = "golden-app"

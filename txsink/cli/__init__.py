@@ -3,6 +3,9 @@
 The core's commands (``status``, ``inspect``, ``check``, ``chaos``, and the operator
 commands ``savepoint``, ``state``, ``recover`` and ``abort``) and those connectors register
 (``demo``, by the files connector) through :mod:`txsink.registry`.
+
+May import: every room of txsink/ (the top of the order), and a connector only through
+the registry. Loading a user's pipeline file (``--pipeline``) is :mod:`txsink.cli.pipeline`.
 """
 
 from __future__ import annotations
@@ -15,8 +18,8 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from txsink import registry
-from txsink._logging import install_console
 from txsink.errors import TxsinkError
+from txsink.observe.logs import install_console
 
 __all__ = ["Command", "commands", "exit_after", "log_location_help", "main"]
 

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from txsink.faults import CrashPoint, FaultMode
+from txsink.protocol.faults import CrashPoint, FaultMode
 
 _MARKER = ".txsink-chaos"
 
@@ -338,7 +338,7 @@ def _targets(spec: str | None) -> dict[str, Any] | None:
 
 
 def chaos_command(args: argparse.Namespace) -> int:
-    from txsink._jvmcds import ensure_archive
+    from txsink.spark.jvmcds import ensure_archive
 
     # Every query run starts a driver: build the class-data archive once (~45 s the first
     # time on a machine) to start each of them ~5 s faster.

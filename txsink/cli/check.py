@@ -19,10 +19,10 @@ import argparse
 import sys
 from typing import Any
 
-from txsink._pipeline import load_checked
-from txsink._precheck import one_line, run_checks
 from txsink.cli import log_location_help
+from txsink.cli.pipeline import load_checked
 from txsink.errors import ConfigurationError, TxsinkError
+from txsink.ops.precheck import one_line, run_checks
 
 __all__ = ["add_arguments", "check_command"]
 
@@ -97,7 +97,7 @@ def _empty_frame(ddl: str) -> tuple[Any, Any]:
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
-    from txsink.localspark import local_spark
+    from txsink.spark.localspark import local_spark
 
     if SparkContext._active_spark_context is not None:  # the pipeline's own session
         spark, started = SparkSession.builder.getOrCreate(), None

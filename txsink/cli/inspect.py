@@ -2,7 +2,7 @@
 
 Reading the log needs nothing but the log. Lingering transactions live in the targets, so
 listing them needs the sinks, configured as in the pipeline: ``--pipeline FILE.py:FUNC``
-imports the pipeline's own factory (see :mod:`txsink._pipeline`). Listing is read-only:
+imports the pipeline's own factory (see :mod:`txsink.cli.pipeline`). Listing is read-only:
 this command never commits, aborts or writes anything but its own output files.
 """
 
@@ -16,9 +16,9 @@ from typing import Any
 
 from txsink.cli import log_location_help
 from txsink.errors import ConfigurationError, TxsinkError
-from txsink.inspect import LogSnapshot, epoch_table, log_table, read_log
-from txsink.log import open_log
-from txsink.report import render_report
+from txsink.ops.inspect import LogSnapshot, epoch_table, log_table, read_log
+from txsink.ops.report import render_report
+from txsink.protocol.log import open_log
 
 __all__ = ["add_arguments", "inspect_command", "list_lingering"]
 
@@ -67,7 +67,7 @@ def list_lingering(snap: LogSnapshot, spec: str) -> dict[str, list[str]]:
     Calls each sink's ``list_prepared`` (read-only). Raises a
     :class:`~txsink.errors.TxsinkError` naming the sink if a target cannot be listed.
     """
-    from txsink._pipeline import load_sinks
+    from txsink.cli.pipeline import load_sinks
 
     decided = snap.decided_txns()
     out: dict[str, list[str]] = {}

@@ -2,7 +2,7 @@
 
 ``--pipeline FILE.py:FUNC`` names the function that builds the pipeline's
 coordinator (or sinks), so the commands reach the targets with the pipeline's
-uids, settings and credentials (:mod:`txsink._pipeline`). Each prints one line per
+uids, settings and credentials (:mod:`txsink.cli.pipeline`). Each prints one line per
 action ("would commit ..." with ``--dry-run``, "committed ..." without) and a
 summary, and exits 0, or 1 with the error's message.
 """
@@ -13,10 +13,10 @@ import argparse
 import sys
 from collections import Counter
 
-from txsink._pipeline import load_coordinator
 from txsink.cli import log_location_help
+from txsink.cli.pipeline import load_coordinator
 from txsink.errors import TxsinkError
-from txsink.recovery import ActionKind, RecoveryAction
+from txsink.protocol.recovery import ActionKind, RecoveryAction
 
 __all__ = [
     "abort_command",

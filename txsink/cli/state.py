@@ -48,7 +48,7 @@ def add_savepoint_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def savepoint_command(args: argparse.Namespace) -> int:
-    from txsink.savepoint import create_savepoint, restore_savepoint
+    from txsink.ops.savepoint import create_savepoint, restore_savepoint
 
     if args.savepoint_command == "create":
         sp = create_savepoint(args.log, args.to, checkpoint=args.checkpoint)
@@ -95,8 +95,8 @@ def add_state_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def state_command(args: argparse.Namespace) -> int:
-    from txsink._pipeline import load_sinks
-    from txsink.state import rename_uid
+    from txsink.cli.pipeline import load_sinks
+    from txsink.ops.state import rename_uid
 
     sinks = load_sinks(args.pipeline) if args.pipeline else []
     report = rename_uid(args.log, args.old, args.new, dry_run=args.dry_run, sinks=sinks)

@@ -8,9 +8,9 @@ import sys
 import time
 from typing import Any
 
-from txsink._format import when
-from txsink.lease import DriverLease, current_lease
-from txsink.log import EpochState, open_log
+from txsink.kit.text import when
+from txsink.protocol.lease import DriverLease, current_lease
+from txsink.protocol.log import EpochState, open_log
 
 __all__ = ["add_arguments", "status_command"]
 

@@ -25,7 +25,7 @@ sink contract against its real target. See docs/testing-recovery.md and, for sev
 targets watched during a run, docs/reliability.md.
 """
 
-from txsink.localspark import local_spark
+from txsink.spark.localspark import local_spark
 from txsink.testing.adapter import ConnectorTesting, adapter, adapters
 from txsink.testing.chaos import ChaosReport, run_chaos
 from txsink.testing.hooks import HookPlan, PointHooks

@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from txsink._rounds import OUTAGE_ENV
-from txsink.faults import FaultPlan
+from txsink.protocol.faults import FaultPlan
+from txsink.protocol.rounds import OUTAGE_ENV
 from txsink.testing.disturb import Disturbed, Poison, SecondDriver
 from txsink.testing.observer import Observer, Target
 from txsink.testing.plan import ChaosPlan
@@ -390,7 +390,7 @@ def _fired(state: Path) -> list[tuple[str, float]]:
 
 def _commit_times(location: str) -> tuple[list[tuple[int, float]] | None, str | None]:
     """(epoch, committed_at) of every committed epoch of the log, or an error text."""
-    from txsink.log import open_log
+    from txsink.protocol.log import open_log
 
     try:
         log = open_log(location)

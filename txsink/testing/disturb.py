@@ -39,7 +39,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from txsink._logging import one_line
+from txsink.observe.logs import one_line
 from txsink.runner import FAILED_LINE, RunReport, describe_exit
 
 __all__ = [

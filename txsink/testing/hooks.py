@@ -34,7 +34,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from txsink.faults import TASK_POINTS, CrashPoint, FaultPlan
+from txsink.protocol.faults import TASK_POINTS, CrashPoint, FaultPlan
 
 __all__ = ["Hook", "HookPlan", "PointHooks", "plan_from_spec"]
 

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from txsink._logging import one_line
+from txsink.observe.logs import one_line
 from txsink.runner import FAILED_LINE
 from txsink.testing.adapter import build_sink
 from txsink.testing.inputs import INPUT_SCHEMA
@@ -67,8 +67,8 @@ def run_stream(
     before its query touches Spark's checkpoint.
     """
     from txsink import Coordinator
-    from txsink.faults import FaultPlan
-    from txsink.localspark import local_spark
+    from txsink.protocol.faults import FaultPlan
+    from txsink.spark.localspark import local_spark
     from txsink.testing.hooks import plan_from_spec
 
     faults = FaultPlan.from_env()
@@ -135,7 +135,7 @@ def run_datasource(
     import os
 
     from txsink.datasource import error_text, format_not_found, register
-    from txsink.localspark import local_spark
+    from txsink.spark.localspark import local_spark
 
     if remote is not None:
         from pyspark.sql import SparkSession

@@ -12,7 +12,7 @@ import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from txsink.faults import TASK_POINTS, CrashPoint, Fault, FaultMode, FaultPlan
+from txsink.protocol.faults import TASK_POINTS, CrashPoint, Fault, FaultMode, FaultPlan
 
 __all__ = ["DEFAULT_MODES", "DEFAULT_POINTS", "ChaosPlan"]
 

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from txsink import registry
-from txsink.faults import CrashPoint, FaultMode
+from txsink.protocol.faults import CrashPoint, FaultMode
 from txsink.testing.adapter import adapter
 from txsink.testing.chaos import ChaosReport, run_chaos
 from txsink.testing.disturb import Poison, draw

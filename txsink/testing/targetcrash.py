@@ -52,7 +52,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Protocol, runtime_checkable
 
-from txsink.faults import TARGET_DONE, TARGET_REQUEST
+from txsink.protocol.faults import TARGET_DONE, TARGET_REQUEST
 
 __all__ = [
     "ServerProcess",

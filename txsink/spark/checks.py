@@ -1,0 +1,127 @@
+"""The checks of a query run's first batch, on the driver: the epoch's schema as the sinks
+see it (Arrow), the partitioning the sinks need, then each sink's own ``check(schema,
+app_id)`` hook against its real target, and that a fresh log's app is not one its targets
+already remember.
+
+The same checks run before the start (:mod:`txsink.ops.precheck`, ``txsink check``) and
+at the first batch of every query run (:class:`~txsink.spark.epoch.SparkEpochs`), so they
+live once, here: they need the epoch's schema and the layout's rules, not a DataFrame.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from txsink.errors import ConfigurationError, TxsinkError
+from txsink.spark import layout as _layout
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from txsink.contract import SinkContract
+    from txsink.protocol.log import TxLog
+
+__all__ = ["arrow_schema", "check_sink", "check_sinks", "no_app_error"]
+
+
+def no_app_error(*, connect: bool = False) -> ConfigurationError:
+    """A coordinator called without ``app_id`` where no query id is in sight: by hand,
+    outside a streaming query, or under Spark Connect (``connect``), whose foreachBatch
+    cannot see its query's id."""
+    if connect:
+        return ConfigurationError(
+            "txsink.Coordinator runs under Spark Connect, where foreachBatch cannot see its "
+            "streaming query's id (the app id txsink binds its log to): pass app_id=... to "
+            "the Coordinator, a name that stays the same for as long as the query's "
+            "checkpoint does (to keep a log a classic query wrote: the id in the "
+            "checkpoint's metadata file)",
+            phase="check",
+        )
+    return ConfigurationError(
+        "txsink.Coordinator was called outside a streaming query's foreachBatch and "
+        "without app_id: pass app_id=..., or use coordinator.write(df) for a static "
+        "DataFrame"
+    )
+
+
+def check_sink(sink: SinkContract[Any, Any], schema: pa.Schema, app_id: str) -> None:
+    """Run ``sink.check`` with the context every error of it carries; an exception that is
+    not a txsink error (a connector's gap) becomes one, naming the sink and the phase."""
+    ctx: dict[str, Any] = {"sink_uid": sink.uid, "phase": "check", "connector": sink.connector}
+    try:
+        sink.check(schema, app_id)
+    except TxsinkError as err:
+        err.with_context(**ctx)
+        raise
+    except Exception as err:
+        text = str(err).strip().splitlines()
+        raise ConfigurationError(
+            f"the start-up check failed with {type(err).__name__}: {text[0] if text else ''}. "
+            "Fix the cause it names (the sink's target, its settings), then start again",
+            **ctx,
+        ) from err
+
+
+def check_sinks(
+    sinks: Sequence[SinkContract[Any, Any]],
+    schema: pa.Schema,
+    app_id: str,
+    *,
+    log: TxLog | None = None,
+) -> None:
+    """What the first batch of a query run checks: partitioning, then each sink's hook;
+    on a ``log`` that holds no epoch, that no target remembers epochs of ``app_id``."""
+    _layout.required_partitioning([s.required_partitioning() for s in sinks], schema.names)
+    fresh = log is not None and not log.epochs()
+    for sink in sinks:
+        check_sink(sink, schema, app_id)
+        if fresh and log is not None:
+            _check_not_recorded(sink, app_id, log)
+
+
+def _check_not_recorded(sink: SinkContract[Any, Any], app_id: str, log: TxLog) -> None:
+    recorded = sink.recorded_epoch(app_id)
+    if recorded is not None:
+        raise ConfigurationError(
+            f"the target already records epochs up to {recorded} of app {app_id!r} as "
+            f"committed, but the txsink log at {log.location} holds no epoch: a new log "
+            "numbers its epochs from 0 again, and they would be skipped as already written. "
+            "Give a new pipeline a new app_id (or a new sink uid), or point log= at this "
+            "app's own log (restore it from a savepoint if it was lost)",
+            sink_uid=sink.uid,
+            phase="check",
+            connector=sink.connector,
+        )
+
+
+@functools.cache
+def _takes_timezone() -> bool:
+    """PySpark 4.2+ converts a schema to Arrow in a given time zone (``timezone=``); 4.0 and
+    4.1 only in UTC (``timestamp_utc=``)."""
+    import inspect
+
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return "timezone" in inspect.signature(to_arrow_schema).parameters
+
+
+def arrow_schema(df: DataFrame) -> pa.Schema:
+    """The DataFrame's schema as the sinks see it (Arrow; timestamps in the session's time
+    zone, in UTC on PySpark before 4.2)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    tz = df.sparkSession.conf.get("spark.sql.session.timeZone")
+    try:
+        if _takes_timezone():
+            return to_arrow_schema(df.schema, timezone=tz)
+        return to_arrow_schema(df.schema, timestamp_utc=True)  # type: ignore[call-arg, unused-ignore]
+    except (TypeError, ValueError) as err:  # a Spark type Arrow cannot carry
+        raise ConfigurationError(
+            f"the DataFrame's schema cannot be written through Arrow: {err}. Cast or drop that "
+            "column before the sink (e.g. to a string with to_json)",
+            phase="check",
+        ) from err

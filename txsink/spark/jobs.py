@@ -1,0 +1,329 @@
+"""Spark glue: the partition jobs every epoch runs, and the single pass's job.
+
+Kept apart from the protocol so the coordinator can be driven without Spark, and
+so connectors never import Spark: every job txsink runs (the pre-commit, a
+connector's commit that reads the epoch again) goes through
+:class:`SparkEpochData`. Classic PySpark and Spark Connect alike: every job is a
+``mapInArrow`` + ``collect``; what Connect cannot see (the SparkContext's query id, the
+query object through py4j, the cluster's task slots) is said at each function.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import pickle
+import re
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import pyarrow as pa
+
+from txsink.contract import TaskInfo, TaskRunner
+from txsink.errors import (
+    ConfigurationError,
+    InjectedFault,
+    RetryableError,
+    TxsinkError,
+)
+from txsink.observe.logs import EpochLogger
+from txsink.protocol.singlepass import SinglePassJob, probe_vote_service
+from txsink.protocol.taskerror import carried, failure_text, mark
+from txsink.spark.layout import task_slots
+from txsink.spark.query import is_connect
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+__all__ = [
+    "SparkEpochData",
+    "SparkTaskRunner",
+    "check_single_pass",
+    "driver_host",
+    "failure_text",
+    "task_retries",
+]
+
+R = TypeVar("R")
+T = TypeVar("T")
+
+_RESULT_SCHEMA = pa.schema([("partition", pa.int64()), ("result", pa.binary())])
+_RESULT_DDL = "partition long, result binary"
+
+
+@functools.cache
+def _result_schema() -> Any:
+    """:data:`_RESULT_DDL` as a ``StructType``: a DDL string costs a parse in the JVM on
+    every job (~5 ms per epoch on the driver)."""
+    from pyspark.sql.types import BinaryType, LongType, StructField, StructType
+
+    return StructType([StructField("partition", LongType()), StructField("result", BinaryType())])
+
+
+def driver_host(df: DataFrame) -> str:
+    """The address the executors reach the driver at (``spark.driver.host``)."""
+    import socket
+
+    host: str | None = df.sparkSession.conf.get("spark.driver.host", None)
+    return host or socket.gethostname()
+
+
+def task_retries(df: DataFrame) -> int:
+    """How often Spark retries a failed task here: ``local[N,F]`` -> F - 1, ``local[N]`` ->
+    0, a cluster -> ``spark.task.maxFailures`` - 1 (default 3)."""
+    session = df.sparkSession
+    master = str(session.conf.get("spark.master", ""))
+    found = re.fullmatch(r"local\[[^,\]]+,\s*(\d+)\]", master)
+    if found:
+        return max(0, int(found[1]) - 1)
+    if master.startswith("local"):
+        return 0
+    return max(0, int(session.conf.get("spark.task.maxFailures", "4") or 4) - 1)
+
+
+#: How long a single-pass epoch on a cluster waits for task slots to come back (an executor
+#: lost and started again just before it) before it refuses to run.
+SLOT_WAIT_S = 60.0
+
+
+def check_single_pass(
+    df: DataFrame,
+    sink_uid: str,
+    *,
+    log: EpochLogger | None = None,
+    wait_s: float = SLOT_WAIT_S,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    """Refuse, before the job, a single-pass epoch Spark cannot run all at once; the
+    epoch's partition count (1 where Spark does not tell: Spark Connect).
+
+    A barrier stage needs a task slot for each of its partitions at the same time, and no
+    dynamic allocation; Spark itself would retry the slot check for minutes
+    (``spark.scheduler.barrier.maxConcurrentTasksCheck.*``) before failing. On a cluster,
+    missing slots are first waited for up to ``wait_s``: right after an executor was lost
+    (the epoch before failed with it), its worker is starting it again.
+    """
+    session = df.sparkSession
+    if str(session.conf.get("spark.dynamicAllocation.enabled", "false")).lower() == "true":
+        raise ConfigurationError(
+            "a sink of this coordinator commits in its tasks (a single-pass epoch: one "
+            "barrier stage), which Spark cannot run with dynamic allocation: set "
+            "spark.dynamicAllocation.enabled=false, or use a mode that does not commit in "
+            "the tasks",
+            sink_uid=sink_uid,
+            phase="check",
+        )
+    if is_connect(df):
+        # No SparkContext, no RDD: the slots and the partitions are out of sight; Spark's
+        # own barrier check (spark.scheduler.barrier.maxConcurrentTasksCheck.*) applies.
+        return 1
+    now = task_slots(session)
+    try:
+        partitions = int(df.rdd.getNumPartitions())
+    except Exception:  # a Spark without these: Spark checks it itself
+        return 1
+    if now is None:
+        return 1
+    if partitions > now and not str(session.conf.get("spark.master", "")).startswith("local"):
+        if log is not None:
+            log.warning(
+                "%d partitions, %d task slots: waiting up to %.0f s for executors",
+                partitions,
+                now,
+                wait_s,
+            )
+        for _ in range(int(wait_s / 0.5)):
+            sleep(0.5)
+            now = task_slots(session) or now
+            if partitions <= now:
+                break
+    if partitions > now:
+        raise ConfigurationError(
+            f"this epoch has {partitions} partitions, but the cluster runs {now} tasks at "
+            "once, and a single-pass epoch (a sink that commits in its tasks) runs all of its "
+            f"tasks together: repartition the stream to at most {now} partitions before "
+            "the sink by key columns (df.repartition(n, 'key'): coalesce() cannot run in a "
+            "barrier stage, and a round-robin repartition(n) deals a replay differently), read "
+            "fewer input partitions, or add executors",
+            sink_uid=sink_uid,
+            phase="check",
+        )
+    return partitions
+
+
+def single_pass_job(
+    df: DataFrame,
+    data: DataFrame,
+    sink_uid: str,
+    tasks: TaskRunner,
+    *,
+    probe: bool,
+    log: EpochLogger | None = None,
+) -> SinglePassJob:
+    """The epoch as one single-pass job, after its checks (``probe``: also that the
+    executors reach the driver's vote service, once per query run). One pass: the rows
+    are read once; only a failure after the decision reads them again (Spark's replay of
+    the epoch, verified against the decision)."""
+    parts = check_single_pass(data, sink_uid, log=log)
+    host = driver_host(df)
+    if probe:
+        probe_vote_service(tasks, host, parts, sink_uid=sink_uid)
+    return SinglePassJob(SparkEpochData(data), host, task_retries(df))
+
+
+class SparkTaskRunner:
+    """:class:`~txsink.contract.TaskRunner` on a Spark session: one task per item, in one
+    job over ``range(n)`` in ``n`` partitions (``mapInArrow``: classic and Connect alike)."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+
+    def run(self, fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
+        if not items:
+            return []
+        n = len(items)
+        frame = self.session.range(0, n, 1, n)
+        job = frame.mapInArrow(functools.partial(_run_items, fn, list(items)), _result_schema())
+        with _task_errors():
+            return _results(job.collect())
+
+    def __repr__(self) -> str:
+        return "SparkTaskRunner"
+
+
+#: Spark 4's cap on the bytes of one Arrow batch handed to a Python task (default 64MB) is
+#: checked after every row by measuring the batch being built: in a ``mapInArrow`` job
+#: that is about half of the JVM's work of handing rows over (1M rows of the benchmarks'
+#: order line: 1.1 -> 0.55 CPU-s). At Int.MaxValue Spark skips the check, as Spark 3 did:
+#: batches are then cut by ``spark.sql.execution.arrow.maxRecordsPerBatch`` (10,000 rows)
+#: alone. A value the user set is kept (wide rows: set it, or fewer records per batch).
+ARROW_BYTES = "spark.sql.execution.arrow.maxBytesPerBatch"
+_NO_BYTE_CAP = str(2**31 - 1)
+
+
+@contextlib.contextmanager
+def arrow_batches_cut_by_rows(session: Any) -> Iterator[None]:
+    """Within the block, Spark cuts the Arrow batches of txsink's own jobs by rows only,
+    unless the session sets :data:`ARROW_BYTES` itself (then that holds)."""
+    conf = session.conf
+    try:
+        chosen = conf.get(ARROW_BYTES, None)
+    except Exception:  # a Spark without the setting (before 4.0): nothing to lift
+        chosen = ""
+    if chosen is not None:
+        yield
+        return
+    conf.set(ARROW_BYTES, _NO_BYTE_CAP)
+    try:
+        yield
+    finally:
+        conf.unset(ARROW_BYTES)
+
+
+class SparkEpochData:
+    """An epoch's DataFrame as :class:`~txsink.contract.EpochData`: one job, one task per
+    partition, results pickled back to the driver.
+
+    Alignment is the collect: it returns only when every partition task has finished,
+    and holds exactly one result per partition (the attempt whose result the driver
+    received).
+    """
+
+    def __init__(self, df: DataFrame) -> None:
+        self.df = df
+
+    def map_partitions(
+        self, task: Callable[[TaskInfo, Iterator[pa.RecordBatch]], R], *, barrier: bool = False
+    ) -> list[R]:
+        run = functools.partial(_run_task, task, barrier)
+        try:
+            with arrow_batches_cut_by_rows(self.df.sparkSession), _task_errors():
+                job = self.df.mapInArrow(run, _result_schema(), barrier=barrier)
+                return _results(job.collect())
+        except Exception as err:
+            if barrier and "BarrierJobUnsupportedRDDChainException" in str(err):
+                raise ConfigurationError(
+                    "the epoch's plan cannot run as one barrier stage (a single-pass epoch: "
+                    "a sink commits in its tasks): it has a coalesce(), union() or another "
+                    "step that changes the number of partitions within the stage. Use "
+                    "repartition(n, 'key') instead of coalesce(n) before the sink (a shuffle ends "
+                    "the stage), or a mode that does not commit in the tasks",
+                    phase="check",
+                ) from err
+            raise
+
+
+@contextlib.contextmanager
+def _task_errors() -> Iterator[None]:
+    """Around a job's collect: a task's error that failed the job (a Spark failure with
+    the task's traceback as text) is raised as that txsink error, the Spark failure as
+    its ``__cause__`` (:mod:`txsink.protocol.taskerror`)."""
+    try:
+        yield
+    except Exception as err:
+        found = carried(err)
+        if found is None or found is err:
+            raise
+        raise found from err
+
+
+def _results(rows: Iterable[Any]) -> list[Any]:
+    """The tasks' pickled outcomes, in partition order; the first failure raised."""
+    results: list[tuple[int, Any]] = []
+    for row in rows:
+        # Our own task pickled it, in this application: trusted input.
+        ok, value = pickle.loads(row["result"])  # noqa: S301
+        if not ok:
+            raise value
+        results.append((int(row["partition"]), value))
+    return [value for _, value in sorted(results, key=lambda r: r[0])]
+
+
+def _run_items(
+    fn: Callable[[Any], Any], items: list[Any], batches: Iterator[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
+    """A :class:`SparkTaskRunner` task: ``fn`` over the items its ids name (one, usually).
+
+    An item's index is no partition of the epoch: its errors get no context here (``fn``
+    names its own: a Kafka shard's commit its shard)."""
+    for batch in batches:
+        for index in batch.column("id").to_pylist():
+            yield _outcome(index, functools.partial(fn, items[index]), carry={})
+
+
+def _run_task(
+    task: Callable[[TaskInfo, Iterator[pa.RecordBatch]], Any],
+    barrier: bool,
+    batches: Iterator[pa.RecordBatch],
+) -> Iterator[pa.RecordBatch]:
+    from pyspark import BarrierTaskContext, TaskContext
+
+    ctx = TaskContext.get()
+    if ctx is None:
+        raise RuntimeError("a txsink partition task must run inside a Spark task")
+    tasks = len(BarrierTaskContext.get().getTaskInfos()) if barrier else None
+    info = TaskInfo(ctx.partitionId(), ctx.taskAttemptId(), tasks=tasks)
+    yield _outcome(info.partition, lambda: task(info, batches))
+
+
+def _outcome(
+    partition: int, call: Callable[[], Any], carry: dict[str, Any] | None = None
+) -> pa.RecordBatch:
+    """One result row: ``call()``'s value, or the txsink error that fails the epoch.
+
+    What the task raises instead carries itself to the driver (:func:`~txsink.protocol.taskerror.
+    mark`), with ``carry`` as its context (default: this partition)."""
+    context = {"partition": partition} if carry is None else carry
+    try:
+        outcome: tuple[bool, Any] = (True, call())
+    except (RetryableError, InjectedFault) as err:
+        raise mark(err, **context) from err.__cause__  # Spark retries the task attempt
+    except TxsinkError as err:
+        # Fatal for the epoch: no task retry can fix it, so it goes to the driver whole.
+        outcome = (False, err.with_context(**context))
+    except Exception as err:  # a gap in a connector: named on the driver all the same
+        raise mark(err, **context) from err.__cause__
+    return pa.RecordBatch.from_pydict(
+        {"partition": [partition], "result": [pickle.dumps(outcome)]}, schema=_RESULT_SCHEMA
+    )

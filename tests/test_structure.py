@@ -213,3 +213,31 @@ def test_the_architecture_doc_maps_every_module() -> None:
         f"regenerate the map (python docs/tools/module_map.py): missing "
         f"{sorted(on_disk - mapped)}, gone {sorted(mapped - on_disk)}"
     )
+
+
+#: The Kafka connector's modes: sub-packages of connectors/kafka/ (connectors/kafka/__init__.py).
+KAFKA = CONNECTORS / "kafka"
+KAFKA_MODES = ("direct", "replay", "wal")
+#: The modules that may pick a mode: the sink, the package's face, the testing adapter.
+KAFKA_PICKERS = ("sink", "__init__", "testing")
+
+
+def test_the_kafka_modes_import_only_the_shared_parts() -> None:
+    """A Kafka mode (``direct/``, ``replay/``, ``wal/``) never imports another mode: what two
+    modes share lives in the shared parts (``records/``, ``clients/``, ``fromreplay``...).
+    The shared parts import no mode either: only the sink picks one (and the package face
+    and the testing adapter name them)."""
+    base = "txsink.connectors.kafka."
+    found = set()
+    for path in _modules(KAFKA):
+        rel = path.relative_to(KAFKA)
+        mine = rel.parts[0] if len(rel.parts) > 1 and rel.parts[0] in KAFKA_MODES else None
+        if mine is None and len(rel.parts) == 1 and path.stem in KAFKA_PICKERS:
+            continue
+        name = _module_name(path)
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for imported in _imports(path, package):
+            mode = imported.removeprefix(base).split(".")[0] if imported.startswith(base) else ""
+            if mode in KAFKA_MODES and mode != mine:
+                found.add(f"{rel} ({mine or 'shared'}) imports the {mode} mode")
+    assert not found, "the Kafka modes import only the shared parts:\n" + "\n".join(sorted(found))

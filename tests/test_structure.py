@@ -241,3 +241,20 @@ def test_the_kafka_modes_import_only_the_shared_parts() -> None:
             if mode in KAFKA_MODES and mode != mine:
                 found.add(f"{rel} ({mine or 'shared'}) imports the {mode} mode")
     assert not found, "the Kafka modes import only the shared parts:\n" + "\n".join(sorted(found))
+
+
+def test_only_the_testing_face_imports_the_chaos_runs() -> None:
+    """``txsink/testing/chaos/`` (the chaos runs) builds on the modules beside it; of those,
+    only the package face and the pytest plugin import it, so the connector kit and the
+    documented tools never depend on the chaos runs."""
+    testing = CORE / "testing"
+    room = "txsink.testing.chaos"
+    found = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in _modules(testing)
+        if not path.is_relative_to(testing / "chaos")
+        and path.name not in ("__init__.py", "pytest_plugin.py")
+        for name in _imports(path, "txsink.testing")
+        if name == room or name.startswith(room + ".")
+    ]
+    assert not found, found

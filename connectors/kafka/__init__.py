@@ -34,9 +34,10 @@ Why this cut: the modes differ only in where the pre-commit lives (a WAL file, n
 but a count, an open transaction) and so in how their commit gets the records back; the
 rest (encoding and refusing records, producers, markers, error codes) is one piece of
 code for all three, so it is written once, in ``records/`` and ``clients/``. Imports run
-one way: ``sink`` -> a mode -> ``fromreplay``/``checks`` -> ``records/`` -> ``clients/``;
-a mode never imports another (what two modes share is shared, like ``fromreplay``), and
-nothing but the sink, this face and the testing adapter imports a mode
+one way: ``sink`` -> a mode -> ``fromreplay`` -> ``records/`` -> ``clients/`` (``checks``
+and ``readback`` sit on the shared rooms too); a mode never imports another (what two
+modes share is shared, like ``fromreplay``), nothing but the sink, this face and the
+testing adapter imports a mode, and ``clients/`` imports nothing else of the connector
 (``tests/test_structure.py`` checks it).
 """
 

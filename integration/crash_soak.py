@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from crashable_targets import CrashableKafka, CrashableMinio, CrashablePostgres
 
-from txsink.testing.soak import soak
-from txsink.testing.soaklog import summary
+from txsink.testing.chaos.soak import soak
+from txsink.testing.chaos.soaklog import summary
 
 CONNECTORS = "files,postgres,kafka,s3,iceberg,delta"
 MODES = "raise,kill-driver,kill-worker,kill-target"
@@ -77,7 +77,7 @@ def main() -> int:
 
         def on_plan(index: int, report: object, result: object) -> None:
             from txsink.testing.chaos import ChaosReport
-            from txsink.testing.soak import SoakResult
+            from txsink.testing.chaos.soak import SoakResult
 
             assert isinstance(report, ChaosReport) and isinstance(result, SoakResult)
             kills = f" servers: {'; '.join(report.target_kills)}" if report.target_kills else ""

@@ -43,7 +43,7 @@ from pathlib import Path
 from _services.common import is_root
 from _services.postgres import _as_server_user, _chown_to_server_user, find_bindir
 
-from txsink.testing.targetcrash import child_pids, process_alive
+from txsink.testing.chaos.targetcrash import child_pids, process_alive
 
 __all__ = ["CrashableKafka", "CrashableMinio", "CrashablePostgres"]
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from txsink.connectors.kafka.offsets import Isolation, settled_ends, topic_ends
+from txsink.connectors.kafka.clients.offsets import Isolation, settled_ends, topic_ends
 from txsink.connectors.kafka.readback import KafkaRecord, admin_client, read_records
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ def end_offsets(
     With ``read_committed`` that is the last stable offset (LSO): records of a still-open
     transaction lie beyond it. Right after a commit returns, Kafka may still be writing
     its markers, so this waits (a few seconds at most) for the LSO to reach the high
-    watermark (:func:`txsink.connectors.kafka.offsets.settled_ends`, the connector's one
+    watermark (:func:`txsink.connectors.kafka.clients.offsets.settled_ends`, the connector's one
     reader of end offsets); ``LookupError`` if the topic is missing.
     """
     admin = admin_client(bootstrap)

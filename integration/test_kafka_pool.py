@@ -1,4 +1,4 @@
-"""Pooled transactional producers (txsink/connectors/kafka/pool.py) against the real broker:
+"""Pooled transactional producers (txsink/connectors/kafka/clients/pool.py) against the real broker:
 reused across replay commit tasks of one process, replaced when another producer took
 their transactional id over, dropped after a failed transaction; the WAL driver
 initialises each shard once. Read back with read_committed."""
@@ -16,9 +16,10 @@ import pyarrow as pa
 import pytest
 from readback import open_transactions, read_topic
 
-from txsink.connectors.kafka import KafkaReplayHandle, KafkaSink, pool
-from txsink.connectors.kafka.producers import ShardProducers
-from txsink.connectors.kafka.replay import ShardCommit
+from txsink.connectors.kafka import KafkaReplayHandle, KafkaSink
+from txsink.connectors.kafka.clients import pool
+from txsink.connectors.kafka.clients.producers import ShardProducers
+from txsink.connectors.kafka.fromreplay import ShardCommit
 from txsink.contract import EpochCommit, TaskInfo
 from txsink.txid import TxnId
 
@@ -140,7 +141,7 @@ def test_a_pooled_producer_sees_the_epoch_another_committed(kafka: Any) -> None:
     other = ShardProducers(sink.settings)  # another worker commits epoch 1 first
     task = _task(sink, 1, range(10, 20))
     records = sink.records.encode(_batch(range(10, 20)), 0, 0)
-    from txsink.connectors.kafka.producers import produce_records
+    from txsink.connectors.kafka.clients.producers import produce_records
 
     other.transaction(0, APP, 1, lambda p: produce_records(p, records))
     # Our pooled (now fenced) producer's task reads the marker: committed, nothing to do.

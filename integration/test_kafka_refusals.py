@@ -32,7 +32,7 @@ from readback import open_transactions, read_topic
 
 from conftest import services_for
 from txsink.connectors.kafka import KafkaSink
-from txsink.connectors.kafka.limits import batch_size
+from txsink.connectors.kafka.records.limits import batch_size
 from txsink.contract import EpochCommit
 from txsink.errors import ConfigurationError, WriteError
 from txsink.testing.inputs import input_epochs, make_input

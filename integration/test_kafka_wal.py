@@ -182,7 +182,7 @@ def test_a_task_killed_mid_upload_leaves_no_object(kafka: Any, s3: Any, tmp_path
         f"""
         import json, os, sys
         import pyarrow as pa
-        from txsink.connectors.kafka.walstore import WalStore
+        from txsink.connectors.kafka.wal.store import WalStore
         store = WalStore("s3://{bucket}/wal", json.loads(sys.argv[1]))
         out = store.writer("txsink.app.u.e0.r0.p0.a0/records.arrow")
         out.write(os.urandom(12 << 20))  # beyond a part: the multipart upload has begun
@@ -208,7 +208,7 @@ def test_a_task_killed_mid_upload_leaves_no_object(kafka: Any, s3: Any, tmp_path
 def test_a_handle_of_the_previous_version_still_commits(kafka: Any, tmp_path: Path) -> None:
     """A WAL file and handle as txsink 0.1 wrote them (records.arrow written in place,
     handle version 1) commit unchanged."""
-    from txsink.connectors.kafka.records import RECORD_SCHEMA
+    from txsink.connectors.kafka.records.format import RECORD_SCHEMA
 
     topic = kafka.new_topic(1)
     uid = _uid()

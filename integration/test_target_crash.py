@@ -234,8 +234,8 @@ def test_cross_system_move_survives_a_target_crash(
 def test_soak_draws_target_crashes_and_resumes(tmp_path: Path) -> None:
     """Two plans of ``kill-target`` faults, then one more from the same results file: the
     second run runs index 2 only, and the file tallies all three."""
-    from txsink.testing.soak import soak
-    from txsink.testing.soaklog import read, summary
+    from txsink.testing.chaos.soak import soak
+    from txsink.testing.chaos.soaklog import read, summary
 
     pg, minio, env = _private_servers(tmp_path)
     results = tmp_path / "results.jsonl"

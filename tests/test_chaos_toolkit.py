@@ -362,7 +362,7 @@ def _soak_seeds(seed: int, plans: int) -> list[int]:
 def test_a_soak_draws_single_pass_variants_for_some_plans() -> None:
     """Half the plans, by the plan's seed, run a connector's single-pass variant (Kafka's
     direct mode) instead of its default: the soak covers single-pass epochs too."""
-    from txsink.testing.soak import _draw_variants
+    from txsink.testing.chaos.soak import _draw_variants
 
     drawn = [_draw_variants(["kafka", "files"], seed) for seed in range(40)]
     assert drawn == [_draw_variants(["kafka", "files"], seed) for seed in range(40)]

@@ -12,8 +12,8 @@ import pytest
 from botocore import exceptions as bx
 from confluent_kafka import KafkaError, KafkaException
 
-from txsink.connectors.kafka.clients import KafkaSettings
-from txsink.connectors.kafka.errors import check_error, client_calls, client_error, kind_of
+from txsink.connectors.kafka.clients.errors import check_error, client_calls, client_error, kind_of
+from txsink.connectors.kafka.clients.settings import KafkaSettings
 from txsink.connectors.postgres.errors import map_error
 from txsink.connectors.s3.errors import classify, log_error, sink_error
 from txsink.errors import (
@@ -111,7 +111,7 @@ def test_fencing_an_unreachable_broker_raises_a_classified_error() -> None:
     """A fencing ``init_transactions`` (abort of a direct-mode handle, migrate, leftovers)
     against no broker at all: a RetryableError of the caller's phase, never a raw
     KafkaException (a real client: nothing listens on port 1)."""
-    from txsink.connectors.kafka.producers import fence
+    from txsink.connectors.kafka.clients.producers import fence
 
     settings = KafkaSettings("127.0.0.1:1", "k", "txsink", "markers", 1, 1.0)
     with pytest.raises(RetryableError) as caught:

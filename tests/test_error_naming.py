@@ -345,8 +345,8 @@ def test_a_failed_void_is_a_note_of_the_error_raised(tmp_path: Path) -> None:
 def test_kafka_client_errors_are_wrapped_and_classified_by_code() -> None:
     from confluent_kafka import KafkaError, KafkaException
 
-    from txsink.connectors.kafka.clients import KafkaSettings
-    from txsink.connectors.kafka.errors import client_calls
+    from txsink.connectors.kafka.clients.errors import client_calls
+    from txsink.connectors.kafka.clients.settings import KafkaSettings
 
     settings = KafkaSettings("127.0.0.1:9092", "k", "txsink", "markers", 2, 10.0)
 

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
-from txsink.connectors.kafka.avro import AvroEncoder, registry_unavailable
+from txsink.connectors.kafka.records.avro import AvroEncoder, registry_unavailable
 from txsink.errors import RetryableError
 
 SCHEMA = json.dumps({"type": "record", "name": "R", "fields": [{"name": "a", "type": "long"}]})

@@ -1,4 +1,4 @@
-"""The replay checksum (txsink/connectors/kafka/checksum.py): every version keeps its
+"""The replay checksum (txsink/connectors/kafka/records/checksum.py): every version keeps its
 values (pinned), version 3 equals its pure-Python reference, covers every field, tells
 nulls from empty values and ignores order and batching."""
 
@@ -11,8 +11,8 @@ import pyarrow as pa
 import pytest
 
 from txsink.connectors.kafka import RECORD_SCHEMA, KafkaReplayHandle
-from txsink.connectors.kafka.checksum import CHECKSUM_VERSION, SIPHASH_KEY, checksum
-from txsink.connectors.kafka.columns import py_columns
+from txsink.connectors.kafka.clients.columns import py_columns
+from txsink.connectors.kafka.records.checksum import CHECKSUM_VERSION, SIPHASH_KEY, checksum
 from txsink.handles import dump_handle, load_handle
 from txsink.txid import TxnId
 

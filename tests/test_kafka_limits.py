@@ -11,7 +11,8 @@ import random
 import pyarrow as pa
 import pytest
 
-from txsink.connectors.kafka.limits import (
+from txsink.connectors.kafka.records.format import RECORD_SCHEMA
+from txsink.connectors.kafka.records.limits import (
     BATCH_OVERHEAD,
     RecordLimit,
     batch_cap,
@@ -21,7 +22,6 @@ from txsink.connectors.kafka.limits import (
     effective_limit,
     varint_size,
 )
-from txsink.connectors.kafka.records import RECORD_SCHEMA
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""The pool's commit (txsink/connectors/kafka/pool.py) with fake producers: when a reused
+"""The pool's commit (txsink/connectors/kafka/clients/pool.py) with fake producers: when a reused
 producer's task starts again, and from where. Against the real broker:
 integration/test_kafka_pool.py."""
 
@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from txsink.connectors.kafka import pool
-from txsink.connectors.kafka.clients import KafkaSettings
-from txsink.connectors.kafka.producers import StaleProducerError
+from txsink.connectors.kafka.clients import pool
+from txsink.connectors.kafka.clients.producers import StaleProducerError
+from txsink.connectors.kafka.clients.settings import KafkaSettings
 from txsink.errors import FencedError, RetryableError
 
 
@@ -166,7 +166,7 @@ def test_pooled_producer_reports_fresh_once(fake: FakeProducers) -> None:
 
 def test_a_transaction_over_half_its_timeout_is_a_warning(caplog: pytest.LogCaptureFixture) -> None:
     """WAL, replay and direct mode warn the same way (direct: from the task's start)."""
-    from txsink.connectors.kafka.producers import warn_if_slow
+    from txsink.connectors.kafka.clients.producers import warn_if_slow
 
     settings = KafkaSettings(
         "b:9092", "u", "txsink", "m", 1, 30.0, {"transaction.timeout.ms": 20000}

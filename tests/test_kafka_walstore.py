@@ -13,9 +13,9 @@ import pytest
 from pyarrow import fs
 
 from txsink.connectors.kafka import KafkaSink
-from txsink.connectors.kafka.records import RECORD_SCHEMA
+from txsink.connectors.kafka.records.format import RECORD_SCHEMA
 from txsink.connectors.kafka.wal import KafkaWalHandle
-from txsink.connectors.kafka.walstore import WalStore
+from txsink.connectors.kafka.wal.store import WalStore
 from txsink.errors import ConfigurationError
 from txsink.txid import TxnId
 

@@ -355,9 +355,9 @@ def test_direct_mode_keeps_the_refused_record_so_a_refusal_blocks_naming_it() ->
     recognised as blocked by the refused record's own code, and names the record."""
     from confluent_kafka import KafkaError
 
-    from txsink.connectors.kafka import direct
-    from txsink.connectors.kafka.clients import KafkaSettings
-    from txsink.connectors.kafka.errors import FailedDelivery, commit_error
+    from txsink.connectors.kafka.clients.errors import FailedDelivery, commit_error
+    from txsink.connectors.kafka.clients.settings import KafkaSettings
+    from txsink.connectors.kafka.direct import task as direct
 
     errors: list[Any] = []
     direct._on_failed_delivery(errors, KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), _Msg())

@@ -251,7 +251,7 @@ def test_librdkafka_refused_connections_are_one_warning(caplog: pytest.LogCaptur
     the sink's logger passes one WARNING, then one line when an operation succeeds."""
     from confluent_kafka import Producer
 
-    from txsink.connectors.kafka.clients import KafkaSettings
+    from txsink.connectors.kafka.clients.settings import KafkaSettings
 
     caplog.set_level(logging.INFO, logger="txsink")
     port = _closed_port()

@@ -248,8 +248,8 @@ CONNECTOR_TOOLS_MAY = CONNECTOR_MAY | {"cli", "txsink.runner"}
 #: Rooms whose modules must not import these top-level packages, at any depth of the file.
 FORBIDDEN = {"protocol": ("pyspark", "py4j")}
 MAX_MODULES = 15
-#: Folders over MAX_MODULES for now, each with the issue that splits it.
-CROWDED = {"txsink/testing": "issue #36: the testing toolkit is split by its own branch"}
+#: Folders over MAX_MODULES for now, each with the issue that splits it (none today).
+CROWDED: dict[str, str] = {}
 
 
 def room_of(module: str) -> str | None:
@@ -396,6 +396,53 @@ def test_every_room_states_its_job() -> None:
             continue
         doc = ast.get_docstring(ast.parse(init.read_text())) or ""
         assert doc, f"{init.relative_to(ROOT)}: no docstring stating the room's job"
-        # testing/: its docstring is its own branch's (issue #36), being split meanwhile
-        if init.parent.name in ROOMS and init.parent.name != "testing":
+        if init.parent.name in ROOMS:
             assert "May import" in doc, f"{init.relative_to(ROOT)}: say what it may import"
+
+
+#: The Kafka connector's modes: sub-packages of connectors/kafka/ (connectors/kafka/__init__.py).
+KAFKA = CONNECTORS / "kafka"
+KAFKA_MODES = ("direct", "replay", "wal")
+#: The modules that may pick a mode: the sink, the package's face, the testing adapter.
+KAFKA_PICKERS = ("sink", "__init__", "testing")
+
+
+def test_the_kafka_modes_import_only_the_shared_parts() -> None:
+    """A Kafka mode (``direct/``, ``replay/``, ``wal/``) never imports another mode: what two
+    modes share lives in the shared parts (``records/``, ``clients/``, ``fromreplay``...).
+    The shared parts import no mode either: only the sink picks one (and the package face
+    and the testing adapter name them). ``clients/``, the bottom room, imports nothing
+    else of the connector."""
+    base = "txsink.connectors.kafka."
+    found = set()
+    for path in _modules(KAFKA):
+        rel = path.relative_to(KAFKA)
+        mine = rel.parts[0] if len(rel.parts) > 1 and rel.parts[0] in KAFKA_MODES else None
+        if mine is None and len(rel.parts) == 1 and path.stem in KAFKA_PICKERS:
+            continue
+        name = _module_name(path)
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for imported in _imports(path, package):
+            room = imported.removeprefix(base).split(".")[0] if imported.startswith(base) else ""
+            if room in KAFKA_MODES and room != mine:
+                found.add(f"{rel} ({mine or 'shared'}) imports the {room} mode")
+            elif rel.parts[0] == "clients" and room and room != "clients":
+                found.add(f"{rel} (clients/, the bottom room) imports {base}{room}")
+    assert not found, "the Kafka modes import only the shared parts:\n" + "\n".join(sorted(found))
+
+
+def test_only_the_testing_face_imports_the_chaos_runs() -> None:
+    """``txsink/testing/chaos/`` (the chaos runs) builds on the modules beside it; of those,
+    only the package face and the pytest plugin import it, so the connector kit and the
+    documented tools never depend on the chaos runs."""
+    testing = CORE / "testing"
+    room = "txsink.testing.chaos"
+    found = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in _modules(testing)
+        if not path.is_relative_to(testing / "chaos")
+        and path.name not in ("__init__.py", "pytest_plugin.py")
+        for name in _imports(path, "txsink.testing")
+        if name == room or name.startswith(room + ".")
+    ]
+    assert not found, found

@@ -1,4 +1,4 @@
-"""The ``kill-target`` fault mode and its supervisor (:mod:`txsink.testing.targetcrash`).
+"""The ``kill-target`` fault mode and its supervisor (:mod:`txsink.testing.chaos.targetcrash`).
 
 No Spark here: the fault fires in this process or in a tiny child pipeline, and the
 "server" is either a flag file (to follow the supervisor's steps) or a real process (an
@@ -22,7 +22,7 @@ import txsink.protocol.faults
 from txsink.errors import InjectedFault
 from txsink.protocol.faults import CrashPoint, Fault, FaultMode, FaultPlan
 from txsink.testing import ChaosPlan, IdsVerifier, ServerProcess, TargetCrashes, run_chaos
-from txsink.testing.soaklog import done_indices, settings_line, summary
+from txsink.testing.chaos.soaklog import done_indices, settings_line, summary
 
 
 class FlagServer:

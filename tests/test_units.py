@@ -197,7 +197,7 @@ def test_kafka_replay_checksum_covers_every_field_and_reads_v1_handles() -> None
     import pyarrow as pa
 
     from txsink.connectors.kafka import RECORD_SCHEMA, KafkaReplayHandle
-    from txsink.connectors.kafka.replay import checksum as _checksum
+    from txsink.connectors.kafka.records.checksum import checksum as _checksum
 
     def records(partition: int | None, headers: Any, key: bytes | None) -> pa.RecordBatch:
         return pa.RecordBatch.from_pylist(

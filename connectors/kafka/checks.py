@@ -5,7 +5,7 @@
 - the topic's effective ``max.message.bytes`` with the producer's ``message.max.bytes``
   give the record limit the pre-commit checks (an explicit ``max_record_bytes`` above it
   is refused here), and the producers' ``batch.size`` is capped so a batch fits too
-  (:mod:`~txsink.connectors.kafka.limits`);
+  (:mod:`~txsink.connectors.kafka.records.limits`);
 - this principal may WRITE to the topic and the marker topic (KIP-430's authorized
   operations; ``init_transactions`` on the sink's transactional ids then proves WRITE on
   them);
@@ -21,12 +21,12 @@ from typing import Any
 
 import pyarrow as pa
 
-from txsink.connectors.kafka.clients import KafkaSettings
-from txsink.connectors.kafka.errors import check_error
-from txsink.connectors.kafka.limits import batch_cap, effective_limit
-from txsink.connectors.kafka.markers import ensure_marker_topic
-from txsink.connectors.kafka.records import RecordFormat
-from txsink.connectors.kafka.topics import TopicInfo, describe_topics
+from txsink.connectors.kafka.clients.errors import check_error
+from txsink.connectors.kafka.clients.markers import ensure_marker_topic
+from txsink.connectors.kafka.clients.settings import KafkaSettings
+from txsink.connectors.kafka.records.format import RecordFormat
+from txsink.connectors.kafka.records.limits import batch_cap, effective_limit
+from txsink.connectors.kafka.records.topics import TopicInfo, describe_topics
 from txsink.errors import ConfigurationError
 
 __all__ = ["MIN_TXN_TIMEOUT_MS", "check_avro", "check_brokers", "check_columns", "check_topics"]

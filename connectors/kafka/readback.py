@@ -10,9 +10,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from txsink.connectors.kafka.clients import rdkafka_logger
-from txsink.connectors.kafka.errors import has_code
-from txsink.connectors.kafka.offsets import Isolation, settled_ends, topic_ends
+from txsink.connectors.kafka.clients.errors import has_code
+from txsink.connectors.kafka.clients.offsets import Isolation, settled_ends, topic_ends
+from txsink.connectors.kafka.clients.settings import rdkafka_logger
 
 __all__ = [
     "KafkaRecord",
@@ -78,7 +78,7 @@ def read_records(
 
     Reads from the beginning to the end offsets as of the call (for ``read_committed``, once
     the markers of the transactions committed so far are in every partition:
-    :func:`~txsink.connectors.kafka.offsets.settled_ends`), or to ``ends`` (per partition)
+    :func:`~txsink.connectors.kafka.clients.offsets.settled_ends`), or to ``ends`` (per partition)
     when given; raises TimeoutError if that end is not reached in ``timeout_s``. No
     consumer group offsets are committed.
     """

@@ -6,17 +6,17 @@ is in no stable broker nor client), so a Kafka transaction cannot stay
 durable elsewhere, and the Kafka transaction is the commit::
 
     write    each task serialises its rows to Kafka records (key, value, headers, topic,
-             partition) and checks their size                          (records.py)
+             partition) and checks their size                        (records/format.py)
     prepare  WAL mode: the records go to a write-ahead log file (Arrow IPC), published
-             whole under ``wal``: a shared folder or an object store (walstore.py); the
-             handle names it and its CRC32                              (wal.py)
-             replay mode: the handle holds the shard's count and checksum (replay.py)
+             whole under ``wal``: a shared folder or an object store (wal/store.py); the
+             handle names it and its CRC32                                 (wal/task.py)
+             replay mode: the handle holds the shard's count and checksum (replay/)
     commit   commit_epoch, one Spark task per shard: init_transactions on the shard's
-             stable transactional.id, which fences any zombie with that id (producers.py);
-             read the shard's marker (markers.py); if it already says this epoch, do
-             nothing; else produce the shard's records AND the new marker in one
-             transaction and commit; the shards are reported committed once the tasks
-             returned
+             stable transactional.id, which fences any zombie with that id
+             (clients/producers.py); read the shard's marker (clients/markers.py); if it
+             already says this epoch, do nothing; else produce the shard's records AND
+             the new marker in one transaction and commit; the shards are reported
+             committed once the tasks returned                              (wal/log.py)
     abort    delete the WAL file
     recover  WAL files of this app and sink that no decision names
 
@@ -58,16 +58,16 @@ import pyarrow as pa
 from typing_extensions import override
 
 from txsink.connectors.kafka import checks, direct, replay
-from txsink.connectors.kafka.clients import ENFORCED, KafkaSettings
+from txsink.connectors.kafka.clients.markers import Markers
+from txsink.connectors.kafka.clients.producers import ShardProducers, fence
+from txsink.connectors.kafka.clients.settings import ENFORCED, KafkaSettings
 from txsink.connectors.kafka.direct import KafkaDirectHandle, OpenDirect, open_direct
-from txsink.connectors.kafka.limits import DEFAULT_PRODUCER_MAX
-from txsink.connectors.kafka.markers import Markers
-from txsink.connectors.kafka.producers import ShardProducers, fence
-from txsink.connectors.kafka.records import RecordFormat, avro_encoders
+from txsink.connectors.kafka.records.format import RecordFormat, avro_encoders
+from txsink.connectors.kafka.records.limits import DEFAULT_PRODUCER_MAX
+from txsink.connectors.kafka.records.topics import TopicLookup
 from txsink.connectors.kafka.replay import KafkaReplayHandle, OpenReplay
-from txsink.connectors.kafka.topics import TopicLookup
 from txsink.connectors.kafka.wal import KafkaWalHandle, OpenWal, WriteAheadLog
-from txsink.connectors.kafka.walstore import WalStore
+from txsink.connectors.kafka.wal.store import WalStore
 from txsink.handles import Handle
 from txsink.sink import EpochCommit, Partitioning, TwoPhaseCommitSink
 from txsink.store import LogStore
@@ -116,7 +116,7 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
         schema_registry: ``SchemaRegistryClient`` settings (``{"url": ...}``, auth,
             TLS), passed through untouched, never logged.
         key_schema, value_schema: Avro schemas (JSON strings); default: derived
-            from the columns' types (:func:`~txsink.connectors.kafka.avro.avro_schema`).
+            from the columns' types (:func:`~txsink.connectors.kafka.records.avro.avro_schema`).
         avro_config: ``AvroSerializer`` settings (``auto.register.schemas``,
             ``subject.name.strategy``, ...).
         headers: a ``map<string, string|binary>`` column of record headers.

@@ -21,11 +21,11 @@ from typing import Any, ClassVar
 from typing_extensions import override
 
 from txsink.connectors.kafka import readback
-from txsink.connectors.kafka.clients import rdkafka_logger
-from txsink.connectors.kafka.offsets import settled_ends, topic_ends
-from txsink.connectors.kafka.producers import fence
+from txsink.connectors.kafka.clients.offsets import settled_ends, topic_ends
+from txsink.connectors.kafka.clients.producers import fence
+from txsink.connectors.kafka.clients.settings import rdkafka_logger
 from txsink.connectors.kafka.sink import KafkaSink
-from txsink.connectors.kafka.walstore import WalStore
+from txsink.connectors.kafka.wal.store import WalStore
 from txsink.testing.adapter import ConnectorTesting
 from txsink.testing.observer import Snapshot, Target, by_epoch
 from txsink.testing.verifiers import SinkVerifier
@@ -323,7 +323,8 @@ class KafkaTesting(ConnectorTesting):
         marker topic. Then this process's pooled producers are closed: a test that ran a
         task's code here (the contract suite) leaves them, and only worker processes
         should keep them."""
-        from txsink.connectors.kafka import direct, pool
+        from txsink.connectors.kafka import direct
+        from txsink.connectors.kafka.clients import pool
 
         if spec.get("mode") == "direct":
             sink = self.build_sink(spec, env)

@@ -2,7 +2,7 @@
 
 Write side (tasks): :func:`open_object` records the key in the transaction's marker, starts
 the upload (``txsink-txn`` metadata, CRC32 checksums) and records its upload id; a
-:class:`~txsink._target.formats.FormatWriter` encodes rows into an in-memory buffer, cut into
+:class:`~txsink.kit.formats.FormatWriter` encodes rows into an in-memory buffer, cut into
 ``part_bytes`` parts that upload on the task's threads while encoding goes on;
 :func:`finish_object` sends the last (possibly small) part and notes the expected ETag and
 composite CRC32 of the completed object.

@@ -23,7 +23,7 @@ or the task attempt, so whichever attempt is decided publishes the same names::
 dropped from the objects, as Spark does. Which upload is whose is kept in upload markers
 (:mod:`~txsink.connectors.s3.markers`); "already committed" is verified in the bucket, never
 assumed from an error code (:mod:`~txsink.connectors.s3.multipart`); the manifest is written
-last with the one epoch-manifest module (:mod:`txsink._target.manifests`), through the
+last with the one epoch-manifest module (:mod:`txsink.kit.manifests`), through the
 connector's one conditional PUT (:class:`~txsink.connectors.s3.store.S3Objects`).
 
 Package map: ``sink`` (configuration and hooks), ``handles``, ``hive``, ``multipart``,

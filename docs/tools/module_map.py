@@ -17,6 +17,22 @@ ROOT = Path(__file__).resolve().parents[2]
 CONNECTORS = sorted(
     p.name for p in (ROOT / "connectors").iterdir() if p.is_dir() and not p.name.startswith("_")
 )
+
+
+def _connector_groups(name: str) -> list[tuple[str, str]]:
+    """A connector's folder, then each of its sub-packages (``connectors/kafka/wal/``),
+    named by the first line of the sub-package's docstring."""
+    groups = [(f"connectors/{name}/", f"the {name} connector")]
+    for sub in sorted((ROOT / "connectors" / name).iterdir()):
+        if (sub / "__init__.py").is_file():
+            doc = ast.get_docstring(ast.parse((sub / "__init__.py").read_text())) or sub.name
+            what = doc.split(":")[0].split("\n")[0].rstrip(".")
+            if what[1:2].islower():  # "WAL mode" keeps its capitals
+                what = what[:1].lower() + what[1:]
+            groups.append((f"connectors/{name}/{sub.name}/", what))
+    return groups
+
+
 GROUPS = [
     ("txsink/", "the core's public surface: the base API and the faces"),
     ("txsink/kit/", "plumbing shared by the core and the connectors"),
@@ -27,8 +43,9 @@ GROUPS = [
     ("txsink/datasource/", "the Data Source face"),
     ("txsink/cli/", "the command line"),
     ("txsink/testing/", "the testing toolkit"),
+    ("txsink/testing/chaos/", "the chaos runs"),
     ("connectors/", "the connectors' namespace package"),
-    *[(f"connectors/{name}/", f"the {name} connector") for name in CONNECTORS],
+    *[group for name in CONNECTORS for group in _connector_groups(name)],
 ]
 
 

@@ -17,7 +17,7 @@ txsink-per-part  the same with ``max_tasks=None``: one task (and file) per parti
 append   ``table.append(df.toArrow())``: what a user without txsink writes (pyiceberg
          writes and commits from the driver; ``toArrow`` collects every row there).
 feed     not a writer: tasks that only receive the batches (Spark's own cost), with the
-         Arrow byte cap lifted as txsink lifts it for its own job (``txsink._spark``).
+         Arrow byte cap lifted as txsink lifts it for its own job (``txsink.spark.jobs``).
 
 Spark's own Iceberg writer is not measured: no Iceberg Spark runtime runs on PySpark 4.3
 (``iceberg-spark-runtime-4.1_2.13:1.12.0`` fails with ``IncompatibleClassChangeError``;

@@ -69,17 +69,18 @@ except ImportError:  # run as a plain script: python integration/benchmarks/kafk
 from _services.common import quiet_logger
 
 from txsink import Coordinator
-from txsink.connectors.kafka import pool as kafka_pool
+from txsink.connectors.kafka import fromreplay as kafka_replay
 from txsink.connectors.kafka import readback as kafka_readback
-from txsink.connectors.kafka import replay as kafka_replay
 from txsink.connectors.kafka import wal as kafka_wal
-from txsink.connectors.kafka.clients import KafkaSettings
-from txsink.connectors.kafka.markers import Markers
-from txsink.connectors.kafka.offsets import Isolation, settled_ends, topic_ends
-from txsink.connectors.kafka.producers import ShardProducers, produce_records
+from txsink.connectors.kafka.clients import pool as kafka_pool
+from txsink.connectors.kafka.clients.markers import Markers
+from txsink.connectors.kafka.clients.offsets import Isolation, settled_ends, topic_ends
+from txsink.connectors.kafka.clients.producers import ShardProducers, produce_records
+from txsink.connectors.kafka.clients.settings import KafkaSettings
+from txsink.connectors.kafka.fromreplay import ShardResult
 from txsink.connectors.kafka.readback import admin_client
-from txsink.connectors.kafka.records import RecordFormat
-from txsink.connectors.kafka.replay import CHECKSUM_VERSION, ShardResult, checksum
+from txsink.connectors.kafka.records.checksum import CHECKSUM_VERSION, checksum
+from txsink.connectors.kafka.records.format import RecordFormat
 from txsink.connectors.kafka.sink import KafkaHandle, KafkaSink, OpenTxn
 from txsink.contract import EpochCommit, EpochData, TaskInfo
 from txsink.txid import TxnId

@@ -271,7 +271,7 @@ def run_command(args: argparse.Namespace) -> int:
 
 def soak_command(args: argparse.Namespace) -> int:
     from txsink.testing.chaos import ChaosReport
-    from txsink.testing.soak import SoakResult, available_connectors, soak
+    from txsink.testing.chaos.soak import SoakResult, available_connectors, soak
 
     connectors = args.connectors or available_connectors()
     folder = args.workdir.resolve() / f"seed-{args.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -329,7 +329,7 @@ def _targets(spec: str | None) -> dict[str, Any] | None:
     if spec is None:
         return None
     from txsink.runner import load_callable
-    from txsink.testing.targetcrash import TargetControl
+    from txsink.testing.chaos.targetcrash import TargetControl
 
     made = load_callable(spec)()
     if not isinstance(made, dict) or not all(isinstance(c, TargetControl) for c in made.values()):
@@ -343,7 +343,7 @@ def chaos_command(args: argparse.Namespace) -> int:
     # Every query run starts a driver: build the class-data archive once (~45 s the first
     # time on a machine) to start each of them ~5 s faster.
     if args.chaos_command == "tally":
-        from txsink.testing.soaklog import summary
+        from txsink.testing.chaos.soaklog import summary
 
         print(summary(args.results))
         return 0

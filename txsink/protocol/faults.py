@@ -23,7 +23,7 @@ on a cluster only: local mode has no executor JVM and refuses it) and
 ``kill-target[=NAME]`` (the *target's server* dies: the firing process asks the chaos
 supervisor serving the plan's state folder to SIGKILL the server registered as ``NAME``,
 or every registered one, waits until it is dead, and goes on against the dead server; see
-:mod:`txsink.testing.targetcrash`. Without a supervisor it raises, naming the fix).
+:mod:`txsink.testing.chaos.targetcrash`. Without a supervisor it raises, naming the fix).
 
 Choose faults by API (``Coordinator(..., faults=FaultPlan.parse("..."))``) or
 by environment, so a query in a subprocess can be given one::
@@ -118,7 +118,7 @@ _TASK_ONLY_MODES = {
 #: How long a ``kill-target`` fault waits for the supervisor to answer that the target died.
 TARGET_KILL_WAIT_S = 120.0
 #: The suffixes of the request a ``kill-target`` fault leaves in the plan's state folder
-#: and of the answer the supervisor (:mod:`txsink.testing.targetcrash`) writes next to it.
+#: and of the answer the supervisor (:mod:`txsink.testing.chaos.targetcrash`) writes next to it.
 TARGET_REQUEST, TARGET_DONE = ".kill-target", ".killed"
 
 

@@ -4,7 +4,7 @@ Sinks whose commit reads the epoch again (:attr:`~txsink.contract.SinkContract.
 commits_from_data`: Kafka's replay and direct modes) verify each replayed partition against
 the count and checksum decided for it. A decided epoch stays finishable only if the replay
 gives the same rows, partition for partition, up to the partitions' numbering (which
-:mod:`~txsink.connectors.kafka.replay` matches by content). Spark does not promise it
+:mod:`~txsink.connectors.kafka.fromreplay` matches by content). Spark does not promise it
 (SPARK-28650); this module refuses, before any row is read, the plans that break it:
 
 1. **rows that differ**: an expression Spark marks non-deterministic (``rand()``,

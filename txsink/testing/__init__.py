@@ -23,11 +23,31 @@ Each connector's verifiers and observer views are in its testing module
 (:mod:`txsink.testing.adapter`); :mod:`txsink.testing.contract` checks a connector's
 sink contract against its real target. See docs/testing-recovery.md and, for several
 targets watched during a run, docs/reliability.md.
+
+May import: every room of txsink/ but ``cli/`` (the toolkit drives whole pipelines: the
+faces, the operator tools, Spark sessions). Of the modules beside it, only this face and the
+pytest plugin import ``chaos/``.
+
+The modules, by job (each documented ``txsink.testing.<module>`` path is one of them)::
+
+    the connector kit    adapter (what a connector registers for tests), contract (the
+                         sink contract, without Spark), verifiers, observer (+ visibility,
+                         history: a run watched from outside), targets (a run's targets)
+    the chaos toolkit    inputs, pipelines, hooks, netproxy, disturb: what a run is made
+                         of, and what users call directly; pytest_plugin
+    chaos/               the chaos runs: run (run_chaos), plan, soak, soaklog, targetcrash
+    tables               plain-text tables for every report
+
+Imports run one way: ``chaos/`` uses the modules beside it, and none of them imports
+``chaos/`` (but this face and the pytest plugin, which name its entry points).
 """
 
 from txsink.spark.localspark import local_spark
 from txsink.testing.adapter import ConnectorTesting, adapter, adapters
 from txsink.testing.chaos import ChaosReport, run_chaos
+from txsink.testing.chaos.plan import DEFAULT_MODES, DEFAULT_POINTS, ChaosPlan
+from txsink.testing.chaos.soak import SoakResult, soak
+from txsink.testing.chaos.targetcrash import ServerProcess, TargetControl, TargetCrashes, TargetKill
 from txsink.testing.hooks import HookPlan, PointHooks
 from txsink.testing.inputs import INPUT_SCHEMA, append_input, input_epochs, make_input
 from txsink.testing.observer import (
@@ -37,10 +57,7 @@ from txsink.testing.observer import (
     Snapshot,
     Target,
 )
-from txsink.testing.plan import DEFAULT_MODES, DEFAULT_POINTS, ChaosPlan
-from txsink.testing.soak import SoakResult, soak
 from txsink.testing.tables import format_table
-from txsink.testing.targetcrash import ServerProcess, TargetControl, TargetCrashes, TargetKill
 from txsink.testing.targets import RunTarget, available_connectors, new_targets
 from txsink.testing.verifiers import IdsVerifier, SinkVerifier, verify
 

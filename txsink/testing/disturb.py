@@ -1,6 +1,6 @@
 """Disturbances that are not crashes: a second live driver, and a poison record.
 
-Faults (:mod:`txsink.faults`) kill or fail something at a crash point. Two failures of
+Faults (:mod:`txsink.protocol.faults`) kill or fail something at a crash point. Two failures of
 production are of another kind, and a chaos run can add either to a pipeline:
 
 - **A second driver** (:class:`SecondDriver`): an operator (or a scheduler that lost

@@ -1,6 +1,6 @@
 """Run your own action at a crash point: a network fault exactly during pre-commit or commit.
 
-A :class:`~txsink.faults.FaultPlan` crashes the pipeline at a named point. Some faults are
+A :class:`~txsink.protocol.faults.FaultPlan` crashes the pipeline at a named point. Some faults are
 not crashes: cutting or stalling the network to one target *while* the protocol is at a
 given step. :class:`PointHooks` pauses the pipeline at a crash point, runs a callback in
 the test's process (cut a proxy, start a timer that heals it), and lets the pipeline go on::
@@ -17,7 +17,7 @@ the answer file the serving thread writes after the callback returned. In local 
 folder is shared; on a cluster it must be on a filesystem every executor shares. Each hook
 fires once (an exclusive create claims it), like a fault.
 
-This is a :class:`~txsink.faults.FaultPlan` subclass: the plan's own faults (``base``) fire
+This is a :class:`~txsink.protocol.faults.FaultPlan` subclass: the plan's own faults (``base``) fire
 as usual after the hooks.
 """
 

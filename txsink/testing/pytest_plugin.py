@@ -24,7 +24,7 @@ import pytest
 
 if TYPE_CHECKING:
     from txsink.testing.chaos import ChaosReport
-    from txsink.testing.plan import ChaosPlan
+    from txsink.testing.chaos.plan import ChaosPlan
     from txsink.testing.verifiers import SinkVerifier
 
 __all__ = ["ChaosRunner"]

@@ -59,7 +59,7 @@ def spark_session(
 ) -> Any:
     """A local SparkSession for benchmarks.
 
-    The settings of :func:`txsink.localspark.local_spark` (``local[2]``, UI off, 2 shuffle
+    The settings of :func:`txsink.spark.localspark.local_spark` (``local[2]``, UI off, 2 shuffle
     partitions, workers run this interpreter) except: full JIT (no ``fast_start``: C1-only
     would handicap the JVM-side writers), ``driver_memory`` for the cached input, the given
     jars, and the session time zone pinned to UTC. ``slots``: ``local[slots]`` (a

@@ -1,6 +1,6 @@
 """A soak's results file: one JSON line per finished plan, appended as plans end.
 
-What makes a long soak resumable (:func:`~txsink.testing.soak.soak` with ``results=``):
+What makes a long soak resumable (:func:`~txsink.testing.chaos.soak.soak` with ``results=``):
 a run that is interrupted (a reboot, a session's end) loses at most the plans that were
 running; the next run with the same file and settings reads which plan indices are in it
 and runs the others. Lines of several soaks (other seeds or settings) may share a file:

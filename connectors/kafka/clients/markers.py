@@ -13,9 +13,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from txsink.connectors.kafka.clients import KafkaSettings
-from txsink.connectors.kafka.errors import client_calls, has_code
-from txsink.connectors.kafka.offsets import Isolation, partition_ends
+from txsink.connectors.kafka.clients.errors import client_calls, has_code
+from txsink.connectors.kafka.clients.offsets import Isolation, partition_ends
+from txsink.connectors.kafka.clients.settings import KafkaSettings
 from txsink.errors import ConfigurationError, RetryableError
 
 __all__ = ["Markers", "ensure_marker_topic", "marker_key"]
@@ -35,7 +35,7 @@ class Markers:
     """The markers of one sink, read from the marker topic and cached in this process.
 
     The cache is right only while this process's producer of a shard is the shard's
-    owner: :class:`~txsink.connectors.kafka.producers.ShardProducers` forgets a shard's
+    owner: :class:`~txsink.connectors.kafka.clients.producers.ShardProducers` forgets a shard's
     entry whenever it (re)initialises or loses that producer.
     """
 

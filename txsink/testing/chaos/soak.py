@@ -12,7 +12,7 @@ server (``TXSINK_PG_DSN``, ``TXSINK_KAFKA_BOOTSTRAP``, ``TXSINK_S3_ENDPOINT`` wi
 ``TXSINK_S3_ACCESS_KEY``, ``TXSINK_S3_SECRET_KEY``, ``TXSINK_S3_REGION``: the
 variables ``integration/services up`` writes to ``integration/.services.env``).
 
-Target crashes: given ``targets`` (name -> :class:`~txsink.testing.targetcrash.TargetControl`)
+Target crashes: given ``targets`` (name -> :class:`~txsink.testing.chaos.targetcrash.TargetControl`)
 and ``kill-target`` among ``modes``, plans draw faults that SIGKILL a target's server at a
 crash point; ``timer_kills`` is the chance that a plan also kills a drawn server at a
 random moment (1-20 s into its first run). Every server is up again before a restart.
@@ -20,7 +20,7 @@ random moment (1-20 s into its first run). Every server is up again before a res
 Resumable: with ``results`` (a JSON-lines file), every finished plan is appended to it as
 it ends, and a later call with the same file and settings runs the plans that are not in
 it yet: the ones an interrupted run left out, then the next seeds of the same sequence.
-:func:`txsink.testing.soaklog.summary` tallies the file across every run.
+:func:`txsink.testing.chaos.soaklog.summary` tallies the file across every run.
 """
 
 from __future__ import annotations
@@ -41,13 +41,13 @@ from typing import Any
 from txsink import registry
 from txsink.protocol.faults import CrashPoint, FaultMode
 from txsink.testing.adapter import adapter
-from txsink.testing.chaos import ChaosReport, run_chaos
+from txsink.testing.chaos.plan import DEFAULT_MODES, DEFAULT_POINTS, ChaosPlan
+from txsink.testing.chaos.run import ChaosReport, run_chaos
+from txsink.testing.chaos.soaklog import done_indices, settings_line
+from txsink.testing.chaos.targetcrash import TargetControl
 from txsink.testing.disturb import Poison, draw
 from txsink.testing.inputs import input_epochs, make_input
-from txsink.testing.plan import DEFAULT_MODES, DEFAULT_POINTS, ChaosPlan
-from txsink.testing.soaklog import done_indices, settings_line
 from txsink.testing.tables import format_table
-from txsink.testing.targetcrash import TargetControl
 from txsink.testing.targets import available_connectors, child_env, new_targets
 
 __all__ = ["SoakResult", "available_connectors", "soak"]

@@ -12,7 +12,7 @@ would. Afterwards:
   progress again. Both clocks are the wall clock of this machine;
 - one :class:`~txsink.verify.Verdict` per sink from its verifier.
 
-Given ``targets``, a :class:`~txsink.testing.targetcrash.TargetCrashes` serves the plan's
+Given ``targets``, a :class:`~txsink.testing.chaos.targetcrash.TargetCrashes` serves the plan's
 ``kill-target`` faults (and ``kill_target_after``, a kill at a moment of the clock): the
 server dies, stays down ``down_s``, and every server is up again before the child restarts.
 
@@ -35,13 +35,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from txsink.protocol.faults import FaultPlan
 from txsink.protocol.rounds import OUTAGE_ENV
+from txsink.protocol.faults import FaultPlan
+from txsink.testing.chaos.plan import ChaosPlan
+from txsink.testing.chaos.targetcrash import TargetControl, TargetCrashes
 from txsink.testing.disturb import Disturbed, Poison, SecondDriver
 from txsink.testing.observer import Observer, Target
-from txsink.testing.plan import ChaosPlan
 from txsink.testing.tables import format_table
-from txsink.testing.targetcrash import TargetControl, TargetCrashes
 from txsink.testing.verifiers import SinkVerifier, verify
 from txsink.verify import Verdict
 
@@ -224,7 +224,7 @@ def run_chaos(
         pipeline: ``path/to/file.py:function`` or ``package.module:function``; it runs one
             streaming query to the end of its input (e.g. ``trigger(availableNow=True)``)
             and raises or exits non-zero when the query fails.
-        plan: a :class:`ChaosPlan` or a ``txsink.faults`` spec.
+        plan: a :class:`ChaosPlan` or a ``txsink.protocol.faults`` spec.
         workdir: a folder of the caller's; the fault state goes to ``workdir/faults``
             (emptied first, so the plan fires afresh).
         sinks_verifiers: sink name -> verifier, read once the run is over.
@@ -235,7 +235,7 @@ def run_chaos(
         timeout: seconds one run of the child may take before it is killed.
         on_progress: receives one human-readable line per event.
         targets: name -> control of each target server the plan may kill
-            (``kill-target`` faults; see :mod:`txsink.testing.targetcrash`). The child
+            (``kill-target`` faults; see :mod:`txsink.testing.chaos.targetcrash`). The child
             then runs with ``TXSINK_OUTAGE_S=0`` unless ``env`` sets it: a killed server
             stays down until the child restarts, so no epoch could ride its outage out.
         down_s: how long a killed server stays down.
@@ -371,7 +371,7 @@ def run_chaos(
     return report
 
 
-#: txsink's own line for a committed epoch (see txsink._logging): the child told it already.
+#: txsink's own line for a committed epoch (see txsink.observe.logs): the child told it already.
 _TOLD_COMMIT = re.compile(r"txsink: \[[^\]]* epoch (\d+)\] committed: ")
 
 

@@ -48,7 +48,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from txsink.connectors.kafka.clients import KafkaSettings
+from txsink.connectors.kafka.clients.settings import KafkaSettings
 from txsink.errors import (
     CommitError,
     ConfigurationError,

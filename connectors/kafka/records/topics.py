@@ -14,7 +14,7 @@ answers travel into the tasks with the sink) from:
 
 :func:`check_records` then refuses, naming the row, a record whose topic does not
 exist, whose partition is outside the topic's partitions, or whose batch is larger than
-the smallest limit that applies (:mod:`~txsink.connectors.kafka.limits`): each would
+the smallest limit that applies (:mod:`~txsink.connectors.kafka.records.limits`): each would
 otherwise be refused by the producer or the broker after the decision, in WAL and replay
 mode at the commit, when nothing can take the epoch back.
 """
@@ -28,9 +28,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from txsink.connectors.kafka.clients import KafkaSettings
-from txsink.connectors.kafka.errors import check_error, has_code
-from txsink.connectors.kafka.limits import RecordLimit, batch_sizes, effective_limit
+from txsink.connectors.kafka.clients.errors import check_error, has_code
+from txsink.connectors.kafka.clients.settings import KafkaSettings
+from txsink.connectors.kafka.records.limits import RecordLimit, batch_sizes, effective_limit
 from txsink.errors import ConfigurationError, RetryableError, TxsinkError, WriteError
 
 __all__ = ["TopicInfo", "TopicLookup", "check_records", "describe_topics"]
@@ -176,7 +176,7 @@ def check_records(
     ctx: dict[str, Any],
     columns: dict[str, str | None],
 ) -> None:
-    """Refuse the first record of ``records`` (:data:`~txsink.connectors.kafka.records.
+    """Refuse the first record of ``records`` (:data:`~txsink.connectors.kafka.records.format.
     RECORD_SCHEMA`) that Kafka would refuse: its topic missing, its partition outside the
     topic's, its batch over the topic's limit. ``columns``: the sink's column options
     (``topic_column``, ``partition_column``, ``value``) for the error."""

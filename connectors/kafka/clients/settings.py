@@ -130,7 +130,7 @@ class KafkaSettings:
     timeout_s: float
     producer_config: dict[str, Any] = field(default_factory=dict, repr=False)
     #: The largest ``batch.size`` whose batches every topic written takes (the check's
-    #: :func:`~txsink.connectors.kafka.limits.batch_cap`); None: librdkafka's own.
+    #: :func:`~txsink.connectors.kafka.records.limits.batch_cap`); None: librdkafka's own.
     batch_cap: int | None = None
 
     def transactional_id(self, shard: int) -> str:

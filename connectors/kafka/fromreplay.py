@@ -1,16 +1,19 @@
-"""Replay mode: no WAL; the commit re-reads the epoch's rows and checks them first.
+"""Commit decided shards from Spark's replay of the epoch, verified by count and checksum.
 
-::
+What replay mode's commit and direct mode's leftovers share (a mode never imports
+another, so the piece both use lives here)::
 
-    task     the epoch is resharded into ``shards`` tasks by Spark's stable hash of
-             ``shard_by``; each counts its records and sums an order-independent checksum
-             -> KafkaReplayHandle(rows, checksum)
-    commit   a second job over the same (persisted) rows through EpochData.map_partitions,
-             one task per shard: encode, checksum, produce, and the shard's marker in one
-             transaction, committed only if count and checksum match the decided ones;
-             else the transaction is aborted and the shard is committed from the replayed
-             partition with its count and checksum (a replay that numbers the partitions
-             otherwise), or, if none has them, NonDeterministicReplayError
+    shards   each decided shard has a count and a checksum of its records, recorded at
+             pre-commit (:class:`~txsink.connectors.kafka.records.checksum.Tally`)
+    commit   a job over the epoch's replayed rows through EpochData.map_partitions, one
+             task per partition (:class:`ShardCommit`): encode, checksum, produce, and the
+             shard's marker in one transaction, committed only if count and checksum match
+             the decided ones (the worker's pooled producer,
+             :func:`~txsink.connectors.kafka.clients.pool.commit_shard`); else the
+             transaction is aborted and the partition's rows are only counted
+    match    a shard left uncommitted is committed from the replayed partition with its
+             count and checksum (a replay that numbers the partitions otherwise), or, if
+             none has them, NonDeterministicReplayError, nothing of that shard written
 
 After a crash only the replay of the same epoch (Spark re-running the batch) can commit
 it: the rows exist nowhere else.
@@ -19,131 +22,22 @@ it: the rows exist nowhere else.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, TypeAlias
+from dataclasses import dataclass
+from typing import Any, Literal, TypeAlias
 
 import pyarrow as pa
-from typing_extensions import override
 
-from txsink.connectors.kafka import pool
-from txsink.connectors.kafka.checksum import CHECKSUM_VERSION, checksum
-from txsink.connectors.kafka.clients import KafkaSettings
-from txsink.connectors.kafka.columns import PyColumns, py_columns
-from txsink.connectors.kafka.producers import produce_records
-from txsink.connectors.kafka.records import RecordFormat
-from txsink.contract import EpochCommit, EpochData, TaskInfo
-from txsink.errors import CommitError, ConfigurationError, NonDeterministicReplayError
-from txsink.handles import Handle, register_handle
 from txsink.observe.logs import get_logger
-from txsink.txid import TxnId
+from txsink.connectors.kafka.clients import pool
+from txsink.connectors.kafka.clients.columns import py_columns
+from txsink.connectors.kafka.clients.producers import produce_records
+from txsink.connectors.kafka.clients.settings import KafkaSettings
+from txsink.connectors.kafka.records.checksum import CHECKSUM_VERSION, Tally
+from txsink.connectors.kafka.records.format import RecordFormat
+from txsink.contract import EpochData, TaskInfo
+from txsink.errors import NonDeterministicReplayError
 
-__all__ = [
-    "CHECKSUM_VERSION",
-    "KafkaReplayHandle",
-    "OpenReplay",
-    "ShardCommit",
-    "ShardResult",
-    "Tally",
-    "checksum",
-    "commit_by_content",
-    "commit_epoch",
-]
-
-_MOD = 1 << 64
-
-
-@register_handle
-@dataclass(frozen=True)
-class KafkaReplayHandle(Handle):
-    """A shard's count and checksum at pre-commit (replay mode: no data stored)."""
-
-    serializer: ClassVar[str] = "kafka.replay"
-    #: 3: written with checksum version 3, so that a txsink that does not know that
-    #: checksum refuses the handle (HandleFormatError: upgrade) instead of calling a
-    #: deterministic replay non-deterministic.
-    version: ClassVar[int] = 3
-
-    shards: int = 1
-    checksum: int = 0
-    #: The :mod:`~txsink.connectors.kafka.checksum` version: 1 topic, key, value (txsink
-    #: <= 0.1); 2 also partition, headers and nulls; 3 the same, vectorised.
-    checksum_version: int = CHECKSUM_VERSION
-
-    @classmethod
-    @override
-    def decode(cls, version: int, data: dict[str, Any]) -> KafkaReplayHandle:
-        if version == 1:  # decided by an older txsink: verify its replay the old way
-            return super().decode(cls.version, {**data, "checksum_version": 1})
-        if version == 2:  # checksum version 1 or 2, as recorded
-            return super().decode(cls.version, data)
-        return super().decode(version, data)
-
-
-@dataclass
-class Tally:
-    """A count and an order-independent checksum of records, as they pass."""
-
-    version: int = CHECKSUM_VERSION
-    rows: int = 0
-    nbytes: int = 0
-    checksum: int = 0
-
-    def reset(self) -> None:
-        self.rows = self.nbytes = self.checksum = 0
-
-    def add(self, records: pa.RecordBatch, columns: PyColumns | None = None) -> None:
-        """Count ``records`` in (``columns``: as Python objects, if converted already)."""
-        self.checksum = (self.checksum + checksum(records, self.version, columns)) % _MOD
-        self.rows += records.num_rows
-        self.nbytes += records.nbytes
-
-
-@dataclass
-class OpenReplay:
-    """One pre-commit task's tally (the sink's open transaction in replay mode)."""
-
-    txn: TxnId
-    tally: Tally = field(default_factory=Tally)
-
-    @property
-    def rows(self) -> int:
-        return self.tally.rows
-
-    def write(self, records: pa.RecordBatch) -> None:
-        self.tally.add(records)
-
-    def prepare(self, shards: int) -> KafkaReplayHandle:
-        t = self.tally
-        return KafkaReplayHandle(
-            txn=self.txn, rows=t.rows, nbytes=t.nbytes, shards=shards, checksum=t.checksum
-        )
-
-
-def commit_epoch(request: EpochCommit[Any], settings: KafkaSettings, fmt: RecordFormat) -> None:
-    """Commit a replay-mode epoch: one task per shard, run through ``request.data``.
-
-    Refuses an epoch decided with another number of shards (the rows would go to other
-    tasks than the ones that counted them).
-    """
-    epoch, handles, data = request.epoch, request.handles, request.data
-    if not handles:
-        return
-    if data is None:  # pragma: no cover - the coordinator refuses before calling
-        raise CommitError("replay mode commits from the epoch's rows", epoch=epoch)
-    decided: dict[int, Decided] = {}
-    for h in handles:
-        if h.shards != settings.shards:
-            raise ConfigurationError(
-                f"epoch {epoch} was decided with shards={h.shards}, this sink has "
-                f"shards={settings.shards}: set shards={h.shards} until that epoch is committed",
-                sink_uid=settings.uid,
-                epoch=epoch,
-                connector="kafka",
-            )
-        decided[h.txn.partition] = (h.rows, h.checksum, h.checksum_version)
-    app = handles[0].txn.app
-    commit_by_content(data, settings, fmt, app=app, epoch=epoch, decided=decided)
-    request.committed(handles)
+__all__ = ["Decided", "ShardCommit", "ShardResult", "commit_by_content"]
 
 
 #: A shard's decided (rows, checksum, checksum version).
@@ -183,7 +77,7 @@ def commit_by_content(
     left from the partition whose count and checksum are its decided ones. A shard that
     no partition matches is a replay that differs in content: NonDeterministicReplayError,
     nothing of that shard written (the plans that cause it are refused at the start,
-    :mod:`txsink._stability`).
+    :mod:`txsink.spark.stability`).
     """
     first = data.map_partitions(ShardCommit(settings, fmt, app, epoch, decided))
     done = {r.shard for r in first if r.status in ("committed", "already-committed")}
@@ -256,7 +150,7 @@ class ShardCommit:
 
     def __call__(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> ShardResult:
         """Commit the task's shard with the worker's pooled producer
-        (:func:`~txsink.connectors.kafka.pool.commit_shard`): each batch encoded, converted
+        (:func:`~txsink.connectors.kafka.clients.pool.commit_shard`): each batch encoded, converted
         to Python objects once for the checksum and the produce loop."""
         partition = task.partition
         if self.assignment is not None:

@@ -25,7 +25,7 @@ DEFAULT_MODES: tuple[FaultMode, ...] = (FaultMode.RAISE, FaultMode.KILL_DRIVER)
 
 @dataclass(frozen=True)
 class ChaosPlan:
-    """Faults to inject into one run of a pipeline, in ``txsink.faults`` terms.
+    """Faults to inject into one run of a pipeline, in ``txsink.protocol.faults`` terms.
 
     Build one from faults (``ChaosPlan.of("after_decision:kill-driver@1", ...)``), from a
     spec (``ChaosPlan.parse(...)``) or at random (``ChaosPlan.random(seed, ...)``).
@@ -38,13 +38,13 @@ class ChaosPlan:
     def __post_init__(self) -> None:
         for fault in self.faults:
             if not isinstance(fault, Fault):
-                raise TypeError(f"ChaosPlan: expected txsink.faults.Fault, got {fault!r}")
+                raise TypeError(f"ChaosPlan: expected txsink.protocol.faults.Fault, got {fault!r}")
 
     # -- constructors ----------------------------------------------------------------
 
     @classmethod
     def of(cls, *faults: Fault | str, seed: int | None = None) -> ChaosPlan:
-        """A plan from :class:`~txsink.faults.Fault` objects and/or spec strings."""
+        """A plan from :class:`~txsink.protocol.faults.Fault` objects and/or spec strings."""
         out: list[Fault] = []
         for f in faults:
             if isinstance(f, Fault):
@@ -57,7 +57,7 @@ class ChaosPlan:
 
     @classmethod
     def parse(cls, spec: str) -> ChaosPlan:
-        """A plan from a ``txsink.faults`` spec:
+        """A plan from a ``txsink.protocol.faults`` spec:
         ``POINT[:MODE][@EPOCH][#PARTITION][*TIMES]``, comma-separated."""
         if not spec.strip():
             return cls(())
@@ -153,7 +153,7 @@ class ChaosPlan:
         return sum(f.times for f in self.faults)
 
     def fault_plan(self, state_dir: str) -> FaultPlan:
-        """The :class:`~txsink.faults.FaultPlan` for an in-process ``Coordinator``."""
+        """The :class:`~txsink.protocol.faults.FaultPlan` for an in-process ``Coordinator``."""
         return FaultPlan(self.faults, state_dir)
 
     def __str__(self) -> str:
@@ -164,7 +164,7 @@ class ChaosPlan:
 
 
 def _fits(point: CrashPoint, mode: FaultMode) -> bool:
-    """Whether ``txsink.faults`` accepts ``mode`` at ``point`` (task-only modes, e.g.)."""
+    """Whether ``txsink.protocol.faults`` accepts ``mode`` at ``point`` (task-only modes, e.g.)."""
     try:
         Fault(point, mode)
     except ValueError:

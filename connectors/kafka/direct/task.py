@@ -1,34 +1,8 @@
-"""Direct mode (single pass): the task's producer holds the epoch's transaction and commits it.
+"""Direct mode's task: this worker's producer holds the shard's transaction, commits it.
 
-Flink's Kafka sink on Spark: no write-ahead log, no second pass. The coordinator runs the
-epoch as one barrier job (:mod:`txsink._singlepass`); in each task::
-
-    begin    the task's shard is its Spark partition; its producer, transactional id
-             <prefix>-<uid>-<partition>, is taken from this Python worker's pool (made
-             and init_transactions-ed once per query run: that fences any zombie with
-             the id and aborts what it left open); begin_transaction
-    write    encode, count and checksum the records (the replay's verification), produce
-    prepare  produce the shard's marker (epoch) into the same transaction; flush; any
-             failed delivery fails the task -> KafkaDirectHandle(rows, checksum, shards)
-    vote     the driver decides while the transaction is open; on "commit":
-    commit   commit_transaction (commit_in_task)
-    abort    abort_transaction (discard), or, if the task died, the next init_transactions
-             on the id (a retry, the next run's check) aborts it
-
-After the decision, a shard whose task could not commit (killed, lost its executor, the
-driver died before answering) is committed from the epoch's replay (Spark re-runs the
-batch): the same verified path as replay mode (:func:`~txsink.connectors.kafka.replay.
-commit_by_content`): the shard's marker says whether it is committed, and the replayed
-rows must match the decided count and checksum. The shard is the partition, so the replay
-must deal each partition the rows it had: plans that do not (a round-robin repartition,
-``rand()``...) are refused at the start (:mod:`txsink._stability`); a replay that only
-numbers the partitions otherwise is matched by content; one whose rows differ is refused
-with NonDeterministicReplayError, nothing of that shard written.
-
-No marker is read in the single pass: the coordinator skips committed epochs and
-recovery finishes decided ones before a new round begins, so a new round's shards are
-never committed yet. (Reading markers there would wait on the other tasks' open
-transactions, which sit in the same marker partition.)
+The begin, write, prepare, commit and abort of one task (the driver's vote in between:
+:mod:`txsink.protocol.singlepass`), on a producer kept across tasks in this Python worker (made
+and ``init_transactions``-ed once per query run), and the handle of the open transaction.
 """
 
 from __future__ import annotations
@@ -36,30 +10,26 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import pyarrow as pa
 
-from txsink.connectors.kafka.clients import KafkaSettings, init_transactions
-from txsink.connectors.kafka.columns import py_columns
-from txsink.connectors.kafka.errors import FailedDelivery, commit_error, failed_delivery
-from txsink.connectors.kafka.markers import Markers
-from txsink.connectors.kafka.producers import fence, produce_records, warn_if_slow
-from txsink.connectors.kafka.records import RecordFormat
-from txsink.connectors.kafka.replay import CHECKSUM_VERSION, Tally, commit_by_content
-from txsink.contract import EpochCommit
+from txsink.observe.logs import get_logger
+from txsink.connectors.kafka.clients.columns import py_columns
+from txsink.connectors.kafka.clients.errors import FailedDelivery, commit_error, failed_delivery
+from txsink.connectors.kafka.clients.markers import Markers
+from txsink.connectors.kafka.clients.producers import produce_records, warn_if_slow
+from txsink.connectors.kafka.clients.settings import KafkaSettings, init_transactions
+from txsink.connectors.kafka.records.checksum import CHECKSUM_VERSION, Tally
 from txsink.errors import (
-    CommitError,
     ConfigurationError,
     RetryableError,
 )
 from txsink.handles import Handle, register_handle
-from txsink.observe.logs import get_logger
 from txsink.txid import TxnId
 
-__all__ = ["KafkaDirectHandle", "OpenDirect", "clear", "commit_leftovers", "open_direct"]
+__all__ = ["KafkaDirectHandle", "OpenDirect", "clear", "open_direct"]
 
 
 @register_handle
@@ -129,7 +99,7 @@ def clear() -> None:
 
 def _on_failed_delivery(errors: list[Delivery], err: Any, msg: Any) -> None:
     """Producer-wide delivery callback (failures only): keep the first, with its code and
-    key, as :mod:`~txsink.connectors.kafka.producers` does (a refusal for good is then
+    key, as :mod:`~txsink.connectors.kafka.clients.producers` does (a refusal for good is then
     classified by the record's own code, not only the commit's)."""
     if err is not None and not errors:
         try:
@@ -299,32 +269,3 @@ def _moved(settings: KafkaSettings, txn: TxnId, err: Exception) -> None:
         txn.partition,
         err,
     )
-
-
-# -- the driver: leftovers after the decision ---------------------------------------------------
-
-
-def commit_leftovers(request: EpochCommit[Any], settings: KafkaSettings, fmt: RecordFormat) -> None:
-    """Commit the decided shards no task committed, from the epoch's replay, verified.
-
-    One task per partition of the replay: the shard's marker says whether it committed; if
-    not, the replayed records must match the decided count and checksum. A replay that
-    numbers the partitions otherwise (a source listing its partitions in another order
-    after a restart) is matched by content (:func:`~txsink.connectors.kafka.replay.
-    commit_by_content`); one whose rows differ is refused.
-    """
-    epoch, handles, data = request.epoch, request.handles, request.data
-    if not handles:
-        return
-    if data is None:  # pragma: no cover - the core refuses before calling
-        raise CommitError("direct mode commits leftovers from the epoch's rows", epoch=epoch)
-    decided = {h.shard: (h.rows, h.checksum, h.checksum_version) for h in handles}
-    app = handles[0].txn.app
-    # Abort whatever this sink's tasks left open first (this epoch's, or a dead task's of
-    # any partition): each commit task reads its marker, and a read_committed read waits
-    # on every transaction open on the marker topic.
-    ids = [settings.transactional_id(shard) for shard in range(settings.shards)]
-    with ThreadPoolExecutor(max_workers=min(8, len(ids))) as pool:  # each waits on a broker
-        list(pool.map(lambda tid: fence(settings, [tid], phase="commit"), ids))
-    commit_by_content(data, settings, fmt, app=app, epoch=epoch, decided=decided)
-    request.committed(handles)

@@ -1,23 +1,8 @@
-"""WAL mode: the pre-commit is a write-ahead log file, the commit produces it.
+"""The write-ahead log of one sink: its check, its files, and their commit per shard.
 
-::
-
-    task     begin: a new file <wal>/<txn>/records.arrow (walstore.py); write: Arrow IPC
-             records; prepare: publish the file whole (local: temp name, fsync, rename,
-             fsync the folders; object store: the upload completes), its CRC32 taken as
-             it was written -> KafkaWalHandle(path, crc32)
-    commit   one Spark task per shard (partition % shards, fixed in the decision), through
-             EpochCommit.tasks: init_transactions on the shard's transactional id (fences
-             zombies), read its marker; if it already says the epoch: delete the files;
-             else in one Kafka transaction: verify each file's CRC32, produce its records,
-             then the marker; commit; delete the files. The driver reports the shards
-             committed once every task returned.
-             Without a cluster (``txsink recover``, local_tasks): the driver commits
-             shard after shard with its own producers, reporting each one as it goes.
-    driver   abort: delete the txn's folder; list_prepared: the folders of this app and sink
-
-The location is any place the driver and every executor reach: a shared folder, or an
-object store (``s3://bucket/prefix``) through ``pyarrow.fs``.
+The driver side of WAL mode: the check at start, the open file of a task
+(:mod:`~txsink.connectors.kafka.wal.task`), the files recovery finds and deletes, and
+the commit of a decided epoch, one Kafka transaction per shard with the shard's marker.
 """
 
 from __future__ import annotations
@@ -26,71 +11,22 @@ import os
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 import pyarrow as pa
 
-from txsink.connectors.kafka.clients import KafkaSettings
-from txsink.connectors.kafka.errors import client_calls
-from txsink.connectors.kafka.producers import ShardProducers, produce_records
-from txsink.connectors.kafka.records import RECORD_SCHEMA
-from txsink.connectors.kafka.walstore import WalStore, WalWriter, crc32_of
+from txsink.observe.logs import get_logger
+from txsink.connectors.kafka.clients.errors import client_calls
+from txsink.connectors.kafka.clients.producers import ShardProducers, produce_records
+from txsink.connectors.kafka.clients.settings import KafkaSettings
+from txsink.connectors.kafka.wal.store import WalStore, crc32_of
+from txsink.connectors.kafka.wal.task import FILE, KafkaWalHandle, OpenWal
 from txsink.contract import EpochCommit, local_tasks
 from txsink.errors import CommitError, ConfigurationError, RetryableError
-from txsink.handles import Handle, register_handle
-from txsink.observe.logs import get_logger
+from txsink.handles import Handle
 from txsink.txid import TxnId
 
-__all__ = ["KafkaWalHandle", "OpenWal", "ShardCommit", "ShardResult", "WriteAheadLog"]
-
-_FILE = "records.arrow"
-
-
-@register_handle
-@dataclass(frozen=True)
-class KafkaWalHandle(Handle):
-    """Records of one task, durable in the write-ahead log; ``path`` is relative to ``wal``."""
-
-    serializer: ClassVar[str] = "kafka.wal"
-    version: ClassVar[int] = 1
-
-    path: str = ""
-    crc32: int = 0
-
-
-@dataclass
-class OpenWal:
-    """One task's open WAL file (the sink's open transaction in WAL mode)."""
-
-    txn: TxnId
-    file: WalWriter
-    writer: Any = None
-    rows: int = 0
-    nbytes: int = 0
-
-    def write(self, records: pa.RecordBatch) -> None:
-        if self.writer is None:
-            self.writer = pa.ipc.new_file(self.file, RECORD_SCHEMA)
-        self.writer.write_batch(records)
-        self.rows += records.num_rows
-        self.nbytes += records.nbytes
-
-    def prepare(self) -> KafkaWalHandle:
-        """Publish the file whole and durably, with the CRC32 of its bytes."""
-        if self.writer is None:
-            self.writer = pa.ipc.new_file(self.file, RECORD_SCHEMA)
-        self.writer.close()
-        published = self.file.publish()
-        return KafkaWalHandle(
-            txn=self.txn,
-            rows=self.rows,
-            nbytes=self.nbytes,
-            path=self.file.rel,
-            crc32=published.crc32,
-        )
-
-    def discard(self) -> None:
-        self.file.discard()
+__all__ = ["ShardCommit", "ShardResult", "WriteAheadLog", "commit_shard"]
 
 
 @dataclass(frozen=True)
@@ -137,7 +73,7 @@ class WriteAheadLog:
             ) from err
 
     def open(self, txn: TxnId) -> OpenWal:
-        return OpenWal(txn, self.store.writer(f"{txn}/{_FILE}"))
+        return OpenWal(txn, self.store.writer(f"{txn}/{FILE}"))
 
     def delete(self, handles: Sequence[Handle]) -> None:
         for h in handles:
@@ -147,7 +83,7 @@ class WriteAheadLog:
         for name in self.store.list_dirs():
             txn = TxnId.try_parse(name)
             if txn is not None and txn.belongs_to(app_id, uid):
-                yield KafkaWalHandle(txn=txn, path=f"{name}/{_FILE}")
+                yield KafkaWalHandle(txn=txn, path=f"{name}/{FILE}")
 
     # -- commit ----------------------------------------------------------------------
 

@@ -4,12 +4,12 @@ Runs in the pre-commit tasks (and in replay mode again in the commit tasks), so 
 record the broker would refuse after the decision — too large for its topic as the broker
 counts it, a null or missing topic, a partition the topic does not have, a value JSON or
 Avro cannot hold — is refused here, naming the row and column (the topic checks:
-:mod:`~txsink.connectors.kafka.topics`).
+:mod:`~txsink.connectors.kafka.records.topics`).
 
 Conversions (``"auto"`` format): binary as is, strings UTF-8, numbers as their decimal
 text, anything else as JSON; without ``value`` the value is a JSON object of every
 payload column (not key, headers, topic or partition). ``"avro"``: Confluent Avro
-through :class:`~txsink.connectors.kafka.avro.AvroEncoder`.
+through :class:`~txsink.connectors.kafka.records.avro.AvroEncoder`.
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from txsink.connectors.kafka.avro import AvroEncoder
-from txsink.connectors.kafka.limits import batch_sizes
-from txsink.connectors.kafka.topics import TopicLookup, check_records
-from txsink.errors import TxsinkError, WriteError
 from txsink.kit.jsonrows import json_rows
+from txsink.connectors.kafka.records.avro import AvroEncoder
+from txsink.connectors.kafka.records.limits import batch_sizes
+from txsink.connectors.kafka.records.topics import TopicLookup, check_records
+from txsink.errors import TxsinkError, WriteError
 from txsink.rowref import RowNaming
 
 __all__ = ["RECORD_SCHEMA", "RecordFormat", "avro_encoders"]

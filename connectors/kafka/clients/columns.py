@@ -31,7 +31,8 @@ class PyColumns:
 
 
 def py_columns(records: pa.RecordBatch) -> PyColumns:
-    """``records`` (:data:`~txsink.connectors.kafka.records.RECORD_SCHEMA`) as Python objects."""
+    """``records`` (:data:`~txsink.connectors.kafka.records.format.RECORD_SCHEMA`) as
+    Python objects."""
     topic_col, _, key_col, value_col, _ = records.columns
     topic = constant(topic_col)
     return PyColumns(

@@ -1,7 +1,8 @@
 """The replay checksum: an order-independent sum of per-record hashes of Kafka records.
 
-Replay mode counts and checksums each shard's records at pre-commit, and its commit task
-refuses a replay whose count or checksum differ. Spark does not keep row order (nor the
+Replay and direct mode count and checksum each shard's records at pre-commit
+(:class:`Tally`), and a commit from the epoch's replay refuses a replay whose count or
+checksum differ (:mod:`~txsink.connectors.kafka.fromreplay`). Spark does not keep row order (nor the
 batching) in a replay, so the checksum is a sum, mod 2**64, of one hash per record.
 
 A handle keeps the version its checksum was made with, and the commit verifies with that
@@ -24,20 +25,21 @@ version, so every version stays here unchanged:
 from __future__ import annotations
 
 import zlib
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from txsink.connectors.kafka.columns import PyColumns, py_columns
+from txsink.connectors.kafka.clients.columns import PyColumns, py_columns
 
 if TYPE_CHECKING:
     import numpy.typing as npt
 
     U64 = npt.NDArray[np.uint64]
 
-__all__ = ["CHECKSUM_VERSION", "VERSIONS", "checksum"]
+__all__ = ["CHECKSUM_VERSION", "VERSIONS", "Tally", "checksum"]
 
 #: The checksum new pre-commits record.
 CHECKSUM_VERSION = 3
@@ -55,14 +57,33 @@ _PRESENT = np.uint64(1 << 32)
 
 def checksum(records: pa.RecordBatch, version: int, columns: PyColumns | None = None) -> int:
     """Order-independent checksum of ``records``
-    (:data:`~txsink.connectors.kafka.records.RECORD_SCHEMA`) with checksum ``version``;
-    ``columns``: the batch's :func:`~txsink.connectors.kafka.columns.py_columns`, if the
+    (:data:`~txsink.connectors.kafka.records.format.RECORD_SCHEMA`) with checksum ``version``;
+    ``columns``: the batch's :func:`~txsink.connectors.kafka.clients.columns.py_columns`, if the
     caller converted it already (version 3 hashes those objects)."""
     if version == 3:
         return _v3(records, columns or py_columns(records))
     if version in (1, 2):
         return _crc(records, version)
     raise ValueError(f"unknown replay checksum version {version} (known: {VERSIONS})")
+
+
+@dataclass
+class Tally:
+    """A count and an order-independent checksum of records, as they pass."""
+
+    version: int = CHECKSUM_VERSION
+    rows: int = 0
+    nbytes: int = 0
+    checksum: int = 0
+
+    def reset(self) -> None:
+        self.rows = self.nbytes = self.checksum = 0
+
+    def add(self, records: pa.RecordBatch, columns: PyColumns | None = None) -> None:
+        """Count ``records`` in (``columns``: as Python objects, if converted already)."""
+        self.checksum = (self.checksum + checksum(records, self.version, columns)) % _MOD
+        self.rows += records.num_rows
+        self.nbytes += records.nbytes
 
 
 # -- version 3 -------------------------------------------------------------------------------

@@ -44,8 +44,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
-from txsink.connectors.kafka.clients import KafkaSettings
-from txsink.connectors.kafka.producers import ShardProducers, StaleProducerError
+from txsink.connectors.kafka.clients.producers import ShardProducers, StaleProducerError
+from txsink.connectors.kafka.clients.settings import KafkaSettings
 from txsink.errors import CommitError, FencedError, RetryableError
 
 __all__ = [

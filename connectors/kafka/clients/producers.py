@@ -4,11 +4,11 @@ A shard's producer has the stable ``transactional.id`` ``<prefix>-<uid>-<shard>`
 ``init_transactions`` on it fences every older producer with that id (a zombie driver, a
 crashed run) and aborts whatever transaction it left open. The driver keeps its producers
 across epochs (WAL mode); replay commit tasks take theirs from the Python worker's pool
-(:mod:`~txsink.connectors.kafka.pool`), which may have been fenced since: :meth:`confirm`
+(:mod:`~txsink.connectors.kafka.clients.pool`), which may have been fenced since: :meth:`confirm`
 finds out before the task's records are all consumed.
 
 A commit is one Kafka transaction per shard: the shard's records, then its marker
-(:mod:`~txsink.connectors.kafka.markers`), then ``commit_transaction``, retried as
+(:mod:`~txsink.connectors.kafka.clients.markers`), then ``commit_transaction``, retried as
 librdkafka asks. Any failure aborts the transaction: nothing of it is visible, and no
 transaction is left open to hold ``read_committed`` readers back; the producer is dropped
 (the next use makes a new one), so no producer carries a failed transaction on.
@@ -25,11 +25,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from txsink.connectors.kafka.clients import ENFORCED, KafkaSettings, init_transactions
-from txsink.connectors.kafka.columns import PyColumns, py_columns
-from txsink.connectors.kafka.errors import client_calls, commit_error, failed_delivery
-from txsink.connectors.kafka.markers import Markers
 from txsink.observe.logs import get_logger
+from txsink.connectors.kafka.clients.columns import PyColumns, py_columns
+from txsink.connectors.kafka.clients.errors import client_calls, commit_error, failed_delivery
+from txsink.connectors.kafka.clients.markers import Markers
+from txsink.connectors.kafka.clients.settings import ENFORCED, KafkaSettings, init_transactions
 
 __all__ = ["ShardProducers", "StaleProducerError", "fence", "produce_records"]
 
@@ -213,9 +213,10 @@ def warn_if_slow(settings: KafkaSettings, shard: int, epoch: int, elapsed: float
 
 
 def produce_records(producer: Any, batch: pa.RecordBatch, columns: PyColumns | None = None) -> None:
-    """Hand one batch of records (:data:`~txsink.connectors.kafka.records.RECORD_SCHEMA`) to
-    the producer: the hot loop of every commit. ``columns``: the batch as Python objects,
-    if the caller converted it already (:func:`~txsink.connectors.kafka.columns.py_columns`).
+    """Hand one batch of records (:data:`~txsink.connectors.kafka.records.format.
+    RECORD_SCHEMA`) to the producer: the hot loop of every commit. ``columns``: the batch
+    as Python objects, if the caller converted it already
+    (:func:`~txsink.connectors.kafka.clients.columns.py_columns`).
 
     Positional arguments and no per-record callback: the producers report failed
     deliveries only (``delivery.report.only.error``), and any failure also fails
@@ -268,7 +269,8 @@ def _produce_when_room(
 def fence(settings: KafkaSettings, transactional_ids: list[str], *, phase: str) -> None:
     """``init_transactions`` on each id: aborts the transaction a dead producer left open
     (it would hold ``read_committed`` readers back) and fences a zombie. A client error is
-    raised classified (:func:`~txsink.connectors.kafka.errors.client_calls`), of ``phase``."""
+    raised classified (:func:`~txsink.connectors.kafka.clients.errors.client_calls`), of
+    ``phase``."""
     from confluent_kafka import Producer
 
     for tid in transactional_ids:

@@ -88,7 +88,7 @@ def test_task_code_unpickles_without_integration_on_the_path(tmp_path: Path) -> 
     for what, task in _tasks(tmp_path).items():
         worker = subprocess.run(
             [sys.executable, "-I", "-c", _LOAD],
-            input=cloudpickle.dumps(task),
+            input=cloudpickle.dumps(task),  # type: ignore[no-untyped-call]
             capture_output=True,
             cwd=tmp_path,
             timeout=120,

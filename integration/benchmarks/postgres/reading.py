@@ -32,19 +32,9 @@ def reading(res: Results) -> list[str]:
 
     ps = [p for p in res.partitions if res.seconds("txsink", p) and res.seconds("copy", p)]
     if ps:
-        ratios = "; ".join(
-            f"{res.ratio('txsink', p):.2f}x at {p} partitions (single runs "
-            f"{min(res.paired('txsink', p)):.2f}-{max(res.paired('txsink', p)):.2f}x)"
-            for p in ps
-        )
+        ratios = "; ".join(res.ratio_at("txsink", p) for p in ps)
         met = [res.ratio("txsink", p) >= TARGETS["copy"] for p in ps]
-        binary = [
-            f"{res.ratio('txsink', p, 'binary'):.2f}x at {p} partitions (single runs "
-            f"{min(res.paired('txsink', p, 'binary')):.2f}-"
-            f"{max(res.paired('txsink', p, 'binary')):.2f}x)"
-            for p in ps
-            if res.seconds("binary", p)
-        ]
+        binary = [res.ratio_at("txsink", p, "binary") for p in ps if res.seconds("binary", p)]
         verdict = (
             "met"
             if all(met)
@@ -57,9 +47,7 @@ def reading(res: Results) -> list[str]:
         )
         tx, cp = cpu_total("txsink", first), cpu_total("copy", first)
         same = abs(tx - cp) <= 0.1 * cp
-        straddle = [
-            p for p in ps if min(res.paired("txsink", p)) <= 1.0 <= max(res.paired("txsink", p))
-        ]
+        straddle = [p for p in ps if res.straddles("txsink", p)]
         out.append(
             f"**txsink vs plain CSV COPY** (what txsink's own CSV path ran at, 0.94-1.03x, "
             f"before binary COPY): {ratios}. Target >= {TARGETS['copy']}x: {verdict}. "

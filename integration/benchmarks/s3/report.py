@@ -100,11 +100,7 @@ def reading(res: Results) -> list[str]:
             else "met only at "
             + ", ".join(f"{p} partitions" for p, ok in zip(ps, met, strict=True) if ok)
         )
-        ratios = "; ".join(
-            f"{res.ratio('txsink', p):.2f}x at {p} partitions (single runs "
-            f"{min(res.paired('txsink', p)):.2f}-{max(res.paired('txsink', p)):.2f}x)"
-            for p in ps
-        )
+        ratios = "; ".join(res.ratio_at("txsink", p) for p in ps)
         out.append(
             f"**txsink vs plain upload**: {ratios}. Target >= {TARGET}x: {verdict}. Both "
             "encode the same Parquet in the tasks (pyarrow, snappy, a row group per Arrow "
@@ -115,9 +111,7 @@ def reading(res: Results) -> list[str]:
             "(written twice), CRC32 checksums per part, the decision, manifest and committed "
             "records, and one CompleteMultipartUpload per object from the driver (timed below)."
         )
-        noisy = [
-            p for p in ps if min(res.paired("txsink", p)) <= 1.0 <= max(res.paired("txsink", p))
-        ]
+        noisy = [p for p in ps if res.straddles("txsink", p)]
         if noisy:
             others = ", ".join(
                 f"{res.cpu('txsink', p)['others']:.1f} CPU-s at {p} partitions" for p in noisy

@@ -25,6 +25,8 @@ from _services.fixtures import (
     PostgresService,
     RegistryService,
     S3Service,
+)
+from _services.resolve import (
     resolve_kafka,
     resolve_postgres,
     resolve_registry,

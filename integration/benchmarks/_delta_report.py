@@ -9,14 +9,14 @@ from typing import ClassVar
 
 try:
     from benchmarks import _bench
-    from benchmarks.s3 import COLUMNS
+    from benchmarks.s3.data import COLUMNS
 except ImportError:  # run as a plain script
     import sys
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from benchmarks import _bench
-    from benchmarks.s3 import COLUMNS
+    from benchmarks.s3.data import COLUMNS
 
 WRITERS = ("txsink", "perpart", "driver", "tasks", "spark")
 LABELS = {
@@ -105,10 +105,6 @@ def target_table(res: Results, suffix: str) -> str:
     return _bench.markdown_table(headers, rows, "rrrrr")
 
 
-def _ms(values: Sequence[float]) -> str:
-    return f"{_bench.median(values) * 1000:.0f}" if values else "-"
-
-
 def epochs_table(res: Results) -> str:
     rows = []
     for name, data in res.epochs.items():
@@ -116,10 +112,10 @@ def epochs_table(res: Results) -> str:
         rows.append(
             [
                 LABELS[name.removesuffix(S3)] + (" (S3)" if name.endswith(S3) else ""),
-                _ms(walls) + (" VOID" if "void" in data else ""),
-                f"{min(walls) * 1000:.0f}-{max(walls) * 1000:.0f}",
+                _bench.ms(walls) + (" VOID" if "void" in data else ""),
+                _bench.spread(walls),
                 f"{data['wall'][0] * 1000:.0f}",
-                *(_ms(data.get(k, [])[1:]) for k in EPOCH_PHASES),
+                *(_bench.ms(data.get(k, [])[1:]) for k in EPOCH_PHASES),
             ]
         )
     headers = ["writer", "ms per epoch (median)", "range", "first epoch ms"]

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -23,6 +22,12 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+try:
+    from benchmarks import _bench
+except ImportError:  # run as a plain script: python integration/benchmarks/datasource.py
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks import _bench
 
 from txsink import Coordinator
 from txsink.datasource import register
@@ -124,16 +129,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"\n{args.connector}, {args.epochs} epochs of {args.rows} rows, local[2], "
         f"2 runs per path (alternating order)\n"
     )
-    print("| path | start (s) | epoch median (s) | epoch range (s) | wall (s) |")
-    print("|---|---:|---:|---:|---:|")
+    rows = []
     for path, runs in results.items():
         starts = [r["start"] for r in runs]
         epochs = [e for r in runs for e in r["epochs"]]
         walls = [r["wall"] for r in runs]
-        print(
-            f"| {path} | {statistics.median(starts):.2f} | {statistics.median(epochs):.3f} | "
-            f"{min(epochs):.3f}-{max(epochs):.3f} | {statistics.median(walls):.1f} |"
+        rows.append(
+            [
+                path,
+                f"{_bench.median(starts):.2f}",
+                f"{_bench.median(epochs):.3f}",
+                _bench.spread(epochs, scale=1.0, digits=3),
+                f"{_bench.median(walls):.1f}",
+            ]
         )
+    headers = ["path", "start (s)", "epoch median (s)", "epoch range (s)", "wall (s)"]
+    print(_bench.markdown_table(headers, rows, "lrrrr"))
     return 0
 
 

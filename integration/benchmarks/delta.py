@@ -54,13 +54,15 @@ import pyarrow.compute as pc
 
 try:
     from benchmarks import _bench
-    from benchmarks import s3 as s3_bench
     from benchmarks._delta_report import EPOCH_PHASES, S3, WRITERS, Results, render
+    from benchmarks.s3 import bucket as s3_bucket
+    from benchmarks.s3 import data as s3_data
 except ImportError:  # run as a plain script: python integration/benchmarks/delta.py
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from benchmarks import _bench
-    from benchmarks import s3 as s3_bench
     from benchmarks._delta_report import EPOCH_PHASES, S3, WRITERS, Results, render
+    from benchmarks.s3 import bucket as s3_bucket
+    from benchmarks.s3 import data as s3_data
 
 from txsink import Coordinator
 
@@ -126,13 +128,13 @@ class Where:
         if self.client is None:
             shutil.rmtree(uri, ignore_errors=True)
         else:
-            s3_bench.delete_prefix(self.client, self.bucket, uri.split("/", 3)[3] + "/")
+            s3_bucket.delete_prefix(self.client, self.bucket, uri.split("/", 3)[3] + "/")
 
     def file_bytes(self, uris: Sequence[str]) -> int:
         if self.client is None:
             return sum(os.path.getsize(u.removeprefix("file://")) for u in uris)
         prefix = self.root.split("/", 3)[3]
-        sizes = s3_bench.list_objects(self.client, self.bucket, prefix)
+        sizes = s3_bucket.list_objects(self.client, self.bucket, prefix)
         return sum(sizes.get(u.split("/", 3)[3], 0) for u in uris)
 
 
@@ -225,17 +227,14 @@ def measure(
         found = (
             expected
             if writer == "feed"
-            else s3_bench.arrow_fingerprint(read_back(where, uri, m.extra))
+            else s3_data.arrow_fingerprint(read_back(where, uri, m.extra))
         )
     finally:
         where.delete(uri)
     extra, problems = m.extra, []
     if "task_rows" in extra and extra["task_rows"] != rows:
         problems.append(f"the tasks saw {extra['task_rows']} rows")
-    if found[:2] != (rows, rows):
-        problems.append(f"table holds {found[0]} rows, {found[1]} distinct ids (want {rows})")
-    elif found != expected:
-        problems.append(f"column aggregates differ: {found} != {expected}")
+    problems += _bench.output_problems(found, expected, rows)
     _bench.void_if(problems, m, tag, bench.void)
     mb = extra.get("bytes", 0) / 1e6
     middle = f"{mb:.1f} MB ({extra.get('files')} files, version {extra.get('version')})  "
@@ -271,7 +270,7 @@ def run_epochs(bench: Bench, where: Where, res: Results, epochs: int, rows: int)
     """``epochs`` small epochs through one coordinator vs as many driver appends."""
     from deltalake import DeltaTable
 
-    df = s3_bench.make_frame(bench.spark, rows, 2)
+    df = s3_data.make_frame(bench.spark, rows, 2)
     for writer in ("txsink", "driver"):
         uri = f"{where.root}/epochs-{writer}"
         walls: list[float] = []
@@ -393,7 +392,7 @@ def run(res: Results, args: argparse.Namespace) -> list[str]:
     import pyspark
 
     if args.s3:
-        s3_bench._export_credentials(args)
+        s3_bucket.export_credentials(args)
     conf: dict[str, str] = {}
     if "spark" in args.writers:
         _bench.log(f"probing Spark's Delta writer ({DELTA_PACKAGE}) in a child process")
@@ -428,12 +427,12 @@ def run(res: Results, args: argparse.Namespace) -> list[str]:
         places.append(_s3_where(args))
     bench = Bench(spark, _bench.CpuMeter({"spark": os.getpid()}), workdir)
     if args.s3:
-        bench.cpu.roots.update(s3_bench._server_pid(args.endpoint))
+        bench.cpu.roots.update(s3_bucket.server_pid(args.endpoint))
     try:
         warm = min(args.rows, 50_000)
         _bench.log(f"warm-up (untimed): each writer once on {warm:,} rows")
-        df = s3_bench.make_frame(spark, warm, 2)
-        expected = s3_bench.spark_fingerprint(df)
+        df = s3_data.make_frame(spark, warm, 2)
+        expected = s3_data.spark_fingerprint(df)
         for where in places:
             for writer in ("feed", *args.writers):
                 if writer != "spark" or not where.suffix:
@@ -442,8 +441,8 @@ def run(res: Results, args: argparse.Namespace) -> list[str]:
         df.unpersist(blocking=True)
         for p in args.partitions:
             _bench.log(f"generating {args.rows:,} rows in {p} partitions")
-            df = s3_bench.make_frame(spark, args.rows, p)
-            expected = s3_bench.spark_fingerprint(df)
+            df = s3_data.make_frame(spark, args.rows, p)
+            expected = s3_data.spark_fingerprint(df)
             common: dict[str, Any] = {"rows": args.rows, "partitions": p, "expected": expected}
             for i in range(args.warmup):  # the JVM's JIT takes a few full-size runs to settle
                 for where in places:
@@ -463,7 +462,7 @@ def run(res: Results, args: argparse.Namespace) -> list[str]:
             run_epochs(bench, where, res, args.epochs, args.epoch_rows)
     finally:
         for where in places[1:]:
-            s3_bench.delete_prefix(where.client, where.bucket, "")
+            s3_bucket.delete_prefix(where.client, where.bucket, "")
             where.client.delete_bucket(Bucket=where.bucket)
         shutil.rmtree(workdir, ignore_errors=True)
         spark.stop()

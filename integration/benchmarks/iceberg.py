@@ -29,7 +29,6 @@ rows through one coordinator (a stream's steady state) next to as many driver ap
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 import time
@@ -42,11 +41,11 @@ import pyarrow as pa
 
 try:
     from benchmarks import _bench
-    from benchmarks import s3 as s3_bench
+    from benchmarks.s3 import data as s3_data
 except ImportError:  # run as a plain script: python integration/benchmarks/iceberg.py
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from benchmarks import _bench
-    from benchmarks import s3 as s3_bench
+    from benchmarks.s3 import data as s3_data
 
 from txsink import Coordinator
 
@@ -144,13 +143,13 @@ def measure(
     verdict = "ok"
     if writer == "spark":
         table = df.sparkSession.table(f"sparkcat.{name}")
-        found = s3_bench.spark_fingerprint(table)
+        found = s3_data.spark_fingerprint(table)
         df.sparkSession.sql(f"DROP TABLE sparkcat.{name} PURGE")
         if found != expected:
             verdict = f"WRONG: {found[:2]} rows/ids, want {rows}"
     elif writer != "feed":
         try:
-            found = s3_bench.arrow_fingerprint(catalog.read(name))
+            found = s3_data.arrow_fingerprint(catalog.read(name))
             FOOTPRINT.setdefault((partitions, writer), []).append(catalog.footprint(name))
         finally:
             catalog.drop(name)
@@ -223,45 +222,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     phases: dict[tuple[int, str], list[dict[str, float]]] = {}
     ok = True
     try:
-        warm = s3_bench.make_frame(spark, 50_000, 2)
+        warm = s3_data.make_frame(spark, 50_000, 2)
         for writer in writers:
-            measure(catalog, writer, warm, 50_000, s3_bench.spark_fingerprint(warm), tmp)
+            measure(catalog, writer, warm, 50_000, s3_data.spark_fingerprint(warm), tmp)
         warm.unpersist(blocking=True)
         for p in [int(x) for x in args.partitions.split(",")]:
-            df = s3_bench.make_frame(spark, args.rows, p)
-            expected = s3_bench.spark_fingerprint(df)
+            df = s3_data.make_frame(spark, args.rows, p)
+            expected = s3_data.spark_fingerprint(df)
             # The JVM's JIT takes several full-size runs to settle (a stream's steady
             # state): untimed, every writer alike.
             for _ in range(args.warmup):
                 for writer in writers:
                     measure(catalog, writer, df, args.rows, expected, tmp)
             for rep in range(args.repeat):
-                shift = rep % len(writers)
-                for writer in writers[shift:] + writers[:shift]:
+                for writer in _bench.rotated(writers, rep):
                     secs, ph, verdict = measure(catalog, writer, df, args.rows, expected, tmp, p)
                     ok = ok and verdict == "ok"
                     results.setdefault((p, writer), []).append(secs)
                     if writer in TXSINK:
                         phases.setdefault((p, writer), []).append(ph)
             df.unpersist(blocking=True)
-        small = s3_bench.make_frame(spark, args.epoch_rows, 2)
+        small = s3_data.make_frame(spark, args.epoch_rows, 2)
         epochs = small_epochs(catalog, small, args.epochs, tmp)
     finally:
         spark.stop()
     rows = []
     for (p, writer), walls in sorted(results.items()):
-        med = statistics.median(walls)
-        base = statistics.median(results[(p, "append")])
+        med = _bench.median(walls)
+        base = _bench.median(results[(p, "append")])
         ratio = f"{base / med:.2f}x" if writer != "feed" else ""
         sizes = FOOTPRINT.get((p, writer))
-        size = f"{statistics.median(m for m, _ in sizes):.1f} / {sizes[0][1]}" if sizes else ""
+        size = f"{_bench.median([m for m, _ in sizes]):.1f} / {sizes[0][1]}" if sizes else ""
         rows.append(
             [
                 str(p),
                 writer,
-                f"{args.rows / med:,.0f}",
+                _bench.fmt_rate(args.rows / med),
                 size,
-                " / ".join(f"{s:.2f}" for s in walls),
+                _bench.fmt_secs(walls),
                 ratio,
             ]
         )
@@ -272,16 +270,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     for (p, writer), runs in phases.items():
         keys = ("recover", "precommit", "decide", "commit")
         print(f"\n{writer} phases at {p} partitions (median s): " + ", ".join(
-            f"{k} {statistics.median(x.get(k, 0.0) for x in runs):.3f}" for k in keys))  # fmt: skip
+            f"{k} {_bench.median([x.get(k, 0.0) for x in runs]):.3f}" for k in keys))  # fmt: skip
     print(f"\n{args.epochs} small epochs of {args.epoch_rows:,} rows (first left out)\n")
     ep_rows = []
     for writer, (ep_walls, commits, count) in epochs.items():
         want = args.epochs * args.epoch_rows
         ep_rows.append([
             writer,
-            f"{statistics.median(ep_walls[1:]) * 1000:.0f}",
-            f"{min(ep_walls[1:]) * 1000:.0f}-{max(ep_walls[1:]) * 1000:.0f}",
-            f"{statistics.median(commits[1:]) * 1000:.0f}" if commits else "",
+            _bench.ms(ep_walls[1:]),
+            _bench.spread(ep_walls[1:]),
+            _bench.ms(commits[1:]) if commits else "",
             "ok" if count == want else f"WRONG: {count} of {want}",
         ])  # fmt: skip
         ok = ok and count == want

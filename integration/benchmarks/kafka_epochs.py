@@ -17,8 +17,6 @@ back with ``read_committed``: the record count must be exact.
 from __future__ import annotations
 
 import argparse
-import functools
-import statistics
 import sys
 import tempfile
 import time
@@ -29,11 +27,13 @@ from typing import Any
 
 try:
     from benchmarks import _bench
-    from benchmarks import kafka as kafka_bench
+    from benchmarks.kafka import producer, records
+    from benchmarks.kafka.topics import create_topic, delete_topics
 except ImportError:  # run as a plain script: python integration/benchmarks/kafka_epochs.py
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from benchmarks import _bench
-    from benchmarks import kafka as kafka_bench
+    from benchmarks.kafka import producer, records
+    from benchmarks.kafka.topics import create_topic, delete_topics
 
 from txsink import Coordinator
 from txsink.connectors.kafka import KafkaSink
@@ -60,22 +60,6 @@ def _txsink_epochs(
     return seconds
 
 
-def _producer_epochs(bootstrap: str, df: Any, topic: str, epochs: int) -> list[float]:
-    from pyspark import cloudpickle
-
-    # The task function lives in the kafka benchmark, which Spark's workers cannot import.
-    cloudpickle.register_pickle_by_value(kafka_bench)  # type: ignore[no-untyped-call]
-    task = functools.partial(
-        kafka_bench._produce_task, bootstrap, topic, kafka_bench.PRODUCER_SETTINGS
-    )
-    seconds = []
-    for _ in range(epochs):
-        t0 = time.perf_counter()
-        df.select("key", "value").mapInArrow(task, "rows long").collect()
-        seconds.append(time.perf_counter() - t0)
-    return seconds
-
-
 def _count(bootstrap: str, topic: str) -> int:
     return len(read_records(bootstrap, topic))
 
@@ -91,13 +75,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     bootstrap = args.bootstrap or os.environ["TXSINK_KAFKA_BOOTSTRAP"]
     spark = _bench.spark_session("txsink-bench-kafka-epochs", slots=max(2, args.partitions))
+    _bench.pickle_by_value("benchmarks.kafka")  # the plain producer's task
     run = uuid.uuid4().hex[:6]
-    df = (
-        spark.range(args.rows)
-        .selectExpr(f"{kafka_bench.KEY_EXPR} AS key", f"{kafka_bench.VALUE_EXPR} AS value")
-        .repartition(args.partitions)
-        .cache()
-    )
+    df = spark.range(args.rows).selectExpr(*records.EXPRS).repartition(args.partitions).cache()
     df.count()
     topics: list[str] = []
     rows: list[tuple[str, list[float], int]] = []
@@ -106,9 +86,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             for writer in ("producer", *MODES):
                 topic = f"txsink-epochs-{writer}-{run}"
                 topics += [topic, f"{topic}-markers"]
-                kafka_bench.create_topic(bootstrap, topic, 8)
+                create_topic(bootstrap, topic, 8)
                 if writer == "producer":
-                    seconds = _producer_epochs(bootstrap, df, topic, args.epochs)
+                    seconds = producer.producer_epochs(bootstrap, df, topic, args.epochs)
                 else:
                     seconds = _txsink_epochs(
                         bootstrap, writer, df, topic, args.epochs, args.partitions, Path(tmp)
@@ -117,17 +97,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 _bench.log(f"{writer}: {[round(s, 3) for s in seconds]} s, {count} records")
                 rows.append((writer, seconds, count))
     finally:
-        kafka_bench.delete_topics(bootstrap, topics)
+        delete_topics(bootstrap, topics)
         spark.stop()
-    base = statistics.median(next(s for w, s, _ in rows if w == "producer")[1:])
+    base = _bench.median(next(s for w, s, _ in rows if w == "producer")[1:])
     want = args.rows * args.epochs
     table = [
         [
             w,
-            f"{statistics.median(s[1:]) * 1000:.0f}",
-            f"{min(s[1:]) * 1000:.0f}-{max(s[1:]) * 1000:.0f}",
+            _bench.ms(s[1:]),
+            _bench.spread(s[1:]),
             f"{s[0] * 1000:.0f}",
-            f"{statistics.median(s[1:]) / base:.2f}x",
+            f"{_bench.median(s[1:]) / base:.2f}x",
             "ok" if c == want else f"WRONG: {c} of {want}",
         ]
         for w, s, c in rows

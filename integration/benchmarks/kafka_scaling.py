@@ -20,9 +20,7 @@ ceiling of this ratio is well under 2x; the point is the comparison between writ
 from __future__ import annotations
 
 import argparse
-import functools
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -33,11 +31,13 @@ from typing import Any
 
 try:
     from benchmarks import _bench
-    from benchmarks import kafka as kafka_bench
+    from benchmarks.kafka import producer, records
+    from benchmarks.kafka.topics import create_topic, delete_topics
 except ImportError:  # run as a plain script: python integration/benchmarks/kafka_scaling.py
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from benchmarks import _bench
-    from benchmarks import kafka as kafka_bench
+    from benchmarks.kafka import producer, records
+    from benchmarks.kafka.topics import create_topic, delete_topics
 
 from cluster import driver_conf, running_cluster
 
@@ -70,17 +70,7 @@ def _session(master: str, conf: dict[str, str], cores: int) -> Any:
 def _epochs(writer: str, bootstrap: str, df: Any, topic: str, args: Any, tmp: Path) -> list[float]:
     seconds = []
     if writer == "producer":
-        from pyspark import cloudpickle
-
-        cloudpickle.register_pickle_by_value(kafka_bench)  # type: ignore[no-untyped-call]
-        task = functools.partial(
-            kafka_bench._produce_task, bootstrap, topic, kafka_bench.PRODUCER_SETTINGS
-        )
-        for _ in range(args.epochs):
-            t0 = time.perf_counter()
-            df.select("key", "value").mapInArrow(task, "rows long").collect()
-            seconds.append(time.perf_counter() - t0)
-        return seconds
+        return producer.producer_epochs(bootstrap, df, topic, args.epochs)
     partitions = df.rdd.getNumPartitions()
     options: dict[str, Any] = {"mode": writer, "key": "key", "value": "value"}
     if writer == "wal":
@@ -107,32 +97,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     for workers in (1, 2):
         with running_cluster(workers=workers) as cluster:
             spark = _session(cluster.master_url, driver_conf(cluster), workers)
+            _bench.pickle_by_value("benchmarks.kafka")  # the plain producer's task
             topics: list[str] = []
             try:
-                df = (
-                    spark.range(args.rows)
-                    .selectExpr(
-                        f"{kafka_bench.KEY_EXPR} AS key", f"{kafka_bench.VALUE_EXPR} AS value"
-                    )
-                    .repartition(workers)
-                    .cache()
-                )
+                df = spark.range(args.rows).selectExpr(*records.EXPRS).repartition(workers).cache()
                 df.count()
                 with tempfile.TemporaryDirectory(prefix="txsink-scaling-") as tmp:
                     for writer in WRITERS:
                         topic = f"txsink-scaling-{writer}-{workers}-{run}"
                         topics += [topic, f"{topic}-markers"]
-                        kafka_bench.create_topic(bootstrap, topic, 8)
+                        create_topic(bootstrap, topic, 8)
                         seconds = _epochs(writer, bootstrap, df, topic, args, Path(tmp))
                         count = len(read_records(bootstrap, topic))
                         ok &= count == args.rows * args.epochs
-                        rates[(writer, workers)] = args.rows / statistics.median(seconds[1:])
+                        rates[(writer, workers)] = args.rows / _bench.median(seconds[1:])
                         _bench.log(
                             f"{writer} workers={workers}: {[round(s, 2) for s in seconds]} s, "
                             f"{count} records read back"
                         )
             finally:
-                kafka_bench.delete_topics(bootstrap, topics)
+                delete_topics(bootstrap, topics)
                 spark.stop()
     rows = [
         [

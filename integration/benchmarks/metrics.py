@@ -18,7 +18,6 @@ output is read back: the rows must be exact; the Prometheus counters must equal 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 import time
@@ -97,14 +96,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             for w in WRITERS
         }
     spark.stop()
-    base = statistics.median(seconds["none"][1:])
+    base = _bench.median(seconds["none"][1:])
     rows = [
         [
             w,
-            f"{statistics.median(s[1:]) * 1000:.1f}",
-            f"{min(s[1:]) * 1000:.0f}-{max(s[1:]) * 1000:.0f}",
-            f"{(statistics.median(s[1:]) - base) * 1000:+.1f}",
-            f"{statistics.median(s[1:]) / base:.3f}x",
+            _bench.ms(s[1:], digits=1),
+            _bench.spread(s[1:]),
+            f"{(_bench.median(s[1:]) - base) * 1000:+.1f}",
+            f"{_bench.median(s[1:]) / base:.3f}x",
             "ok" if ok[w] else "WRONG",
         ]
         for w, s in seconds.items()

@@ -1,29 +1,38 @@
-"""Shared helpers for the benchmarks in this folder.
+"""Shared helpers for the benchmarks in this folder: the one measure and report module
+every benchmark uses.
 
-Each benchmark is a module ``integration/benchmarks/<name>.py`` with a ``main(argv)``;
-``integration/benchmarks/run <name> [args]`` brings up the service it needs and runs it as
-``python -m benchmarks.<name>``. Modules whose name starts with ``_`` are helpers, not
-benchmarks. A benchmark keeps only what it measures; this package holds the rest:
+A benchmark is a module ``integration/benchmarks/<name>.py``, or a package
+``integration/benchmarks/<name>/`` (one module per writer, its data, its report, with a
+``__main__``), with a ``main(argv)``; ``integration/benchmarks/run <name> [args]`` brings
+up the service it needs and runs it as ``python -m benchmarks.<name>``. Names starting
+with ``_`` are helpers, not benchmarks. A benchmark keeps only what it measures; this
+package holds the rest:
 
-- ``measure``: timing one run (:func:`timed_run`), CPU per process tree, voiding a run
+- ``measure``: timing one run (:func:`timed_run`), CPU per process tree by role (the
+  benchmark, the server, everything else), the order of the repeats (:func:`rotated`,
+  :func:`swap_on_odd`), checking an output (:func:`output_problems`) and voiding a run
   whose output is wrong, the progress log;
-- ``results``: :class:`Results`, every run with medians, rates and ratios against the
-  natural alternative, saved as JSON for ``--render``;
-- ``report``: markdown tables (throughput, phases, ratios), the section's shared lines,
-  writing a section of docs/benchmarks.md;
+- ``results``: :class:`Results`, every run with medians, rates, ratios and paired
+  (run-by-run) ratios against the natural alternative, CPU per row by role, saved as JSON
+  for ``--render``;
+- ``report``: the markdown table writer and the tables (throughput, phases, ratios),
+  medians and ranges in ms, the section's shared lines, writing a section of
+  docs/benchmarks.md;
 - ``cli``: :class:`BenchParser` with the shared options and :func:`main`, the run from
   start to report;
-- ``env``: the machine record, the Spark session and the cached input frame;
+- ``env``: the machine record, the Spark session every writer of a run shares, the cached
+  input frame, shipping a benchmark's package into Spark's tasks;
 - ``maven``: jars for the JVM-side writers from Maven Central.
 
 Code that runs inside Spark tasks must not import this package (the Python workers do not
-have ``integration/`` on their path): keep task functions self-contained.
+have ``integration/`` on their path): keep task functions self-contained, and ship a
+benchmark package's task code by value (:func:`pickle_by_value`).
 """
 
 from __future__ import annotations
 
 from .cli import BenchParser, Server, main
-from .env import REPO, cached_frame, machine, spark_session
+from .env import REPO, cached_frame, machine, pickle_by_value, spark_session
 from .maven import (
     JAR_CACHE,
     cached_jars,
@@ -37,13 +46,17 @@ from .maven import (
 from .measure import (
     CpuMeter,
     Measurement,
+    first_line,
     load1,
     log,
     log_run,
     median,
+    output_problems,
+    rotated,
     rounded,
     stopwatch,
     swap_on_odd,
+    task_rows,
     timed_run,
     uptime,
     void_if,
@@ -59,13 +72,15 @@ from .report import (
     fmt_secs,
     header,
     markdown_table,
+    ms,
     phase_table,
     publish,
     ratio_cell,
+    spread,
     throughput_table,
     update_doc_section,
 )
-from .results import PHASES, SAVED, Results
+from .results import PHASES, SAVED, Results, cpu_per_row
 
 __all__ = [
     "DOCS",
@@ -85,6 +100,8 @@ __all__ = [
     "bullets",
     "cached_frame",
     "cached_jars",
+    "cpu_per_row",
+    "first_line",
     "fmt_rate",
     "fmt_secs",
     "header",
@@ -100,14 +117,20 @@ __all__ = [
     "maven_copy_dependencies",
     "maven_jar",
     "median",
+    "ms",
+    "output_problems",
     "phase_table",
+    "pickle_by_value",
     "publish",
     "ratio_cell",
+    "rotated",
     "rounded",
     "save_jars",
     "spark_session",
+    "spread",
     "stopwatch",
     "swap_on_odd",
+    "task_rows",
     "throughput_table",
     "timed_run",
     "update_doc_section",

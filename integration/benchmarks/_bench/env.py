@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import platform
 import shutil
@@ -87,6 +88,17 @@ def spark_session(
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def pickle_by_value(package: str) -> None:
+    """Ship ``package`` (a benchmark's own package, e.g. ``benchmarks.kafka``) into Spark's
+    tasks by value: its task functions, and the sink subclasses of its profile runs, are
+    pickled with their code (as they were when each benchmark was one module run as
+    ``__main__``), so the Python workers never import ``integration/``, which a plain-script
+    run does not put on their path. Code shipped this way must not use this package."""
+    from pyspark import cloudpickle
+
+    cloudpickle.register_pickle_by_value(importlib.import_module(package))  # type: ignore[no-untyped-call]
 
 
 def cached_frame(spark: Any, rows: int, partitions: int, columns: Sequence[str]) -> Any:

@@ -136,6 +136,11 @@ def median(values: Sequence[float]) -> float:
     return float(statistics.median(values)) if values else float("nan")
 
 
+def task_rows(job: Any) -> int:
+    """Collect a ``mapInArrow`` job whose tasks each yield ``rows``: the rows they saw."""
+    return int(sum(r["rows"] for r in job.collect()))
+
+
 def log(message: str) -> None:
     """Progress on stderr (stdout carries the result tables)."""
     stamp = dt.datetime.now().strftime("%H:%M:%S")
@@ -160,6 +165,26 @@ def timed_run(
         extra = write()
     extra["cpu"] = cpu.delta(cpu_before, cpu.snapshot())
     return Measurement(writer, partitions, rows, elapsed[0], load_before, load1(), extra)
+
+
+def output_problems(
+    found: Sequence[Any], expected: Sequence[Any], rows: int, holds: str = "table holds"
+) -> list[str]:
+    """What is wrong with an output whose fingerprint (count, distinct ids, then column
+    aggregates) is ``found`` where the source's is ``expected``: [] when nothing."""
+    if tuple(found[:2]) != (rows, rows):
+        return [f"{holds} {found[0]} rows, {found[1]} distinct ids (want {rows})"]
+    if tuple(found) != tuple(expected):
+        return [f"column aggregates differ: {found} != {expected}"]
+    return []
+
+
+def first_line(err: BaseException) -> str:
+    """The exception's first line (and its Java cause's, for Spark's errors), for a log line."""
+    text = str(err).strip()
+    lines = text.splitlines() or [type(err).__name__]
+    causes = [line for line in lines if line.startswith("Caused by:")]
+    return f"{type(err).__name__}: {lines[0][:300]}" + (f" ({causes[-1][:300]})" if causes else "")
 
 
 def void_if(problems: Sequence[str], m: Measurement, tag: str, void: list[str]) -> None:
@@ -193,6 +218,12 @@ def log_run(
         + (f"  phases {rounded(extra['phases'])}" if "phases" in extra else "")
         + tail
     )
+
+
+def rotated(writers: Sequence[str], rep: int) -> list[str]:
+    """``writers`` rotated by ``rep`` places, so no writer always runs first."""
+    shift = rep % len(writers) if writers else 0
+    return [*writers[shift:], *writers[:shift]]
 
 
 def swap_on_odd(writers: Sequence[str], rep: int, first: str, second: str) -> list[str]:

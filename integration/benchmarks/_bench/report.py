@@ -70,6 +70,16 @@ def fmt_rate(rows_per_s: float) -> str:
     return f"{rows_per_s:,.0f}"
 
 
+def ms(values: Sequence[float], digits: int = 0) -> str:
+    """The median of seconds in milliseconds: ``126`` (``-`` for none)."""
+    return f"{median(values) * 1000:.{digits}f}" if values else "-"
+
+
+def spread(values: Sequence[float], *, scale: float = 1000.0, digits: int = 0) -> str:
+    """``min-max`` of seconds, in milliseconds unless ``scale`` says otherwise: ``117-215``."""
+    return f"{min(values) * scale:.{digits}f}-{max(values) * scale:.{digits}f}"
+
+
 def fmt_secs(values: Sequence[float]) -> str:
     """Seconds of single runs: ``3.06 / 3.24``."""
     return " / ".join(f"{v:.2f}" for v in values)

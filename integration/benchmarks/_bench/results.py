@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Self
@@ -79,6 +80,21 @@ class Results:
         )
         return [t / m for m, t in zip(mine, theirs, strict=False)]
 
+    def ratio_at(self, writer: str, partitions: int, over: str | None = None) -> str:
+        """The ratio with its run-by-run range, for the reading:
+        ``1.03x at 2 partitions (single runs 0.98-1.05x)``."""
+        runs = self.paired(writer, partitions, over)
+        return (
+            f"{self.ratio(writer, partitions, over):.2f}x at {partitions} partitions "
+            f"(single runs {min(runs):.2f}-{max(runs):.2f}x)"
+        )
+
+    def straddles(self, writer: str, partitions: int, over: str | None = None) -> bool:
+        """Whether ``writer`` was faster than ``over`` in some runs and slower in others:
+        the gap between the medians is then within the run-to-run noise."""
+        runs = self.paired(writer, partitions, over)
+        return min(runs) <= 1.0 <= max(runs)
+
     def is_void(self, writer: str, partitions: int) -> bool:
         return any("void" in m.extra for m in self.of(writer, partitions))
 
@@ -89,6 +105,10 @@ class Results:
             k: median([m.extra.get("cpu", {}).get(k, float("nan")) for m in runs])
             for k in ("spark", self.server, "others")
         }
+
+    def cpu_per_row(self, writer: str, partitions: int, role: str) -> float:
+        """``role``'s CPU per row written, in microseconds (median over the runs)."""
+        return cpu_per_row(self.of(writer, partitions), role)
 
     def phases(self, partitions: int, writer: str = "txsink") -> dict[str, float]:
         """Median seconds of the epoch's phases (``EpochResult.seconds``); ``other`` is the
@@ -125,3 +145,9 @@ class Results:
     @classmethod
     def load(cls, path: Path) -> Self:
         return cls(**cls.decode(json.loads(path.read_text())))
+
+
+def cpu_per_row(runs: Sequence[Measurement], role: str) -> float:
+    """CPU microseconds per row that ``role`` (``spark``, the server's name, ``others``: the
+    roots of the run's :class:`~.measure.CpuMeter`) spent, median over ``runs``."""
+    return median([m.extra.get("cpu", {}).get(role, float("nan")) / m.rows * 1e6 for m in runs])

@@ -1,0 +1,128 @@
+"""Where the test servers come from, in this order (``resolve_*``):
+1. the ``TXSINK_*`` environment variables (your own servers, or what ``integration/services
+   up`` wrote to ``integration/.services.env``);
+2. testcontainers, if a Docker engine answers;
+3. local processes started by this package (the same code as ``integration/services up``).
+
+Each ``resolve_*`` returns the fixture's object (:mod:`.fixtures`); Docker containers'
+stop callbacks go to the session's finalizers (:func:`session_finalizers`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+from .common import ServiceError, real_servers_required
+from .fixtures import Finalizer, KafkaService, PostgresService, RegistryService, S3Service
+
+
+def docker_available() -> bool:
+    """True if a Docker engine answers; ``TXSINK_NO_DOCKER=1`` forces local processes."""
+    if os.environ.get("TXSINK_NO_DOCKER") == "1":
+        return False
+    try:
+        import docker  # type: ignore[import-untyped]
+
+        client = docker.from_env(timeout=3)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except Exception:
+        return False
+
+
+def _local(name: str) -> dict[str, str]:
+    from .manager import up
+
+    env, _ = up([name])
+    return env
+
+
+def resolve_postgres(finalizers: list[Finalizer]) -> PostgresService:
+    dsn = os.environ.get("TXSINK_PG_DSN")
+    if dsn:
+        return PostgresService(dsn=dsn, origin="env")
+    if docker_available():
+        from . import containers
+
+        return PostgresService(dsn=containers.postgres(finalizers), origin="docker")
+    return PostgresService(dsn=_local("postgres")["TXSINK_PG_DSN"], origin="local")
+
+
+def resolve_kafka(finalizers: list[Finalizer]) -> KafkaService:
+    bootstrap = os.environ.get("TXSINK_KAFKA_BOOTSTRAP")
+    if bootstrap:
+        return KafkaService(
+            bootstrap=bootstrap,
+            origin="env",
+            proxy_listen=os.environ.get("TXSINK_KAFKA_PROXY_LISTEN"),
+            proxy_target=os.environ.get("TXSINK_KAFKA_PROXY_TARGET"),
+        )
+    if docker_available():
+        from . import containers
+
+        return KafkaService(bootstrap=containers.kafka(finalizers), origin="docker")
+    env = _local("kafka")
+    return KafkaService(
+        bootstrap=env["TXSINK_KAFKA_BOOTSTRAP"],
+        origin="local",
+        proxy_listen=env.get("TXSINK_KAFKA_PROXY_LISTEN"),
+        proxy_target=env.get("TXSINK_KAFKA_PROXY_TARGET"),
+    )
+
+
+def resolve_s3(finalizers: list[Finalizer]) -> S3Service:
+    endpoint = os.environ.get("TXSINK_S3_ENDPOINT")
+    if endpoint:
+        return S3Service(
+            endpoint=endpoint,
+            access_key=os.environ.get("TXSINK_S3_ACCESS_KEY", ""),
+            secret_key=os.environ.get("TXSINK_S3_SECRET_KEY", ""),
+            region=os.environ.get("TXSINK_S3_REGION", "us-east-1"),
+            server=os.environ.get("TXSINK_S3_SERVER", "unknown"),
+            origin="env",
+        )
+    if docker_available():
+        from . import containers
+
+        endpoint, access, secret = containers.minio(finalizers)
+        return S3Service(
+            endpoint=endpoint, access_key=access, secret_key=secret, server="minio", origin="docker"
+        )
+    env = _local("s3")
+    if env.get("TXSINK_S3_SERVER") == "moto" and real_servers_required():
+        raise ServiceError(
+            "the S3 server is moto, a stand-in: under CI=true the tests need MinIO "
+            "(run `integration/services down` and `up` again; see its build log)"
+        )
+    return S3Service(
+        endpoint=env["TXSINK_S3_ENDPOINT"],
+        access_key=env["TXSINK_S3_ACCESS_KEY"],
+        secret_key=env["TXSINK_S3_SECRET_KEY"],
+        region=env.get("TXSINK_S3_REGION", "us-east-1"),
+        server=env.get("TXSINK_S3_SERVER", "unknown"),
+        origin="local",
+    )
+
+
+def resolve_registry(finalizers: list[Finalizer]) -> RegistryService:
+    """``TXSINK_SCHEMA_REGISTRY_URL``, else the local process (there is no Docker variant)."""
+    url = os.environ.get("TXSINK_SCHEMA_REGISTRY_URL")
+    if url:
+        return RegistryService(url=url.rstrip("/"), origin="env")
+    return RegistryService(url=_local("registry")["TXSINK_SCHEMA_REGISTRY_URL"], origin="local")
+
+
+@contextlib.contextmanager
+def session_finalizers() -> Iterator[list[Finalizer]]:
+    """Collects stop callbacks of Docker containers; runs them (last first) at exit."""
+    finalizers: list[Finalizer] = []
+    try:
+        yield finalizers
+    finally:
+        for fin in reversed(finalizers):
+            with contextlib.suppress(Exception):
+                fin()

@@ -27,7 +27,6 @@ from typing import Any, Literal, TypeAlias
 
 import pyarrow as pa
 
-from txsink.observe.logs import get_logger
 from txsink.connectors.kafka.clients import pool
 from txsink.connectors.kafka.clients.columns import py_columns
 from txsink.connectors.kafka.clients.producers import produce_records
@@ -36,6 +35,7 @@ from txsink.connectors.kafka.records.checksum import CHECKSUM_VERSION, Tally
 from txsink.connectors.kafka.records.format import RecordFormat
 from txsink.contract import EpochData, TaskInfo
 from txsink.errors import NonDeterministicReplayError
+from txsink.observe.logs import get_logger
 
 __all__ = ["Decided", "ShardCommit", "ShardResult", "commit_by_content"]
 

@@ -25,11 +25,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from txsink.observe.logs import get_logger
 from txsink.connectors.kafka.clients.columns import PyColumns, py_columns
 from txsink.connectors.kafka.clients.errors import client_calls, commit_error, failed_delivery
 from txsink.connectors.kafka.clients.markers import Markers
 from txsink.connectors.kafka.clients.settings import ENFORCED, KafkaSettings, init_transactions
+from txsink.observe.logs import get_logger
 
 __all__ = ["ShardProducers", "StaleProducerError", "fence", "produce_records"]
 

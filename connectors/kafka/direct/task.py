@@ -15,7 +15,6 @@ from typing import Any, ClassVar
 
 import pyarrow as pa
 
-from txsink.observe.logs import get_logger
 from txsink.connectors.kafka.clients.columns import py_columns
 from txsink.connectors.kafka.clients.errors import FailedDelivery, commit_error, failed_delivery
 from txsink.connectors.kafka.clients.markers import Markers
@@ -27,6 +26,7 @@ from txsink.errors import (
     RetryableError,
 )
 from txsink.handles import Handle, register_handle
+from txsink.observe.logs import get_logger
 from txsink.txid import TxnId
 
 __all__ = ["KafkaDirectHandle", "OpenDirect", "clear", "open_direct"]

@@ -22,11 +22,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from txsink.kit.jsonrows import json_rows
 from txsink.connectors.kafka.records.avro import AvroEncoder
 from txsink.connectors.kafka.records.limits import batch_sizes
 from txsink.connectors.kafka.records.topics import TopicLookup, check_records
 from txsink.errors import TxsinkError, WriteError
+from txsink.kit.jsonrows import json_rows
 from txsink.rowref import RowNaming
 
 __all__ = ["RECORD_SCHEMA", "RecordFormat", "avro_encoders"]

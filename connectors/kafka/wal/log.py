@@ -15,7 +15,6 @@ from typing import Any
 
 import pyarrow as pa
 
-from txsink.observe.logs import get_logger
 from txsink.connectors.kafka.clients.errors import client_calls
 from txsink.connectors.kafka.clients.producers import ShardProducers, produce_records
 from txsink.connectors.kafka.clients.settings import KafkaSettings
@@ -24,6 +23,7 @@ from txsink.connectors.kafka.wal.task import FILE, KafkaWalHandle, OpenWal
 from txsink.contract import EpochCommit, local_tasks
 from txsink.errors import CommitError, ConfigurationError, RetryableError
 from txsink.handles import Handle
+from txsink.observe.logs import get_logger
 from txsink.txid import TxnId
 
 __all__ = ["ShardCommit", "ShardResult", "WriteAheadLog", "commit_shard"]

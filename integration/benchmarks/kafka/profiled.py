@@ -21,14 +21,14 @@ from unittest import mock
 import pyarrow as pa
 from typing_extensions import override
 
-from txsink.connectors.kafka.clients import pool as kafka_pool
 from txsink.connectors.kafka import fromreplay as kafka_replay
 from txsink.connectors.kafka import wal as kafka_wal
-from txsink.connectors.kafka.clients.settings import KafkaSettings
+from txsink.connectors.kafka.clients import pool as kafka_pool
 from txsink.connectors.kafka.clients.markers import Markers
 from txsink.connectors.kafka.clients.producers import ShardProducers, produce_records
-from txsink.connectors.kafka.records.format import RecordFormat
+from txsink.connectors.kafka.clients.settings import KafkaSettings
 from txsink.connectors.kafka.fromreplay import ShardResult
+from txsink.connectors.kafka.records.format import RecordFormat
 from txsink.connectors.kafka.sink import KafkaHandle, KafkaSink, OpenTxn
 from txsink.contract import EpochCommit, EpochData, TaskInfo
 from txsink.txid import TxnId

@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from txsink.protocol.rounds import OUTAGE_ENV
 from txsink.protocol.faults import FaultPlan
+from txsink.protocol.rounds import OUTAGE_ENV
 from txsink.testing.chaos.plan import ChaosPlan
 from txsink.testing.chaos.targetcrash import TargetControl, TargetCrashes
 from txsink.testing.disturb import Disturbed, Poison, SecondDriver

@@ -45,7 +45,7 @@ class Coordinator(Operations):
 
     Args:
         sinks: one sink or several; all share one decision per epoch.
-        log: where the txsink log lives (a path, or a :class:`~txsink.protocol.log.LogStore`).
+        log: where the txsink log lives (a path, or a :class:`~txsink.store.LogStore`).
         app_id: the app's stable id. Defaults to the streaming query's id, which
             Spark keeps in its checkpoint. Required for :meth:`write` on a
             fresh log, and under Spark Connect (docs/spark-connect.md).

@@ -23,7 +23,7 @@ Use it by giving the log an ``s3://bucket/prefix`` location::
     Coordinator(sinks, log=store)
     open_log("s3://my-bucket/pipelines/orders/txlog", client_options={...})  # the same store
 
-How each :class:`~txsink.protocol.log.LogStore` operation maps to S3 (a record ``key`` is
+How each :class:`~txsink.store.LogStore` operation maps to S3 (a record ``key`` is
 stored as the object ``<prefix><key>``; the operations are the S3 connector's one
 implementation, :class:`~txsink.connectors.s3.store.S3Objects`):
 
@@ -89,7 +89,7 @@ _probe_lock = threading.Lock()
 
 
 class S3Store(S3Objects):
-    """A :class:`~txsink.protocol.log.LogStore` on S3; see the module docstring for the contract.
+    """A :class:`~txsink.store.LogStore` on S3; see the module docstring for the contract.
 
     Args:
         url: ``s3://bucket/prefix`` (``s3a://`` is accepted too); the log's

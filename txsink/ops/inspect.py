@@ -246,7 +246,7 @@ def _read_all(txlog: TxLog, keys: list[str]) -> list[dict[str, Any] | None]:
 def log_table(log: LogLike) -> pd.DataFrame:
     """One row per (epoch, round, sink uid, handle) of the log, oldest first.
 
-    ``log``: a path, ``file://`` or ``s3://`` URL, :class:`~txsink.protocol.log.LogStore`,
+    ``log``: a path, ``file://`` or ``s3://`` URL, :class:`~txsink.store.LogStore`,
     :class:`~txsink.protocol.log.TxLog` or :class:`LogSnapshot`. Columns (see :data:`LOG_COLUMNS`):
 
     - ``epoch``, ``round``: the micro-batch and its pre-commit run.

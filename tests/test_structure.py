@@ -222,6 +222,22 @@ def test_the_architecture_doc_maps_every_module() -> None:
     )
 
 
+def test_the_architecture_doc_counts_todays_arrows_between_the_rooms() -> None:
+    """The table of imports between the rooms in docs/architecture.md is today's (the
+    numbers come from the code, so a stale table would claim a layering the code lost)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("module_map", ROOT / "docs/tools/module_map.py")
+    assert spec is not None and spec.loader is not None
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    table = doc[doc.index(tool.ARROWS_START) + len(tool.ARROWS_START) : doc.index(tool.ARROWS_END)]
+    assert table.strip() == "\n".join(tool.arrows()), (
+        "the arrows table is stale: python docs/tools/module_map.py --write"
+    )
+
+
 # -- the rooms (issue #36) -----------------------------------------------------------------
 
 #: The rooms of txsink/, bottom to top, and the rooms each may import (its own included).

@@ -2,7 +2,8 @@
 its lines and its first docstring line. Run from the repository root:
 
     python docs/tools/module_map.py > /tmp/map.md     # print it
-    python docs/tools/module_map.py --write           # replace it in docs/architecture.md
+    python docs/tools/module_map.py --arrows          # the imports between the rooms
+    python docs/tools/module_map.py --write           # replace both in docs/architecture.md
 
 tests/test_structure.py checks that the map in docs/architecture.md names every module.
 """
@@ -71,10 +72,85 @@ def rows() -> list[str]:
     return out
 
 
+#: The rooms of txsink/ in their order, bottom to top (docs/architecture.md, "The rooms").
+ORDER = ["base", "kit", "observe", "protocol", "spark", "ops", "faces", "testing", "cli"]
+ARROWS_START, ARROWS_END = "<!-- arrows: start -->", "<!-- arrows: end -->"
+
+
+def _imported(path: Path, name: str, modules: dict[str, Path]) -> set[str]:
+    """The txsink modules a file imports, at any depth (functions, TYPE_CHECKING):
+    ``from txsink import registry`` names the module ``txsink.registry``, not the package."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join([*parts[: len(parts) - node.level + 1], *filter(None, [base])])
+            subs = {f"{base}.{a.name}" for a in node.names}
+            found.update(subs & modules.keys() or {base})
+            found.update({base} if subs - modules.keys() else set())
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+    return {m for m in found if m == "txsink" or m.startswith("txsink.")}
+
+
+def _core() -> dict[str, Path]:
+    core = ROOT / "txsink"
+    out = {}
+    for path in sorted(core.rglob("*.py")):
+        if "connectors" in path.relative_to(core).parts or "__pycache__" in path.parts:
+            continue
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def arrows() -> list[str]:
+    """How many imports run from each room of txsink/ to each other, measured from the code
+    (a top-level module is a face when it imports a room, else the base API)."""
+    modules = _core()
+    rooms = {f"txsink.{r}" for r in ORDER}
+
+    def room(module: str) -> str:
+        parts = module.split(".")
+        if len(parts) > 1 and f"txsink.{parts[1]}" in rooms:
+            return parts[1]
+        if len(parts) > 1 and parts[1] == "datasource":
+            return "faces"
+        return "top"
+
+    imports = {
+        name: {m for m in _imported(path, name, modules) if m in modules}
+        for name, path in modules.items()
+    }
+    top = {n for n in modules if room(n) == "top"}
+    faces = {n for n in top if n == "txsink" or any(room(m) != "top" for m in imports[n])}
+
+    def of(module: str) -> str:
+        r = room(module)
+        return ("faces" if module in faces else "base") if r == "top" else r
+
+    counts: dict[tuple[str, str], int] = {}
+    for name, targets in imports.items():
+        for target in targets - {name}:
+            pair = (of(name), of(target))
+            if pair[0] != pair[1]:
+                counts[pair] = counts.get(pair, 0) + 1
+    out = ["| from \\ to | " + " | ".join(ORDER) + " |", "|---|" + "---:|" * len(ORDER)]
+    for src in ORDER:
+        cells = [str(counts.get((src, dst), "")) or ("·" if src != dst else "") for dst in ORDER]
+        out.append(f"| **{src}** | " + " | ".join(cells) + " |")
+    return out
+
+
 def write() -> None:
-    """Replace the map (the last section of docs/architecture.md, after its intro)."""
+    """Replace the arrows table and the map (the last section of docs/architecture.md)."""
     doc = ROOT / "docs" / "architecture.md"
     text = doc.read_text()
+    a, b = text.index(ARROWS_START) + len(ARROWS_START), text.index(ARROWS_END)
+    text = text[:a] + "\n" + "\n".join(arrows()) + "\n" + text[b:]
     start = text.index("## Module map")
     first = text.index("\n**`", start)
     doc.write_text(text[: first + 1] + "\n".join(rows()).lstrip() + "\n")
@@ -83,5 +159,7 @@ def write() -> None:
 if __name__ == "__main__":
     if sys.argv[1:] == ["--write"]:
         write()
+    elif sys.argv[1:] == ["--arrows"]:
+        sys.stdout.write("\n".join(arrows()) + "\n")
     else:
         sys.stdout.write("\n".join(rows()).lstrip() + "\n")

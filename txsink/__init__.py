@@ -33,7 +33,7 @@ from txsink.handles import Handle, register_handle
 from txsink.observe.logs import configure_logging
 from txsink.ops.follow import follow
 from txsink.ops.precheck import CheckResult
-from txsink.protocol.epochresult import EpochResult
+from txsink.protocol.epoch import EpochResult
 from txsink.protocol.faults import CrashPoint, Fault, FaultMode, FaultPlan
 from txsink.protocol.log import TxLog, open_log
 from txsink.sink import TwoPhaseCommitSink, check

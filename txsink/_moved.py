@@ -60,7 +60,7 @@ MOVED: dict[str, str] = {
     "txsink._taskerror": "txsink.protocol.taskerror",
     "txsink._votes": "txsink.protocol.votes",
     "txsink._singlepass": "txsink.protocol.singlepass",
-    "txsink._epochresult": "txsink.protocol.epochresult",
+    "txsink._epochresult": "txsink.protocol.epoch",
     # spark
     "txsink._spark": "txsink.spark.jobs",
     "txsink._sparkepoch": "txsink.spark.epoch",

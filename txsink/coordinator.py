@@ -24,7 +24,7 @@ from txsink.metrics import Metrics
 from txsink.observe import failure as _failure
 from txsink.observe.logs import failures_logged, install_console
 from txsink.ops.operator import Operations
-from txsink.protocol.epochresult import EpochResult
+from txsink.protocol.epoch import EpochResult
 from txsink.protocol.faults import FaultPlan
 from txsink.protocol.log import TxLog
 from txsink.spark.epoch import SparkEpochs

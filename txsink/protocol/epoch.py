@@ -32,6 +32,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, NoReturn, final
 
 from txsink.contract import EpochData, SinkContract
@@ -43,7 +44,6 @@ from txsink.observe.metering import Meter
 from txsink.protocol import rounds as _rounds
 from txsink.protocol.commit import commit_decided
 from txsink.protocol.decide import decide_epoch
-from txsink.protocol.epochresult import EpochResult
 from txsink.protocol.faults import CrashPoint, FaultPlan
 from txsink.protocol.lease import (
     DEFAULT_LEASE_S,
@@ -63,10 +63,23 @@ from txsink.protocol.task import Precommit, TaskPlan, collect_acks
 from txsink.protocol.taskerror import cleanup_after, describe, epoch_aborted, unless_raised_again
 from txsink.txid import check_name
 
-__all__ = ["AnySink", "EpochProtocol", "checkpoint_reset_error"]
+__all__ = ["AnySink", "EpochProtocol", "EpochResult", "checkpoint_reset_error"]
 
 AnySink = SinkContract[Any, Any]
 _TWO = "another query is writing with the same txsink log: stop one of them"
+
+
+@dataclass(frozen=True)
+class EpochResult:
+    """What one epoch call returned (:meth:`~txsink.Coordinator.write`, ``run_epoch``):
+    ``committed``, or ``skipped`` (already committed: a replay)."""
+
+    epoch: int
+    status: str
+    round: int | None = None
+    rows: dict[str, int] = field(default_factory=dict)
+    handles: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
 
 
 class EpochProtocol:

@@ -16,8 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from txsink.protocol.epoch import EpochProtocol
-from txsink.protocol.epochresult import EpochResult
+from txsink.protocol.epoch import EpochProtocol, EpochResult
 from txsink.protocol.lease import until_the_query_runs
 from txsink.protocol.task import precommit_job
 from txsink.spark import jobs as _spark

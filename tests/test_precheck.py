@@ -404,9 +404,9 @@ def test_a_fresh_log_is_refused_where_the_target_remembers_the_app(
     assert "records epochs up to 4 of app 'a'" in text and "new app_id" in text, text
     assert sink.target.visible() == [] and not sink.target.prepared
     schema = pa.schema([("id", pa.int64())])
-    check_sinks([sink], schema, "b", log=open_log(tmp_path / "other"))
+    check_sinks([sink], schema, "b", None, log=open_log(tmp_path / "other"))
     _committed_log(tmp_path / "own-log", "a", 5)
-    check_sinks([sink], schema, "a", log=open_log(tmp_path / "own-log"))
+    check_sinks([sink], schema, "a", None, log=open_log(tmp_path / "own-log"))
 
 
 # -- max_tasks: refused when the coordinator is built ----------------------------------

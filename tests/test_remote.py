@@ -24,7 +24,7 @@ _ConnectFrame.__module__ = "pyspark.sql.connect.dataframe"
 
 def test_the_log_travels_as_its_location_and_is_opened_on_arrival(tmp_path: Path) -> None:
     coordinator = Coordinator(FilesSink(tmp_path / "out", uid="o"), log=str(tmp_path / "log"))
-    coordinator._bind("app-1")
+    coordinator.bind("app-1")
     coordinator._needs_recovery = False
     shipped: dict[str, Any] = coordinator.__getstate__()
     assert shipped["log"] is None and shipped["_recovery"] is None

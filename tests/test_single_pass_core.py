@@ -24,7 +24,7 @@ from txsink.protocol.faults import CrashPoint, FaultPlan
 from txsink.protocol.log import TxLog
 from txsink.protocol.singlepass import SinglePassJob
 from txsink.protocol.votes import cast_vote
-from txsink.spark.jobs import check_single_pass
+from txsink.spark.layout import check_single_pass
 
 APP = "app-sp"
 
@@ -225,16 +225,16 @@ def _frame(master: str, slots: list[int], partitions: int = 2) -> Any:
 def test_a_cluster_short_of_slots_after_an_executor_loss_is_waited_for() -> None:
     """The epoch right after an executor was lost: its worker starts it again."""
     slept: list[float] = []
-    check_single_pass(_frame("spark://m:7077", [1, 1, 1, 2]), "k", sleep=slept.append)
+    check_single_pass(_frame("spark://m:7077", [1, 1, 1, 2]), "k", False, sleep=slept.append)
     assert len(slept) == 3
 
 
 def test_too_few_slots_are_refused_after_the_wait_or_at_once_in_local_mode() -> None:
     slept: list[float] = []
     with pytest.raises(ConfigurationError, match="2 partitions, but the cluster runs 1 tasks"):
-        check_single_pass(_frame("spark://m:7077", [1]), "k", wait_s=5, sleep=slept.append)
+        check_single_pass(_frame("spark://m:7077", [1]), "k", False, wait_s=5, sleep=slept.append)
     assert sum(slept) == pytest.approx(5)
     slept.clear()
     with pytest.raises(ConfigurationError, match="2 partitions"):
-        check_single_pass(_frame("local[1]", [1, 2]), "k", sleep=slept.append)
+        check_single_pass(_frame("local[1]", [1, 2]), "k", False, sleep=slept.append)
     assert slept == []  # local mode's slots never change

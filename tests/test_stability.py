@@ -13,7 +13,7 @@ from typing import Any, NoReturn
 import pytest
 
 from txsink.errors import EpochAbortedError
-from txsink.protocol.singlepass import SinglePassOutcome, run_in_rounds
+from txsink.protocol.singlepass import SinglePassOutcome, run_single_pass_in_rounds
 from txsink.spark.stability import _analyzed_section, parse_plan_text, unstable_step
 
 SOURCE = "StreamingRelation FileSource[/in], [id#1L, key#2], name=<Unassigned>"
@@ -144,16 +144,27 @@ def _abort(round_: int, err: BaseException) -> NoReturn:
     raise EpochAbortedError(f"aborted round {round_}: {err}")
 
 
+class _Steps:
+    def __init__(self, voided: list[int]) -> None:
+        self.voided, self.claimed = voided, iter(range(1, 100))
+
+    def claim(self) -> int:
+        return next(self.claimed)
+
+    def void(self, round_: int, err: BaseException) -> None:
+        self.voided.append(round_)
+
+    def abort(self, round_: int, err: BaseException) -> NoReturn:
+        _abort(round_, err)
+
+
 def _rounds(run: Any, clock: _Clock, outage_s: float, voided: list[int]) -> tuple[int, Any]:
-    claimed = iter(range(1, 100))
-    return run_in_rounds(
+    return run_single_pass_in_rounds(
         0,
         0,
         outage_s=outage_s,
         run=run,
-        void=lambda r, err: voided.append(r),
-        abort=_abort,
-        claim=lambda: next(claimed),
+        steps=_Steps(voided),
         logger=_Log(),  # type: ignore[arg-type]
         describe=str,
         clock=clock,

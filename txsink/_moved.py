@@ -49,7 +49,7 @@ MOVED: dict[str, str] = {
     # protocol
     "txsink._decide": "txsink.protocol.decide",
     "txsink._commit": "txsink.protocol.commit",
-    "txsink._actions": "txsink.protocol.actions",
+    "txsink._actions": "txsink.protocol.plan",
     "txsink._rounds": "txsink.protocol.rounds",
     "txsink.recovery": "txsink.protocol.recovery",
     "txsink.log": "txsink.protocol.log",

@@ -271,7 +271,8 @@ class SinkContract(abc.ABC, Generic[T, H]):
         An upsert sink returns its key: two prepared transactions upserting the
         same key in different partitions would wait on each other's row locks
         until the decision, which never comes. The coordinator repartitions the
-        epoch's DataFrame accordingly (all sinks of a coordinator must agree).
+        epoch's DataFrame accordingly (all sinks of a coordinator must agree). Asked
+        when the coordinator is built: from the sink's settings, not from its target.
         """
         return None
 

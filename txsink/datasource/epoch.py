@@ -166,7 +166,7 @@ def plan_tasks(
         log.bind_app(app_id)  # the log's own checks come before the sink's
         checked = (log.location, config.sink.uid, app_id, schema.to_string())
         if checked not in _CHECKED:  # once per query and schema while this worker lives
-            check_sinks(coord.sinks, schema, app_id, log=log)
+            check_sinks(coord.sinks, schema, app_id, None, log=log)  # no partitioning: options
             _CHECKED.add(checked)
         # The Spark driver's lease, renewed at each planning (which may run in another
         # Python worker each batch): a second live driver refuses here, before recovery.

@@ -34,7 +34,7 @@ from txsink.errors import CheckpointMismatchError, ConfigurationError, LogError,
 from txsink.protocol.epoch import checkpoint_reset_error
 from txsink.spark import layout as _layout
 from txsink.spark import stability as _stability
-from txsink.spark.checks import arrow_schema, check_sink, check_sinks, no_app_error
+from txsink.spark.checks import arrow_schema, check_columns, check_sink, check_sinks, no_app_error
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -149,13 +149,16 @@ def _schema(df: DataFrame) -> tuple[pa.Schema, str]:
 
 
 def _partitioning(sinks: Sequence[SinkContract[Any, Any]], arrow: pa.Schema) -> tuple[None, str]:
-    part = _layout.required_partitioning([s.required_partitioning() for s in sinks], arrow.names)
+    part = _layout.required_partitioning(s.required_partitioning() for s in sinks)
+    check_columns(part, arrow.names)
     return None, "any" if part is None else f"by {list(part.columns)}"
 
 
 def _replay_stable(df: DataFrame, sinks: Sequence[SinkContract[Any, Any]]) -> tuple[None, str]:
     """Sinks that commit from the epoch's replay: a replay deals each partition its rows."""
-    laid = _layout.laid_out(df, [s.required_partitioning() for s in sinks])
+    laid = _layout.laid_out(
+        df, _layout.required_partitioning(s.required_partitioning() for s in sinks)
+    )
     uids = [s.uid for s in sinks if s.commits_from_data]
     return None, _stability.check_stable(laid, uids)
 

@@ -33,13 +33,13 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NoReturn, final
+from typing import Any, final
 
-from txsink.contract import EpochData, SinkContract
+from txsink.contract import EpochData, SinkContract, TaskRunner
 from txsink.errors import CheckpointMismatchError, EpochAbortedError, FencedError
 from txsink.handles import Handle
 from txsink.metrics import Metrics
-from txsink.observe.logs import committed_text, get_logger
+from txsink.observe.logs import EpochLogger, committed_text, get_logger
 from txsink.observe.metering import Meter
 from txsink.protocol import rounds as _rounds
 from txsink.protocol.commit import commit_decided
@@ -56,11 +56,11 @@ from txsink.protocol.recovery import Recovery
 from txsink.protocol.singlepass import (
     SinglePassJob,
     SinglePassOutcome,
-    run_in_rounds,
     run_single_pass,
+    run_single_pass_in_rounds,
 )
 from txsink.protocol.task import Precommit, TaskPlan, collect_acks
-from txsink.protocol.taskerror import cleanup_after, describe, epoch_aborted, unless_raised_again
+from txsink.protocol.taskerror import describe
 from txsink.txid import check_name
 
 __all__ = ["AnySink", "EpochProtocol", "EpochResult", "checkpoint_reset_error"]
@@ -144,6 +144,63 @@ class EpochProtocol:
             meter=self._meter,
         )
 
+    # -- before an epoch: what the side that feeds the epochs calls (txsink.spark.epoch) --
+
+    def bind(self, app_id: str) -> None:
+        """Epochs of app ``app_id`` from now on: the log is bound to it (refused if it is
+        another app's), and recovery runs before the next epoch when the app changed."""
+        if self._bound_app != app_id:
+            self._restore_once()
+            self.log.bind_app(app_id)
+            self._bound_app = self._meter.app = app_id
+            self._last_committed = None
+            self._needs_recovery = True
+
+    def start_run(
+        self,
+        app_id: str,
+        trigger_s: float | None = None,
+        renew: Callable[[], bool | None] | None = None,
+    ) -> None:
+        """A new query run of app ``app_id``: recovery runs first, and the driver lease is
+        held for the run: its length from the query's trigger interval (``trigger_s``),
+        renewed from a thread for as long as ``renew`` says the query runs (between epochs
+        too: a long trigger interval). ``renew=None``: renewed at each epoch only (a
+        process that cannot watch its query, as Spark Connect's server-side worker)."""
+        self._needs_recovery = True
+        lease = self._keeper(trigger_s)
+        if self.lease_s is None:  # held before start(), when the trigger was unknown
+            lease.lengthen(default_lease_s(trigger_s))
+        if renew is not None:
+            lease.keep_alive(renew)
+        self.bind(app_id)
+
+    def begin_write(self, app_id: str, epoch: int | None = None) -> int:
+        """Before a one-off epoch (``write``): bound to ``app_id``, the lease held; the
+        epoch to write: ``epoch``, or (``None``) the one after the log's last committed,
+        once recovery ran."""
+        self.bind(app_id)
+        self._hold_lease()
+        if epoch is not None:
+            return epoch
+        self._recover_if_needed(app_id)
+        last = self.log.last_committed()
+        return 0 if last is None else last + 1
+
+    def use_tasks(self, tasks: TaskRunner) -> None:
+        """Run the commits spread over the cluster (and recovery's) as ``tasks``: the
+        query's Spark tasks while it runs; in-process otherwise."""
+        self._recovery.tasks = tasks
+
+    @property
+    def tasks(self) -> TaskRunner:
+        """What runs the commits spread over the cluster now (:meth:`use_tasks`)."""
+        return self._recovery.tasks
+
+    def epoch_logger(self, epoch: int) -> EpochLogger:
+        """The coordinator's logger, bound to ``epoch``."""
+        return self._log.bind(epoch=epoch)
+
     @final
     def run_epoch(
         self,
@@ -180,7 +237,7 @@ class EpochProtocol:
         First the driver lease is held (:mod:`txsink.protocol.lease`): a second live driver
         refuses here, before its recovery voids anything.
         """
-        self._bind(app_id)
+        self.bind(app_id)
         self._hold_lease()
         timings: dict[str, float] = {}
         # Step 1
@@ -255,7 +312,7 @@ class EpochProtocol:
         self, app_id: str, data: EpochData | None = None, epoch: int | None = None
     ) -> bool:
         """Recover if needed; whether recovery had anything to do."""
-        self._bind(app_id)
+        self.bind(app_id)
         if not self._needs_recovery:
             return False
         # The same plan and execution an operator's recover() runs.
@@ -294,24 +351,25 @@ class EpochProtocol:
                 raise EpochAbortedError.of(epoch, errors)
             return collect_acks(self.sinks, epoch, acks)
 
+        first = round_
         round_, (handles, rows) = _rounds.run_in_rounds(
             round_,
             run=run,
             retry=_rounds.transient if again else lambda err: False,
-            void=lambda r, err: self._void_round(epoch, r, app_id, err),
-            abort=lambda r, err: self._abort_round(epoch, r, app_id, err),
-            claim=lambda: self.log.claim_round(epoch),
+            steps=self._recovery.rounds(app_id, epoch),
             bound=_rounds.OutageBound(self.outage_s),
             logger=self._log.bind(epoch=epoch),
             describe=_rounds.describe,
         )
+        self._needs_recovery |= round_ != first  # a voided round's aborts were best effort
         self._fire(CrashPoint.BEFORE_DECISION, epoch)
         return round_, handles, rows
 
     def _single_pass(
         self, epoch: int, round_: int, job: SinglePassJob, timings: dict[str, float], app_id: str
     ) -> tuple[int, dict[str, list[Handle]], dict[str, int], set[str]]:
-        """Steps 3-4 in one job, in rounds (:func:`~txsink.protocol.singlepass.run_in_rounds`)."""
+        """Steps 3-4 in one job, in rounds
+        (:func:`~txsink.protocol.singlepass.run_single_pass_in_rounds`)."""
 
         def run(r: int) -> SinglePassOutcome:
             plan = self._plan(app_id, epoch, r)
@@ -320,17 +378,17 @@ class EpochProtocol:
                 logger=self._log,
             )  # fmt: skip
 
-        round_, out = run_in_rounds(
+        first = round_
+        round_, out = run_single_pass_in_rounds(
             round_,
             job.retries,
             outage_s=self.outage_s,
             run=run,
-            void=lambda r, err: self._void_round(epoch, r, app_id, err),
-            abort=lambda r, err: self._abort_round(epoch, r, app_id, err),
-            claim=lambda: self.log.claim_round(epoch),
+            steps=self._recovery.rounds(app_id, epoch),
             logger=self._log.bind(epoch=epoch),
             describe=describe,
         )
+        self._needs_recovery |= round_ != first  # a voided round's aborts were best effort
         timings.update(out.seconds)
         return round_, out.handles, out.rows, out.committed
 
@@ -338,25 +396,6 @@ class EpochProtocol:
         return TaskPlan(
             app_id, epoch, round_, self.sinks, self.faults, os.getpid(), socket.gethostname()
         )
-
-    def _void_round(self, epoch: int, round_: int, app_id: str, err: BaseException) -> None:
-        """Void the round first, so it can never be decided, then abort what it prepared."""
-        self._needs_recovery = True
-        with cleanup_after(err, "voiding the round", self._log.bind(epoch=epoch)):
-            if self.log.void(epoch, round_, "pre-commit failed") is not None:
-                # Cannot happen: only this driver holds the round.
-                raise FencedError(
-                    f"round {round_} of epoch {epoch} was decided meanwhile", epoch=epoch
-                ) from err
-            self._recovery.abort_attempts(app_id, epoch, round_=round_, best_effort=True)
-        self._meter.voided(self.sinks)
-
-    def _abort_round(self, epoch: int, round_: int, app_id: str, err: BaseException) -> NoReturn:
-        """A pre-commit failed: void and abort the round; raise the epoch's abort."""
-        with unless_raised_again(err):  # the clean-up failed too: noted on err, told below
-            self._void_round(epoch, round_, app_id, err)
-        self._meter.epoch("aborted")
-        raise epoch_aborted(epoch, err)
 
     # -- step 4: decide ----------------------------------------------------------------
 
@@ -414,14 +453,6 @@ class EpochProtocol:
 
     # -- helpers ---------------------------------------------------------------------
 
-    def _bind(self, app_id: str) -> None:
-        if self._bound_app != app_id:
-            self._restore_once()
-            self.log.bind_app(app_id)
-            self._bound_app = self._meter.app = app_id
-            self._last_committed = None
-            self._needs_recovery = True
-
     def _fire(self, point: CrashPoint, epoch: int) -> None:
         if self.faults is not None:
             self.faults.fire(point, epoch=epoch)
@@ -429,21 +460,6 @@ class EpochProtocol:
     def _restore_once(self) -> None:
         """Fill an empty log before the first bind: nothing here; the Coordinator's
         operator side starts from a savepoint (:class:`~txsink.ops.operator.Operations`)."""
-
-    def _new_run(
-        self, trigger_s: float | None = None, renew: Callable[[], bool | None] | None = None
-    ) -> None:
-        """A new query run: recover first, and hold the driver lease for the run: its length
-        from the query's trigger interval (``trigger_s``), renewed from a thread for as long
-        as ``renew`` says the query runs (between epochs too: a long trigger interval).
-        ``renew=None``: renewed at each epoch only (a process that cannot watch its query,
-        as Spark Connect's server-side worker)."""
-        self._needs_recovery = True
-        lease = self._keeper(trigger_s)
-        if self.lease_s is None:  # held before start(), when the trigger was unknown
-            lease.lengthen(default_lease_s(trigger_s))
-        if renew is not None:
-            lease.keep_alive(renew)
 
     # -- the driver lease ----------------------------------------------------------------
 

@@ -1,47 +1,44 @@
-"""Recovery (step 1 of the protocol): a plan of actions, then its execution.
+"""Recovery (step 1 of the protocol): a plan of actions (:mod:`txsink.protocol.plan`), then
+its execution; and the void and abort of a failed round, which are recovery's own steps
+for an undecided round, run while the epoch is still in hand.
 
 The same plan and execution serve a query's recovery before its first epoch and an
-operator's ``txsink recover`` / ``txsink abort`` (or only printed, ``--dry-run``).
-A plan is a list of :class:`RecoveryAction`, in execution order:
-
-1. for each decided-but-uncommitted epoch, ascending: ``commit`` each configured
-   sink's share (its :meth:`~txsink.contract.SinkContract.commit_epoch`, with every
-   decided handle of the sink, or none); ``skip`` or ``abort_not_restored`` the
-   handles of removed or retired sinks (only with ``allow_non_restored_state``);
-   ``mark_committed``;
-2. for each prepared transaction the sinks list that step 1 does not cover:
-   ``abort_pruned`` (its epoch's records were pruned long after it committed),
-   ``commit`` (a committed epoch names it: its sink's share is committed again,
-   idempotently), or ``void`` its round then ``abort`` it (no decision names it;
-   the void first, so that no zombie driver can decide it afterwards — if the void
-   loses because a zombie decided meanwhile, the executor finishes that decision
-   instead and reports what it really did).
+operator's ``txsink recover`` / ``txsink abort`` (or only printed, ``--dry-run``). If a
+planned void loses because a zombie driver decided that round meanwhile, the execution
+finishes that decision instead and reports what it really did.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from txsink.contract import EpochData, SinkContract, TaskRunner, local_tasks
-from txsink.errors import CheckpointMismatchError, NonRestoredStateError, StateError
+from txsink.errors import FencedError
 from txsink.handles import Handle
 from txsink.observe.logs import EpochLogger, one_line
 from txsink.observe.metering import Meter
-from txsink.protocol.actions import ABORTS, ActionKind, RecoveryAction, decided, on_handle, summary
 from txsink.protocol.commit import abort_one, commit_share
 from txsink.protocol.faults import CrashPoint
 from txsink.protocol.log import EpochDecision, TxLog
+from txsink.protocol.plan import (
+    ABORTS,
+    ActionKind,
+    RecoveryAction,
+    RecoveryPlanner,
+    decided,
+    on_handle,
+)
+from txsink.protocol.taskerror import cleanup_after, epoch_aborted, unless_raised_again
 
-__all__ = ["ActionKind", "Recovery", "RecoveryAction"]
+__all__ = ["ActionKind", "EpochRounds", "Recovery", "RecoveryAction", "on_handle", "summary"]
 
 AnySink = SinkContract[Any, Any]
 
 
-class Recovery:
+class Recovery(RecoveryPlanner):
     """Plans and executes recovery for one coordinator's sinks against its log.
 
     ``fire`` is the coordinator's crash-point hook (``during_recovery`` fires here);
@@ -59,206 +56,18 @@ class Recovery:
         logger: EpochLogger,
         meter: Meter | None = None,
     ) -> None:
-        self.log = log
-        self.sinks = tuple(sinks)
-        self.retired = tuple(retired)
-        self.allow_non_restored_state = allow_non_restored_state
+        super().__init__(
+            log, sinks, retired, allow_non_restored_state=allow_non_restored_state, meter=meter
+        )
         self._fire = fire
         self._log = logger
         #: Runs commits spread over the cluster: the coordinator sets the query's Spark
         #: tasks while it runs an epoch; in-process otherwise (``txsink recover``).
         self.tasks: TaskRunner = local_tasks
-        #: The coordinator's metrics (none for an operator's command).
-        self.meter = meter or Meter(None)
-        self._found: dict[AnySink, list[Handle]] = {}
-        self._since: dict[str, float] = {}
 
-    def operator_app(self, app_id: str | None) -> str:
-        """The app id for an operator's call (default: the log's), checked against the log."""
-        meta = self.log.meta()
-        if meta is None:
-            raise StateError(
-                f"there is no txsink log at {self.log.location} (no meta.json): nothing to "
-                "recover or abort. Check the --log location"
-            )
-        owner = str(meta["app_id"])
-        if app_id is not None and app_id != owner:
-            raise CheckpointMismatchError(
-                f"the txsink log at {self.log.location} belongs to app {owner!r}, not "
-                f"{app_id!r}: pass the log of that app, or its app id"
-            )
-        return owner
-
-    # -- plan --------------------------------------------------------------------------
-
-    def plan(
-        self, app_id: str, *, abort: bool = False, epoch: int | None = None
-    ) -> list[RecoveryAction]:
-        """What recovery (or, with ``abort``, the operator's abort) would do now.
-
-        Reads the log and lists the sinks' prepared transactions; changes nothing.
-        ``abort``: decided epochs are left alone (their decision stands), except
-        ``epoch`` when only removed or retired sinks hold its handles; ``epoch``
-        limits an abort to one epoch.
-        """
-        actions: list[RecoveryAction] = []
-        covered: set[str] = set()  # transactions a pending decision's finish handles
-        pending = self.log.pending()
-        self._found, self._since = {}, {}
-        for decision in pending:
-            covered |= decision.txn_names()
-            block = self.log.block(decision.epoch)
-            if block is not None and self.meter:
-                for sink in self.sinks:
-                    if sink.uid == block.sink_uid:
-                        self.meter.blocked(sink, decision.epoch, True)
-            if not abort:
-                actions += self.plan_finish(decision, self.allow_non_restored_state)
-            elif decision.epoch == epoch:
-                actions += self._plan_give_up(decision)
-        lingering = self._plan_lingering(app_id, covered)
-        self.meter.recovery_found([d.epoch for d in pending], self._found, self._since)
-        if abort:
-            lingering = [
-                a
-                for a in lingering
-                if a.kind is not ActionKind.COMMIT and (epoch is None or a.epoch == epoch)
-            ]
-        return actions + lingering
-
-    def plan_finish(self, decision: EpochDecision, allow: bool) -> list[RecoveryAction]:
-        """Commit every configured sink's share of a decided epoch, then mark it committed."""
-        epoch, round_ = decision.epoch, decision.round
-        configured = {s.uid for s in self.sinks}
-        retired = {s.uid for s in self.retired}
-        missing = tuple(
-            sorted(u for u, docs in decision.handles.items() if docs and u not in configured)
-        )
-        if missing and not allow:
-            raise NonRestoredStateError(
-                f"the txsink log holds decided, uncommitted handles of epoch {epoch} for sink "
-                f"uid(s) {list(missing)} that this coordinator does not configure "
-                f"(configured: {sorted(configured)}, retired: {sorted(retired)}). Add the sink "
-                "back with the same uid so recovery can commit them, or pass "
-                "allow_non_restored_state=True to skip them (or, for a retired sink, abort "
-                "them): their rows of that epoch will not be written",
-                epoch=epoch,
-            )
-        why = f"decided epoch {epoch} round {round_}"
-        actions = [
-            RecoveryAction(
-                ActionKind.COMMIT, epoch, round_, s.uid, None, why, decided(decision, s.uid)
-            )
-            for s in self.sinks
-        ]
-        for uid in missing:
-            if uid in retired:
-                actions += [
-                    on_handle(ActionKind.ABORT_NOT_RESTORED, uid, h, f"{why}, sink retired")
-                    for h in decided(decision, uid)
-                ]
-            else:
-                n = len(decision.handles[uid])
-                actions.append(
-                    RecoveryAction(
-                        ActionKind.SKIP_NOT_RESTORED,
-                        epoch,
-                        round_,
-                        uid,
-                        reason=f"{why}: {n} handle(s) of a sink not configured stay prepared",
-                    )
-                )
-        actions.append(
-            RecoveryAction(ActionKind.MARK_COMMITTED, epoch, round_, not_restored=missing)
-        )
-        return actions
-
-    def _plan_give_up(self, decision: EpochDecision) -> list[RecoveryAction]:
-        """An operator's abort of a decided epoch: only removed and retired sinks' share."""
-        configured = {s.uid for s in self.sinks}
-        live = sorted(u for u, docs in decision.handles.items() if docs and u in configured)
-        if live:
-            raise StateError(
-                f"epoch {decision.epoch} is decided (round {decision.round}): its decision "
-                f"stands, and sink(s) {live} hold handles of it. A decided epoch cannot be "
-                "aborted: `txsink recover` commits it. To drop the share of a sink removed "
-                "from the pipeline, configure that sink as retired=[...] (or leave it out) "
-                "and run recover with allow_non_restored_state=True",
-                epoch=decision.epoch,
-                phase="abort",
-            )
-        return self.plan_finish(decision, allow=True)
-
-    def _plan_lingering(self, app_id: str, covered: set[str]) -> list[RecoveryAction]:
-        """Every prepared transaction no pending decision covers: commit, or void + abort."""
-        epochs = self.log.epochs()
-        floor = epochs[0] if epochs else None
-        decisions: dict[int, EpochDecision | None] = {}
-        voided: set[tuple[int, int]] = set()
-        recommitted: set[tuple[str, int]] = set()
-        actions: list[RecoveryAction] = []
-        for sink in (*self.sinks, *self.retired):
-            retired = sink in self.retired
-            self._found[sink] = list(sink.list_prepared(app_id))
-            for handle in self._found[sink]:
-                txn = handle.txn
-                name = str(txn)
-                self._prepared_at(sink.uid, txn.epoch)
-                if name in covered:
-                    continue
-                if floor is not None and txn.epoch < floor:
-                    why = "its epoch's records were pruned after it committed"
-                    actions.append(on_handle(ActionKind.ABORT_PRUNED, sink.uid, handle, why))
-                    continue
-                if txn.epoch not in decisions:
-                    decisions[txn.epoch] = self.log.decision(txn.epoch)
-                decision = decisions[txn.epoch]
-                if decision is None:
-                    if (txn.epoch, txn.round) not in voided:
-                        voided.add((txn.epoch, txn.round))
-                        actions.append(
-                            RecoveryAction(
-                                ActionKind.VOID,
-                                txn.epoch,
-                                txn.round,
-                                reason="undecided: no driver can decide it afterwards",
-                            )
-                        )
-                    why = f"epoch {txn.epoch} round {txn.round} is undecided"
-                    actions.append(on_handle(ActionKind.ABORT, sink.uid, handle, why))
-                elif name not in decision.txn_names():
-                    why = f"an attempt decided epoch {txn.epoch} round {decision.round} did not use"
-                    actions.append(on_handle(ActionKind.ABORT, sink.uid, handle, why))
-                elif retired and self._given_up(txn.epoch, sink.uid):
-                    why = f"decided epoch {txn.epoch} committed without it (not restored)"
-                    actions.append(on_handle(ActionKind.ABORT_NOT_RESTORED, sink.uid, handle, why))
-                elif (sink.uid, txn.epoch) not in recommitted:
-                    # Commit what the decision recorded, never the listed stand-in (it may
-                    # not carry everything a commit needs): the sink's whole share again.
-                    recommitted.add((sink.uid, txn.epoch))
-                    actions.append(
-                        RecoveryAction(
-                            ActionKind.COMMIT,
-                            txn.epoch,
-                            decision.round,
-                            sink.uid,
-                            None,
-                            f"committed epoch {txn.epoch}, {name} still prepared",
-                            decided(decision, sink.uid),
-                        )
-                    )
-        return actions
-
-    def _prepared_at(self, uid: str, epoch: int) -> None:
-        """When a prepared transaction was prepared, at the latest: its epoch's decision,
-        else now (its age is then a lower bound, from this recovery on)."""
-        decision = self.log.decision(epoch) if self.meter else None
-        at = decision.decided_at if decision is not None and decision.decided_at else time.time()
-        self._since[uid] = min(self._since.get(uid, at), at)
-
-    def _given_up(self, epoch: int, uid: str) -> bool:
-        record = self.log.committed(epoch)
-        return record is not None and uid in record.not_restored
+    def rounds(self, app_id: str, epoch: int) -> EpochRounds:
+        """The steps of ``epoch``'s rounds (:class:`~txsink.protocol.rounds.RoundSteps`)."""
+        return EpochRounds(self, app_id, epoch)
 
     def abort_attempts(
         self,
@@ -439,6 +248,74 @@ class Recovery:
             if sink.uid == uid:
                 return sink
         raise ValueError(f"no sink {uid!r} in this coordinator")  # plans name only ours
+
+
+def summary(actions: Sequence[RecoveryAction]) -> str:
+    """A plan in one sentence: what the previous run left unfinished, and what is done.
+
+    ``the previous run did not finish: epoch 3 is decided but not committed (commit it);
+    2 prepared transaction(s) of epoch 4 no decision names (abort them)``.
+    """
+    finishing = sorted({a.epoch for a in actions if a.kind is ActionKind.MARK_COMMITTED})
+    aborts = [a for a in actions if a.kind in ABORTS and a.epoch not in finishing]
+    again = [a for a in actions if a.kind is ActionKind.COMMIT and a.epoch not in finishing]
+    parts = []
+    if finishing:
+        verb = "is" if len(finishing) == 1 else "are"
+        them = "it" if len(finishing) == 1 else "them"
+        parts.append(f"{_epochs(finishing)} {verb} decided but not committed (commit {them})")
+    if aborts:
+        parts.append(
+            f"{len(aborts)} prepared transaction(s) of {_epochs({a.epoch for a in aborts})} "
+            "no decision names (abort them)"
+        )
+    if again:
+        parts.append(
+            f"{_epochs({a.epoch for a in again})} committed, with transactions still "
+            "prepared (commit them again)"
+        )
+    return "the previous run did not finish: " + "; ".join(parts) if parts else "nothing to do"
+
+
+def _epochs(epochs: Sequence[int] | set[int]) -> str:
+    ordered = sorted(epochs)
+    if len(ordered) == 1:
+        return f"epoch {ordered[0]}"
+    return f"epochs {', '.join(str(e) for e in ordered)}"
+
+
+@dataclass(frozen=True)
+class EpochRounds:
+    """One epoch's rounds as the protocol runs them (:func:`~txsink.protocol.rounds.
+    run_in_rounds`): a new round is claimed in the log; a failed one is voided, then what it
+    prepared is aborted; the last failure aborts the epoch."""
+
+    recovery: Recovery
+    app_id: str
+    epoch: int
+
+    def claim(self) -> int:
+        return self.recovery.log.claim_round(self.epoch)
+
+    def void(self, round_: int, err: BaseException) -> None:
+        """Void the round first, so it can never be decided, then abort what it prepared
+        (best effort: recovery retries; ``err`` stays the error told)."""
+        recovery, epoch = self.recovery, self.epoch
+        with cleanup_after(err, "voiding the round", recovery._log.bind(epoch=epoch)):
+            if recovery.log.void(epoch, round_, "pre-commit failed") is not None:
+                # Cannot happen: only this driver holds the round.
+                raise FencedError(
+                    f"round {round_} of epoch {epoch} was decided meanwhile", epoch=epoch
+                ) from err
+            recovery.abort_attempts(self.app_id, epoch, round_=round_, best_effort=True)
+        recovery.meter.voided(recovery.sinks)
+
+    def abort(self, round_: int, err: BaseException) -> NoReturn:
+        """A pre-commit failed: void and abort the round; raise the epoch's abort."""
+        with unless_raised_again(err):  # the clean-up failed too: noted on err, told below
+            self.void(round_, err)
+        self.recovery.meter.epoch("aborted")
+        raise epoch_aborted(self.epoch, err)
 
 
 @dataclass

@@ -37,7 +37,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NoReturn, TypeVar
+from typing import NoReturn, Protocol, TypeVar
 
 from txsink.errors import (
     SECONDARY_NOTE,
@@ -56,6 +56,7 @@ __all__ = [
     "ROUND_PAUSE_MAX_S",
     "ROUND_PAUSE_MIN_S",
     "OutageBound",
+    "RoundSteps",
     "describe",
     "outage_bound_s",
     "retry_transient",
@@ -185,14 +186,26 @@ class OutageBound:
         self._pause = min(self._pause * 2, ROUND_PAUSE_MAX_S)
 
 
+class RoundSteps(Protocol):
+    """What :func:`run_in_rounds` does to one epoch's rounds: claim a new one, void a failed
+    one (it can never be decided, its transactions aborted), or abort the epoch.
+
+    :meth:`txsink.protocol.recovery.Recovery.rounds` gives the protocol's: the same void
+    and abort recovery runs for an undecided round it finds."""
+
+    def claim(self) -> int: ...
+
+    def void(self, round_: int, err: BaseException) -> None: ...
+
+    def abort(self, round_: int, err: BaseException) -> NoReturn: ...
+
+
 def run_in_rounds(
     round_: int,
     *,
     run: Callable[[int], T],
     retry: Callable[[Exception], bool],
-    void: Callable[[int, BaseException], None],
-    abort: Callable[[int, BaseException], NoReturn],
-    claim: Callable[[], int],
+    steps: RoundSteps,
     bound: OutageBound,
     logger: EpochLogger,
     describe: Callable[[BaseException], str],
@@ -201,12 +214,12 @@ def run_in_rounds(
 ) -> tuple[int, T]:
     """``run(round)`` until it returns (the epoch decided); that round and its result.
 
-    A failure ``retry`` accepts is ``void``-ed (the round can never be decided, its
-    transactions aborted) and the epoch runs again in a new round (``claim``): at once
-    ``retries`` times (Spark's task retries, for a barrier stage Spark never retries),
+    A failure ``retry`` accepts is voided (``steps.void``: the round can never be decided,
+    its transactions aborted) and the epoch runs again in a new round (``steps.claim``): at
+    once ``retries`` times (Spark's task retries, for a barrier stage Spark never retries),
     then after each of ``bound``'s pauses until it is spent. Any other failure, or the last
-    one, is ``abort``-ed (which raises). A ``FencedError``, or a failure after which the
-    decision ``stands``, is raised as it is: only recovery may finish that epoch.
+    one, aborts the epoch (``steps.abort`` raises). A ``FencedError``, or a failure after
+    which the decision ``stands``, is raised as it is: only recovery may finish that epoch.
     """
     while True:
         try:
@@ -217,10 +230,10 @@ def run_in_rounds(
             if stands(err):
                 raise
             if not isinstance(err, Exception) or not retry(err):
-                abort(round_, err)
+                steps.abort(round_, err)
             if retries <= 0 and bound.left() <= 0:
-                abort(round_, err)
-            void(round_, err)
+                steps.abort(round_, err)
+            steps.void(round_, err)
             what = f"round {round_} failed before its decision"
             if retries > 0:
                 bound.left()  # the outage is counted from the first failure
@@ -228,7 +241,7 @@ def run_in_rounds(
                 logger.warning("%s (%s): running the epoch again", what, describe(err))
             else:
                 bound.pause(logger, what, describe(err))
-            round_ = claim()
+            round_ = steps.claim()
 
 
 def retry_transient(

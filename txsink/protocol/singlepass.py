@@ -27,7 +27,7 @@ import functools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Any, NoReturn
+from typing import Any
 
 import pyarrow as pa
 
@@ -43,7 +43,7 @@ from txsink.observe.logs import EpochLogger, get_logger
 from txsink.protocol.decide import decide_epoch
 from txsink.protocol.faults import CrashPoint
 from txsink.protocol.log import TxLog
-from txsink.protocol.rounds import OutageBound
+from txsink.protocol.rounds import OutageBound, RoundSteps
 from txsink.protocol.rounds import run_in_rounds as rounds
 from txsink.protocol.task import Ack, TaskPlan, collect_acks, discard_all, run_partition
 from txsink.protocol.taskerror import carried, document, rebuild
@@ -53,8 +53,8 @@ __all__ = [
     "SinglePassJob",
     "SinglePassOutcome",
     "probe_vote_service",
-    "run_in_rounds",
     "run_single_pass",
+    "run_single_pass_in_rounds",
 ]
 
 #: How long a task waits for the driver's answer before it gives up and aborts.
@@ -211,15 +211,13 @@ def run_single_pass(
     return outcome
 
 
-def run_in_rounds(
+def run_single_pass_in_rounds(
     round_: int,
     retries: int,
     *,
     outage_s: float = 0.0,
     run: Callable[[int], SinglePassOutcome],
-    void: Callable[[int, BaseException], None],
-    abort: Callable[[int, BaseException], NoReturn],
-    claim: Callable[[], int],
+    steps: RoundSteps,
     logger: EpochLogger,
     describe: Callable[[BaseException], str],
     clock: Callable[[], float] = time.monotonic,
@@ -257,9 +255,7 @@ def run_in_rounds(
         round_,
         run=after_decision,
         retry=_from_job,
-        void=void,
-        abort=abort,
-        claim=claim,
+        steps=steps,
         bound=OutageBound(outage_s, clock, sleep),
         logger=logger,
         describe=describe,

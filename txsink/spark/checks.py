@@ -17,12 +17,11 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from txsink.errors import ConfigurationError, TxsinkError
-from txsink.spark import layout as _layout
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from txsink.contract import SinkContract
+    from txsink.contract import Partitioning, SinkContract
     from txsink.protocol.log import TxLog
 
 __all__ = ["arrow_schema", "check_sink", "check_sinks", "no_app_error"]
@@ -48,9 +47,13 @@ def no_app_error(*, connect: bool = False) -> ConfigurationError:
     )
 
 
-def check_sink(sink: SinkContract[Any, Any], schema: pa.Schema, app_id: str) -> None:
+def check_sink(
+    sink: SinkContract[Any, Any], schema: pa.Schema, app_id: str, fresh: TxLog | None = None
+) -> None:
     """Run ``sink.check`` with the context every error of it carries; an exception that is
-    not a txsink error (a connector's gap) becomes one, naming the sink and the phase."""
+    not a txsink error (a connector's gap) becomes one, naming the sink and the phase.
+    ``fresh``: the log, when it holds no epoch: the target must remember no epoch of
+    ``app_id`` either."""
     ctx: dict[str, Any] = {"sink_uid": sink.uid, "phase": "check", "connector": sink.connector}
     try:
         sink.check(schema, app_id)
@@ -64,23 +67,39 @@ def check_sink(sink: SinkContract[Any, Any], schema: pa.Schema, app_id: str) -> 
             "Fix the cause it names (the sink's target, its settings), then start again",
             **ctx,
         ) from err
+    if fresh is not None:
+        _check_not_recorded(sink, app_id, fresh)
+
+
+def check_columns(part: Partitioning | None, columns: Sequence[str]) -> None:
+    """The sinks' partitioning ``part`` (:func:`~txsink.spark.layout.required_partitioning`)
+    names only columns among ``columns`` (the DataFrame's)."""
+    missing = [c for c in part.columns if c not in set(columns)] if part is not None else []
+    if part is not None and missing:
+        raise ConfigurationError(
+            f"the sinks partition each epoch by {list(part.columns)}, but the DataFrame "
+            f"has no column {missing[0]!r}: add it, or change the sinks' key (upsert key, "
+            "shard_by)",
+            column=missing[0],
+            phase="check",
+        )
 
 
 def check_sinks(
     sinks: Sequence[SinkContract[Any, Any]],
     schema: pa.Schema,
     app_id: str,
+    part: Partitioning | None,
     *,
     log: TxLog | None = None,
 ) -> None:
-    """What the first batch of a query run checks: partitioning, then each sink's hook;
-    on a ``log`` that holds no epoch, that no target remembers epochs of ``app_id``."""
-    _layout.required_partitioning([s.required_partitioning() for s in sinks], schema.names)
+    """What the first batch of a query run checks: the partitioning's columns (``part``),
+    then each sink's hook; on a ``log`` that holds no epoch, that no target remembers epochs
+    of ``app_id``."""
+    check_columns(part, schema.names)
     fresh = log is not None and not log.epochs()
     for sink in sinks:
-        check_sink(sink, schema, app_id)
-        if fresh and log is not None:
-            _check_not_recorded(sink, app_id, log)
+        check_sink(sink, schema, app_id, log if fresh else None)
 
 
 def _check_not_recorded(sink: SinkContract[Any, Any], app_id: str, log: TxLog) -> None:

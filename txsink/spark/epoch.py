@@ -24,7 +24,7 @@ from txsink.spark import jvmlog as _jvmlog
 from txsink.spark import layout as _layout
 from txsink.spark import stability as _stability
 from txsink.spark.checks import arrow_schema, check_sinks, no_app_error
-from txsink.spark.query import identify
+from txsink.spark.query import identify, is_connect
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -45,6 +45,9 @@ class SparkEpochs:
         _layout.check_max_tasks(max_tasks, protocol.sinks)
         self.protocol = protocol
         self.max_tasks = _layout.resolve_max_tasks(max_tasks, protocol.sinks)
+        wanted = (s.required_partitioning() for s in protocol.sinks)
+        #: The partitioning the sinks need (refused here if they disagree).
+        self.partitioning = _layout.required_partitioning(wanted)
         self.checked_queries: set[str] = set()
         self.checked_schema: pa.Schema | None = None
         self.probe_votes = True  # single pass: executors reach the driver? once per run
@@ -71,23 +74,19 @@ class SparkEpochs:
                 # The query can't be watched: renewed while the process lives; under Spark
                 # Connect this process is the server's worker: renewed at each epoch.
                 watch = None if query.connect else until_the_query_runs
-                protocol._new_run(query.trigger_s, query.active or watch)
+                protocol.start_run(app_id, query.trigger_s, query.active or watch)
                 self.probe_votes = True
-            protocol._bind(app_id)  # the log's own checks come before the sinks'
+            protocol.bind(app_id)  # the log's own checks come before the sinks'
             self.check_schema(df, app_id)
-            return self.run(epoch, df, app_id)
+            return self.run(epoch, df, app_id, connect=query.connect)
 
     def write(self, df: DataFrame, epoch: int | None, app_id: str) -> EpochResult:
         """A static DataFrame as one epoch (the next one when ``epoch`` is None)."""
         protocol = self.protocol
-        protocol._bind(app_id)
-        protocol._hold_lease()
+        protocol.bind(app_id)  # the log's own checks come before the sinks'
         self.check_schema(df, app_id)
-        if epoch is None:
-            protocol._recover_if_needed(app_id)
-            last = protocol.log.last_committed()
-            epoch = 0 if last is None else last + 1
-        return self.run(epoch, df, app_id, replay=False)
+        epoch = protocol.begin_write(app_id, epoch)
+        return self.run(epoch, df, app_id, connect=is_connect(df), replay=False)
 
     def check_schema(self, df: DataFrame, app_id: str) -> None:
         """The sinks' checks (:func:`~txsink.spark.checks.check_sinks`), again only when
@@ -95,35 +94,40 @@ class SparkEpochs:
         schema = arrow_schema(df)
         if self.checked_schema is not None and schema.equals(self.checked_schema):
             return
-        check_sinks(self.protocol.sinks, schema, app_id, log=self.protocol.log)
+        check_sinks(self.protocol.sinks, schema, app_id, self.partitioning, log=self.protocol.log)
         self.checked_schema = schema
 
-    def run(self, epoch: int, df: DataFrame, app_id: str, *, replay: bool = True) -> EpochResult:
-        """Lay the epoch out, pick its pre-commit job, and run the protocol's steps."""
+    def run(
+        self, epoch: int, df: DataFrame, app_id: str, *, connect: bool, replay: bool = True
+    ) -> EpochResult:
+        """Lay the epoch out, pick its pre-commit job, and run the protocol's steps
+        (``connect``: ``df`` is a Spark Connect DataFrame)."""
         protocol = self.protocol
-        # Commits spread over the cluster (and recovery's) run as this session's tasks.
-        protocol._recovery.tasks = _spark.SparkTaskRunner(df.sparkSession)
         sinks = protocol.sinks
-        wanted = [s.required_partitioning() for s in sinks]
-        data = _layout.laid_out(df, wanted, self.max_tasks)
+        data = _layout.laid_out(df, self.partitioning, self.max_tasks)
+        in_task = "+".join(s.uid for s in sinks if s.commits_in_task)
+        log = protocol.epoch_logger(epoch)
+        parts = _layout.check_single_pass(data, in_task, connect, log=log) if in_task else 0
         _stability.check_replayed(data, sinks, protocol.log)  # once per query run
-        in_task = [s.uid for s in sinks if s.commits_in_task]
+        # Commits spread over the cluster (and recovery's) run as this session's tasks.
+        tasks = _spark.SparkTaskRunner(df.sparkSession)
         if in_task:
-            log, uids = protocol._log.bind(epoch=epoch), "+".join(in_task)
-            probe, tasks = self.probe_votes, protocol._recovery.tasks
-            job = _spark.single_pass_job(df, data, uids, tasks, probe=probe, log=log)
+            job = _spark.single_pass_job(df, data, parts, in_task, tasks, probe=self.probe_votes)
             self.probe_votes = False
+            protocol.use_tasks(tasks)
             return protocol.run_epoch(epoch, job, app_id=app_id, data=job.data, replay=replay)
-        if not any(s.commits_from_data for s in sinks):
-            each = precommit_job(_spark.SparkEpochData(data))
-            return protocol.run_epoch(epoch, each, app_id=app_id, replay=replay)
-        # The commit reads the rows again: keep this epoch's rows instead of
-        # recomputing them (a recomputation after a crash is what the checksums catch).
-        data = data.persist()
+        # A commit that reads the rows again keeps this epoch's rows instead of recomputing
+        # them (a recomputation after a crash is what the checksums catch).
+        again = any(s.commits_from_data for s in sinks)
+        if again:
+            data = data.persist()
         try:
             rows = _spark.SparkEpochData(data)
+            protocol.use_tasks(tasks)
             return protocol.run_epoch(
-                epoch, precommit_job(rows), app_id=app_id, data=rows, replay=replay
-            )
+                epoch, precommit_job(rows), app_id=app_id, data=rows if again else None,
+                replay=replay,
+            )  # fmt: skip
         finally:
-            data.unpersist()
+            if again:
+                data.unpersist()

@@ -14,7 +14,6 @@ import contextlib
 import functools
 import pickle
 import re
-import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -27,11 +26,8 @@ from txsink.errors import (
     RetryableError,
     TxsinkError,
 )
-from txsink.observe.logs import EpochLogger
 from txsink.protocol.singlepass import SinglePassJob, probe_vote_service
 from txsink.protocol.taskerror import carried, failure_text, mark
-from txsink.spark.layout import task_slots
-from txsink.spark.query import is_connect
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -39,7 +35,6 @@ if TYPE_CHECKING:
 __all__ = [
     "SparkEpochData",
     "SparkTaskRunner",
-    "check_single_pass",
     "driver_host",
     "failure_text",
     "task_retries",
@@ -82,90 +77,14 @@ def task_retries(df: DataFrame) -> int:
     return max(0, int(session.conf.get("spark.task.maxFailures", "4") or 4) - 1)
 
 
-#: How long a single-pass epoch on a cluster waits for task slots to come back (an executor
-#: lost and started again just before it) before it refuses to run.
-SLOT_WAIT_S = 60.0
-
-
-def check_single_pass(
-    df: DataFrame,
-    sink_uid: str,
-    *,
-    log: EpochLogger | None = None,
-    wait_s: float = SLOT_WAIT_S,
-    sleep: Callable[[float], None] = time.sleep,
-) -> int:
-    """Refuse, before the job, a single-pass epoch Spark cannot run all at once; the
-    epoch's partition count (1 where Spark does not tell: Spark Connect).
-
-    A barrier stage needs a task slot for each of its partitions at the same time, and no
-    dynamic allocation; Spark itself would retry the slot check for minutes
-    (``spark.scheduler.barrier.maxConcurrentTasksCheck.*``) before failing. On a cluster,
-    missing slots are first waited for up to ``wait_s``: right after an executor was lost
-    (the epoch before failed with it), its worker is starting it again.
-    """
-    session = df.sparkSession
-    if str(session.conf.get("spark.dynamicAllocation.enabled", "false")).lower() == "true":
-        raise ConfigurationError(
-            "a sink of this coordinator commits in its tasks (a single-pass epoch: one "
-            "barrier stage), which Spark cannot run with dynamic allocation: set "
-            "spark.dynamicAllocation.enabled=false, or use a mode that does not commit in "
-            "the tasks",
-            sink_uid=sink_uid,
-            phase="check",
-        )
-    if is_connect(df):
-        # No SparkContext, no RDD: the slots and the partitions are out of sight; Spark's
-        # own barrier check (spark.scheduler.barrier.maxConcurrentTasksCheck.*) applies.
-        return 1
-    now = task_slots(session)
-    try:
-        partitions = int(df.rdd.getNumPartitions())
-    except Exception:  # a Spark without these: Spark checks it itself
-        return 1
-    if now is None:
-        return 1
-    if partitions > now and not str(session.conf.get("spark.master", "")).startswith("local"):
-        if log is not None:
-            log.warning(
-                "%d partitions, %d task slots: waiting up to %.0f s for executors",
-                partitions,
-                now,
-                wait_s,
-            )
-        for _ in range(int(wait_s / 0.5)):
-            sleep(0.5)
-            now = task_slots(session) or now
-            if partitions <= now:
-                break
-    if partitions > now:
-        raise ConfigurationError(
-            f"this epoch has {partitions} partitions, but the cluster runs {now} tasks at "
-            "once, and a single-pass epoch (a sink that commits in its tasks) runs all of its "
-            f"tasks together: repartition the stream to at most {now} partitions before "
-            "the sink by key columns (df.repartition(n, 'key'): coalesce() cannot run in a "
-            "barrier stage, and a round-robin repartition(n) deals a replay differently), read "
-            "fewer input partitions, or add executors",
-            sink_uid=sink_uid,
-            phase="check",
-        )
-    return partitions
-
-
 def single_pass_job(
-    df: DataFrame,
-    data: DataFrame,
-    sink_uid: str,
-    tasks: TaskRunner,
-    *,
-    probe: bool,
-    log: EpochLogger | None = None,
+    df: DataFrame, data: DataFrame, parts: int, sink_uid: str, tasks: TaskRunner, *, probe: bool
 ) -> SinglePassJob:
-    """The epoch as one single-pass job, after its checks (``probe``: also that the
+    """The epoch as one single-pass job over its ``parts`` partitions, after
+    :func:`~txsink.spark.layout.check_single_pass` (``probe``: check first that the
     executors reach the driver's vote service, once per query run). One pass: the rows
     are read once; only a failure after the decision reads them again (Spark's replay of
     the epoch, verified against the decision)."""
-    parts = check_single_pass(data, sink_uid, log=log)
     host = driver_host(df)
     if probe:
         probe_vote_service(tasks, host, parts, sink_uid=sink_uid)

@@ -15,7 +15,8 @@ a fixed task count a sink asks for, so both are refused when the coordinator is 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from txsink.contract import Partitioning, SinkContract
@@ -24,9 +25,13 @@ from txsink.errors import ConfigurationError
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
+    from txsink.observe.logs import EpochLogger
+
 __all__ = [
+    "SLOT_WAIT_S",
     "MaxTasks",
     "check_max_tasks",
+    "check_single_pass",
     "laid_out",
     "required_partitioning",
     "resolve_max_tasks",
@@ -87,11 +92,10 @@ def check_max_tasks(max_tasks: MaxTasks, sinks: Sequence[SinkContract[Any, Any]]
             )
 
 
-def required_partitioning(
-    wanted: Iterable[Partitioning | None], columns: Iterable[str] | None = None
-) -> Partitioning | None:
-    """The one partitioning the sinks need (None: any), checked: the sinks agree, and its
-    columns are among ``columns`` (the DataFrame's, when given)."""
+def required_partitioning(wanted: Iterable[Partitioning | None]) -> Partitioning | None:
+    """The one partitioning the sinks need (None: any), checked: the sinks agree (their
+    columns are checked against each epoch's DataFrame by
+    :func:`~txsink.spark.checks.check_columns`)."""
     parts = set(wanted) - {None}
     if len(parts) > 1:
         raise ConfigurationError(
@@ -99,19 +103,7 @@ def required_partitioning(
             "use the same key (and shard count) for all of them, or separate coordinators",
             phase="check",
         )
-    part = parts.pop() if parts else None
-    if part is not None and columns is not None:
-        have = set(columns)
-        missing = [c for c in part.columns if c not in have]
-        if missing:
-            raise ConfigurationError(
-                f"the sinks partition each epoch by {list(part.columns)}, but the DataFrame "
-                f"has no column {missing[0]!r}: add it, or change the sinks' key (upsert key, "
-                "shard_by)",
-                column=missing[0],
-                phase="check",
-            )
-    return part
+    return parts.pop() if parts else None
 
 
 def task_slots(session: Any) -> int | None:
@@ -127,14 +119,14 @@ def task_slots(session: Any) -> int | None:
 
 def laid_out(
     df: DataFrame,
-    wanted: Iterable[Partitioning | None],
+    part: Partitioning | None,
     max_tasks: int | Literal["slots"] | None = None,
 ) -> DataFrame:
-    """``df`` partitioned as the sinks require (upsert keys, shards), then coalesced to at
+    """``df`` partitioned as the sinks require (``part``: upsert keys, shards; from
+    :func:`required_partitioning`), then coalesced to at
     most ``max_tasks`` tasks (``"slots"``: the cluster's task slots; left alone where they
     are unknown or none are up). A coalesce never adds partitions or shuffles rows, and
     keeps the rows of one key together."""
-    part = required_partitioning(wanted)
     if part is not None:
         df = (
             df.repartition(part.num_partitions, *part.columns)
@@ -145,3 +137,74 @@ def laid_out(
     if bound is None or bound < 1:
         return df
     return df.coalesce(bound)
+
+
+#: How long a single-pass epoch on a cluster waits for task slots to come back (an executor
+#: lost and started again just before it) before it refuses to run.
+SLOT_WAIT_S = 60.0
+
+
+def check_single_pass(
+    df: DataFrame,
+    sink_uid: str,
+    connect: bool,
+    *,
+    log: EpochLogger | None = None,
+    wait_s: float = SLOT_WAIT_S,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    """Refuse, before the job, a single-pass epoch Spark cannot run all at once; the
+    epoch's partition count (1 where Spark does not tell: ``connect``, Spark Connect).
+
+    A barrier stage needs a task slot for each of its partitions at the same time, and no
+    dynamic allocation; Spark itself would retry the slot check for minutes
+    (``spark.scheduler.barrier.maxConcurrentTasksCheck.*``) before failing. On a cluster,
+    missing slots are first waited for up to ``wait_s``: right after an executor was lost
+    (the epoch before failed with it), its worker is starting it again.
+    """
+    session = df.sparkSession
+    if str(session.conf.get("spark.dynamicAllocation.enabled", "false")).lower() == "true":
+        raise ConfigurationError(
+            "a sink of this coordinator commits in its tasks (a single-pass epoch: one "
+            "barrier stage), which Spark cannot run with dynamic allocation: set "
+            "spark.dynamicAllocation.enabled=false, or use a mode that does not commit in "
+            "the tasks",
+            sink_uid=sink_uid,
+            phase="check",
+        )
+    if connect:
+        # No SparkContext, no RDD: the slots and the partitions are out of sight; Spark's
+        # own barrier check (spark.scheduler.barrier.maxConcurrentTasksCheck.*) applies.
+        return 1
+    now = task_slots(session)
+    try:
+        partitions = int(df.rdd.getNumPartitions())
+    except Exception:  # a Spark without these: Spark checks it itself
+        return 1
+    if now is None:
+        return 1
+    if partitions > now and not str(session.conf.get("spark.master", "")).startswith("local"):
+        if log is not None:
+            log.warning(
+                "%d partitions, %d task slots: waiting up to %.0f s for executors",
+                partitions,
+                now,
+                wait_s,
+            )
+        for _ in range(int(wait_s / 0.5)):
+            sleep(0.5)
+            now = task_slots(session) or now
+            if partitions <= now:
+                break
+    if partitions > now:
+        raise ConfigurationError(
+            f"this epoch has {partitions} partitions, but the cluster runs {now} tasks at "
+            "once, and a single-pass epoch (a sink that commits in its tasks) runs all of its "
+            f"tasks together: repartition the stream to at most {now} partitions before "
+            "the sink by key columns (df.repartition(n, 'key'): coalesce() cannot run in a "
+            "barrier stage, and a round-robin repartition(n) deals a replay differently), read "
+            "fewer input partitions, or add executors",
+            sink_uid=sink_uid,
+            phase="check",
+        )
+    return partitions

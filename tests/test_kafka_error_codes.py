@@ -29,7 +29,7 @@ def _named_codes() -> set[str]:
                 "has_code",
                 "error_code",
             ):
-                names |= {a.value for a in node.args if isinstance(a, ast.Constant)}
+                names |= {str(a.value) for a in node.args if isinstance(a, ast.Constant)}
     for value in vars(errors).values():
         if isinstance(value, tuple) and value and all(isinstance(v, str) for v in value):
             names |= {v for v in value if v.lstrip("_").isupper()}

@@ -415,7 +415,7 @@ def run(res: Results, args: argparse.Namespace) -> list[str]:
         _bench.log(f"Spark's Delta writer: {res.spark}")
     else:
         res.spark = "not asked for (--writers)."
-    spark = _bench.spark_session("txsink-bench-delta", conf=conf)
+    spark = _bench.spark_session("txsink-bench-delta", feed=args.feed, conf=conf)
     res.versions = {
         "pyspark": pyspark.__version__,
         "pyarrow": pa.__version__,

@@ -201,6 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="also Spark's own Iceberg writer, with iceberg-spark-runtime VERSION for this "
         "PySpark's minor version (none runs on PySpark 4.3: use .venv-iceberg-spark)",
     )
+    _bench.add_feed_option(parser)
     args = parser.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="txsink-bench-iceberg-"))
     conf: dict[str, str] = {}
@@ -216,7 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "spark.sql.catalog.sparkcat.warehouse": (tmp / "spark-warehouse").as_uri(),
         }
         writers = (*WRITERS, "spark")
-    spark = _bench.spark_session("txsink-bench-iceberg", conf=conf)
+    spark = _bench.spark_session("txsink-bench-iceberg", feed=args.feed, conf=conf)
     catalog = Catalog(tmp)
     results: dict[tuple[int, str], list[float]] = {}
     phases: dict[tuple[int, str], list[dict[str, float]]] = {}

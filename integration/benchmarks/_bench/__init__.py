@@ -34,7 +34,7 @@ benchmark package's task code by value (:func:`pickle_by_value`).
 from __future__ import annotations
 
 from .cli import BenchParser, Server, main
-from .cpu import ProcStat, server_pids
+from .cpu import CpuMeter, ProcStat, server_pids
 from .env import REPO, cached_frame, machine, pickle_by_value, spark_session
 from .feed import FEEDS, add_feed_option, feed_conf, feed_note
 from .maven import (
@@ -48,7 +48,6 @@ from .maven import (
     save_jars,
 )
 from .measure import (
-    CpuMeter,
     Measurement,
     first_line,
     load1,
@@ -72,6 +71,7 @@ from .report import (
     add_doc_options,
     blocks,
     bullets,
+    cpu_blocks,
     cpu_table,
     fmt_rate,
     fmt_secs,

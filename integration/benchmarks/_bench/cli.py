@@ -56,7 +56,9 @@ class BenchParser(argparse.ArgumentParser):
         writers: Sequence[str],
         server: Server,
         unit: str = "rows",
+        rows: int = 1_000_000,
         partitions: str = "partition counts",
+        partitions_default: str = "2,8",
         extras: str | None = None,
         options: Callable[[BenchParser], None] | None = None,
     ) -> None:
@@ -68,9 +70,11 @@ class BenchParser(argparse.ArgumentParser):
         self.writers = tuple(writers)
         self.server = server
         self.counts: list[str] = []
-        self.add_argument("--rows", type=int, default=1_000_000, help=f"{unit} (default 1000000)")
+        self.add_argument("--rows", type=int, default=rows, help=f"{unit} (default {rows})")
         self.add_argument(
-            "--partitions", default="2,8", help=f"comma-separated {partitions} (default 2,8)"
+            "--partitions",
+            default=partitions_default,
+            help=f"comma-separated {partitions} (default {partitions_default})",
         )
         self.add_argument("--repeat", type=int, default=1, help="runs per writer (default 1)")
         self.add_argument(

@@ -186,11 +186,10 @@ class CpuMeter:
             roles = driver_roles(table, root)
             for role in ("driver", "jvm", "workers"):
                 snap[role] = 0.0
-            snap["workers_own"] = 0.0
             for pid, role in roles.items():
                 snap[role] += table[pid].total / TICK
                 if role == "workers":
-                    snap["workers_own"] += table[pid].own / TICK
+                    snap[f"thread:workers_own:{pid}:0"] = table[pid].own
                 if role in ("workers", "jvm"):
                     for tid, thread in read_threads(pid, self.proc).items():
                         kind = _thread_kind(role, pid, thread)
@@ -201,8 +200,9 @@ class CpuMeter:
     @staticmethod
     def delta(before: Snapshot, after: Snapshot) -> dict[str, float]:
         """Seconds per role between the snapshots, plus ``others``: the machine's busy time
-        not in any root. Threads are counted by id: a thread that started in between counts
-        whole, one that ended in between counts up to the first snapshot only."""
+        not in any root. Threads (and the workers' own time) are counted by id over the ids
+        alive at the second snapshot: one that started in between counts whole; one that
+        ended in between is left out of the parts (its time is in its role's total)."""
         if not before or not after:
             return {}
         totals = [k for k in after if k != "machine" and not k.startswith("thread:")]
@@ -213,7 +213,7 @@ class CpuMeter:
                 kind = key.split(":")[1]
                 threads[kind] = threads.get(kind, 0.0) + (ticks - before.get(key, 0.0)) / TICK
         if "workers" in out:
-            own = out.pop("workers_own")
+            own = threads.get("workers_own", 0.0)
             main = threads.get("workers_main", 0.0)
             out["workers_main"] = main
             out["workers_threads"] = max(0.0, own - main)

@@ -184,7 +184,9 @@ def _measurement(
     if first is None or end is None or any(e is None for e in window):
         if not problems:
             problems.append(f"epochs missing from the listener: saw {sorted(meter.epochs)}")
-        return _bench.Measurement(writer, p, 0, float("nan"), load_before, _bench.load1())
+        return _bench.Measurement(
+            writer, p, 0, float("nan"), load_before, _bench.load1(), {"cpu": {}}
+        )
     epochs = [e for e in window if e is not None]
     rows = sum(e.rows for e in epochs)
     if rows != args.rows * len(epochs):

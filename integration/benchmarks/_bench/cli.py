@@ -59,6 +59,7 @@ class BenchParser(argparse.ArgumentParser):
         rows: int = 1_000_000,
         partitions: str = "partition counts",
         partitions_default: str = "2,8",
+        warmup: int = 1,
         extras: str | None = None,
         options: Callable[[BenchParser], None] | None = None,
     ) -> None:
@@ -80,9 +81,9 @@ class BenchParser(argparse.ArgumentParser):
         self.add_argument(
             "--warmup",
             type=int,
-            default=1,
-            help="untimed full-size runs of every writer before the timed ones (default 1): "
-            "the JVM's JIT and the workers' imports are paid before any clock runs",
+            default=warmup,
+            help="untimed full-size runs of every writer before the timed ones (default "
+            f"{warmup}): the JVM's JIT and the workers' imports are paid before any clock runs",
         )
         add_feed_option(self)
         self.add_argument(

@@ -256,9 +256,11 @@ CPU_NOTE = (
     "Python code, and their other threads: librdkafka's, Arrow's; a worker that exited "
     "counts in the total only), *driver Python* the benchmark's own process, then each "
     "server's process tree; *total* adds them up. *others* is the rest of the machine's busy "
-    "time during the run (other jobs: noise, not cost). On a shared machine these figures "
-    "move far less than the rates. The rate ratio is the median of the run-by-run ratios "
-    "(each pair ran back to back) with their min-max."
+    "time during the run (other jobs: noise, not cost). The kernel counts in clock ticks "
+    "(10 ms) per process and per thread, so a part can differ from its whole by a tick or "
+    "two per run. On a shared machine these figures move far less than the rates. The rate "
+    "ratio is the median of the run-by-run ratios (each pair ran back to back) with their "
+    "min-max."
 )
 
 

@@ -192,3 +192,8 @@ def test_each_feed_is_one_session_setting_for_every_writer() -> None:
     res.feed = "defaults"
     assert (res.section, res.section_after) == ("t-spark-defaults", "t")
     assert "Spark defaults" in _bench.feed_note("defaults")
+    res.runs = [_run("direct", 1.0, {"spark": 1.0})]
+    text = "\n".join(_bench.cpu_blocks(res, {"direct": "txsink direct"}, ["direct"]))
+    assert "| txsink direct † |" in text and "† txsink lifts" in text
+    res.feed = "same"
+    assert "†" not in "\n".join(_bench.cpu_blocks(res, {"direct": "txsink direct"}, ["direct"]))

@@ -229,7 +229,7 @@ def cpu_table(
             rows.append(
                 [
                     str(p),
-                    labels.get(writer, writer),
+                    feed_label(res, labels.get(writer, writer)),
                     fmt_rate(res.rate(writer, p)) + (" VOID" if res.is_void(writer, p) else ""),
                     "" if writer == base else ratio_range_cell(res, writer, p, base),
                     _cpu_cell(total),
@@ -274,7 +274,20 @@ def cpu_blocks(
 ) -> list[str]:
     """The ``### CPU per record by role`` subsection: :data:`CPU_NOTE` and :func:`cpu_table`."""
     table = cpu_table(res, labels, shown, over=over, servers=servers)
-    return blocks(CPU_NOTE, table, title="CPU per record by role")
+    texts = [CPU_NOTE, table] + ([OWN_CAP] if res.feed == "defaults" else [])
+    return blocks(*texts, title="CPU per record by role")
+
+
+#: With ``--feed defaults``, txsink's rows are marked: they run with the cap lifted.
+OWN_CAP = (
+    "† txsink lifts Spark's Arrow batch byte cap for its own jobs (as every txsink user gets "
+    "it); the other writers run with Spark's default."
+)
+
+
+def feed_label(res: Results, label: str) -> str:
+    """``label``, marked † for txsink's writers in a ``--feed defaults`` report."""
+    return label + " †" if res.feed == "defaults" and label.startswith("txsink") else label
 
 
 def _cpu_cell(value: float) -> str:

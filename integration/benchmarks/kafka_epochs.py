@@ -122,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="txsink-epochs-") as tmp:
             for writer in ("producer", *MODES):
                 topic = f"txsink-epochs-{writer}-{run}"
-                topics += [topic, f"{topic}-markers"]
+                topics += [topic] if writer == "producer" else [topic, f"{topic}-markers"]
                 create_topic(bootstrap, topic, 8)
                 if writer == "producer":
                     one = _producer_epoch(bootstrap, topic)

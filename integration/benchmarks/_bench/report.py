@@ -300,6 +300,8 @@ def _cpu_cell(value: float) -> str:
 def header(res: Results, heading: str, load_note: str = "") -> list[str]:
     """The section's first lines: heading, when and how it was measured, machine, load."""
     mach = res.machine
+    if res.feed == "defaults":  # its own section, beside the same-feed one
+        heading += ", with Spark's defaults"
     return [
         f"## {heading}",
         "",

@@ -174,4 +174,6 @@ def cpu_per_row(runs: Sequence[Measurement], role: str) -> float:
     """CPU microseconds per row (= CPU-seconds per million rows) that ``role`` (a role of
     :class:`~.cpu.CpuMeter`: ``spark``, ``jvm``, ``workers``, the server's name, ...)
     spent, median over ``runs``."""
-    return median([m.extra.get("cpu", {}).get(role, float("nan")) / m.rows * 1e6 for m in runs])
+    return median(
+        [m.extra.get("cpu", {}).get(role, float("nan")) / m.rows * 1e6 for m in runs if m.rows]
+    )

@@ -144,7 +144,9 @@ def _one(
     """One query of ``writer``: run, meter, read back, verify; its measurement."""
     tag = f"p{p}-r{rep}"
     topic = f"txsink-bench-steady-{writer}-{tag}-{run_id}"
-    marker_topic = f"txsink-bench-steady-markers-{tag}-{run_id}"
+    # Its own marker topic: a topic deleted after one query and created again by the next
+    # is refused (UNKNOWN_TOPIC_OR_PART) while the brokers still delete the old one.
+    marker_topic = f"txsink-bench-steady-markers-{writer}-{tag}-{run_id}"
     qdir = folder / f"{writer}-{rep}"
     target = queries.Target(args.bootstrap, topic, marker_topic, qdir, p)
     if writer != "feed":
@@ -161,7 +163,8 @@ def _one(
         problems.append(f"failed: {_bench.first_line(err)}")
     finally:
         if writer != "feed":
-            delete_topics(args.bootstrap, [topic, marker_topic])
+            mine = [marker_topic] if writer in queries.TXSINK_MODES else []
+            delete_topics(args.bootstrap, [topic, *mine])
         shutil.rmtree(qdir, ignore_errors=True)
     m = _measurement(writer, p, args, meter, load_before, problems)
     _bench.void_if(problems, m, tag, [])

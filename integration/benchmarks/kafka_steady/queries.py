@@ -26,6 +26,7 @@ from txsink import Coordinator
 from txsink.connectors.kafka.sink import KafkaSink
 
 WRITERS = ("spark", "producer", "direct", "wal", "replay")
+TXSINK_MODES = ("direct", "wal", "replay")
 
 
 @dataclass

@@ -25,7 +25,7 @@ from benchmarks.kafka.topics import create_topic, delete_topics, read_back
 from . import queries, source
 
 #: ``--quick``: a smoke run in a minute or two.
-QUICK = {"rows": 20_000, "epochs": 6, "skip": 2, "repeat": 1}
+QUICK = {"rows": 20_000, "epochs": 6, "skip": 2, "repeat": 1, "warmup": 0}
 
 
 @dataclass
@@ -118,9 +118,18 @@ def run(res: Results, args: argparse.Namespace) -> list[str]:
             data = source.write_epochs(spark, folder, args.epochs, args.rows, p)
             expected = source.fingerprint(spark, data)
             stream = source.stream(spark, data, p)
+            # Untimed, full size, every writer alike: the JVM's JIT settles over the first
+            # queries of a session, whichever writer runs them.
+            for i in range(args.warmup if p == args.partitions[0] else 0):
+                _bench.log(f"warm-up {i + 1} (untimed): every writer's query once")
+                for writer in ["feed", *writers]:
+                    m = _one(args, writer, p, f"p{p}-warm{i}", stream, folder, run_id, meters,
+                             expected)  # fmt: skip
+                    void += [m.extra["void"]] if "void" in m.extra else []
             for rep in range(args.repeat):
-                for writer in ["feed", *_bench.rotated(writers, rep)]:
-                    m = _one(res, args, writer, p, rep, stream, folder, run_id, meters, expected)
+                for writer in _bench.rotated(["feed", *writers], rep):
+                    m = _one(args, writer, p, f"p{p}-r{rep}", stream, folder, run_id, meters,
+                             expected)  # fmt: skip
                     res.runs.append(m)
                     void += [m.extra["void"]] if "void" in m.extra else []
     finally:
@@ -130,11 +139,10 @@ def run(res: Results, args: argparse.Namespace) -> list[str]:
 
 
 def _one(
-    res: Results,
     args: argparse.Namespace,
     writer: str,
     p: int,
-    rep: int,
+    tag: str,
     stream: Any,
     folder: Path,
     run_id: str,
@@ -142,12 +150,11 @@ def _one(
     expected: tuple[int, ...],
 ) -> _bench.Measurement:
     """One query of ``writer``: run, meter, read back, verify; its measurement."""
-    tag = f"p{p}-r{rep}"
     topic = f"txsink-bench-steady-{writer}-{tag}-{run_id}"
     # Its own marker topic: a topic deleted after one query and created again by the next
     # is refused (UNKNOWN_TOPIC_OR_PART) while the brokers still delete the old one.
     marker_topic = f"txsink-bench-steady-markers-{writer}-{tag}-{run_id}"
-    qdir = folder / f"{writer}-{rep}"
+    qdir = folder / f"{writer}-{tag}"
     target = queries.Target(args.bootstrap, topic, marker_topic, qdir, p)
     if writer != "feed":
         create_topic(args.bootstrap, topic, args.topic_partitions)
@@ -220,7 +227,8 @@ def render(res: Results) -> str:
         f"{res.epoch_rows:,} records (`trigger(availableNow=True)`, one epoch of pre-generated "
         f"Parquet files per micro-batch); the first {res.skip} epochs are left out; figures "
         f"cover the other {res.epochs - res.skip} ({res.rows:,} records), "
-        f"{res.repeat} query run(s) per writer, writers rotated between runs. Topics of "
+        f"{res.repeat} query run(s) per writer after an untimed one of every writer "
+        "(`--warmup`), writers and the feed rotated between runs. Topics of "
         f"{res.topic_partitions} partitions, read back with `read_committed`: exactly every "
         "record of every epoch.",
         *_bench.cpu_blocks(res, labels, shown, over="spark", servers=[("kafka", "Kafka broker")]),

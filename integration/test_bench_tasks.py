@@ -46,16 +46,16 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> _Sessions:
 
 
 def test_each_session_ships_its_package_by_value(recorded: _Sessions) -> None:
-    args = argparse.Namespace(partitions=[2, 8], writers=["direct", "wal"])
+    args = argparse.Namespace(partitions=[2, 8], writers=["direct", "wal"], feed="same")
     assert kafka_main.session(args, [Path("k.jar")]) == "spark"
-    postgres_main.session(argparse.Namespace(writers=["txsink", "copy"]))
-    s3_main.session(S3Results(10, [2], 1), argparse.Namespace(), [])
+    postgres_main.session(argparse.Namespace(writers=["txsink", "copy"], feed="defaults"))
+    s3_main.session(S3Results(10, [2], 1), argparse.Namespace(feed="same"), [])
     assert recorded.shipped == ["benchmarks.kafka", "benchmarks.postgres", "benchmarks.s3"]
     assert recorded.sessions == [
         # the direct writer needs a slot per partition: every writer of the run gets them
-        ("txsink-bench-kafka", {"jars": [Path("k.jar")], "slots": 8}),
-        ("txsink-bench-postgres", {"jars": []}),
-        ("txsink-bench-s3", {"jars": []}),
+        ("txsink-bench-kafka", {"feed": "same", "jars": [Path("k.jar")], "slots": 8}),
+        ("txsink-bench-postgres", {"feed": "defaults", "jars": []}),
+        ("txsink-bench-s3", {"feed": "same", "jars": []}),
     ]
 
 

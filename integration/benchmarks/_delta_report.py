@@ -242,8 +242,8 @@ def render(res: Results) -> str:
         "conflicting commits; the driver creates the empty table first, inside the timing); "
         '**Spark** `df.write.format("delta").save(path)` with Delta\'s own jar. The feed row '
         "is not a writer: tasks that only receive the batches.",
-        f"- Times are wall-clock per run, {res.repeat} run(s) each, after an untimed warm-up "
-        "of every writer on 50,000 rows; the ratio is against the driver append. *CPU s*: "
+        f"- Times are wall-clock per run, {res.repeat} run(s) each, after untimed full-size "
+        "warm-ups of every writer; the ratio is against the driver append. *CPU s*: "
         "this benchmark's process tree, the S3 server's (nan on local disk) and the rest.",
     ]
     for sfx in suffixes:
@@ -252,6 +252,12 @@ def render(res: Results) -> str:
             throughput_table(view, sfx),
             target_table(view, sfx),
             title="Throughput" + (" on the S3 server" if sfx else " on local disk"),
+        )
+        parts += _bench.cpu_blocks(
+            view,
+            {w + sfx: label for w, label in LABELS.items()},
+            [w + sfx for w in (*WRITERS, "feed")],
+            servers=[("s3", "S3 server")] if sfx else [],
         )
     if any(res.seconds("txsink", p) for p in res.partitions):
         parts += _bench.blocks(

@@ -354,9 +354,6 @@ def parser() -> _bench.BenchParser:
         p.add_count("--epochs", 12, "small epochs per writer, the first a warm-up (default 12)")
         p.add_count("--epoch-rows", 10_000, "rows per small epoch (default 10000)")
         p.add_argument("--s3", action="store_true", help="also write to the S3 server")
-        p.add_argument(
-            "--warmup", type=int, default=2, help="untimed full-size runs of each writer first"
-        )
         p.add_argument("--region", default=os.environ.get("TXSINK_S3_REGION", "us-east-1"))
 
     return _bench.BenchParser(
@@ -364,6 +361,7 @@ def parser() -> _bench.BenchParser:
         __doc__,
         writers=WRITERS,
         server=_bench.Server("--endpoint", "TXSINK_S3_ENDPOINT", "S3 endpoint", required=False),
+        warmup=2,  # the JVM's JIT takes a few full-size runs to settle for Spark's Delta writer
         options=options,
     )
 
@@ -415,7 +413,7 @@ def run(res: Results, args: argparse.Namespace) -> list[str]:
         _bench.log(f"Spark's Delta writer: {res.spark}")
     else:
         res.spark = "not asked for (--writers)."
-    spark = _bench.spark_session("txsink-bench-delta", conf=conf)
+    spark = _bench.spark_session("txsink-bench-delta", feed=args.feed, conf=conf)
     res.versions = {
         "pyspark": pyspark.__version__,
         "pyarrow": pa.__version__,

@@ -29,6 +29,7 @@ rows through one coordinator (a stream's steady state) next to as many driver ap
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -125,6 +126,11 @@ def write(writer: str, catalog: Catalog, df: Any, name: str, log: Path) -> dict[
 
 #: (partitions, writer) -> the tables' (MB, files), per run.
 FOOTPRINT: dict[tuple[int, str], list[tuple[float, int]]] = {}
+#: (partitions, writer) -> CPU seconds by role (``_bench.CpuMeter``), per run.
+CPU: dict[tuple[int, str], list[dict[str, float]]] = {}
+METER = _bench.CpuMeter({"spark": os.getpid()})
+#: The CPU columns: (role, header).
+ROLES = (("spark", "all"), ("jvm", "JVM"), ("workers", "Python workers"), ("driver", "driver"))
 
 
 def measure(
@@ -137,9 +143,12 @@ def measure(
     partitions: int = 0,
 ) -> tuple[float, dict[str, float], str]:
     name = f"bench.{writer}_{uuid.uuid4().hex[:8]}"
+    before = METER.snapshot()
     t0 = time.perf_counter()
     phases = write(writer, catalog, df, name, tmp / f"log-{name}")
     seconds = time.perf_counter() - t0
+    if partitions:
+        CPU.setdefault((partitions, writer), []).append(METER.delta(before, METER.snapshot()))
     verdict = "ok"
     if writer == "spark":
         table = df.sparkSession.table(f"sparkcat.{name}")
@@ -201,6 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="also Spark's own Iceberg writer, with iceberg-spark-runtime VERSION for this "
         "PySpark's minor version (none runs on PySpark 4.3: use .venv-iceberg-spark)",
     )
+    _bench.add_feed_option(parser)
     args = parser.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="txsink-bench-iceberg-"))
     conf: dict[str, str] = {}
@@ -216,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "spark.sql.catalog.sparkcat.warehouse": (tmp / "spark-warehouse").as_uri(),
         }
         writers = (*WRITERS, "spark")
-    spark = _bench.spark_session("txsink-bench-iceberg", conf=conf)
+    spark = _bench.spark_session("txsink-bench-iceberg", feed=args.feed, conf=conf)
     catalog = Catalog(tmp)
     results: dict[tuple[int, str], list[float]] = {}
     phases: dict[tuple[int, str], list[dict[str, float]]] = {}
@@ -253,6 +263,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ratio = f"{base / med:.2f}x" if writer != "feed" else ""
         sizes = FOOTPRINT.get((p, writer))
         size = f"{_bench.median([m for m, _ in sizes]):.1f} / {sizes[0][1]}" if sizes else ""
+        cpu = CPU.get((p, writer), [])
         rows.append(
             [
                 str(p),
@@ -261,12 +272,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 size,
                 _bench.fmt_secs(walls),
                 ratio,
+                *(f"{_bench.median([c.get(r, float('nan')) for c in cpu]) / args.rows * 1e6:.2f}"
+                  for r, _ in ROLES),
             ]
-        )
+        )  # fmt: skip
     print(f"\n{args.rows:,} rows, {args.repeat} runs each (txsink / append: ratio of rates)\n")
     print(_bench.markdown_table(
         ["partitions", "writer", "rows/s (median)", "MB / files", "wall s per run",
-         "vs pyiceberg append"], rows, "llrrrr"))  # fmt: skip
+         "vs pyiceberg append", *(f"CPU-s per 1M: {h}" for _, h in ROLES)], rows,
+        "llrrrr" + "r" * len(ROLES)))  # fmt: skip
+    print(f"\n{_bench.feed_note(args.feed)}")
     for (p, writer), runs in phases.items():
         keys = ("recover", "precommit", "decide", "commit")
         print(f"\n{writer} phases at {p} partitions (median s): " + ", ".join(

@@ -89,6 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=300_000, help="records per epoch")
     parser.add_argument("--epochs", type=int, default=3, help="epochs per writer (first: untimed)")
     parser.add_argument("--bootstrap", default=None, help="default: $TXSINK_KAFKA_BOOTSTRAP")
+    _bench.add_feed_option(parser)
     args = parser.parse_args(argv)
     bootstrap = args.bootstrap or os.environ["TXSINK_KAFKA_BOOTSTRAP"]
     run = uuid.uuid4().hex[:6]
@@ -96,11 +97,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ok = True
     for workers in (1, 2):
         with running_cluster(workers=workers) as cluster:
-            spark = _session(cluster.master_url, driver_conf(cluster), workers)
+            conf = {**driver_conf(cluster), **_bench.feed_conf(args.feed)}
+            spark = _session(cluster.master_url, conf, workers)
             _bench.pickle_by_value("benchmarks.kafka")  # the plain producer's task
             topics: list[str] = []
             try:
-                df = spark.range(args.rows).selectExpr(*records.EXPRS).repartition(workers).cache()
+                # By the key's hash (direct mode refuses round-robin), for every writer.
+                df = spark.range(args.rows).selectExpr(*records.EXPRS)
+                df = df.repartition(workers, "key").cache()
                 df.count()
                 with tempfile.TemporaryDirectory(prefix="txsink-scaling-") as tmp:
                     for writer in WRITERS:

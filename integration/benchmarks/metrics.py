@@ -74,8 +74,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=2_000, help="rows per epoch")
     parser.add_argument("--epochs", type=int, default=40, help="epochs per writer (1st: warm-up)")
     parser.add_argument("--partitions", type=int, default=2, help="Spark partitions per epoch")
+    _bench.add_feed_option(parser)
     args = parser.parse_args(argv)
-    spark = _bench.spark_session("txsink-bench-metrics", slots=max(2, args.partitions))
+    spark = _bench.spark_session(
+        "txsink-bench-metrics", feed=args.feed, slots=max(2, args.partitions)
+    )
     df = spark.range(args.rows).selectExpr("id", "cast(id AS string) AS payload")
     df = df.repartition(args.partitions).cache()
     df.count()

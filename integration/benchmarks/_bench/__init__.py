@@ -8,8 +8,10 @@ up the service it needs and runs it as ``python -m benchmarks.<name>``. Names st
 with ``_`` are helpers, not benchmarks. A benchmark keeps only what it measures; this
 package holds the rest:
 
-- ``measure``: timing one run (:func:`timed_run`), CPU per process tree by role (the
-  benchmark, the server, everything else), the order of the repeats (:func:`rotated`,
+- ``cpu``: :class:`CpuMeter`, CPU seconds by role (driver, JVM, Python workers and their
+  threads, each server, everything else) from ``/proc``;
+- ``feed``: the session settings every writer of a run gets (``--feed same|defaults``);
+- ``measure``: timing one run (:func:`timed_run`), the order of the repeats (:func:`rotated`,
   :func:`swap_on_odd`), checking an output (:func:`output_problems`) and voiding a run
   whose output is wrong, the progress log;
 - ``results``: :class:`Results`, every run with medians, rates, ratios and paired
@@ -32,7 +34,9 @@ benchmark package's task code by value (:func:`pickle_by_value`).
 from __future__ import annotations
 
 from .cli import BenchParser, Server, main
+from .cpu import CpuMeter, ProcStat, server_pids
 from .env import REPO, cached_frame, machine, pickle_by_value, spark_session
+from .feed import FEEDS, add_feed_option, feed_conf, feed_note
 from .maven import (
     JAR_CACHE,
     cached_jars,
@@ -44,7 +48,6 @@ from .maven import (
     save_jars,
 )
 from .measure import (
-    CpuMeter,
     Measurement,
     first_line,
     load1,
@@ -68,6 +71,8 @@ from .report import (
     add_doc_options,
     blocks,
     bullets,
+    cpu_blocks,
+    cpu_table,
     fmt_rate,
     fmt_secs,
     header,
@@ -76,6 +81,7 @@ from .report import (
     phase_table,
     publish,
     ratio_cell,
+    ratio_range_cell,
     spread,
     throughput_table,
     update_doc_section,
@@ -85,6 +91,7 @@ from .results import PHASES, SAVED, Results, cpu_per_row
 __all__ = [
     "DOCS",
     "DOC_INTRO",
+    "FEEDS",
     "JAR_CACHE",
     "PHASES",
     "REPO",
@@ -93,14 +100,20 @@ __all__ = [
     "Column",
     "CpuMeter",
     "Measurement",
+    "ProcStat",
     "Results",
     "Server",
     "add_doc_options",
+    "add_feed_option",
     "blocks",
     "bullets",
     "cached_frame",
     "cached_jars",
+    "cpu_blocks",
     "cpu_per_row",
+    "cpu_table",
+    "feed_conf",
+    "feed_note",
     "first_line",
     "fmt_rate",
     "fmt_secs",
@@ -123,9 +136,11 @@ __all__ = [
     "pickle_by_value",
     "publish",
     "ratio_cell",
+    "ratio_range_cell",
     "rotated",
     "rounded",
     "save_jars",
+    "server_pids",
     "spark_session",
     "spread",
     "stopwatch",

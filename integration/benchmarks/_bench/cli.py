@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from .env import machine
+from .feed import add_feed_option
 from .measure import log, uptime
 from .report import add_doc_options, publish
 from .results import Results
@@ -42,9 +43,10 @@ class Server:
 
 class BenchParser(argparse.ArgumentParser):
     """The options every benchmark has: ``--rows``, ``--partitions``, ``--repeat``,
-    ``--writers``, ``--no-extras`` (when it has extras), ``--docs`` / ``--no-docs`` /
-    ``--render`` and the server's address; :meth:`parse` checks them. ``options`` adds the
-    benchmark's own options (after ``--writers``, where ``--help`` lists them)."""
+    ``--warmup``, ``--feed`` (:mod:`.feed`), ``--writers``, ``--no-extras`` (when it has
+    extras), ``--docs`` / ``--no-docs`` / ``--render`` and the server's address;
+    :meth:`parse` checks them. ``options`` adds the benchmark's own options (after
+    ``--writers``, where ``--help`` lists them)."""
 
     def __init__(
         self,
@@ -54,7 +56,10 @@ class BenchParser(argparse.ArgumentParser):
         writers: Sequence[str],
         server: Server,
         unit: str = "rows",
+        rows: int = 1_000_000,
         partitions: str = "partition counts",
+        partitions_default: str = "2,8",
+        warmup: int = 1,
         extras: str | None = None,
         options: Callable[[BenchParser], None] | None = None,
     ) -> None:
@@ -66,11 +71,21 @@ class BenchParser(argparse.ArgumentParser):
         self.writers = tuple(writers)
         self.server = server
         self.counts: list[str] = []
-        self.add_argument("--rows", type=int, default=1_000_000, help=f"{unit} (default 1000000)")
+        self.add_argument("--rows", type=int, default=rows, help=f"{unit} (default {rows})")
         self.add_argument(
-            "--partitions", default="2,8", help=f"comma-separated {partitions} (default 2,8)"
+            "--partitions",
+            default=partitions_default,
+            help=f"comma-separated {partitions} (default {partitions_default})",
         )
         self.add_argument("--repeat", type=int, default=1, help="runs per writer (default 1)")
+        self.add_argument(
+            "--warmup",
+            type=int,
+            default=warmup,
+            help="untimed full-size runs of every writer before the timed ones (default "
+            f"{warmup}): the JVM's JIT and the workers' imports are paid before any clock runs",
+        )
+        add_feed_option(self)
         self.add_argument(
             "--writers", default=",".join(writers), help=f"subset of {','.join(writers)}"
         )
@@ -104,6 +119,8 @@ class BenchParser(argparse.ArgumentParser):
             )
         names = ["--rows", "--repeat", *self.counts, "--partitions"]
         counts = [getattr(args, name.removeprefix("--").replace("-", "_")) for name in names[:-1]]
+        if args.warmup < 0:
+            self.error("--warmup must not be negative")
         if min(counts) < 1 or not args.partitions or min(args.partitions) < 1:
             self.error(f"{', '.join(names[:-1])} and {names[-1]} must be positive")
         return args

@@ -12,6 +12,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from txsink.spark.jobs import ARROW_BYTES
+
+from .feed import feed_conf
+
 REPO = Path(__file__).resolve().parents[3]
 
 
@@ -53,6 +57,7 @@ def machine() -> dict[str, str]:
 def spark_session(
     app_name: str,
     *,
+    feed: str,
     jars: Sequence[Path] = (),
     driver_memory: str = "2g",
     slots: int = 2,
@@ -67,6 +72,9 @@ def spark_session(
     single-pass writer runs all of an epoch's tasks at once, so it needs a slot per
     partition; every writer of a run shares the one session). ``conf``: more settings
     (e.g. ``spark.jars.packages`` and SQL extensions), set before the session starts.
+    ``feed``: :mod:`.feed`'s settings (``same`` or ``defaults``), for every writer of the
+    run alike; checked on the running session (a session left over from an earlier
+    ``getOrCreate`` would keep its own).
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -83,10 +91,14 @@ def spark_session(
     )
     if jars:
         builder = builder.config("spark.jars", ",".join(str(j) for j in jars))
-    for key, value in (conf or {}).items():
+    settings = {**(conf or {}), **feed_conf(feed)}
+    for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    chosen = spark.conf.get(ARROW_BYTES, None)
+    if chosen != settings.get(ARROW_BYTES):
+        raise RuntimeError(f"feed {feed!r}: the session has {ARROW_BYTES}={chosen}")
     return spark
 
 
@@ -101,11 +113,16 @@ def pickle_by_value(package: str) -> None:
     cloudpickle.register_pickle_by_value(importlib.import_module(package))  # type: ignore[no-untyped-call]
 
 
-def cached_frame(spark: Any, rows: int, partitions: int, columns: Sequence[str]) -> Any:
+def cached_frame(
+    spark: Any, rows: int, partitions: int, columns: Sequence[str], key: str | None = None
+) -> Any:
     """The input: ``columns`` (Spark SQL ``expr AS name`` over ``spark.range``'s ``id``)
     for ``rows`` rows, in ``partitions`` partitions, cached and materialised, so no writer
-    pays for generating it."""
-    df = spark.range(0, rows, 1, 2).selectExpr(*columns).repartition(partitions).cache()
+    pays for generating it. ``key``: partitioned by that column's hash (stable across
+    re-runs, which txsink's replaying modes require) rather than round-robin."""
+    data = spark.range(0, rows, 1, 2).selectExpr(*columns)
+    data = data.repartition(partitions, key) if key else data.repartition(partitions)
+    df = data.cache()
     if df.count() != rows:
         raise RuntimeError("generated frame has the wrong row count")
     return df

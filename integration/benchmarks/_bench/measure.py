@@ -16,8 +16,9 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
+
+from .cpu import CpuMeter
 
 
 @dataclass
@@ -50,75 +51,6 @@ def uptime() -> str:
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "load average: " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
-_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def _proc_table() -> dict[int, tuple[int, float]]:
-    """pid -> (parent pid, CPU seconds of the process and its reaped children)."""
-    out: dict[int, tuple[int, float]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            raw = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = raw[raw.rfind(")") + 2 :].split()
-        # fields[1] = ppid; [11..14] = utime, stime, cutime, cstime (clock ticks)
-        ticks = sum(int(x) for x in fields[11:15])
-        out[int(entry.name)] = (int(fields[1]), ticks / _TICK)
-    return out
-
-
-def _tree_cpu(table: dict[int, tuple[int, float]], root: int) -> float:
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _) in table.items():
-        children.setdefault(ppid, []).append(pid)
-    total, todo = 0.0, [root]
-    while todo:
-        pid = todo.pop()
-        if pid in table:
-            total += table[pid][1]
-        todo.extend(children.get(pid, []))
-    return total
-
-
-def _machine_busy() -> float:
-    """CPU seconds all processes used since boot (user, nice, system, irq, softirq, steal)."""
-    first = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in first[:8])
-    return (user + nice + system + irq + softirq + steal) / _TICK
-
-
-class CpuMeter:
-    """CPU seconds used by process trees (e.g. this driver with its JVM and Python workers,
-    the database server) and by everything else on the machine, between two snapshots.
-
-    A tree's count includes children that exited (reaped into their parent's cutime);
-    a server's tree also holds other clients' backends, so it is an upper bound.
-    """
-
-    def __init__(self, roots: dict[str, int]) -> None:
-        self.roots = roots
-
-    def snapshot(self) -> dict[str, float]:
-        if not Path("/proc/stat").exists():
-            return {}
-        table = _proc_table()
-        snap = {name: _tree_cpu(table, pid) for name, pid in self.roots.items()}
-        snap["machine"] = _machine_busy()
-        return snap
-
-    @staticmethod
-    def delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-        """Seconds per root, plus ``others``: the machine's busy time not in any root."""
-        if not before or not after:
-            return {}
-        out = {k: after[k] - before[k] for k in before if k != "machine"}
-        out["others"] = max(0.0, after["machine"] - before["machine"] - sum(out.values()))
-        return out
 
 
 @contextmanager

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from .env import REPO
+from .feed import feed_note
 from .measure import Measurement, log, median
-from .results import PHASES, Results
+from .results import PHASES, Results, cpu_per_row
 
 DOCS = REPO / "docs" / "benchmarks.md"
 
@@ -176,12 +177,131 @@ def phase_table(
     return markdown_table(headers, rows, "r" + ("l" if modes else "") + "r" * 6)
 
 
+#: The CPU columns: (role, header). ``spark`` = driver + JVM + workers; the JVM's JIT and GC
+#: and the workers' main thread / other threads are parts of their role (see ``.cpu``).
+CPU_ROLES = (
+    ("jvm", "JVM"),
+    ("jvm_jit", "of which JIT"),
+    ("workers", "Python workers"),
+    ("workers_main", "of which main thread"),
+    ("workers_threads", "of which other threads"),
+    ("driver", "driver Python"),
+)
+
+
+def ratio_range_cell(res: Results, writer: str, partitions: int, over: str | None = None) -> str:
+    """``0.85x (0.79-1.01)``: the median of the paired run-by-run ratios, their range."""
+    low, mid, high = res.ratio_range(writer, partitions, over)
+    if mid != mid:
+        return ""
+    return (
+        f"{mid:.2f}x ({low:.2f}-{high:.2f})"
+        if len(res.paired(writer, partitions, over)) > 1
+        else f"{mid:.2f}x"
+    )
+
+
+def cpu_table(
+    res: Results,
+    labels: Mapping[str, str],
+    shown: Sequence[str],
+    *,
+    over: str | None = None,
+    servers: Sequence[tuple[str, str]] = (),
+    rate_header: str = "records/s (median)",
+) -> str:
+    """Per partition count and writer: the median rate, the rate over ``over``'s (default
+    the baseline's: median of the paired ratios, min-max), and CPU-seconds per million
+    records by role (median over the runs): the total of the measured roles, each role of
+    :data:`CPU_ROLES`, each server of ``servers`` (role, header), then ``others`` (the rest of
+    the machine: noise from other jobs, not in the total). A role the meter did not see (a
+    server elsewhere) shows ``-``."""
+    base = over or res.baseline
+    roles = [*CPU_ROLES, *servers]
+    rows: list[list[str]] = []
+    for p in res.partitions:
+        for writer in shown:
+            runs = res.of(writer, p)
+            if not runs:
+                continue
+            per_m = {role: cpu_per_row(runs, role) for role in ("spark", "others", *dict(roles))}
+            total = per_m["spark"] + sum(v for role, _ in servers if (v := per_m[role]) == v)
+            rows.append(
+                [
+                    str(p),
+                    feed_label(res, labels.get(writer, writer)),
+                    fmt_rate(res.rate(writer, p)) + (" VOID" if res.is_void(writer, p) else ""),
+                    "" if writer == base else ratio_range_cell(res, writer, p, base),
+                    _cpu_cell(total),
+                    *(_cpu_cell(per_m[role]) for role, _ in roles),
+                    _cpu_cell(per_m["others"]),
+                ]
+            )
+    headers = [
+        "partitions",
+        "writer",
+        rate_header,
+        f"rate vs {labels.get(base, base)}: median (min-max)",
+        "CPU-s per 1M: total",
+        *(h for _, h in roles),
+        "others (not ours)",
+    ]
+    return markdown_table(headers, rows, "rlrr" + "r" * (len(roles) + 2))
+
+
+CPU_NOTE = (
+    "CPU-seconds per million records by role (median over the runs), read from `/proc` per "
+    "process and thread: *JVM* is Spark's JVM (its JIT compiler threads as a part), *Python "
+    "workers* Spark's Python worker processes (their main thread, which runs the task's "
+    "Python code, and their other threads: librdkafka's, Arrow's; a worker that exited "
+    "counts in the total only), *driver Python* the benchmark's own process, then each "
+    "server's process tree; *total* adds them up. *others* is the rest of the machine's busy "
+    "time during the run (other jobs: noise, not cost). The kernel counts in clock ticks "
+    "(10 ms) per process and per thread, so a part can differ from its whole by a tick or "
+    "two per run. On a shared machine these figures move far less than the rates. The rate "
+    "ratio is the median of the run-by-run ratios (each pair ran back to back) with their "
+    "min-max."
+)
+
+
+def cpu_blocks(
+    res: Results,
+    labels: Mapping[str, str],
+    shown: Sequence[str],
+    *,
+    over: str | None = None,
+    servers: Sequence[tuple[str, str]] = (),
+) -> list[str]:
+    """The ``### CPU per record by role`` subsection: :data:`CPU_NOTE` and :func:`cpu_table`."""
+    table = cpu_table(res, labels, shown, over=over, servers=servers)
+    texts = [CPU_NOTE, table] + ([OWN_CAP] if res.feed == "defaults" else [])
+    return blocks(*texts, title="CPU per record by role")
+
+
+#: With ``--feed defaults``, txsink's rows are marked: they run with the cap lifted.
+OWN_CAP = (
+    "† txsink lifts Spark's Arrow batch byte cap for its own jobs (as every txsink user gets "
+    "it); the other writers run with Spark's default."
+)
+
+
+def feed_label(res: Results, label: str) -> str:
+    """``label``, marked † for txsink's writers in a ``--feed defaults`` report."""
+    return label + " †" if res.feed == "defaults" and label.startswith("txsink") else label
+
+
+def _cpu_cell(value: float) -> str:
+    return "-" if value != value else f"{value:.2f}"
+
+
 # -- the section ---------------------------------------------------------------------------
 
 
 def header(res: Results, heading: str, load_note: str = "") -> list[str]:
     """The section's first lines: heading, when and how it was measured, machine, load."""
     mach = res.machine
+    if res.feed == "defaults":  # its own section, beside the same-feed one
+        heading += ", with Spark's defaults"
     return [
         f"## {heading}",
         "",
@@ -190,6 +310,7 @@ def header(res: Results, heading: str, load_note: str = "") -> list[str]:
         f"- Machine: {mach['cpu']}, {mach['cores']} cores, {mach['memory']} RAM, {mach['os']}.",
         f"- Load: before `{res.uptime_before}`; after `{res.uptime_after}`."
         + (f" {load_note}" if load_note else ""),
+        f"- {feed_note(res.feed)}",
     ]
 
 
@@ -252,5 +373,5 @@ def publish(res: Results, text: str, args: argparse.Namespace) -> None:
     """Print the section and, unless ``--no-docs``, write it into ``--docs``."""
     print(text)
     if not args.no_docs:
-        update_doc_section(res.name, text, args.docs, after=res.after)
+        update_doc_section(res.section, text, args.docs, after=res.section_after)
         log(f"wrote the {res.title} section of {args.docs}")

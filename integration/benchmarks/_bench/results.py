@@ -54,6 +54,18 @@ class Results:
     machine: dict[str, str] = field(default_factory=dict)
     command: str = ""
     void: list[str] = field(default_factory=list)
+    feed: str = "same"  # see .feed: "same" (the cap lifted for every writer) or "defaults"
+
+    @property
+    def section(self) -> str:
+        """The section of docs/benchmarks.md: ``<name>``, or ``<name>-spark-defaults`` for
+        the report with Spark's defaults (each feed has its own section)."""
+        return self.name if self.feed == "same" else f"{self.name}-spark-defaults"
+
+    @property
+    def section_after(self) -> str | None:
+        """The section this one goes after: the same-feed report's, for the defaults one."""
+        return self.after if self.feed == "same" else self.name
 
     # -- reading the runs ------------------------------------------------------------------
 
@@ -106,6 +118,16 @@ class Results:
             for k in ("spark", self.server, "others")
         }
 
+    def ratio_range(
+        self, writer: str, partitions: int, over: str | None = None
+    ) -> tuple[float, float, float]:
+        """(min, median, max) of ``writer``'s rate over ``over``'s, paired run by run
+        (repeat ``i`` of one against repeat ``i`` of the other: they ran back to back)."""
+        runs = self.paired(writer, partitions, over)
+        if not runs:
+            return (float("nan"),) * 3
+        return (min(runs), median(runs), max(runs))
+
     def cpu_per_row(self, writer: str, partitions: int, role: str) -> float:
         """``role``'s CPU per row written, in microseconds (median over the runs)."""
         return cpu_per_row(self.of(writer, partitions), role)
@@ -124,7 +146,8 @@ class Results:
     def create(cls, args: Any, command: str) -> Self:
         """Empty results for a run with these options (``args`` from the benchmark's parser)."""
         extra = {name: getattr(args, name) for name in cls.from_args}
-        return cls(args.rows, args.partitions, args.repeat, command=command, **extra)
+        feed = getattr(args, "feed", "same")
+        return cls(args.rows, args.partitions, args.repeat, command=command, feed=feed, **extra)
 
     def encode(self) -> dict[str, Any]:
         """A JSON-able dict of the results (a benchmark with non-string keys overrides it)."""
@@ -148,6 +171,9 @@ class Results:
 
 
 def cpu_per_row(runs: Sequence[Measurement], role: str) -> float:
-    """CPU microseconds per row that ``role`` (``spark``, the server's name, ``others``: the
-    roots of the run's :class:`~.measure.CpuMeter`) spent, median over ``runs``."""
-    return median([m.extra.get("cpu", {}).get(role, float("nan")) / m.rows * 1e6 for m in runs])
+    """CPU microseconds per row (= CPU-seconds per million rows) that ``role`` (a role of
+    :class:`~.cpu.CpuMeter`: ``spark``, ``jvm``, ``workers``, the server's name, ...)
+    spent, median over ``runs``."""
+    return median(
+        [m.extra.get("cpu", {}).get(role, float("nan")) / m.rows * 1e6 for m in runs if m.rows]
+    )

@@ -4,7 +4,9 @@ producer and Spark's built-in Kafka sink, writing the same cached records into f
     integration/benchmarks/run kafka [--rows N] [--partitions 2,8] [--repeat K]
 
 Records: a string key (``user-NNNNNNN``) and a ~207-byte JSON value (a web-shop event built
-in Spark with ``to_json(named_struct(...))``, its first field the unique ``id``).
+in Spark with ``to_json(named_struct(...))``, its first field the unique ``id``), cached
+and partitioned by the key's hash (``repartition(n, "key")``) for every writer. Every writer
+first runs once untimed at full size (``--warmup``); ``--feed`` as in every benchmark.
 
 Writers (each into its own fresh topic of --topic-partitions partitions, deleted after its
 output is verified):

@@ -28,7 +28,7 @@ from .single import single_process
 from .topics import delete_topics
 
 
-def _broker_pid(bootstrap: str) -> dict[str, int]:
+def broker_pid(bootstrap: str) -> dict[str, int]:
     """``{"kafka": pid}`` of the broker if it is integration/services' local one."""
     if not bootstrap.startswith(("127.0.0.1:", "localhost:")):
         return {}
@@ -49,7 +49,7 @@ def _versions(bench: Bench) -> dict[str, str]:
     )
 
     broker = "?"
-    if _broker_pid(bench.bootstrap):
+    if broker_pid(bench.bootstrap):
         try:
             from _services.kafka import KAFKA_VERSION
 
@@ -105,7 +105,7 @@ def session(args: argparse.Namespace, jars: Sequence[Path]) -> Any:
     # The direct writer runs an epoch's tasks all at once: a slot per partition, for every
     # writer alike (on 2 cores, more slots than cores only interleave the tasks).
     slots = max(2, *args.partitions) if "direct" in args.writers else 2
-    return _bench.spark_session("txsink-bench-kafka", jars=jars, slots=slots)
+    return _bench.spark_session("txsink-bench-kafka", feed=args.feed, jars=jars, slots=slots)
 
 
 def run(res: Results, args: argparse.Namespace) -> list[str]:
@@ -119,19 +119,12 @@ def run(res: Results, args: argparse.Namespace) -> list[str]:
         args.bootstrap,
         args.topic_partitions,
         workdir,
-        _bench.CpuMeter({"spark": os.getpid(), **_broker_pid(args.bootstrap)}),
+        _bench.CpuMeter({"spark": os.getpid(), **broker_pid(args.bootstrap)}),
         run_id,
         marker_topic=f"txsink-bench-markers-{run_id}",
     )
     try:
         res.versions = _versions(bench)
-        warm = min(args.rows, 50_000)
-        _bench.log(f"warm-up (untimed): each writer once on {warm:,} records")
-        df = make_frame(spark, warm, 2)
-        expected = spark_fingerprint(df)
-        for writer in ("feed", *writers):
-            measure(bench, writer, df, rows=warm, partitions=2, expected=expected, tag="warmup")
-        df.unpersist(blocking=True)
         for p in args.partitions:
             _bench.log(f"generating {args.rows:,} records in {p} partitions")
             df = make_frame(spark, args.rows, p)
@@ -139,6 +132,10 @@ def run(res: Results, args: argparse.Namespace) -> list[str]:
             res.data_bytes = expected[1] + expected[2]
             res.value_bytes = expected[2]
             common: dict[str, Any] = {"rows": args.rows, "partitions": p, "expected": expected}
+            for i in range(args.warmup if p == args.partitions[0] else 0):
+                _bench.log(f"warm-up {i + 1} (untimed): every writer once, full size")
+                for writer in ("feed", *writers):
+                    measure(bench, writer, df, tag=f"p{p}-warm{i}", **common)
             for rep in range(args.repeat):
                 res.runs.append(measure(bench, "feed", df, tag=f"p{p}-r{rep}", **common))
                 for writer in _bench.rotated(writers, rep):

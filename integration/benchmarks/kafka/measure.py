@@ -18,7 +18,7 @@ from .context import Bench
 from .producer import write_producer
 from .records import run_feed
 from .spark_sink import write_spark
-from .topics import create_topic, delete_topics, read_back
+from .topics import Readback, create_topic, delete_topics, read_back
 from .txsink_writer import write_txsink
 
 
@@ -72,20 +72,7 @@ def measure(
         extra["readback_s"] = found.seconds
         extra["lso_wait_s"] = found.lso_wait_s
         extra["offsets"] = found.offsets
-        if (found.records, found.distinct) != (rows, rows):
-            problems.append(
-                f"read_committed sees {found.records} records, {found.distinct} distinct ids "
-                f"({found.duplicates} duplicates, {found.bad_ids} bad ids; want {rows})"
-            )
-        elif found.fingerprint() != expected:
-            problems.append(
-                f"key/value lengths or CRCs differ: {found.fingerprint()} != {expected}"
-            )
-        if found.open_partitions:
-            problems.append(
-                f"{found.open_partitions} partitions hold an open transaction (last stable "
-                f"offset below the high watermark after {found.lso_wait_s:.1f} s of waiting)"
-            )
+        problems += readback_problems(found, rows, expected)
     if extra.get("wal_left", 0):
         problems.append(f"{extra['wal_left']} WAL files left behind")
     _bench.void_if(problems, m, tag, bench.void)
@@ -96,6 +83,25 @@ def measure(
             tail += f" (of which {found.lso_wait_s:.2f} s waiting for the commit markers)"
     _bench.log_run(m, tag, width=8, unit="rec/s", tail=tail)
     return m
+
+
+def readback_problems(found: Readback, rows: int, expected: tuple[int, ...]) -> list[str]:
+    """What is wrong with what read_committed sees in a topic that should hold ``rows``
+    records (ids ``0..rows-1``) with the fingerprint ``expected``: [] when nothing."""
+    problems = []
+    if (found.records, found.distinct) != (rows, rows):
+        problems.append(
+            f"read_committed sees {found.records} records, {found.distinct} distinct ids "
+            f"({found.duplicates} duplicates, {found.bad_ids} bad ids; want {rows})"
+        )
+    elif found.fingerprint() != expected:
+        problems.append(f"key/value lengths or CRCs differ: {found.fingerprint()} != {expected}")
+    if found.open_partitions:
+        problems.append(
+            f"{found.open_partitions} partitions hold an open transaction (last stable "
+            f"offset below the high watermark after {found.lso_wait_s:.1f} s of waiting)"
+        )
+    return problems
 
 
 def profile_run(bench: Bench, mode: str, df: Any, **kw: Any) -> dict[str, Any]:

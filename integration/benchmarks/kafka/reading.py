@@ -10,6 +10,7 @@ from txsink.connectors.kafka.records.checksum import CHECKSUM_VERSION
 from .report import (
     LABELS,
     TARGETS,
+    WRITERS,
     Results,
     commit_profile_table,
     phase_table,
@@ -171,7 +172,8 @@ def render(res: Results) -> str:
         f"value of {avg_value:.0f} bytes on average (a web-shop event, "
         "`to_json(named_struct('id', id, 'type', ..., 'ts', ..., 'amount', ...))`), "
         f"{res.data_bytes / 1e6:.0f} MB of key + value, generated in Spark from `spark.range`, "
-        "repartitioned and cached before any timing. Each writer writes into its own fresh "
+        'repartitioned by the key\'s hash (`repartition(n, "key")`, for every writer) and '
+        "cached before any timing. Each writer writes into its own fresh "
         f"topic ({res.topic_partitions} partitions, replication 1), deleted after its output is "
         "verified: read back with `isolation.level=read_committed` to the last stable offsets, "
         "exactly N records with N distinct ids, the key/value byte counts and CRC32 sums equal "
@@ -189,9 +191,13 @@ def render(res: Results) -> str:
         "with `acks=all`, idempotence, `linger.ms=20` and `compression.type=lz4` (txsink's "
         "defaults). The feed row is Spark alone: tasks that receive the batches and write "
         "nothing.",
-        f"- Times are wall-clock per run, {res.repeat} run(s) each; rates use the median; MB/s "
+        f"- Times are wall-clock per run, {res.repeat} run(s) each, after an untimed full-size "
+        "warm-up run of every writer (Spark's Kafka sink included); rates use the median; MB/s "
         "counts key + value bytes.",
         *_bench.blocks(throughput_table(res), target_table(res), title="Throughput"),
+        *_bench.cpu_blocks(
+            res, LABELS, (*WRITERS, "feed"), over="spark", servers=[("kafka", "Kafka broker")]
+        ),
     ]
     if any(res.seconds(w, p) for w in ("wal", "replay") for p in res.partitions):
         parts += _bench.blocks(

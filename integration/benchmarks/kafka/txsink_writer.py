@@ -24,13 +24,12 @@ from .profiled import ProfiledKafkaSink
 TXN_PREFIX = "txsink-bench"
 
 
-def _sink(
-    bench: Bench, mode: str, topic: str, uid: str, wal: Path, partitions: int, profile_dir: str
-) -> KafkaSink:
+def mode_options(mode: str, wal: Path, partitions: int) -> dict[str, Any]:
+    """KafkaSink's options for ``mode`` in the benchmarks (the one-shot and the steady
+    state alike): WAL and replay one commit task per partition, direct ``max(8, p)`` shards."""
     kwargs: dict[str, Any] = {
         "key": "key",
         "value": "value",
-        "marker_topic": bench.marker_topic,
         "transactional_id_prefix": TXN_PREFIX,
     }
     if mode == "wal":
@@ -39,6 +38,13 @@ def _sink(
         kwargs.update(mode="direct", shards=max(8, partitions))
     else:
         kwargs.update(mode="replay", shards=partitions)
+    return kwargs
+
+
+def _sink(
+    bench: Bench, mode: str, topic: str, uid: str, wal: Path, partitions: int, profile_dir: str
+) -> KafkaSink:
+    kwargs = {**mode_options(mode, wal, partitions), "marker_topic": bench.marker_topic}
     if profile_dir:
         return ProfiledKafkaSink(bench.bootstrap, topic, uid, profile_dir=profile_dir, **kwargs)
     return KafkaSink(bench.bootstrap, topic, uid, **kwargs)

@@ -90,7 +90,7 @@ def session(args: argparse.Namespace) -> Any:
     ``_bench.spark_session``, nowhere else."""
     _bench.pickle_by_value("benchmarks.postgres")  # the task code of this package
     jars = [_bench.maven_jar(*JDBC_DRIVER)] if "jdbc" in args.writers else []
-    return _bench.spark_session("txsink-bench-postgres", jars=jars)
+    return _bench.spark_session("txsink-bench-postgres", feed=args.feed, jars=jars)
 
 
 def run(res: Results, args: argparse.Namespace) -> list[str]:
@@ -105,22 +105,6 @@ def run(res: Results, args: argparse.Namespace) -> list[str]:
         bench.cpu.roots = {"spark": os.getpid(), **_postmaster(conn)}
     try:
         res.versions = _versions(bench)
-        warm = min(args.rows, 50_000)
-        _bench.log(f"warm-up (untimed): each writer once on {warm:,} rows")
-        df = make_frame(spark, warm, 2, COLUMNS)
-        expected = spark_fingerprint(df)
-        for writer in ("feed", *args.writers):
-            measure(
-                bench,
-                writer,
-                df,
-                rows=warm,
-                partitions=2,
-                columns=COLUMNS,
-                expected=expected,
-                tag="warmup",
-            )
-        df.unpersist(blocking=True)
         for p in args.partitions:
             _bench.log(f"generating {args.rows:,} rows in {p} partitions")
             df = make_frame(spark, args.rows, p, COLUMNS)
@@ -131,6 +115,10 @@ def run(res: Results, args: argparse.Namespace) -> list[str]:
                 "columns": COLUMNS,
                 "expected": expected,
             }
+            for i in range(args.warmup if p == args.partitions[0] else 0):
+                _bench.log(f"warm-up {i + 1} (untimed): every writer once, full size")
+                for writer in ("feed", *args.writers):
+                    measure(bench, writer, df, tag=f"p{p}_warm{i}", **common)
             for rep in range(args.repeat):
                 res.runs.append(measure(bench, "feed", df, tag=f"p{p}_r{rep}", **common))
                 for writer in _bench.swap_on_odd(args.writers, rep, "txsink", "copy"):
@@ -160,9 +148,9 @@ def run(res: Results, args: argparse.Namespace) -> list[str]:
             }
             expected = spark_fingerprint(frames["json"])
             writers = [w for w in WIDE_WRITERS if w.startswith("txsink") or w in args.writers]
-            # Untimed, on the first rows: the Python workers meet the wide schema once.
-            warm = min(args.wide_rows, 50_000)
-            for writer in writers:
+            # Untimed, full size: the Python workers meet the wide schema, the JIT its code.
+            warm = args.wide_rows
+            for writer in writers if args.warmup else ():
                 columns = WIDE_STRUCT_COLUMNS if writer == "txsink_struct" else WIDE_COLUMNS
                 df = make_frame(spark, warm, p, columns)
                 measure(

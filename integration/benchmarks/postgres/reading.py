@@ -255,11 +255,14 @@ def render(res: Results) -> str:
         "transaction per task (psycopg 3 pipelines `executemany`). The feed row is Spark "
         "alone: tasks that receive the batches and write nothing.",
         f"- Times are wall-clock per run, {res.repeat} run(s) each, after an untimed warm-up "
-        "run of every writer; rows/s uses the median. txsink and plain CSV COPY swap order every "
-        "other run. *CPU s* are CPU seconds used during the run (median) by this benchmark's "
-        "process tree (driver, Spark JVM, Python workers), by the PostgreSQL server's process "
-        "tree, and by everything else on the machine (other jobs).",
+        "run of every writer at full size; rows/s uses the median. txsink and plain CSV COPY "
+        "swap order every other run. *CPU s* are CPU seconds used during the run (median) by "
+        "this benchmark's process tree (driver, Spark JVM, Python workers), by the PostgreSQL "
+        "server's process tree, and by everything else on the machine (other jobs).",
         *_bench.blocks(throughput_table(res), target_table(res), title="Throughput"),
+        *_bench.cpu_blocks(
+            res, LABELS, (*WRITERS, "feed"), over="binary", servers=[("postgres", "PostgreSQL")]
+        ),
     ]
     if any(res.seconds("txsink", p) for p in res.partitions):
         parts += _bench.blocks(

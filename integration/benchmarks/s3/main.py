@@ -57,7 +57,7 @@ def session(res: Results, args: argparse.Namespace, jars: Sequence[Path]) -> Any
     """The one Spark session every writer of the run shares: its settings are here and in
     ``_bench.spark_session``, nowhere else (with s3a, the Hadoop settings for the server)."""
     _bench.pickle_by_value("benchmarks.s3")  # the task code of this package
-    spark = _bench.spark_session("txsink-bench-s3", jars=jars)
+    spark = _bench.spark_session("txsink-bench-s3", feed=args.feed, jars=jars)
     if jars:
         hadoop_conf = spark.sparkContext._jsc.hadoopConfiguration()
         for key, value in _hadoop_aws.s3a_settings(args.endpoint, args.region).items():
@@ -81,18 +81,15 @@ def run(res: Results, args: argparse.Namespace) -> list[str]:
     server = os.environ.get("TXSINK_S3_SERVER", "unknown")
     res.versions = _versions(server, args.endpoint)
     try:
-        warm = min(args.rows, 50_000)
-        _bench.log(f"warm-up (untimed): each writer once on {warm:,} rows")
-        df = make_frame(spark, warm, 2)
-        expected = spark_fingerprint(df)
-        for writer in ("feed", "encode", *args.writers):
-            measure(bench, writer, df, rows=warm, partitions=2, expected=expected, tag="warmup")
-        df.unpersist(blocking=True)
         for p in args.partitions:
             _bench.log(f"generating {args.rows:,} rows in {p} partitions")
             df = make_frame(spark, args.rows, p)
             expected = spark_fingerprint(df)
             common: dict[str, Any] = {"rows": args.rows, "partitions": p, "expected": expected}
+            for i in range(args.warmup if p == args.partitions[0] else 0):
+                _bench.log(f"warm-up {i + 1} (untimed): every writer once, full size")
+                for writer in ("feed", "encode", *args.writers):
+                    measure(bench, writer, df, tag=f"p{p}_warm{i}", **common)
             for rep in range(args.repeat):
                 tag = f"p{p}_r{rep}"
                 res.runs.append(measure(bench, "feed", df, tag=tag, **common))

@@ -191,11 +191,12 @@ def render(res: Results) -> str:
         "protocol. The encode and feed rows are not writers: tasks that encode and drop the "
         "Parquet, and tasks that only receive the batches.",
         f"- Times are wall-clock per run, {res.repeat} run(s) each, after an untimed warm-up "
-        "run of every writer on 50,000 rows; rows/s and MB/s use the median time; MB/s is the "
+        "run of every writer at full size; rows/s and MB/s use the median time; MB/s is the "
         "writer's own output bytes. txsink and the plain upload swap order every other run. "
         "*CPU s* are CPU seconds per run (median) of this benchmark's process tree (driver, "
         "Spark JVM, Python workers), of the S3 server's process, and of everything else.",
         *_bench.blocks(throughput_table(res), target_table(res), title="Throughput"),
+        *_bench.cpu_blocks(res, LABELS, (*WRITERS, "feed"), servers=[("s3", "MinIO")]),
     ]
     if any(res.seconds("txsink", p) for p in res.partitions):
         parts += _bench.blocks(

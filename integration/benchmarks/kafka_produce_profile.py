@@ -12,7 +12,9 @@ distinct values must equal the input). Around each epoch, ``/proc/<pid>/stat`` a
     jvm         the Spark JVM (its own threads; not its children)
     py_main     Spark's Python workers: the main threads (Arrow, encoding, checksum, the
                 produce calls)
-    py_rdkafka  the same processes' other threads (librdkafka's, plus any worker thread)
+    py_rdkafka  the same processes' librdkafka threads (named ``rdk:*``), living or ended
+                (a process's CPU minus its living threads' other than ``rdk:*``)
+    py_other    the same processes' other living threads (e.g. OpenBLAS's)
     py_exited   workers that exited during the epoch (their parent's reaped children)
     broker      the Kafka broker of ``integration/services`` (its pid file)
 
@@ -36,7 +38,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-ROLES = ("driver", "jvm", "py_main", "py_rdkafka", "py_exited", "broker")
+ROLES = ("driver", "jvm", "py_main", "py_rdkafka", "py_other", "py_exited", "broker")
 _TICK = os.sysconf("SC_CLK_TCK")
 KEY_EXPR = "concat('user-', lpad(cast((id * 7919) % 250000 AS string), 7, '0'))"
 VALUE_EXPR = (
@@ -98,8 +100,17 @@ class Roles:
                 kids = _children(pid)
             except OSError:
                 continue
+            other = 0.0
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                try:
+                    name = Path(f"/proc/{pid}/task/{tid}/comm").read_text()
+                    if int(tid) != pid and not name.startswith("rdk:"):
+                        other += _cpu(_stat(f"/proc/{pid}/task/{tid}/stat"))
+                except OSError:
+                    continue
             snap["py_main"] += _cpu(main)
-            snap["py_rdkafka"] += _cpu(whole) - _cpu(main)
+            snap["py_other"] += other
+            snap["py_rdkafka"] += _cpu(whole) - _cpu(main) - other
             snap["py_exited"] += _cpu(whole, children=True)
             todo += kids
         return snap

@@ -157,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", default="direct,wal,replay")
     parser.add_argument("--label", default="")
     parser.add_argument("--out", default="", help="append the JSON lines to this file")
+    parser.add_argument(
+        "--producer-config", default="{}", help="the sink's producer_config, as JSON"
+    )
     args = parser.parse_args(argv)
     bootstrap = os.environ["TXSINK_KAFKA_BOOTSTRAP"]
     here = Path(__file__).resolve().parent.parent
@@ -189,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
                     "marker_topic": marker_topic,
                     "mode": mode,
                     "shards": max(8, args.partitions) if mode == "direct" else args.partitions,
+                    "producer_config": json.loads(args.producer_config),
                 }
                 if mode == "wal":
                     options["wal"] = Path(tmp, "wal")
@@ -207,7 +211,9 @@ def main(argv: list[str] | None = None) -> int:
             per_m["total"] = sum(per_m[r] for r in ROLES)
             per_m["wall_s"] = wall
             line = {"label": args.label, "mode": mode, "rep": rep, "rows": args.rows, **per_m}
-            print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in line.items()}))
+            print(
+                json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in line.items()})
+            )
             if args.out:
                 with open(args.out, "a") as out:
                     out.write(json.dumps(line) + "\n")
@@ -217,7 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     cols = (*ROLES, "total", "wall_s")
     print("mode    " + " ".join(f"{c:>10}" for c in cols))
     for mode, runs in results.items():
-        print(f"{mode:8}" + " ".join(f"{statistics.median(r[c] for r in runs):10.2f}" for c in cols))
+        print(
+            f"{mode:8}" + " ".join(f"{statistics.median(r[c] for r in runs):10.2f}" for c in cols)
+        )
     spark.stop()
     return 0
 

@@ -116,7 +116,7 @@ def test_the_bound_of_a_batch_is_at_least_each_records_size_and_reached(
     sizes = batch_sizes(key, value, headers, compressed=compressed).to_pylist()
     assert bound is not None and bound >= max(sizes)
     longest = [max((n or 0) for n in col) for col in zip(*rows, strict=True)]
-    assert bound == batch_size(*longest, compressed=compressed)
+    assert bound == batch_size(longest[0], longest[1], compressed=compressed)
 
 
 def test_a_batch_with_headers_has_no_bound() -> None:

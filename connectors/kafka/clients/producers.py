@@ -20,6 +20,7 @@ import collections
 import contextlib
 import functools
 import itertools
+import operator
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -225,10 +226,10 @@ def produce_records(producer: Any, batch: pa.RecordBatch, columns: PyColumns | N
     deliveries only (``delivery.report.only.error``), and any failure also fails
     ``commit_transaction``. Records of one topic with no partition and no headers (the
     usual case) take the leanest loop: ``map`` over the values and keys, drained by a
-    ``deque``, calls ``produce`` from C, with no bytecode per record (measured 10-15%
-    less CPU than a ``for`` loop: docs/performance.md, "The Kafka produce path").
-    confluent-kafka takes each record as Python objects in a call of its own; its
-    ``produce_batch`` (a dict per record, parsed back in C) measured no cheaper.
+    ``deque``, calls ``produce`` from C, with no bytecode per record. confluent-kafka
+    takes each record as Python objects in a call of its own; its ``produce_batch`` (a
+    dict per record, parsed back in C, one partition per call) measured no cheaper
+    (docs/performance.md, "The Kafka produce path").
     """
     cols = columns or py_columns(batch)
     n = cols.rows
@@ -248,9 +249,10 @@ def produce_records(producer: Any, batch: pa.RecordBatch, columns: PyColumns | N
 
 def _produce_all(producer: Any, topic: str, values: list[Any], keys: list[Any]) -> None:
     """``produce(topic, value, key)`` for each record, in order, from C. When the local
-    queue is full (``BufferError``), the record refused is the last one ``map`` took: a
-    list iterator's ``__length_hint__`` says how many are left after it, so it is produced
-    again once there is room, and the rest follow; none twice, none skipped."""
+    queue is full (``BufferError``), the record refused is the last one ``map`` took: the
+    list iterator's ``operator.length_hint`` says how many are left after it, so it is
+    produced again once there is room, and the rest follow; none twice, none skipped
+    (integration/test_kafka_produce.py)."""
     values_left, keys_left = iter(values), iter(keys)
     while True:
         try:
@@ -259,7 +261,7 @@ def _produce_all(producer: Any, topic: str, values: list[Any], keys: list[Any]) 
             )
             return
         except BufferError:
-            refused = len(values) - values_left.__length_hint__() - 1
+            refused = len(values) - operator.length_hint(values_left) - 1
             _produce_when_room(producer, topic, values[refused], keys[refused])
 
 

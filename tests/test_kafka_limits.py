@@ -10,6 +10,8 @@ import random
 
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from txsink.connectors.kafka.records.format import RECORD_SCHEMA
 from txsink.connectors.kafka.records.limits import (
@@ -20,6 +22,7 @@ from txsink.connectors.kafka.records.limits import (
     batch_sizes,
     compression_margin,
     effective_limit,
+    largest_batch_size,
     varint_size,
 )
 
@@ -80,6 +83,48 @@ def test_vectorised_sizes_equal_the_scalar_ones() -> None:
             for k, v, h in rows
         ]
         assert got == want
+
+
+_LENGTHS = st.one_of(st.none(), st.integers(0, 130), st.sampled_from([16_383, 16_384, 20_000]))
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    rows=st.lists(st.tuples(_LENGTHS, _LENGTHS), min_size=1, max_size=40),
+    skip=st.integers(0, 3),
+    compressed=st.booleans(),
+)
+def test_the_bound_of_a_batch_is_at_least_each_records_size_and_reached(
+    rows: list[tuple[int | None, int | None]], skip: int, compressed: bool
+) -> None:
+    """The size check skips per-record sizes when this bound fits: it must be at least every
+    record's size (or a record over the limit would pass), for any lengths and nulls, in a
+    slice of a batch too; and it is the size of a batch of the longest key and value."""
+    batch = pa.RecordBatch.from_pylist(
+        [
+            {
+                "topic": "t",
+                "key": None if k is None else bytes(k),
+                "value": None if v is None else b"v" * v,
+            }
+            for k, v in [(None, 99_999)] * skip + rows
+        ],
+        schema=RECORD_SCHEMA,
+    ).slice(skip)
+    key, value, headers = batch.column(2), batch.column(3), batch.column(4)
+    bound = largest_batch_size(key, value, headers, compressed=compressed)
+    sizes = batch_sizes(key, value, headers, compressed=compressed).to_pylist()
+    assert bound is not None and bound >= max(sizes)
+    longest = [max((n or 0) for n in col) for col in zip(*rows, strict=True)]
+    assert bound == batch_size(longest[0], longest[1], compressed=compressed)
+
+
+def test_a_batch_with_headers_has_no_bound() -> None:
+    batch = pa.RecordBatch.from_pylist(
+        [{"topic": "t", "key": b"k", "value": b"v", "headers": [{"key": "h", "value": b"x"}]}],
+        schema=RECORD_SCHEMA,
+    )
+    assert largest_batch_size(*batch.columns[2:], compressed=False) is None
 
 
 def test_the_smallest_limit_applies_and_says_where_it_comes_from() -> None:

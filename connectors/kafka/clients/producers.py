@@ -16,8 +16,11 @@ transaction is left open to hold ``read_committed`` readers back; the producer i
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
+import itertools
+import operator
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -150,8 +153,9 @@ class ShardProducers:
             if not reused:
                 producer.begin_transaction()
             body(producer)
-            producer.produce(
-                self.settings.marker_topic, key=marker_key, value=marker_value, partition=0
+            # The records may have filled the local queue: the marker waits for room too
+            _produce_when_room(
+                producer, self.settings.marker_topic, marker_value, marker_key, partition=0
             )
             self._commit_transaction(producer)
         except (KafkaException, SystemError) as err:
@@ -221,21 +225,19 @@ def produce_records(producer: Any, batch: pa.RecordBatch, columns: PyColumns | N
     Positional arguments and no per-record callback: the producers report failed
     deliveries only (``delivery.report.only.error``), and any failure also fails
     ``commit_transaction``. Records of one topic with no partition and no headers (the
-    usual case) take the leanest loop.
+    usual case) take the leanest loop: ``map`` over the values and keys, drained by a
+    ``deque``, calls ``produce`` from C, with no bytecode per record. confluent-kafka
+    takes each record as Python objects in a call of its own; its ``produce_batch`` (a
+    dict per record, parsed back in C, one partition per call) measured no cheaper
+    (docs/performance.md, "The Kafka produce path").
     """
     cols = columns or py_columns(batch)
-    produce = producer.produce
-    keys, values = cols.keys.tolist(), cols.values.tolist()
     n = cols.rows
     simple = batch.column(1).null_count == n and batch.column(4).null_count == n
     if simple and cols.topic is not None:
-        topic = cols.topic
-        for key, value in zip(keys, values, strict=True):
-            try:
-                produce(topic, value, key)
-            except BufferError:
-                _produce_when_room(producer, topic, value, key)
+        _produce_all(producer, cols.topic, cols.values.tolist(), cols.keys.tolist())
     else:
+        keys, values = cols.keys.tolist(), cols.values.tolist()
         topics = [cols.topic] * n if cols.topic is not None else cols.topics.tolist()
         parts, headers = batch.column(1).to_pylist(), batch.column(4).to_pylist()
         for topic, part, key, value, hdrs in zip(topics, parts, keys, values, headers, strict=True):
@@ -243,6 +245,24 @@ def produce_records(producer: Any, batch: pa.RecordBatch, columns: PyColumns | N
             at = -1 if part is None else part
             _produce_when_room(producer, topic, value, key, partition=at, headers=hs)
     producer.poll(0)
+
+
+def _produce_all(producer: Any, topic: str, values: list[Any], keys: list[Any]) -> None:
+    """``produce(topic, value, key)`` for each record, in order, from C. When the local
+    queue is full (``BufferError``), the record refused is the last one ``map`` took: the
+    list iterator's ``operator.length_hint`` says how many are left after it, so it is
+    produced again once there is room, and the rest follow; none twice, none skipped
+    (integration/test_kafka_produce.py)."""
+    values_left, keys_left = iter(values), iter(keys)
+    while True:
+        try:
+            collections.deque(
+                map(producer.produce, itertools.repeat(topic), values_left, keys_left), maxlen=0
+            )
+            return
+        except BufferError:
+            refused = len(values) - operator.length_hint(values_left) - 1
+            _produce_when_room(producer, topic, values[refused], keys[refused])
 
 
 def _produce_when_room(

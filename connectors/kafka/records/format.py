@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from txsink.connectors.kafka.records.avro import AvroEncoder
-from txsink.connectors.kafka.records.limits import batch_sizes
+from txsink.connectors.kafka.records.limits import batch_sizes, largest_batch_size
 from txsink.connectors.kafka.records.topics import TopicLookup, check_records
 from txsink.errors import TxsinkError, WriteError
 from txsink.kit.jsonrows import json_rows
@@ -204,6 +204,11 @@ class RecordFormat:
         # Without the topic's description (the sink's check did not run): the cap alone.
         # Caught here, before the decision: once decided, a record the broker refuses
         # could never be committed.
+        bound = largest_batch_size(
+            records.column(2), records.column(3), records.column(4), compressed=self.compressed
+        )
+        if bound is not None and bound <= self.max_record_bytes:
+            return  # even its longest key with its longest value fits
         sizes = batch_sizes(
             records.column(2), records.column(3), records.column(4), compressed=self.compressed
         )

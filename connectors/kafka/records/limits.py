@@ -32,6 +32,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -44,6 +45,7 @@ __all__ = [
     "batch_sizes",
     "compression_margin",
     "effective_limit",
+    "largest_batch_size",
     "varint_size",
 ]
 
@@ -131,6 +133,32 @@ def batch_sizes(key: pa.Array, value: pa.Array, headers: pa.Array, *, compressed
         margin = pc.add(pc.divide(pc.add(records, _COMPRESSION_PER - 1), _COMPRESSION_PER), 64)
         total = pc.add(total, margin)
     return pc.cast(total, pa.int64())
+
+
+def largest_batch_size(
+    key: pa.Array, value: pa.Array, headers: pa.Array, *, compressed: bool
+) -> int | None:
+    """An upper bound of :func:`batch_sizes` over a batch without headers (None when some
+    record has headers): :func:`batch_size` of its longest key and longest value. Cheap
+    (the offsets buffers' largest step), so the usual batch, far below its limit, is
+    checked without a size per record; only a batch whose bound is over the limit needs
+    them, to find and name the record."""
+    if headers.null_count < len(headers):
+        return None
+    return batch_size(_longest(key), _longest(value), compressed=compressed)
+
+
+def _longest(arr: pa.Array) -> int:
+    """The largest byte length of a binary array's slots (a null slot's bytes included: an
+    upper bound)."""
+    if len(arr) == 0 or arr.null_count == len(arr):
+        return 0
+    if not (pa.types.is_binary(arr.type) or pa.types.is_string(arr.type)):
+        return int(pc.max(pc.binary_length(arr)).as_py() or 0)
+    offsets = np.frombuffer(
+        arr.buffers()[1], dtype=np.int32, count=len(arr) + 1, offset=arr.offset * 4
+    )
+    return int(np.max(np.diff(offsets)))
 
 
 def _headers_size(headers: list[dict[str, object]]) -> int:

@@ -30,7 +30,12 @@ import pyarrow.compute as pc
 
 from txsink.connectors.kafka.clients.errors import check_error, has_code
 from txsink.connectors.kafka.clients.settings import KafkaSettings
-from txsink.connectors.kafka.records.limits import RecordLimit, batch_sizes, effective_limit
+from txsink.connectors.kafka.records.limits import (
+    RecordLimit,
+    batch_sizes,
+    effective_limit,
+    largest_batch_size,
+)
 from txsink.errors import ConfigurationError, RetryableError, TxsinkError, WriteError
 
 __all__ = ["TopicInfo", "TopicLookup", "check_records", "describe_topics"]
@@ -230,6 +235,11 @@ def check_records(
             columns["partition_column"],
         )
     limits = {t: lookup.limit(t, known[t]) for t in names}
+    bound = largest_batch_size(
+        records.column(2), records.column(3), records.column(4), compressed=compressed
+    )
+    if bound is not None and bound <= min(limit.nbytes for limit in limits.values()):
+        return  # even its longest key with its longest value fits: no size per record
     sizes = batch_sizes(
         records.column(2), records.column(3), records.column(4), compressed=compressed
     )

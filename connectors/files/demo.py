@@ -20,6 +20,7 @@ from typing import Any
 
 from txsink import CrashPoint, Fault, FaultMode, FaultPlan
 from txsink.cli import Command
+from txsink.runner import FATAL_EXIT
 from txsink.testing.inputs import make_input
 
 __all__ = ["COMMAND", "main", "run_demo"]
@@ -101,6 +102,10 @@ def run_demo(
         "epochs": verdict.epochs,
         "restarts": report.restarts,
         "finished": report.finished,
+        # The run ended on an error a restart cannot help (a configuration or internal
+        # error): not restarted; ``error`` says which.
+        "fatal": report.fatal,
+        "error": report.endings[-1] if report.fatal else None,
         "faults_fired": len(fired),
         "crash": plan or None,
         "seconds": round(time.monotonic() - started, 1),
@@ -164,6 +169,8 @@ def demo_command(args: argparse.Namespace) -> int:
         via=args.via,
     )
     print(json.dumps(result), flush=True)
+    if result["fatal"]:
+        return FATAL_EXIT  # the query's own error stopped it: its exit code, not a verdict
     return 0 if result["ok"] else 1
 
 

@@ -52,6 +52,8 @@ class RunReport:
     #: The last run ended on an error a restart cannot help (exit code :data:`FATAL_EXIT`):
     #: not restarted.
     fatal: bool = False
+    #: What the last failed run said of its failure (its ``txsink: query failed:`` line).
+    failure: str = field(default="", repr=False)
 
     @property
     def restarts(self) -> int:
@@ -135,6 +137,7 @@ def run_until_done(
             report.endings.append("")
             break
         report.endings.append(f"{label} {report.runs} ended ({describe_exit(code)}){seen}")
+        report.failure = seen.failure
         if code == FATAL_EXIT:
             report.fatal = True
             if say is not None:

@@ -92,7 +92,7 @@ def run_demo(
     )
     verdict = verify_files(workdir / "output", range(rows))
     fired = FaultPlan.parse(plan, str(workdir / "faults")).fired() if plan else []
-    return {
+    result: dict[str, Any] = {
         "rows_expected": verdict.rows_expected,
         "rows_written": verdict.rows_written,
         "duplicates": verdict.duplicates,
@@ -102,16 +102,15 @@ def run_demo(
         "epochs": verdict.epochs,
         "restarts": report.restarts,
         "finished": report.finished,
-        # The run ended on an error a restart cannot help (a configuration or internal
-        # error): not restarted; ``error`` says which.
-        "fatal": report.fatal,
-        "error": report.endings[-1] if report.fatal else None,
         "faults_fired": len(fired),
         "crash": plan or None,
         "seconds": round(time.monotonic() - started, 1),
         "output": str(workdir / "output"),
         "ok": verdict.ok and report.finished,
     }
+    if report.fatal:  # ended on an error a restart cannot help: not restarted; which one
+        result["error"] = report.failure or report.endings[-1]
+    return result
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -169,7 +168,7 @@ def demo_command(args: argparse.Namespace) -> int:
         via=args.via,
     )
     print(json.dumps(result), flush=True)
-    if result["fatal"]:
+    if result.get("error"):
         return FATAL_EXIT  # the query's own error stopped it: its exit code, not a verdict
     return 0 if result["ok"] else 1
 

@@ -20,18 +20,18 @@ import pytest
 # The Python Data Source API is Spark 4.0's (on 3.5: tests/test_spark_versions.py).
 pytest.importorskip("pyspark.sql.datasource", reason="the Python Data Source needs Spark 4.0")
 
-from txsink.connectors.files.testing import FilesVerifier  # noqa: E402
-from txsink.datasource.source import (  # noqa: E402
+from txsink.connectors.files.testing import FilesVerifier
+from txsink.datasource import epoch as _dsepoch
+from txsink.datasource.options import DsConfig, parse_options, redacted
+from txsink.datasource.source import (
     TxsinkCommitMessage,
     TxsinkDataSource,
     _write_task,
 )
-from txsink.datasource import epoch as _dsepoch  # noqa: E402
-from txsink.datasource.options import DsConfig, parse_options, redacted  # noqa: E402
-from txsink.errors import ConfigurationError, FencedError, InjectedFault  # noqa: E402
-from txsink.protocol.log import open_log  # noqa: E402
-from txsink.protocol.task import TaskPlan, run_partition  # noqa: E402
-from txsink.testing.verifiers import verify  # noqa: E402
+from txsink.errors import ConfigurationError, FencedError, InjectedFault
+from txsink.protocol.log import open_log
+from txsink.protocol.task import TaskPlan, run_partition
+from txsink.testing.verifiers import verify
 
 SCHEMA = pa.schema([("id", pa.int64())])
 APP = "ds-app"

@@ -135,7 +135,8 @@ def test_a_first_batch_refused_by_its_check_is_not_restarted(tmp_path: Path) -> 
     blocked.write_text("a file where the sink wants a folder")
     spec = {"kind": "files", "path": str(blocked / "out"), "uid": "out"}
     args = {"workdir": str(tmp_path), "sinks": [spec], "partitions": 1}
-    cmd = python_module_cmd("txsink.runner", "txsink.testing.pipelines:run_stream", json.dumps(args))
+    pipeline = "txsink.testing.pipelines:run_stream"
+    cmd = python_module_cmd("txsink.runner", pipeline, json.dumps(args))
     report = run_until_done(cmd, max_runs=3, timeout=300)
     assert (report.runs, report.exit_codes, report.fatal) == (1, [FATAL_EXIT], True), report
     assert "cannot create the output folder" in report.failure, report.failure

@@ -392,7 +392,7 @@ class InternalError(TxsinkError):
             f"internal error in txsink while reading {during}: {type(err).__name__}: "
             f"{lines[0] if lines else ''}. This is a bug of txsink with these versions, not "
             f"a problem of your data or settings ({versions}): please report it with this "
-            "message (docs/troubleshooting.md#internal-error)",
+            "message (docs/troubleshooting.md#internalerror)",
             **ctx,
         )
 

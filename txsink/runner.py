@@ -51,7 +51,7 @@ class RunReport:
     finished: bool = False
     #: The last run ended on an error a restart cannot help (exit code :data:`FATAL_EXIT`):
     #: not restarted.
-    fatal: bool = False
+    fatal: bool = field(default=False, repr=False)
     #: What the last failed run said of its failure (its ``txsink: query failed:`` line).
     failure: str = field(default="", repr=False)
 

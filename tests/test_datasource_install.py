@@ -133,6 +133,7 @@ def pipeline():
 """
 
 
+@pytest.mark.spark_line("4")  # Spark 3.5 has no Python Data Source: tests/test_spark_versions.py
 @pytest.mark.parametrize(
     "command",
     [

@@ -30,7 +30,8 @@ FAILED_LINE = "txsink: query failed: "
 #: The exit code of a query run that ended on an error a restart cannot help
 #: (:func:`exit_code`): :func:`run_until_done` stops there instead of restarting. Any other
 #: non-zero exit (1: a failure a restart may pass, a signal: a crash) is restarted.
-FATAL_EXIT = 3
+#: 78 is sysexits' EX_CONFIG ("configuration error"), which no crash or pipeline of ours uses.
+FATAL_EXIT = 78
 
 
 def exit_code(err: BaseException) -> int:

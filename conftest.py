@@ -23,6 +23,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         help="also run the slow tests (one subprocess run per crash point)",
     )
+    parser.addoption(
+        "--spark-line",
+        default=os.environ.get("TXSINK_SPARK_LINE") or None,
+        metavar="X.Y",
+        help="the Spark line this run is for (default: $TXSINK_SPARK_LINE): the run stops at "
+        "once if the installed PySpark is another one (a matrix cell in the wrong venv)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -30,6 +37,16 @@ def pytest_configure(config: pytest.Config) -> None:
     (nothing is built here: a collection never builds)."""
     _TEMP.install()
     config.stash[_ARCHIVE] = SessionArchive()
+    wanted = config.getoption("--spark-line")
+    if wanted:
+        from txsink.spark.versions import spark_line
+
+        if spark_line() != wanted:
+            raise pytest.UsageError(
+                f"--spark-line / TXSINK_SPARK_LINE is {wanted}, but this Python ({sys.executable}) "
+                f"has PySpark {spark_line()}: run it with .venv-spark-{wanted}/bin/python "
+                f"(./dev spark-line {wanted} makes it)"
+            )
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -43,12 +60,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             and item.get_closest_marker("spark") is None
         ):
             item.add_marker(pytest.mark.spark)
+    _skip_other_lines(items)
     if config.getoption("--run-slow") or os.environ.get("TXSINK_SLOW") == "1":
         return
     skip = pytest.mark.skip(reason="slow: run with --run-slow or TXSINK_SLOW=1")
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+def _skip_other_lines(items: list[pytest.Item]) -> None:
+    """A test marked ``spark_line("3.5")`` pins that line's behaviour (``"4"``: every 4.x
+    line): skipped where another line is installed (each line's venv runs its own:
+    docs/testing.md)."""
+    marked = [(item, m) for item in items if (m := item.get_closest_marker("spark_line"))]
+    if not marked:
+        return
+    from txsink.spark.versions import spark_line
+
+    installed = spark_line()
+    for item, mark in marked:
+        lines = {str(a) for a in mark.args}
+        if not any(installed == line or installed.startswith(f"{line}.") for line in lines):
+            reason = f"pins Spark {'/'.join(sorted(lines))}; PySpark {installed} is installed"
+            item.add_marker(pytest.mark.skip(reason=reason))
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -53,6 +53,34 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+_CENTRAL = "https://repo1.maven.org/maven2"
+
+
+def on_central(coordinate: str) -> str:
+    """``group:artifact:version`` as Maven Central has it: that version if its jar is there,
+    else the newest release of the same line below it (Central lags behind PyPI: PySpark
+    3.5.9's ``spark-connect_2.12`` is not there, 3.5.7's is, and a server of the same line
+    runs on it). The coordinate as given when Central cannot be read (Spark says why)."""
+    import re
+    import urllib.request
+
+    group, artifact, version = coordinate.split(":")
+    base = f"{_CENTRAL}/{group.replace('.', '/')}/{artifact}"
+    try:
+        with urllib.request.urlopen(f"{base}/maven-metadata.xml", timeout=30) as response:
+            listed = re.findall(r"<version>([^<]+)</version>", response.read().decode())
+    except OSError:
+        return coordinate
+    line = version.rsplit(".", 1)[0]
+
+    def key(v: str) -> tuple[int, ...]:
+        return tuple(int(x) for x in v.split("."))
+
+    same_line = [v for v in listed if re.fullmatch(rf"{re.escape(line)}\.\d+", v)]
+    below = sorted((v for v in same_line if key(v) <= key(version)), key=key)
+    return f"{group}:{artifact}:{below[-1]}" if below and version not in listed else coordinate
+
+
 def _spark_home() -> Path:
     import pyspark
 
@@ -106,8 +134,15 @@ class ConnectServer:
             "spark.driver.memory": "1g",
             "spark.driver.extraJavaOptions": java,
         }
+        from txsink.spark.versions import connect_server_packages
+
         cmd = [str(_spark_home() / "bin" / "spark-submit"), "--class", SERVER_CLASS]
         cmd += ["--name", "txsink-connect-tests", "--master", self.master]
+        # PySpark 3.5's pip package has no spark-connect jar: Spark fetches it (Maven Central,
+        # once, into ~/.ivy2); 4.x ships it.
+        packages = [on_central(p) for p in connect_server_packages()]
+        if packages:
+            cmd += ["--packages", ",".join(packages)]
         for key, value in conf.items():
             cmd += ["--conf", f"{key}={value}"]
         return cmd

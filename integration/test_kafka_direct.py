@@ -151,6 +151,11 @@ def _create_output(bootstrap: str) -> str:
     return topic
 
 
+#: Their input is kafka_partitions_source, a Python Data Source (Spark 4.0+).
+_SOURCE_NEEDS_SPARK_4 = pytest.mark.spark_line("4")
+
+
+@_SOURCE_NEEDS_SPARK_4
 @pytest.mark.spark
 @pytest.mark.kafka
 def test_round_robin_repartition_is_refused_before_any_row(spark: Any, tmp_path: Path) -> None:
@@ -200,6 +205,7 @@ def _child(workdir: str, bootstrap: str, source: str, out: str, layout: str) -> 
     query.awaitTermination()
 
 
+@_SOURCE_NEEDS_SPARK_4
 @pytest.mark.spark
 @pytest.mark.kafka
 @pytest.mark.parametrize("layout", ["hash", "source"])

@@ -1,7 +1,8 @@
 """The Data Source path without Spark: its options, and its protocol steps driven by hand.
 
 The steps are the ones Spark runs (:mod:`txsink.datasource.epoch`): planning, the tasks
-(:func:`txsink.datasource._write_task`'s core, :func:`txsink.protocol.task.run_partition`), then
+(:func:`txsink.datasource.source._write_task`'s core,
+:func:`txsink.protocol.task.run_partition`), then
 ``commit`` or ``abort``, against a real files sink read back through its manifests.
 """
 
@@ -16,10 +17,17 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+# The Python Data Source API is Spark 4.0's (on 3.5: tests/test_spark_versions.py).
+pytest.importorskip("pyspark.sql.datasource", reason="the Python Data Source needs Spark 4.0")
+
 from txsink.connectors.files.testing import FilesVerifier
-from txsink.datasource import TxsinkCommitMessage, TxsinkDataSource, _write_task
 from txsink.datasource import epoch as _dsepoch
 from txsink.datasource.options import DsConfig, parse_options, redacted
+from txsink.datasource.source import (
+    TxsinkCommitMessage,
+    TxsinkDataSource,
+    _write_task,
+)
 from txsink.errors import ConfigurationError, FencedError, InjectedFault
 from txsink.protocol.log import open_log
 from txsink.protocol.task import TaskPlan, run_partition

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from txsink.errors import UnsupportedQueryError
-from txsink.spark import checks as _checks
 from txsink.spark import jobs as _spark
 from txsink.spark import query as _query
+from txsink.spark.versions import arrow_byte_cap_setting
 
 
 @dataclass
@@ -97,12 +97,15 @@ class _Conf:
         del self.values[key]
 
 
+@pytest.mark.spark_line("4")
 @pytest.mark.parametrize("user", [None, "128MB"])
 def test_arrow_byte_cap_is_lifted_for_txsinks_job_only(user: str | None) -> None:
     """Spark 4 measures the Arrow batch after every row while the byte cap holds: lifted
     (Int.MaxValue: Spark skips the check) during txsink's job, restored after; a value the
-    user set is kept."""
-    conf = _Conf(**({_spark.ARROW_BYTES: user} if user else {}))
+    user set is kept. (Spark 3.5 has no byte cap: tests/test_spark_versions.py.)"""
+    cap = arrow_byte_cap_setting()
+    assert cap is not None
+    conf = _Conf(**({cap: user} if user else {}))
 
     class Session:
         pass
@@ -110,50 +113,9 @@ def test_arrow_byte_cap_is_lifted_for_txsinks_job_only(user: str | None) -> None
     session = Session()
     session.conf = conf  # type: ignore[attr-defined]
     with _spark.arrow_batches_cut_by_rows(session):
-        during = conf.get(_spark.ARROW_BYTES)
+        during = conf.get(cap)
     assert during == (user or "2147483647")
-    assert conf.get(_spark.ARROW_BYTES) == user
+    assert conf.get(cap) == user
     with pytest.raises(RuntimeError), _spark.arrow_batches_cut_by_rows(session):
         raise RuntimeError("the job failed")
-    assert conf.get(_spark.ARROW_BYTES) == user
-
-
-def test_arrow_schema_on_a_pyspark_without_the_timezone_argument(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """PySpark 4.0 and 4.1 convert a schema to Arrow only in UTC (``timestamp_utc=``); 4.2+
-    take ``timezone=``. txsink supports both (pyproject: pyspark>=4.0)."""
-    import pyarrow as pa
-    from pyspark.sql.pandas import types
-    from pyspark.sql.types import LongType, StructField, StructType, TimestampType
-
-    calls: list[dict[str, Any]] = []
-
-    def old(
-        schema: Any,
-        error_on_duplicated_field_names_in_struct: bool = False,
-        timestamp_utc: bool = True,
-        prefers_large_types: bool = False,
-    ) -> pa.Schema:
-        calls.append({"timestamp_utc": timestamp_utc})
-        return pa.schema([("id", pa.int64()), ("at", pa.timestamp("us", tz="UTC"))])
-
-    monkeypatch.setattr(types, "to_arrow_schema", old)
-    _checks._takes_timezone.cache_clear()
-
-    class Conf:
-        def get(self, key: str, default: Any = None) -> str:
-            return "Europe/Berlin"
-
-    class Session:
-        conf = Conf()
-
-    class DF:
-        sparkSession = Session()
-        schema = StructType([StructField("id", LongType()), StructField("at", TimestampType())])
-
-    try:
-        assert _checks.arrow_schema(DF()).field("at").type == pa.timestamp("us", tz="UTC")  # type: ignore[arg-type]
-        assert calls == [{"timestamp_utc": True}]
-    finally:
-        _checks._takes_timezone.cache_clear()
+    assert conf.get(cap) == user

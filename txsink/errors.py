@@ -8,7 +8,8 @@ The hierarchy::
     │   ├── NonRestoredStateError    the log holds pending state for a sink uid not configured
     │   ├── CheckpointMismatchError  Spark's checkpoint and the txsink log disagree
     │   ├── DriverLeaseError         another live driver holds this query's lease
-    │   └── ConditionalWritesUnsupportedError  the log's store ignores If-None-Match
+    │   ├── ConditionalWritesUnsupportedError  the log's store ignores If-None-Match
+    │   └── UnsupportedSparkError    a feature the installed Spark line does not have
     ├── WriteError                   bad input: a row or column a sink cannot write (fatal)
     ├── RetryableError               transient (connection lost, timeout): Spark may retry the task
     ├── EpochAbortedError            the pre-commit failed; every handle of the epoch was aborted
@@ -19,12 +20,14 @@ The hierarchy::
     ├── LogError                     the txsink log is unreadable or of an unknown format
     │   └── LogUnavailableError      its store did not answer for a moment (also a RetryableError)
     ├── HandleFormatError            a handle's serializer or version is unknown
+    ├── InternalError                a bug of txsink (an API of Spark or a library it misread)
     └── InjectedFault                raised on purpose by :mod:`txsink.protocol.faults`
 
 Every error pickles with its context, because Spark ships exceptions between
 the Python workers and the driver. Retryable and fatal errors are different
 types; connectors map their libraries' errors by code (SQLSTATE, Kafka error
-code, HTTP status), never by message text.
+code, HTTP status), never by message text. :func:`restart_cannot_help` says which
+errors a restarted query would only meet again (the runner and the demo stop there).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ __all__ = [
     "FencedError",
     "HandleFormatError",
     "InjectedFault",
+    "InternalError",
     "LogError",
     "LogUnavailableError",
     "NonDeterministicReplayError",
@@ -54,8 +58,11 @@ __all__ = [
     "StateError",
     "TxsinkError",
     "UnsupportedQueryError",
+    "UnsupportedSparkError",
     "WriteError",
     "add_secondary",
+    "restart_cannot_help",
+    "spark_condition",
 ]
 
 _CONTEXT_KEYS = (
@@ -275,9 +282,8 @@ class EpochAbortedError(TxsinkError):
 def _python_task_error(err: BaseException) -> str | None:
     """The last line of a failed Python task's traceback (``Type: message``), from a Spark
     error of condition ``PYTHON_EXCEPTION``; None for any other error."""
-    condition = getattr(err, "getCondition", None)
     params = getattr(err, "getMessageParameters", None)
-    if not callable(condition) or not callable(params) or condition() != "PYTHON_EXCEPTION":
+    if not callable(params) or spark_condition(err) != "PYTHON_EXCEPTION":
         return None
     trace = str((params() or {}).get("traceback", "")).splitlines()
     # Notes follow the exception's own line: txsink's carried error, a clean-up's failure.
@@ -362,3 +368,67 @@ class HandleFormatError(TxsinkError):
 
 class InjectedFault(TxsinkError):
     """Raised by a fault injected at a named crash point (mode ``raise``)."""
+
+
+class InternalError(TxsinkError):
+    """A bug of txsink, not a problem of the user's data or settings: an API of Spark or of
+    a library answered in a way txsink does not expect (a ``TypeError`` or
+    ``AttributeError`` from a call whose signature differs on the installed version).
+
+    Fatal: a restart meets it again. The message names the installed versions (txsink,
+    Python, PySpark, pyarrow, pandas) and asks for a bug report; ``__cause__`` is the
+    original exception. Build it with :meth:`of`.
+    """
+
+    @classmethod
+    def of(cls, err: BaseException, during: str, **ctx: Any) -> InternalError:
+        """The internal error for ``err``, raised by txsink's own call ``during`` (``"the
+        Arrow schema of the DataFrame"``)."""
+        from txsink._version import installed_versions
+
+        lines = str(err).strip().splitlines()
+        versions = ", ".join(f"{k} {v}" for k, v in installed_versions().items())
+        return cls(
+            f"internal error in txsink while reading {during}: {type(err).__name__}: "
+            f"{lines[0] if lines else ''}. This is a bug of txsink with these versions, not "
+            f"a problem of your data or settings ({versions}): please report it with this "
+            "message (docs/troubleshooting.md#internalerror)",
+            **ctx,
+        )
+
+
+class UnsupportedSparkError(ConfigurationError):
+    """A txsink feature that the installed Spark line does not have (the Python Data Source
+    before Spark 4.0); the message names the installed version and what works on it."""
+
+
+def spark_condition(err: object) -> str | None:
+    """Spark's error condition of ``err`` (``"PYTHON_EXCEPTION"``), ``None`` for an
+    exception that is not a Spark error. PySpark 4.x names it ``getCondition()``, 3.5
+    ``getErrorClass()`` (the one version difference outside :mod:`txsink.spark.versions`,
+    because the protocol room reads it too: it asks the exception, not the version)."""
+    methods = [getattr(err, name, None) for name in ("getCondition", "getErrorClass")]
+    for method in filter(callable, methods):
+        try:
+            found = method()
+        except Exception:  # py4j answers any name, then fails the call: try the other
+            found = None
+        if found:
+            return str(found)
+    return None
+
+
+def restart_cannot_help(err: BaseException) -> bool:
+    """Whether a restarted query would only meet ``err`` again: a configuration error (a
+    setting, a schema, a Spark line without the feature), a row the sink cannot write, a
+    handle of an unknown format, an internal error; or an epoch aborted by such errors
+    alone. A restarting runner stops at the first of them (:mod:`txsink.runner`).
+
+    Not these: a retryable error, an injected fault, a fenced driver, a commit to finish
+    (recovery does), and :class:`DriverLeaseError` (the other driver may end, or its lease
+    expire)."""
+    if isinstance(err, EpochAbortedError):
+        return bool(err.causes) and all(restart_cannot_help(c) for c in err.causes)
+    if isinstance(err, (DriverLeaseError, RetryableError)):
+        return False
+    return isinstance(err, (ConfigurationError, WriteError, HandleFormatError, InternalError))

@@ -2,7 +2,10 @@
 
 This is the "runner" of DESIGN.md's fault injection: a SIGKILLed driver
 cannot restart itself, so a parent process does what a cluster manager (or
-a supervisor) would do in production.
+a supervisor) would do in production. Unlike a blind supervisor it stops at the
+first run that ends on an error a restart cannot help (a configuration error, an
+internal error: :func:`txsink.errors.restart_cannot_help`), which the child says
+with its exit code :data:`FATAL_EXIT`.
 """
 
 from __future__ import annotations
@@ -16,13 +19,25 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from txsink.errors import restart_cannot_help
 from txsink.observe.logs import one_line
 from txsink.protocol.faults import FAULT_LINE
 
-__all__ = ["FAILED_LINE", "RunReport", "describe_exit", "run_until_done"]
+__all__ = ["FAILED_LINE", "FATAL_EXIT", "RunReport", "describe_exit", "exit_code", "run_until_done"]
 
 #: How a pipeline's line about its failed query begins (:mod:`txsink.testing.pipelines`).
 FAILED_LINE = "txsink: query failed: "
+#: The exit code of a query run that ended on an error a restart cannot help
+#: (:func:`exit_code`): :func:`run_until_done` stops there instead of restarting. Any other
+#: non-zero exit (1: a failure a restart may pass, a signal: a crash) is restarted.
+#: 78 is sysexits' EX_CONFIG ("configuration error"), which no crash or pipeline of ours uses.
+FATAL_EXIT = 78
+
+
+def exit_code(err: BaseException) -> int:
+    """The exit code of a query run that failed with ``err``: :data:`FATAL_EXIT` when a
+    restart would only meet it again (:func:`txsink.errors.restart_cannot_help`), else 1."""
+    return FATAL_EXIT if restart_cannot_help(err) else 1
 
 
 @dataclass
@@ -35,6 +50,11 @@ class RunReport:
     endings: list[str] = field(default_factory=list, repr=False)
     seconds: float = 0.0
     finished: bool = False
+    #: The last run ended on an error a restart cannot help (exit code :data:`FATAL_EXIT`):
+    #: not restarted.
+    fatal: bool = field(default=False, repr=False)
+    #: What the last failed run said of its failure (its ``txsink: query failed:`` line).
+    failure: str = field(default="", repr=False)
 
     @property
     def restarts(self) -> int:
@@ -62,7 +82,8 @@ def run_until_done(
     say: Callable[[str], None] | None = None,
     label: str = "query run",
 ) -> RunReport:
-    """Run ``cmd`` until it exits 0, at most ``max_runs`` times.
+    """Run ``cmd`` until it exits 0, at most ``max_runs`` times; a run that exits with
+    :data:`FATAL_EXIT` (an error a restart cannot help) ends it at once (``fatal``).
 
     ``on_line`` receives every line the child prints (stdout and stderr merged);
     ``on_restart(run, exit_code)`` is called before each restart; ``on_start(process)``
@@ -117,6 +138,12 @@ def run_until_done(
             report.endings.append("")
             break
         report.endings.append(f"{label} {report.runs} ended ({describe_exit(code)}){seen}")
+        report.failure = seen.failure
+        if code == FATAL_EXIT:
+            report.fatal = True
+            if say is not None:
+                say(f"{report.endings[-1]}; not restarting: a restart would meet the same error")
+            break
         if report.runs < max_runs:
             if on_restart is not None:
                 on_restart(report.runs, code)
@@ -204,10 +231,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         from txsink.datasource import format_not_found
 
         fix = format_not_found(err)
-        if fix is None:
+        if fix is not None:
+            print(f"{FAILED_LINE}{fix}", file=sys.stderr, flush=True)  # the fix, not the trace
+            return exit_code(fix)
+        if not restart_cannot_help(err):
             raise
-        print(f"{FAILED_LINE}{fix}", file=sys.stderr, flush=True)  # the fix, not the trace
-        return 1
+        # A txsink error that a restart meets again (the pipeline's own set-up refused, say):
+        # its one line and FATAL_EXIT, so the restarting parent stops here.
+        text = one_line(f"{type(err).__name__}: {err}", 400)
+        print(f"{FAILED_LINE}{text}", file=sys.stderr, flush=True)
+        return exit_code(err)
     return 0
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from txsink import CrashPoint, Fault, FaultMode, FaultPlan
 from txsink.cli import Command
+from txsink.runner import FATAL_EXIT
 from txsink.testing.inputs import make_input
 
 __all__ = ["COMMAND", "main", "run_demo"]
@@ -91,7 +92,7 @@ def run_demo(
     )
     verdict = verify_files(workdir / "output", range(rows))
     fired = FaultPlan.parse(plan, str(workdir / "faults")).fired() if plan else []
-    return {
+    result: dict[str, Any] = {
         "rows_expected": verdict.rows_expected,
         "rows_written": verdict.rows_written,
         "duplicates": verdict.duplicates,
@@ -107,6 +108,9 @@ def run_demo(
         "output": str(workdir / "output"),
         "ok": verdict.ok and report.finished,
     }
+    if report.fatal:  # ended on an error a restart cannot help: not restarted; which one
+        result["error"] = report.failure or report.endings[-1]
+    return result
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -164,6 +168,8 @@ def demo_command(args: argparse.Namespace) -> int:
         via=args.via,
     )
     print(json.dumps(result), flush=True)
+    if result.get("error"):
+        return FATAL_EXIT  # the query's own error stopped it: its exit code, not a verdict
     return 0 if result["ok"] else 1
 
 

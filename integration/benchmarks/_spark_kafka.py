@@ -1,7 +1,8 @@
 """Spark's Kafka sink (``spark-sql-kafka-0-10``) for the pip PySpark, fetched from Maven Central.
 
 PySpark from PyPI ships no Kafka connector. :func:`spark_kafka_jars` resolves
-``org.apache.spark:spark-sql-kafka-0-10_2.13`` for PySpark's own version with its runtime
+``org.apache.spark:spark-sql-kafka-0-10_<Scala>`` (2.13 on Spark 4, 2.12 on 3.5:
+:func:`txsink.spark.versions.scala_binary`) for PySpark's own version with its runtime
 dependencies that PySpark does not ship (kafka-clients, commons-pool2,
 spark-token-provider-kafka-0-10), once, with ``mvn dependency:copy-dependencies`` on a
 generated POM, into ``<jar cache>/spark-kafka-for-<version>/``. If Central has no jar of
@@ -20,9 +21,11 @@ from pathlib import Path
 
 from benchmarks import _bench
 
+from txsink.spark.versions import scala_binary
+
 CENTRAL = "https://repo.maven.apache.org/maven2"
-SPARK_KAFKA = ("org.apache.spark", "spark-sql-kafka-0-10_2.13")
-TOKEN_PROVIDER = ("org.apache.spark", "spark-token-provider-kafka-0-10_2.13")
+SPARK_KAFKA = ("org.apache.spark", f"spark-sql-kafka-0-10_{scala_binary()}")
+TOKEN_PROVIDER = ("org.apache.spark", f"spark-token-provider-kafka-0-10_{scala_binary()}")
 
 
 class SparkKafkaUnavailable(RuntimeError):

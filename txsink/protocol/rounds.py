@@ -46,6 +46,7 @@ from txsink.errors import (
     FencedError,
     InjectedFault,
     RetryableError,
+    spark_condition,
 )
 from txsink.observe.logs import EpochLogger
 from txsink.protocol.taskerror import carried, describe
@@ -125,9 +126,8 @@ def task_error_line(err: BaseException) -> str | None:
     whose ``traceback`` parameter is the task's traceback (a plain job), or a
     ``Py4JJavaError`` whose JVM causes hold Spark's ``PythonException`` (a barrier job).
     """
-    condition = getattr(err, "getCondition", None)
     params = getattr(err, "getMessageParameters", None)
-    if callable(condition) and callable(params) and condition() == "PYTHON_EXCEPTION":
+    if callable(params) and spark_condition(err) == "PYTHON_EXCEPTION":
         return _last_line(str((params() or {}).get("traceback", "")))
     java, seen = getattr(err, "java_exception", None), 0
     while java is not None and seen < 20:

@@ -10,13 +10,13 @@ live once, here: they need the epoch's schema and the layout's rules, not a Data
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from txsink.errors import ConfigurationError, TxsinkError
+from txsink.errors import ConfigurationError, InternalError, TxsinkError, spark_condition
+from txsink.spark import versions as _versions
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -60,6 +60,8 @@ def check_sink(
     except TxsinkError as err:
         err.with_context(**ctx)
         raise
+    except (TypeError, AttributeError) as err:  # a call our code or a library misreads
+        raise InternalError.of(err, f"sink {sink.uid!r}'s start-up check", **ctx) from err
     except Exception as err:
         text = str(err).strip().splitlines()
         raise ConfigurationError(
@@ -117,30 +119,36 @@ def _check_not_recorded(sink: SinkContract[Any, Any], app_id: str, log: TxLog) -
         )
 
 
-@functools.cache
-def _takes_timezone() -> bool:
-    """PySpark 4.2+ converts a schema to Arrow in a given time zone (``timezone=``); 4.0 and
-    4.1 only in UTC (``timestamp_utc=``)."""
-    import inspect
-
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    return "timezone" in inspect.signature(to_arrow_schema).parameters
-
-
 def arrow_schema(df: DataFrame) -> pa.Schema:
     """The DataFrame's schema as the sinks see it (Arrow; timestamps in the session's time
-    zone, in UTC on PySpark before 4.2)."""
-    from pyspark.sql.pandas.types import to_arrow_schema
+    zone where this PySpark converts in one, else in UTC:
+    :func:`txsink.spark.versions.arrow_schema`).
 
-    tz = df.sparkSession.conf.get("spark.sql.session.timeZone")
+    Only a column Arrow cannot carry is the user's to fix: PySpark refuses it with an error
+    of its own condition (``UNSUPPORTED_DATA_TYPE_FOR_ARROW_CONVERSION``, on 3.5 and 4.x).
+    Any other exception (a ``TypeError`` about an argument this PySpark does not take, say)
+    is an :class:`~txsink.errors.InternalError` naming the versions: never advice about the
+    user's data.
+    """
+    schema, tz = df.schema, df.sparkSession.conf.get("spark.sql.session.timeZone")
     try:
-        if _takes_timezone():
-            return to_arrow_schema(df.schema, timezone=tz)
-        return to_arrow_schema(df.schema, timestamp_utc=True)  # type: ignore[call-arg, unused-ignore]
-    except (TypeError, ValueError) as err:  # a Spark type Arrow cannot carry
+        return _versions.arrow_schema(schema, tz)
+    except Exception as err:
+        if not _unsupported_type(err):
+            raise InternalError.of(err, "the Arrow schema of the DataFrame", phase="check") from err
         raise ConfigurationError(
             f"the DataFrame's schema cannot be written through Arrow: {err}. Cast or drop that "
             "column before the sink (e.g. to a string with to_json)",
             phase="check",
         ) from err
+
+
+#: PySpark's error conditions for a column type that Arrow cannot carry (3.5 and 4.x).
+_ARROW_TYPE_CONDITIONS = ("UNSUPPORTED_DATA_TYPE_FOR_ARROW", "DUPLICATED_FIELD_NAME_IN_ARROW")
+
+
+def _unsupported_type(err: BaseException) -> bool:
+    """Whether ``err`` is PySpark refusing a column of the user's schema (by its error
+    condition, never by the message), rather than our call."""
+    condition = spark_condition(err)
+    return condition is not None and condition.startswith(_ARROW_TYPE_CONDITIONS)

@@ -28,6 +28,7 @@ from txsink.errors import (
 )
 from txsink.protocol.singlepass import SinglePassJob, probe_vote_service
 from txsink.protocol.taskerror import carried, failure_text, mark
+from txsink.spark import versions as _versions
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -111,33 +112,32 @@ class SparkTaskRunner:
         return "SparkTaskRunner"
 
 
-#: Spark 4's cap on the bytes of one Arrow batch handed to a Python task (default 64MB) is
+#: Spark 4's cap on the bytes of one Arrow batch handed to a Python task (default 64MB,
+#: :func:`txsink.spark.versions.arrow_byte_cap_setting`) is
 #: checked after every row by measuring the batch being built: in a ``mapInArrow`` job
 #: that is about half of the JVM's work of handing rows over (1M rows of the benchmarks'
-#: order line: 1.1 -> 0.55 CPU-s). At Int.MaxValue Spark skips the check, as Spark 3 did:
-#: batches are then cut by ``spark.sql.execution.arrow.maxRecordsPerBatch`` (10,000 rows)
-#: alone. A value the user set is kept (wide rows: set it, or fewer records per batch).
-ARROW_BYTES = "spark.sql.execution.arrow.maxBytesPerBatch"
+#: order line: 1.1 -> 0.55 CPU-s). At Int.MaxValue Spark skips the check, as Spark 3.5 does
+#: (it has no such cap): batches are then cut by ``spark.sql.execution.arrow.maxRecordsPerBatch``
+#: (10,000 rows) alone. A value the user set is kept (wide rows: set it, or fewer records per
+#: batch).
 _NO_BYTE_CAP = str(2**31 - 1)
 
 
 @contextlib.contextmanager
 def arrow_batches_cut_by_rows(session: Any) -> Iterator[None]:
     """Within the block, Spark cuts the Arrow batches of txsink's own jobs by rows only,
-    unless the session sets :data:`ARROW_BYTES` itself (then that holds)."""
+    unless the session sets the byte cap itself (then that holds). Nothing to lift on a
+    Spark without the cap (3.5)."""
+    setting = _versions.arrow_byte_cap_setting()
     conf = session.conf
-    try:
-        chosen = conf.get(ARROW_BYTES, None)
-    except Exception:  # a Spark without the setting (before 4.0): nothing to lift
-        chosen = ""
-    if chosen is not None:
+    if setting is None or conf.get(setting, None) is not None:
         yield
         return
-    conf.set(ARROW_BYTES, _NO_BYTE_CAP)
+    conf.set(setting, _NO_BYTE_CAP)
     try:
         yield
     finally:
-        conf.unset(ARROW_BYTES)
+        conf.unset(setting)
 
 
 class SparkEpochData:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from txsink.observe.logs import one_line
-from txsink.runner import FAILED_LINE
+from txsink.runner import FAILED_LINE, exit_code
 from txsink.testing.adapter import build_sink
 from txsink.testing.inputs import INPUT_SCHEMA
 
@@ -60,7 +60,9 @@ def run_stream(
     served by the test's process (:meth:`txsink.testing.hooks.PointHooks.spec`).
     It prints what txsink prints by default (one line per epoch; see docs/logging.md). A
     failed query prints one ``txsink: query failed: ...`` line, the txsink error's own
-    message when the failure is one, and exits with code 1.
+    message when the failure is one, and exits with code 1, or with
+    :data:`~txsink.runner.FATAL_EXIT` when a restart would meet the same error (a
+    configuration error, an internal error: the restarting runner stops there).
 
     The driver lease is taken before the Spark session starts
     (:meth:`~txsink.Coordinator.hold_lease`): a second driver of the same query is refused
@@ -82,7 +84,7 @@ def run_stream(
         coordinator.hold_lease()
     except Exception as err:  # another driver runs this query: refused, nothing touched
         print(f"{FAILED_LINE}{failure_line(err)}", file=sys.stderr, flush=True)
-        raise SystemExit(1) from None
+        raise SystemExit(exit_code(err)) from None
     spark = local_spark(master or f"local[{partitions}]", "txsink-pipeline")
     failures: list[Exception] = []
 
@@ -105,7 +107,7 @@ def run_stream(
     except Exception as err:
         cause = failures[-1] if failures else err
         print(f"{FAILED_LINE}{failure_line(cause)}", file=sys.stderr, flush=True)
-        raise SystemExit(1) from None
+        raise SystemExit(exit_code(cause)) from None
     finally:
         coordinator.close()
         spark.stop()
@@ -143,11 +145,11 @@ def run_datasource(
         spark = SparkSession.builder.remote(remote).getOrCreate()
     else:
         spark = local_spark(master or f"local[{partitions}]", "txsink-datasource")
-    if os.environ.get("TXSINK_DS_AUTOREGISTER") != "1":
-        register(spark)
     opts = {"log": str(Path(workdir, "txlog")), **options}
     opts |= {key: os.environ[var] for key, var in (env_options or {}).items()}
     try:
+        if os.environ.get("TXSINK_DS_AUTOREGISTER") != "1":
+            register(spark)  # on Spark 3.5: UnsupportedSparkError, the query not started
         if static:
             files = sorted(Path(workdir, "input").glob("*.parquet"))
             for i, path in enumerate(files):
@@ -165,9 +167,10 @@ def run_datasource(
         )
         query.awaitTermination()
     except Exception as err:
-        text = error_text(err) or str(format_not_found(err) or "") or failure_line(err)
+        fix = format_not_found(err)
+        text = error_text(err) or str(fix or "") or failure_line(err)
         print(f"{FAILED_LINE}{text}", file=sys.stderr, flush=True)
-        raise SystemExit(1) from None
+        raise SystemExit(exit_code(fix or err)) from None
     finally:
         spark.stop()
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from txsink.spark.jobs import ARROW_BYTES
+from txsink.spark.versions import arrow_byte_cap_setting
 
 from .feed import feed_conf
 
@@ -96,9 +96,10 @@ def spark_session(
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
-    chosen = spark.conf.get(ARROW_BYTES, None)
-    if chosen != settings.get(ARROW_BYTES):
-        raise RuntimeError(f"feed {feed!r}: the session has {ARROW_BYTES}={chosen}")
+    cap = arrow_byte_cap_setting()
+    chosen = spark.conf.get(cap, None) if cap is not None else None
+    if cap is not None and chosen != settings.get(cap):
+        raise RuntimeError(f"feed {feed!r}: the session has {cap}={chosen}")
     return spark
 
 

@@ -2,7 +2,7 @@
 benchmark applies to its whole session, so every writer of a run gets the same.
 
 txsink lifts Spark's Arrow batch byte cap (``spark.sql.execution.arrow.maxBytesPerBatch``,
-:data:`txsink.spark.jobs.ARROW_BYTES`) for its own jobs: Spark then cuts the batches handed
+:func:`txsink.spark.versions.arrow_byte_cap_setting`; none on Spark 3.5) for its own jobs: Spark then cuts the batches handed
 to Python by rows only, and the JVM skips measuring every row (about half of its cost of
 handing rows over). A baseline that runs ``mapInArrow`` under Spark's default pays that
 cost, txsink does not: a comparison that measures the feed, not the writer. Hence two
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import argparse
 
-from txsink.spark.jobs import ARROW_BYTES
+from txsink.spark.versions import arrow_byte_cap_setting
 
 #: The value txsink sets for its own jobs (``txsink.spark.jobs``): Spark's check is off at
 #: Int.MaxValue. ``integration/test_bench_cpu.py`` checks the two agree.
@@ -34,7 +34,8 @@ FEEDS = {
 def feed_conf(feed: str) -> dict[str, str]:
     """The session settings of ``feed`` (set before the session starts)."""
     if feed == "same":
-        return {ARROW_BYTES: NO_BYTE_CAP}
+        setting = arrow_byte_cap_setting()  # Spark 3.5 has no byte cap: nothing to lift
+        return {setting: NO_BYTE_CAP} if setting is not None else {}
     if feed == "defaults":
         return {}
     raise ValueError(f"unknown feed {feed!r}: choose from {sorted(FEEDS)}")

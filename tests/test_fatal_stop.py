@@ -1,0 +1,142 @@
+"""The restarting runner and the demo stop at the first error a restart cannot help.
+
+Issue #38: the demo met a configuration error at its first batch and restarted the query
+nine times on it (220 s, 0 rows). A child run now exits with
+:data:`txsink.runner.FATAL_EXIT` on such an error (:func:`txsink.errors.restart_cannot_help`)
+and :func:`txsink.runner.run_until_done` stops there, with that exit code and the error's
+line; any other failure (a crash, a retryable error) is still restarted.
+
+The children are real processes (``python -m txsink.runner THIS_FILE.py:FUNC``); only
+the last test starts Spark, for the path a real first batch takes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from txsink.errors import (
+    ConfigurationError,
+    DriverLeaseError,
+    EpochAbortedError,
+    InjectedFault,
+    InternalError,
+    LogUnavailableError,
+    RetryableError,
+    UnsupportedSparkError,
+    WriteError,
+    restart_cannot_help,
+)
+from txsink.runner import FATAL_EXIT, python_module_cmd, run_until_done
+
+HERE = Path(__file__).resolve()
+
+
+# -- pipelines the children run -----------------------------------------------------------
+
+
+def refused(**_: Any) -> None:
+    """A pipeline whose set-up is refused: a restart would meet the same refusal."""
+    raise ConfigurationError("the sink's setting is wrong: fix it", sink_uid="out", phase="check")
+
+
+def fails_once(state: str) -> None:
+    """A pipeline whose first run meets a transient failure, and whose second run passes."""
+    if not Path(state).exists():
+        Path(state).write_text("failed once")
+        raise RetryableError("the target did not answer for a moment", sink_uid="out")
+
+
+def _cmd(func: str, **kwargs: Any) -> list[str]:
+    return python_module_cmd("txsink.runner", f"{HERE}:{func}", json.dumps(kwargs))
+
+
+# -- which errors end the runs ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("err", "fatal"),
+    [
+        (ConfigurationError("x"), True),
+        (UnsupportedSparkError("x"), True),
+        (InternalError("x"), True),
+        (WriteError("x"), True),
+        (DriverLeaseError("another driver runs it"), False),
+        (RetryableError("x"), False),
+        (LogUnavailableError("x"), False),
+        (InjectedFault("x"), False),
+        (EpochAbortedError("x", causes=[WriteError("bad row")]), True),
+        (EpochAbortedError("x", causes=[WriteError("bad"), InjectedFault("crash")]), False),
+        (EpochAbortedError("x"), False),
+        (ValueError("x"), False),
+    ],
+    ids=lambda v: type(v).__name__ if isinstance(v, BaseException) else str(v),
+)
+def test_which_errors_a_restart_cannot_help(err: BaseException, fatal: bool) -> None:
+    assert restart_cannot_help(err) is fatal
+
+
+def test_the_runner_stops_at_the_first_error_a_restart_cannot_help() -> None:
+    said: list[str] = []
+    report = run_until_done(_cmd("refused"), max_runs=5, say=said.append, timeout=120)
+    assert (report.runs, report.exit_codes, report.fatal) == (1, [FATAL_EXIT], True), said
+    assert not report.finished
+    assert "ConfigurationError" in report.failure and "fix it" in report.failure
+    assert said[-1].endswith("not restarting: a restart would meet the same error"), said
+
+
+def test_the_runner_still_restarts_after_a_retryable_error(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    report = run_until_done(_cmd("fails_once", state=str(state)), max_runs=5, timeout=120)
+    assert (report.runs, report.finished, report.fatal) == (2, True, False), report
+    assert report.exit_codes == [1, 0]
+
+
+def test_the_demo_stops_at_the_first_error_a_restart_cannot_help(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``txsink demo`` ends with the child's exit code and the error in its verdict, after
+    one run, instead of restarting (the demo's child pipeline swapped for one refused at
+    its start)."""
+    import argparse
+
+    import txsink.runner
+    from txsink.connectors.files import demo
+
+    monkeypatch.setattr(txsink.runner, "python_module_cmd", lambda *_: _cmd("refused"))
+    args = argparse.Namespace(
+        workdir=tmp_path / "demo",
+        rows=10,
+        files=1,
+        partitions=1,
+        crash=None,
+        format="parquet",
+        max_runs=10,
+        via="foreachBatch",
+    )
+    assert demo.demo_command(args) == FATAL_EXIT
+    verdict = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert verdict["restarts"] == 0 and not verdict["ok"], verdict
+    assert verdict["error"].startswith("ConfigurationError: [sink_uid=out, phase=check]"), verdict
+
+
+@pytest.mark.spark
+def test_a_first_batch_refused_by_its_check_is_not_restarted(tmp_path: Path) -> None:
+    """The whole path on the installed Spark: the streaming pipeline's first batch, whose
+    files sink cannot create its folder (a configuration error of its check), ends the
+    restarting run after one run with the sink's own message."""
+    from txsink.testing.inputs import make_input
+
+    make_input(tmp_path / "input", 10, 1)
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the sink wants a folder")
+    spec = {"kind": "files", "path": str(blocked / "out"), "uid": "out"}
+    args = {"workdir": str(tmp_path), "sinks": [spec], "partitions": 1}
+    pipeline = "txsink.testing.pipelines:run_stream"
+    cmd = python_module_cmd("txsink.runner", pipeline, json.dumps(args))
+    report = run_until_done(cmd, max_runs=3, timeout=300)
+    assert (report.runs, report.exit_codes, report.fatal) == (1, [FATAL_EXIT], True), report
+    assert "cannot create the output folder" in report.failure, report.failure

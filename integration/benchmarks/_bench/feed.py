@@ -2,7 +2,8 @@
 benchmark applies to its whole session, so every writer of a run gets the same.
 
 txsink lifts Spark's Arrow batch byte cap (``spark.sql.execution.arrow.maxBytesPerBatch``,
-:func:`txsink.spark.versions.arrow_byte_cap_setting`; none on Spark 3.5) for its own jobs: Spark then cuts the batches handed
+:func:`txsink.spark.versions.arrow_byte_cap_setting`; none on Spark 3.5) for its own
+jobs: Spark then cuts the batches handed
 to Python by rows only, and the JVM skips measuring every row (about half of its cost of
 handing rows over). A baseline that runs ``mapInArrow`` under Spark's default pays that
 cost, txsink does not: a comparison that measures the feed, not the writer. Hence two

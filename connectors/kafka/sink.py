@@ -433,12 +433,16 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 
 
+#: The marker topic every WAL- and replay-mode sink shares unless told another.
+SHARED_MARKER_TOPIC = "txsink-markers"
+
+
 def _default_marker_topic(mode: str, prefix: str, uid: str) -> str:
     """``txsink-markers`` (shared), or in direct mode the sink's own topic: a direct-mode
     epoch's transactions stay open on the marker topic until the decision, and every
     ``read_committed`` read of a marker topic waits for the transactions open on it."""
     if mode != "direct":
-        return "txsink-markers"
+        return SHARED_MARKER_TOPIC
     name = f"{prefix}-markers-{uid}"
     if not _TOPIC_NAME.fullmatch(name):
         raise ValueError(

@@ -24,7 +24,7 @@ from txsink.connectors.kafka import readback
 from txsink.connectors.kafka.clients.offsets import settled_ends, topic_ends
 from txsink.connectors.kafka.clients.producers import fence
 from txsink.connectors.kafka.clients.settings import rdkafka_logger
-from txsink.connectors.kafka.sink import KafkaSink
+from txsink.connectors.kafka.sink import SHARED_MARKER_TOPIC, KafkaSink
 from txsink.connectors.kafka.wal.store import WalStore
 from txsink.testing.adapter import ConnectorTesting
 from txsink.testing.observer import Snapshot, Target, by_epoch
@@ -334,8 +334,9 @@ class KafkaTesting(ConnectorTesting):
                     [sink.transactional_id(s) for s in range(sink.shards)],
                     phase="abort",
                 )
-            with contextlib.suppress(Exception):
-                readback.delete_topic(env[BOOTSTRAP], sink.marker_topic)
+            if sink.marker_topic != SHARED_MARKER_TOPIC:  # others' markers live there too
+                with contextlib.suppress(Exception):
+                    readback.delete_topic(env[BOOTSTRAP], sink.marker_topic)
         pool.clear()
         direct.clear()
         with contextlib.suppress(Exception):

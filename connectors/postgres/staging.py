@@ -293,9 +293,10 @@ def _create(
             )
         )
     conn.execute(
-        sql.SQL("ALTER TABLE {} ADD COLUMN {} text NOT NULL DEFAULT current_setting({})").format(
-            ident, sql.Identifier(GID), sql.Literal(GID_SETTING)
-        )
+        # missing_ok: NULL where no task named its transaction (the NOT NULL refuses it).
+        sql.SQL(
+            "ALTER TABLE {} ADD COLUMN {} text NOT NULL DEFAULT current_setting({}, true)"
+        ).format(ident, sql.Identifier(GID), sql.Literal(GID_SETTING))
     )
     if mode == "upsert":
         conn.execute(

@@ -321,7 +321,7 @@ def _no_create(staging: Staging, tables: Tables, ctx: Mapping[str, Any]) -> Conf
 
     schema = sql.Identifier(staging.schema).as_string(None)
     return ConfigurationError(
-        f"commit='staging' needs a staging table {staging.qualified} for {tables.qualified}, "
+        f"the staging commit needs a staging table {staging.qualified} for {tables.qualified}, "
         f"and the connecting role cannot create it: GRANT USAGE, CREATE ON SCHEMA {schema} "
         "TO <role>; or create a schema for txsink's staging tables, grant those on it, and "
         "name it in staging_schema=...; or use commit='2pc' on a server with "

@@ -71,13 +71,6 @@ def pytest_report_header() -> list[str]:
     return [f"txsink services: {' '.join(shown) if shown else 'from Docker or local processes'}"]
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    # Here, not in pyproject.toml: the harness's own service.
-    config.addinivalue_line(
-        "markers", "postgres_stock: needs a PostgreSQL server with max_prepared_transactions = 0"
-    )
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         names = getattr(item, "fixturenames", ())

@@ -89,6 +89,9 @@ Commit = Literal["auto", "2pc", "staging"]
 
 _log = logging.getLogger(__name__)
 
+#: The staging commit's move is one statement over the whole epoch: its stall bound grows
+#: by a row count at this rate (well below what a healthy server moves, ~300k rows/s).
+_MOVE_FLOOR_ROWS_PER_S = 20_000
 # COMMIT PREPARED of a gid another session is finishing: tries, and the back-off step.
 _BUSY_TRIES = 5
 _BUSY_STEP_S = 0.2
@@ -417,14 +420,20 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, Handle]):
     # -- driver: commit, abort, recover ----------------------------------------------
 
     @contextlib.contextmanager
-    def _on_driver(self, txn: TxnId | None, phase: str) -> Iterator[psycopg.Connection[Any]]:
-        """The driver's connection, each wait bounded; a failure drops the connection and
-        raises a txsink error of ``phase``."""
+    def _on_driver(
+        self, txn: TxnId | None, phase: str, *, rows: int = 0
+    ) -> Iterator[psycopg.Connection[Any]]:
+        """The driver's connection, each wait bounded (``rows``: a statement that moves that
+        many rows gets longer); a failure drops the connection and raises a txsink error of
+        ``phase``."""
         import psycopg
 
         try:
             conn = self._driver(phase)
-            with self._stall(conn).guard(phase):
+            stall = self.timeouts.stall_s
+            if stall is not None and rows:
+                stall += rows / _MOVE_FLOOR_ROWS_PER_S
+            with Stall(conn, stall).guard(phase):
                 yield conn
         except (psycopg.errors.UndefinedObject, psycopg.errors.ObjectNotInPrerequisiteState):
             raise  # the caller's answers (no such gid, busy)
@@ -439,7 +448,8 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, Handle]):
         protocol after a server change): each handle is committed the way it was made."""
         staged = [h for h in request.handles if isinstance(h, StagedHandle)]
         if staged:
-            with self._on_driver(staged[0].txn, "commit") as conn:
+            rows = sum(h.rows for h in staged)
+            with self._on_driver(staged[0].txn, "commit", rows=rows) as conn:
                 self._resolve_schema(conn)
                 lost = self._stage_commit().commit(conn, staged)
             if lost:

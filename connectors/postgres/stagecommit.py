@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
-from txsink.connectors.postgres.staging import Staging, drop_staged, move_staged
+from txsink.connectors.postgres.staging import Staging, drop_staged, exists, move_staged
 from txsink.errors import CommitError
 from txsink.handles import Handle, register_handle
 from txsink.txid import TxnId
@@ -102,6 +102,8 @@ class StageCommit:
                     if not todo:
                         continue  # outcome 2
                     staging = Staging(where[0], where[1])
+                    if not exists(conn, staging.regclass):
+                        raise _Rollback(_lost(todo, {}, staging) or _gone(staging))
                     moved = move_staged(
                         conn,
                         self.tables,
@@ -193,3 +195,12 @@ def _lost(
                 phase="commit",
             )
     return None
+
+
+def _gone(staging: Staging) -> CommitError:
+    return CommitError(
+        f"the staging table {staging.qualified} is gone: the decided epoch's rows cannot be "
+        "moved into the target",
+        connector="postgres",
+        phase="commit",
+    )

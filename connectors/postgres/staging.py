@@ -71,6 +71,7 @@ __all__ = [
     "begin_staged",
     "drop_staged",
     "ensure_staging",
+    "exists",
     "move_staged",
     "refusals",
     "staged_gids",
@@ -115,7 +116,7 @@ class Staging:
         return f"{self.schema}.{self.name}"
 
 
-def _exists(conn: psycopg.Connection[Any], regclass: str) -> bool:
+def exists(conn: psycopg.Connection[Any], regclass: str) -> bool:
     found = conn.execute("SELECT to_regclass(%s)", (regclass,)).fetchone()
     return found is not None and found[0] is not None
 
@@ -230,7 +231,7 @@ def ensure_staging(
     with conn.transaction():
         # Two drivers starting at once must not both create it.
         conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (staging.regclass,))
-        if _exists(conn, staging.regclass):
+        if exists(conn, staging.regclass):
             row = conn.execute(
                 "SELECT obj_description(to_regclass(%s), 'pg_class')", (staging.regclass,)
             ).fetchone()
@@ -355,7 +356,7 @@ def staged_gids(conn: psycopg.Connection[Any], staging: Staging, prefix: str) ->
     (none when there is no staging table)."""
     from psycopg import sql
 
-    if not _exists(conn, staging.regclass):
+    if not exists(conn, staging.regclass):
         return []
     rows = conn.execute(
         sql.SQL("SELECT DISTINCT {0} FROM {1} WHERE starts_with({0}, %s) ORDER BY 1").format(
@@ -370,7 +371,7 @@ def drop_staged(conn: psycopg.Connection[Any], staging: Staging, gid: str) -> in
     """Delete the rows of ``gid`` from staging (an abort); how many there were."""
     from psycopg import sql
 
-    if not _exists(conn, staging.regclass):
+    if not exists(conn, staging.regclass):
         return 0
     return conn.execute(
         sql.SQL("DELETE FROM {} WHERE {} = %s").format(staging.ident, sql.Identifier(GID)),

@@ -259,3 +259,54 @@ def test_a_least_privileged_role_uses_a_staging_schema_made_for_it(postgres_stoc
             conn.execute(f"DROP SCHEMA IF EXISTS {staging_schema} CASCADE")
             conn.execute(f"DROP OWNED BY {role} CASCADE")
             conn.execute(f"DROP ROLE IF EXISTS {role}")
+
+
+def _staging_file(server: Any, table: str) -> tuple[str, int]:
+    """The sink's staging table (found by name pattern) and its relfilenode, which TRUNCATE
+    changes and DELETE does not."""
+    with server.connect() as conn:
+        row = conn.execute(
+            "SELECT c.oid::regclass::text, c.relfilenode FROM pg_class c "
+            "WHERE c.relname LIKE 'txsink\\_staging\\_%%' AND c.relnamespace = %s::regnamespace",
+            (table.split(".", maxsplit=1)[0],),
+        ).fetchone()
+    assert row is not None
+    return str(row[0]), int(row[1])
+
+
+def test_the_move_empties_staging_by_truncate_when_alone_else_by_delete(
+    postgres_stock: Any,
+) -> None:
+    """Three ways to remove the moved rows, one result: TRUNCATE (staging holds only the
+    epoch, nobody else holds a lock on it); DELETE of the decided names when a leftover
+    attempt's rows are staged beside them (they stay, for recovery's abort); DELETE feeding
+    the INSERT when another session holds a lock on staging (a task still writing)."""
+    table = _table(postgres_stock)
+    sink = _sink(postgres_stock, table)
+    sink.check(SCHEMA, APP)
+    staging, before = _staging_file(postgres_stock, table)
+    commit(sink, 0, _prepare(sink, 0, [[1, 2], [3]]))
+    assert _staging_file(postgres_stock, table)[1] != before, "alone: TRUNCATE"
+
+    decided = _prepare(sink, 1, [[4, 5], [6]])
+    leftover = TxnId(APP, sink.uid, 1, 0, 0, 999)  # a retried attempt's twin
+    open_ = sink.begin(leftover, SCHEMA)
+    sink.write(open_, rows([4, 5]))
+    sink.prepare(open_)
+    before = _staging_file(postgres_stock, table)[1]
+    commit(sink, 1, decided)
+    assert _staging_file(postgres_stock, table)[1] == before, "not alone: DELETE"
+    listed = [str(h.txn) for h in sink.list_prepared(APP)]
+    assert listed == [str(leftover)], listed
+    for handle in sink.list_prepared(APP):
+        sink.abort(handle)
+
+    reader = postgres_stock.connect(autocommit=False)
+    try:
+        reader.execute(f"SELECT count(*) FROM {staging}").fetchone()  # holds ACCESS SHARE
+        commit(sink, 2, _prepare(sink, 2, [[7], [8, 9]]))
+        assert _staging_file(postgres_stock, table)[1] == before, "locked: DELETE ... RETURNING"
+    finally:
+        reader.close()
+    assert _ids(postgres_stock, table) == list(range(1, 10))
+    assert _leftovers(postgres_stock, table) == []

@@ -10,11 +10,13 @@ connector's WAL mode, kept inside the target database::
     prepare  COMMIT (a plain local commit: the rows are durable, and invisible to readers
              of the target); the handle names the transaction and its row count
     commit   on the driver, after the decision, ONE local transaction:
-               advisory lock (app, uid); the progress rows of the decided names present?
+               advisory lock (table, uid); the progress rows of the decided names present?
                -> committed before: nothing to do (idempotent)
-               WITH moved AS (DELETE FROM staging WHERE gid = ANY(decided) RETURNING ...)
-               INSERT INTO target SELECT ... FROM moved   (upsert: DISTINCT ON (key) ...
-               ORDER BY key, arrival DESC ON CONFLICT (key) DO UPDATE; last row wins)
+               INSERT INTO target SELECT ... FROM staging's rows of the decided names
+               (upsert: DISTINCT ON (key) ... ORDER BY key, arrival DESC
+               ON CONFLICT (key) DO UPDATE: the last row of a key wins), and remove them:
+               TRUNCATE when the transaction can lock staging alone and it holds nothing
+               else, else DELETE (see move_staged)
                each name's moved row count == its handle's, else CommitError (rolled back)
                INSERT the progress rows
     abort    DELETE FROM staging WHERE gid = <name> (idempotent)
@@ -32,9 +34,15 @@ Why one staging table per sink, logged, with a transaction-name column:
   One LIST partition per epoch, dropped at commit, would leave no dead rows but pays a
   CREATE and a DROP per epoch, each locking the parent against the COPYs of the
   next epoch;
-* no index on the name: the table holds only the epochs in flight, and one sequential
-  scan per commit (the DELETE ... RETURNING that feeds the INSERT) is cheaper than an
-  index updated for every row COPY sends. The deleted rows are autovacuum's;
+* no index on the name: the table holds only the epochs in flight, and a sequential scan
+  or two per commit is cheaper than an index updated for every row COPY sends (measured
+  with 400k narrow rows on 2 cores: COPY into a logged staging table about as fast as
+  into the target, with an index on the name 30-40 % slower);
+* emptied by ``TRUNCATE`` in the commit when nothing else is in it (the usual case: the
+  commit's lock, taken without waiting, proves no task is writing): no dead rows, and a
+  commit about twice as fast as a ``DELETE`` of the moved rows (1.1-1.3 s against
+  2.0-2.8 s for 400k rows; a partition per epoch, dropped, measured 0.6 s but needs a
+  CREATE and a DROP per epoch under locks on the parent that wait for every COPY);
 * the staging table has the target's column types, NOT NULL and CHECK constraints and
   defaults (``LIKE ... INCLUDING DEFAULTS INCLUDING CONSTRAINTS``), so whatever the move
   could refuse for a row is refused by the task's COPY, before the vote, naming the row
@@ -389,41 +397,107 @@ def move_staged(
     key: Sequence[str],
 ) -> dict[str, int]:
     """In the caller's transaction: move the rows of ``gids`` from staging into the target
-    (``key``: upsert on it, the last arrived row of a key wins) in one statement; returns
-    the rows moved per name."""
+    (``key``: upsert on it, the last arrived row of a key wins); returns the rows moved per
+    name.
+
+    Two ways, the same result. When the transaction can take the staging table alone
+    (``LOCK ... NOWAIT``: no task of a zombie or speculative attempt is writing into it),
+    the rows are inserted and the table emptied with ``TRUNCATE``, or, when it holds
+    other names' rows too, those of ``gids`` deleted. Otherwise one statement deletes them
+    and feeds the insert (``DELETE ... RETURNING``). ``TRUNCATE`` leaves no dead rows and
+    measured about twice as fast a commit as the ``DELETE`` (docs/connectors/postgres.md).
+    """
     from psycopg import sql
 
-    cols = sql.SQL(", ").join(sql.Identifier(c) for c in columns)
     gid = sql.Identifier(GID)
-    if key:
-        keys = sql.SQL(", ").join(sql.Identifier(k) for k in key)
-        updates = [c for c in columns if c not in key]
-        action = (
-            sql.SQL("DO UPDATE SET {}").format(
-                sql.SQL(", ").join(
-                    sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in updates
-                )
+    if _take_alone(conn, staging):
+        found = conn.execute(
+            sql.SQL("SELECT {0}, count(*) FROM {1} GROUP BY {0}").format(gid, staging.ident)
+        ).fetchall()
+        counts = {str(g): int(n) for g, n in found}
+        alone = set(counts) <= set(gids)
+        where = sql.SQL("") if alone else sql.SQL(" WHERE {} = ANY(%s)").format(gid)
+        source = sql.SQL("(SELECT * FROM {}{}) AS moved").format(staging.ident, where)
+        params = () if alone else (list(gids),)
+        conn.execute(_insert(tables, source, columns, key), params)
+        if alone:
+            conn.execute(sql.SQL("TRUNCATE {}").format(staging.ident))
+        else:
+            conn.execute(
+                sql.SQL("DELETE FROM {} WHERE {} = ANY(%s)").format(staging.ident, gid),
+                (list(gids),),
             )
-            if updates
-            else sql.SQL("DO NOTHING")
-        )
-        insert = sql.SQL(
-            "INSERT INTO {target} ({cols}) SELECT DISTINCT ON ({keys}) {cols} FROM moved "
-            "ORDER BY {keys}, {ord} DESC ON CONFLICT ({keys}) {action}"
-        ).format(
-            target=tables.ident(), cols=cols, keys=keys, ord=sql.Identifier(ORD), action=action
-        )
-        returning = sql.SQL("{}, {}, {}").format(gid, sql.Identifier(ORD), cols)
-    else:
-        insert = sql.SQL("INSERT INTO {} ({}) SELECT {} FROM moved").format(
-            tables.ident(), cols, cols
-        )
-        returning = sql.SQL("{}, {}").format(gid, cols)
+        return {g: counts[g] for g in gids if g in counts}
+    returning = sql.SQL(", ").join(
+        [gid, *([sql.Identifier(ORD)] if key else []), *(sql.Identifier(c) for c in columns)]
+    )
     # Data-modifying WITH queries run once and to completion whether or not they are
     # read: the DELETE feeds the INSERT and the count in one scan of staging.
     stmt = sql.SQL(
         "WITH moved AS (DELETE FROM {staging} WHERE {gid} = ANY(%s) RETURNING {returning}), "
         "ins AS ({insert}) SELECT {gid}, count(*) FROM moved GROUP BY {gid}"
-    ).format(staging=staging.ident, gid=gid, returning=returning, insert=insert)
+    ).format(
+        staging=staging.ident,
+        gid=gid,
+        returning=returning,
+        insert=_insert(tables, sql.SQL("moved"), columns, key),
+    )
     rows = conn.execute(stmt, (list(gids),)).fetchall()
     return {str(g): int(n) for g, n in rows}
+
+
+def _take_alone(conn: psycopg.Connection[Any], staging: Staging) -> bool:
+    """Lock the staging table against every other session, without waiting; False when
+    another holds any lock on it (a task still writing) or the role may not truncate it."""
+    import psycopg
+
+    row = conn.execute("SELECT has_table_privilege(%s, 'TRUNCATE')", (staging.regclass,))
+    allowed = row.fetchone()
+    if not (allowed and allowed[0]):
+        return False
+    from psycopg import sql
+
+    try:
+        with conn.transaction():  # a savepoint: a refused lock leaves the commit going
+            conn.execute(
+                sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE NOWAIT").format(staging.ident)
+            )
+    except psycopg.errors.LockNotAvailable:
+        return False
+    return True
+
+
+def _insert(
+    tables: Tables, source: sql.Composable, columns: Sequence[str], key: Sequence[str]
+) -> sql.Composed:
+    """``INSERT INTO target`` the rows of ``source`` (append), or upsert the last arrived
+    row of each key of them (``key``)."""
+    from psycopg import sql
+
+    cols = sql.SQL(", ").join(sql.Identifier(c) for c in columns)
+    if not key:
+        return sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {}").format(
+            tables.ident(), cols, cols, source
+        )
+    keys = sql.SQL(", ").join(sql.Identifier(k) for k in key)
+    updates = [c for c in columns if c not in key]
+    action = (
+        sql.SQL("DO UPDATE SET {}").format(
+            sql.SQL(", ").join(
+                sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in updates
+            )
+        )
+        if updates
+        else sql.SQL("DO NOTHING")
+    )
+    return sql.SQL(
+        "INSERT INTO {target} ({cols}) SELECT DISTINCT ON ({keys}) {cols} FROM {source} "
+        "ORDER BY {keys}, {ord} DESC ON CONFLICT ({keys}) {action}"
+    ).format(
+        target=tables.ident(),
+        cols=cols,
+        keys=keys,
+        source=source,
+        ord=sql.Identifier(ORD),
+        action=action,
+    )

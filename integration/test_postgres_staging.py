@@ -310,3 +310,65 @@ def test_the_move_empties_staging_by_truncate_when_alone_else_by_delete(
         reader.close()
     assert _ids(postgres_stock, table) == list(range(1, 10))
     assert _leftovers(postgres_stock, table) == []
+
+
+# -- with Spark: the cross-system move -----------------------------------------------------
+
+
+@pytest.mark.spark
+@pytest.mark.kafka
+@pytest.mark.s3
+@pytest.mark.parametrize(
+    ("point", "mode", "times"),
+    [
+        ("after_decision", "raise", 1),
+        ("after_precommit", "kill-worker", 1),
+        pytest.param("during_commit", "raise", 1, marks=pytest.mark.slow),
+        pytest.param("during_recovery", "raise", 1, marks=pytest.mark.slow),
+    ],
+)
+def test_kafka_postgres_s3_with_postgres_staged(
+    spark: Any,
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    postgres_stock: Any,
+    point: str,
+    mode: str,
+    times: int,
+) -> None:
+    """One coordinator over Kafka, S3 and Postgres on a stock server (the staging commit):
+    a crash at ``point``, restarts until done; every target read back by its own client,
+    every epoch seen whole or not at all across the systems."""
+    from cross import FILES, ROWS, Cross, observed
+
+    from conftest import server_connectors, services_for
+    from tests.streaming import fault_spec, is_task_point, prepare_input, run_until_done
+    from txsink.protocol.faults import FaultPlan
+    from txsink.testing.observer import input_epochs
+
+    connectors = server_connectors()
+    cross = Cross.create(
+        connectors,
+        services_for(request, connectors),
+        tmp_path,
+        options={"postgres": {"server": "stock"}},
+    )
+    try:
+        assert cross.targets["postgres"].spec["server"] == "stock"
+        prepare_input(cross.tmp, ROWS, FILES)
+        plan = FaultPlan.parse(fault_spec(point, mode, times), str(cross.tmp / "faults"))
+        restarts: list[int] = []
+
+        def run() -> None:
+            done = run_until_done(spark, cross.tmp, lambda: cross.coordinator(plan))
+            restarts.append(done[0])
+
+        report = observed(cross, run, expected=input_epochs(cross.tmp / "input"))
+        assert len(plan.fired()) == len(plan.faults) * times, "the fault never fired"
+        if not (is_task_point(point) and times == 1):
+            assert restarts[0] >= 1
+        cross.assert_exactly_once(ROWS, report)
+        table = cross.targets["postgres"].spec["table"]
+        assert _leftovers(postgres_stock, table) == []
+    finally:
+        cross.drop()

@@ -312,6 +312,26 @@ def test_the_move_empties_staging_by_truncate_when_alone_else_by_delete(
     assert _leftovers(postgres_stock, table) == []
 
 
+def test_rename_uid_drops_the_old_uids_empty_staging_table(postgres_stock: Any) -> None:
+    table = _table(postgres_stock)
+    old = PostgresSink(postgres_stock.dsn, table, uid="old", stall_timeout_s=8)
+    old.check(SCHEMA, APP)
+    commit(old, 0, _prepare(old, 0, [[1, 2]]))
+    old_staging, _ = _staging_file(postgres_stock, table)
+    new = PostgresSink(postgres_stock.dsn, table, uid="new", stall_timeout_s=8)
+    said = new.migrate_uid("old", app_id=APP, dry_run=True)
+    assert any(f"would drop the staging table {old_staging}" in line for line in said), said
+    said = new.migrate_uid("old", app_id=APP)
+    assert any(f"dropped the staging table {old_staging}" in line for line in said), said
+    with postgres_stock.connect() as conn:
+        gone = conn.execute("SELECT to_regclass(%s)", (old_staging,)).fetchone()
+    assert gone == (None,)
+    new.check(SCHEMA, APP)  # makes the new uid's staging table
+    assert new.recorded_epoch(APP) == 0
+    commit(new, 1, _prepare(new, 1, [[3]]))
+    assert _ids(postgres_stock, table) == [1, 2, 3]
+
+
 # -- with Spark: the cross-system move -----------------------------------------------------
 
 

@@ -67,7 +67,7 @@ from txsink.connectors.postgres.progress import (
     was_committed,
 )
 from txsink.connectors.postgres.stagecommit import StageCommit, StagedHandle
-from txsink.connectors.postgres.staging import Staging, begin_staged
+from txsink.connectors.postgres.staging import Staging, begin_staged, drop_if_empty
 from txsink.connectors.postgres.stall import Stall, Timeouts
 from txsink.connectors.postgres.tables import Tables, primary_key, split_table
 from txsink.connectors.postgres.upsert import create_stage, merge_stage
@@ -540,7 +540,8 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, Handle]):
 
     @override
     def migrate_uid(self, old: str, *, app_id: str, dry_run: bool = False) -> list[str]:
-        """Re-label the progress rows, so the sink's own clean-up (by uid) reaches them."""
+        """Re-label the progress rows, so the sink's own clean-up (by uid) reaches them; drop
+        the old uid's staging table when it is empty (the new uid's is made at its check)."""
         import psycopg
 
         with self._connect(autocommit=True, phase="migrate") as conn:
@@ -549,12 +550,20 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, Handle]):
                 count = relabel_progress(
                     conn, self.tables, app_id=app_id, old=old, new=self.uid, dry_run=dry_run
                 )
+                self._resolve_schema(conn)
+                staging = Staging.of(self.tables, old, self.staging_schema)
+                dropped = drop_if_empty(conn, staging, dry_run=dry_run)
             except psycopg.Error as err:
                 raise self._map(err, None, phase="migrate") from err
+        lines = []
         if count is None:
-            return [f"{self!r}: no progress table {name}: nothing to re-label"]
-        verb = "would re-label" if dry_run else "re-labelled"
-        return [f"{self!r}: {verb} {count} progress row(s) of {name} from uid {old!r}"]
+            lines.append(f"{self!r}: no progress table {name}: nothing to re-label")
+        else:
+            verb = "would re-label" if dry_run else "re-labelled"
+            lines.append(f"{self!r}: {verb} {count} progress row(s) of {name} from uid {old!r}")
+        if dropped is not None:
+            lines.append(f"{self!r}: {dropped} the staging table {staging.qualified} of {old!r}")
+        return lines
 
     @override
     def __repr__(self) -> str:

@@ -77,6 +77,7 @@ __all__ = [
     "ORD",
     "Staging",
     "begin_staged",
+    "drop_if_empty",
     "drop_staged",
     "ensure_staging",
     "exists",
@@ -373,6 +374,25 @@ def staged_gids(conn: psycopg.Connection[Any], staging: Staging, prefix: str) ->
         (prefix,),
     ).fetchall()
     return [str(gid) for (gid,) in rows]
+
+
+def drop_if_empty(
+    conn: psycopg.Connection[Any], staging: Staging, *, dry_run: bool = False
+) -> str | None:
+    """Drop ``staging`` if it exists and holds no row: ``"dropped"`` (``"would drop"``),
+    ``"kept (it holds rows)"``, or None when there is no such table."""
+    from psycopg import sql
+
+    if not exists(conn, staging.regclass):
+        return None
+    held = conn.execute(sql.SQL("SELECT EXISTS (SELECT FROM {})").format(staging.ident))
+    row = held.fetchone()
+    if row is not None and row[0]:
+        return "kept (it holds rows of transactions to recover or abort first)"
+    if dry_run:
+        return "would drop"
+    conn.execute(sql.SQL("DROP TABLE {}").format(staging.ident))
+    return "dropped"
 
 
 def drop_staged(conn: psycopg.Connection[Any], staging: Staging, gid: str) -> int:

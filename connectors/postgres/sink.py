@@ -331,7 +331,6 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, Handle]):
                     self.protocol = "staging" if self._staged(conn) else "2pc"
                 if self.protocol == "staging":
                     self._resolve_schema(conn)
-                if self.protocol == "staging":
                     begin_staged(conn, str(txn))
                 else:
                     conn.tpc_begin(str(txn))

@@ -332,6 +332,36 @@ def test_rename_uid_drops_the_old_uids_empty_staging_table(postgres_stock: Any) 
     assert _ids(postgres_stock, table) == [1, 2, 3]
 
 
+@pytest.mark.postgres  # the harness installs Debian's PostgreSQL binaries
+def test_a_server_crash_between_decision_and_commit_keeps_the_staged_epoch() -> None:
+    """The server SIGKILLed after the tasks' pre-commits (the epoch decided, nothing moved)
+    and started again: its crash recovery keeps the staged rows (a logged table; an
+    UNLOGGED one would come back empty), and a new driver commits the handles once."""
+    import psycopg
+    from crashable_targets import CrashablePostgres
+
+    from txsink.handles import dump_handle, load_handle
+
+    server = CrashablePostgres.create(max_prepared=0)
+    try:
+        sink = PostgresSink(server.dsn, "public.orders", uid="pg", create_table=True)
+        sink.check(SCHEMA, APP)
+        decided = [dump_handle(h) for h in _prepare(sink, 4, [[1, 2, 3], [4, 5]])]
+        sink.release()
+        server.kill()
+        server.start()
+        fresh = PostgresSink(server.dsn, "public.orders", uid="pg")
+        commit(fresh, 4, [load_handle(doc) for doc in decided])
+        commit(fresh, 4, [load_handle(doc) for doc in decided])  # a second recovery
+        fresh.release()
+        with psycopg.connect(server.dsn, autocommit=True) as conn:
+            ids = [r[0] for r in conn.execute("SELECT id FROM public.orders ORDER BY id")]
+            staged = staged_names(conn, "public.orders", "txsink.")
+    finally:
+        server.stop()
+    assert ids == [1, 2, 3, 4, 5] and staged == [], (ids, staged)
+
+
 # -- with Spark: the cross-system move -----------------------------------------------------
 
 

@@ -422,3 +422,18 @@ def test_kafka_postgres_s3_with_postgres_staged(
         assert _leftovers(postgres_stock, table) == []
     finally:
         cross.drop()
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(2400)
+def test_the_postgres_page_runs_on_a_stock_server(
+    postgres_stock: Any, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """docs/connectors/postgres.md, every block as written, with ``TXSINK_PG_DSN`` on a
+    server as PostgreSQL ships: the quickstart and the other examples need no server
+    change (``commit="auto"`` takes the staging commit)."""
+    from tests import docblocks, docrun
+
+    (page,) = [p for p in docblocks.pages() if p.path == "docs/connectors/postgres.md"]
+    env = docrun.docs_env({"TXSINK_PG_DSN": postgres_stock.dsn})
+    docrun.check_page(page, tmp_path, env, slow=docblocks.run_slow(request.config))

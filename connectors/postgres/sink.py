@@ -30,7 +30,8 @@ This module holds the configuration and the hooks; the work is in the package's
 other modules: :mod:`~txsink.connectors.postgres.checks` (start), ``copy`` and
 ``upsert`` (write), ``casts`` and ``binary`` (Arrow into binary COPY), ``stall`` (the
 timeouts), ``progress`` (the committed-transaction record), ``prepared`` (the server's
-prepared transactions), ``errors``, ``types`` and ``tables``.
+prepared transactions), ``staging`` (the staging commit and its table), ``stagerows`` (its
+rows) and ``stagecommit`` (its driver side), ``errors``, ``types`` and ``tables``.
 """
 
 from __future__ import annotations
@@ -67,7 +68,8 @@ from txsink.connectors.postgres.progress import (
     was_committed,
 )
 from txsink.connectors.postgres.stagecommit import StageCommit, StagedHandle
-from txsink.connectors.postgres.staging import Staging, begin_staged, drop_if_empty
+from txsink.connectors.postgres.stagerows import drop_if_empty
+from txsink.connectors.postgres.staging import Staging, begin_staged
 from txsink.connectors.postgres.stall import Stall, Timeouts
 from txsink.connectors.postgres.tables import Tables, primary_key, split_table
 from txsink.connectors.postgres.upsert import create_stage, merge_stage

@@ -25,7 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
-from txsink.connectors.postgres.staging import Staging, drop_staged, exists, move_staged
+from txsink.connectors.postgres.stagerows import drop_staged, move_staged, staged_counts
+from txsink.connectors.postgres.staging import Staging, exists
 from txsink.errors import CommitError
 from txsink.handles import Handle, register_handle
 from txsink.txid import TxnId
@@ -151,19 +152,7 @@ class StageCommit:
 
     def listed(self, conn: psycopg.Connection[Any], prefix: str) -> dict[str, int]:
         """The names staged under ``prefix`` and their row counts."""
-        from psycopg import sql
-
-        from txsink.connectors.postgres.staging import GID, staged_gids
-
-        if not staged_gids(conn, self.staging, prefix):
-            return {}
-        rows = conn.execute(
-            sql.SQL("SELECT {0}, count(*) FROM {1} WHERE starts_with({0}, %s) GROUP BY 1").format(
-                sql.Identifier(GID), self.staging.ident
-            ),
-            (prefix,),
-        ).fetchall()
-        return {str(g): int(n) for g, n in rows}
+        return staged_counts(conn, self.staging, prefix)
 
 
 class _Rollback(Exception):

@@ -51,6 +51,7 @@ __all__ = [
     "choose_protocol",
     "nullable_into_not_null",
     "plan_columns",
+    "plans_for",
     "table_columns",
 ]
 
@@ -371,3 +372,28 @@ def plan_columns(
                 **ctx,
             ) from err
     return plans
+
+
+def plans_for(
+    conn: psycopg.Connection[Any],
+    tables: Tables,
+    planned: Sequence[ColumnPlan] | None,
+    schema: pa.Schema,
+    *,
+    sink_uid: str,
+) -> list[ColumnPlan]:
+    """In a task: the check's column plans (``planned``) for ``schema``; read from the table
+    when the check did not run on this sink (hooks driven directly) or planned other
+    columns."""
+    known = {(p.name, p.source): p for p in planned or ()}
+    found = [known.get((f.name, f.type)) for f in schema]
+    if all(p is not None for p in found):
+        return [p for p in found if p is not None]
+    ctx: dict[str, Any] = {"sink_uid": sink_uid, "connector": "postgres"}
+    columns = table_columns(conn, tables)
+    if columns is None:
+        raise ConfigurationError(
+            f"table {tables.qualified} does not exist: create it, or pass create_table=True",
+            **ctx,
+        )
+    return plan_columns(columns, schema, tables.qualified, ctx)

@@ -7,12 +7,24 @@ a transaction block) of the database the transactions were prepared in:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from txsink.handles import Handle, register_handle
 
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["commit_prepared", "old_prepared", "prepared_gids", "rollback_prepared"]
+__all__ = ["PgHandle", "commit_prepared", "old_prepared", "prepared_gids", "rollback_prepared"]
+
+
+@register_handle
+@dataclass(frozen=True)
+class PgHandle(Handle):
+    """A prepared PostgreSQL transaction; its gid is ``str(txn)``."""
+
+    serializer: ClassVar[str] = "postgres.prepared"
+    version: ClassVar[int] = 1
 
 
 def _has_view(conn: psycopg.Connection[Any]) -> bool:

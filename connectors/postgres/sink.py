@@ -29,33 +29,29 @@ removes every one of ours.
 This module holds the configuration and the hooks; the work is in the package's
 other modules: :mod:`~txsink.connectors.postgres.checks` (start), ``copy`` and
 ``upsert`` (write), ``casts`` and ``binary`` (Arrow into binary COPY), ``stall`` (the
-timeouts), ``progress`` (the committed-transaction record), ``prepared`` (the server's
-prepared transactions), ``staging`` (the staging commit and its table), ``stagerows`` (its
-rows) and ``stagecommit`` (its driver side), ``errors``, ``types`` and ``tables``.
+timeouts), ``connections`` (the task's and the driver's), ``progress`` (the
+committed-transaction record), ``prepared`` (the server's prepared transactions and their
+handle), ``staging`` (the staging commit and its table), ``stagerows`` (its rows) and
+``stagecommit`` (its driver side), ``errors``, ``types`` and ``tables``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import pyarrow as pa
 from typing_extensions import override
 
 from txsink.connectors.postgres.casts import ColumnPlan
-from txsink.connectors.postgres.checks import (
-    StartCheck,
-    choose_protocol,
-    plan_columns,
-    table_columns,
-)
+from txsink.connectors.postgres.checks import StartCheck, choose_protocol, plans_for
+from txsink.connectors.postgres.connections import Connections
 from txsink.connectors.postgres.copy import OpenTxn, start_copy
-from txsink.connectors.postgres.errors import check_error, connect_error, map_error, redact_dsn
+from txsink.connectors.postgres.errors import check_error, redact_dsn
 from txsink.connectors.postgres.prepared import (
+    PgHandle,
     commit_prepared,
     prepared_gids,
     rollback_prepared,
@@ -70,12 +66,12 @@ from txsink.connectors.postgres.progress import (
 from txsink.connectors.postgres.stagecommit import StageCommit, StagedHandle
 from txsink.connectors.postgres.stagerows import drop_if_empty
 from txsink.connectors.postgres.staging import Staging, begin_staged
-from txsink.connectors.postgres.stall import Stall, Timeouts
+from txsink.connectors.postgres.stall import Timeouts
 from txsink.connectors.postgres.tables import Tables, primary_key, split_table
 from txsink.connectors.postgres.upsert import create_stage, merge_stage
 from txsink.contract import EpochCommit
-from txsink.errors import CommitError, ConfigurationError, RetryableError, TxsinkError
-from txsink.handles import Handle, register_handle
+from txsink.errors import CommitError, RetryableError, TxsinkError
+from txsink.handles import Handle
 from txsink.rowref import RowNames
 from txsink.sink import Partitioning, TwoPhaseCommitSink
 from txsink.store import LogStore
@@ -91,24 +87,12 @@ Commit = Literal["auto", "2pc", "staging"]
 
 _log = logging.getLogger(__name__)
 
-#: The staging commit's move is one statement over the whole epoch: its stall bound grows
-#: by a row count at this rate (well below what a healthy server moves, ~300k rows/s).
-_MOVE_FLOOR_ROWS_PER_S = 20_000
 # COMMIT PREPARED of a gid another session is finishing: tries, and the back-off step.
 _BUSY_TRIES = 5
 _BUSY_STEP_S = 0.2
 
 
-@register_handle
-@dataclass(frozen=True)
-class PgHandle(Handle):
-    """A prepared PostgreSQL transaction; its gid is ``str(txn)``."""
-
-    serializer: ClassVar[str] = "postgres.prepared"
-    version: ClassVar[int] = 1
-
-
-class PostgresSink(TwoPhaseCommitSink[OpenTxn, Handle]):
+class PostgresSink(Connections, TwoPhaseCommitSink[OpenTxn, Handle]):
     """Exactly-once rows into a PostgreSQL table.
 
     Args:
@@ -217,6 +201,7 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, Handle]):
         return Tables(self.schema, self.table, self.progress)
 
     @property
+    @override
     def qualified_table(self) -> str:
         return self.tables.qualified
 
@@ -228,47 +213,11 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, Handle]):
     def _stage_commit(self) -> StageCommit:
         return StageCommit(self.tables, self.staging, self.uid, key=self.key)
 
-    # -- connections ---------------------------------------------------------------
-
-    def _connect(self, *, autocommit: bool, phase: str | None = None) -> psycopg.Connection[Any]:
-        """A connection; a failure is a RetryableError (a ConfigurationError at the check)."""
-        import psycopg
-
-        try:
-            options = {**self.timeouts.connect_options(), **self.connect_kwargs}
-            conn = psycopg.connect(self.dsn, autocommit=autocommit, **options)
-        except psycopg.OperationalError as err:
-            ctx: dict[str, Any] = {"sink_uid": self.uid, "connector": "postgres"}
-            if phase is not None:
-                ctx["phase"] = phase
-            raise connect_error(err, redact_dsn(self.dsn), ctx) from err
-        return conn
-
-    def _driver(self, phase: str | None = None) -> psycopg.Connection[Any]:
-        if self._driver_conn is None or self._driver_conn.closed:
-            self._driver_conn = self._connect(autocommit=True, phase=phase)
-        return self._driver_conn
-
-    @override
-    def release(self) -> None:
-        conn, self._driver_conn = self._driver_conn, None
-        if conn is not None:
-            conn.close()
-
-    def _stall(self, conn: psycopg.Connection[Any]) -> Stall:
-        return Stall(conn, self.timeouts.stall_s)
-
     @override
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         state["_driver_conn"] = None  # connections do not travel to executors
         return state
-
-    def _map(
-        self, err: BaseException, txn: TxnId | None, *, phase: str, names: RowNames | None = None
-    ) -> TxsinkError:
-        table = self.qualified_table
-        return map_error(err, txn, sink_uid=self.uid, table=table, phase=phase, names=names)
 
     # -- driver: start -------------------------------------------------------------
 
@@ -337,7 +286,7 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, Handle]):
                 else:
                     conn.tpc_begin(str(txn))
                 self.timeouts.set_local(conn)
-                plans = self._plans_for(conn, schema)
+                plans = plans_for(conn, self.tables, self._plans, schema, sink_uid=self.uid)
                 target = self.tables.ident()
                 if self.protocol == "staging":
                     target = self.staging.ident
@@ -359,23 +308,6 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, Handle]):
         """Whether ``auto`` means staging on this server (a task's own answer)."""
         with conn.transaction():  # a failed SHOW must not end the task's transaction
             return choose_protocol(conn, self.commit_option)[0] == "staging"
-
-    def _plans_for(self, conn: psycopg.Connection[Any], schema: pa.Schema) -> list[ColumnPlan]:
-        """The check's column plans for ``schema``; read from the table when the check did
-        not run on this sink (hooks driven directly) or planned other columns."""
-        planned = {(p.name, p.source): p for p in self._plans or ()}
-        found = [planned.get((f.name, f.type)) for f in schema]
-        if all(p is not None for p in found):
-            return [p for p in found if p is not None]
-        table = self.qualified_table
-        columns = table_columns(conn, self.tables)
-        if columns is None:
-            raise ConfigurationError(
-                f"table {table} does not exist: create it, or pass create_table=True",
-                sink_uid=self.uid,
-                connector="postgres",
-            )
-        return plan_columns(columns, schema, table, {"sink_uid": self.uid, "connector": "postgres"})
 
     @override
     def write(self, txn: OpenTxn, batch: pa.RecordBatch) -> None:
@@ -419,28 +351,6 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, Handle]):
         txn.conn.close()
 
     # -- driver: commit, abort, recover ----------------------------------------------
-
-    @contextlib.contextmanager
-    def _on_driver(
-        self, txn: TxnId | None, phase: str, *, rows: int = 0
-    ) -> Iterator[psycopg.Connection[Any]]:
-        """The driver's connection, each wait bounded (``rows``: a statement that moves that
-        many rows gets longer); a failure drops the connection and raises a txsink error of
-        ``phase``."""
-        import psycopg
-
-        try:
-            conn = self._driver(phase)
-            stall = self.timeouts.stall_s
-            if stall is not None and rows:
-                stall += rows / _MOVE_FLOOR_ROWS_PER_S
-            with Stall(conn, stall).guard(phase):
-                yield conn
-        except (psycopg.errors.UndefinedObject, psycopg.errors.ObjectNotInPrerequisiteState):
-            raise  # the caller's answers (no such gid, busy)
-        except (psycopg.Error, TxsinkError) as err:
-            self._driver_conn = None
-            raise self._map(err, txn, phase=phase) from err
 
     @override
     def commit_epoch(self, request: EpochCommit[Handle]) -> None:

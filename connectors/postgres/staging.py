@@ -20,7 +20,7 @@ connector's WAL mode, kept inside the target database::
                each name's moved row count == its handle's, else CommitError (rolled back)
                INSERT the progress rows
     abort    DELETE FROM staging WHERE gid = <name> (idempotent)
-    recover  SELECT DISTINCT gid FROM staging WHERE gid starts with txsink.<app>.<uid>.
+    recover  SELECT gid, count(*) FROM staging WHERE gid starts with txsink.<app>.<uid>.
 
 Why one staging table per sink, logged, with a transaction-name column:
 
@@ -28,21 +28,24 @@ Why one staging table per sink, logged, with a transaction-name column:
   between the decision and the commit would lose a decided epoch's rows. No covered way
   around it exists inside PostgreSQL (an unlogged table's contents are gone after any
   crash, and the driver cannot rebuild them: Spark's replay is not promised to be the
-  same rows);
+  same rows). ``test_a_server_crash_between_decision_and_commit_keeps_the_staged_epoch``
+  pins it: with an UNLOGGED staging table its commit finds no rows and fails;
 * one table, created once at the start-up check: no CREATE or DROP per task or epoch
   (catalog churn, and their ACCESS EXCLUSIVE locks would serialize the tasks' COPYs).
   One LIST partition per epoch, dropped at commit, would leave no dead rows but pays a
   CREATE and a DROP per epoch, each locking the parent against the COPYs of the
   next epoch;
 * no index on the name: the table holds only the epochs in flight, and a sequential scan
-  or two per commit is cheaper than an index updated for every row COPY sends (measured
-  with 400k narrow rows on 2 cores: COPY into a logged staging table about as fast as
-  into the target, with an index on the name 30-40 % slower);
+  or two per commit is cheaper than an index updated for every row COPY sends. Measured
+  (text COPY of 200k-400k narrow rows, 3-5 runs each, on a loaded 2-core machine, so
+  the ranges are wide): into the target 510k-780k rows/s, into the logged staging table
+  360k-860k, with an index on the name 220k-290k;
 * emptied by ``TRUNCATE`` in the commit when nothing else is in it (the usual case: the
   commit's lock, taken without waiting, proves no task is writing): no dead rows, and a
-  commit about twice as fast as a ``DELETE`` of the moved rows (1.1-1.3 s against
-  2.0-2.8 s for 400k rows; a partition per epoch, dropped, measured 0.6 s but needs a
-  CREATE and a DROP per epoch under locks on the parent that wait for every COPY);
+  commit about twice as fast as a ``DELETE`` of the moved rows (400k rows: 1.1-1.3 s
+  against 2.0-2.8 s). A partition per epoch, dropped at commit, measured 0.6-1.1 s, but
+  needs a CREATE before the epoch's tasks (no hook runs there) and a DROP per epoch,
+  both under an ACCESS EXCLUSIVE lock on the parent that waits for every COPY;
 * the staging table has the target's column types, NOT NULL and CHECK constraints and
   defaults (``LIKE ... INCLUDING DEFAULTS INCLUDING CONSTRAINTS``), so whatever the move
   could refuse for a row is refused by the task's COPY, before the vote, naming the row

@@ -32,7 +32,7 @@ from .registry import Registry
 from .s3 import S3
 
 SERVICES: dict[str, LocalService] = {
-    s.name: s for s in (Postgres(), PostgresStock(), Kafka(), S3(), Registry())
+    s.name: s for s in (Postgres(), Kafka(), S3(), Registry(), PostgresStock())
 }
 SECRET_KEYS = {"TXSINK_S3_SECRET_KEY"}
 #: Log files a service's ``up`` writes begin with its name, or with one of these.

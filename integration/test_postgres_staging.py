@@ -64,7 +64,9 @@ def _ids(server: Any, table: str) -> list[int]:
 def _leftovers(server: Any, table: str) -> list[str]:
     with server.connect() as conn:
         staged = staged_names(conn, table, "txsink.")
-        prepared = conn.execute("SELECT gid FROM pg_prepared_xacts").fetchall()
+        prepared = conn.execute(
+            "SELECT gid FROM pg_prepared_xacts WHERE starts_with(gid, %s)", (f"txsink.{APP}.",)
+        ).fetchall()
     return staged + [str(r[0]) for r in prepared]
 
 
@@ -330,6 +332,84 @@ def test_rename_uid_drops_the_old_uids_empty_staging_table(postgres_stock: Any) 
     assert new.recorded_epoch(APP) == 0
     commit(new, 1, _prepare(new, 1, [[3]]))
     assert _ids(postgres_stock, table) == [1, 2, 3]
+
+
+def test_a_changed_table_remakes_an_empty_staging_table_and_refuses_a_full_one(
+    postgres_stock: Any,
+) -> None:
+    table = _table(postgres_stock)
+    sink = _sink(postgres_stock, table)
+    sink.check(SCHEMA, APP)
+    staging, _ = _staging_file(postgres_stock, table)
+    with postgres_stock.connect() as conn:
+        conn.execute(f"ALTER TABLE {table} ADD CHECK (amount >= 0)")
+    sink.check(SCHEMA, APP)  # empty: made again, with the new constraint
+    with postgres_stock.connect() as conn:
+        checks = conn.execute(
+            "SELECT count(*) FROM pg_constraint WHERE conrelid = %s::regclass AND contype = 'c'",
+            (staging,),
+        ).fetchone()
+    assert checks == (1,)
+    _prepare(sink, 0, [[1, 2]])  # staged, undecided (a crash before the decision)
+    with postgres_stock.connect() as conn:
+        conn.execute(f"ALTER TABLE {table} ADD COLUMN note text")
+    with pytest.raises(ConfigurationError, match="holds 2 rows staged before the table's"):
+        _sink(postgres_stock, table).check(SCHEMA, APP)
+    with postgres_stock.connect() as conn:
+        conn.execute(f"ALTER TABLE {table} DROP COLUMN note")
+    again = _sink(postgres_stock, table)
+    again.check(SCHEMA, APP)  # the definition it was made from: the rows can be recovered
+    for handle in again.list_prepared(APP):
+        again.abort(handle)
+    assert _leftovers(postgres_stock, table) == []
+
+
+def test_two_drivers_committing_one_epoch_at_once_commit_it_once(postgres_stock: Any) -> None:
+    """A zombie driver and its successor: the advisory lock serializes them, and the second
+    finds the progress rows of the first (outcome 2), whichever comes first."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from txsink.handles import dump_handle, load_handle
+
+    table = _table(postgres_stock)
+    sink = _sink(postgres_stock, table)
+    sink.check(SCHEMA, APP)
+    docs = [dump_handle(h) for h in _prepare(sink, 0, [list(range(0, 3000)), [5000]])]
+    drivers = [_sink(postgres_stock, table) for _ in range(2)]
+    for driver in drivers:
+        driver.check(SCHEMA, APP)
+    with ThreadPoolExecutor(2) as pool:
+        done = list(pool.map(lambda d: commit(d, 0, [load_handle(doc) for doc in docs]), drivers))
+    for driver in (sink, *drivers):
+        driver.release()
+    assert all(units for units in done)
+    assert _ids(postgres_stock, table) == [*range(0, 3000), 5000]
+    assert _leftovers(postgres_stock, table) == []
+
+
+def test_one_epoch_may_hold_prepared_and_staged_handles(postgres: Any) -> None:
+    """``auto`` may choose differently after a server change: a decided epoch with both
+    kinds (one task before, one after) commits each the way it was made."""
+    table = _table(postgres)
+    two_phase = _sink(postgres, table, commit="2pc")
+    staged = _sink(postgres, table, commit="staging")
+    two_phase.check(SCHEMA, APP)
+    staged.check(SCHEMA, APP)
+    txn = TxnId(APP, "stg", 0, 0, 0, 1)
+    open_ = two_phase.begin(txn, SCHEMA)
+    two_phase.write(open_, rows([1, 2]))
+    handles = [two_phase.prepare(open_)]
+    txn = TxnId(APP, "stg", 0, 0, 1, 2)
+    open_ = staged.begin(txn, SCHEMA)
+    staged.write(open_, rows([3]))
+    handles.append(staged.prepare(open_))
+    assert {type(h).__name__ for h in staged.list_prepared(APP)} == {"PgHandle", "StagedHandle"}
+    commit(staged, 0, handles)
+    commit(two_phase, 0, handles)  # again, by the other: nothing more
+    for sink in (two_phase, staged):
+        sink.release()
+    assert _ids(postgres, table) == [1, 2, 3]
+    assert _leftovers(postgres, table) == []
 
 
 @pytest.mark.postgres  # the harness installs Debian's PostgreSQL binaries

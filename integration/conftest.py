@@ -29,6 +29,7 @@ from _services.fixtures import (
 from _services.resolve import (
     resolve_kafka,
     resolve_postgres,
+    resolve_postgres_stock,
     resolve_registry,
     resolve_s3,
     session_finalizers,
@@ -42,6 +43,7 @@ from txsink.testing.targets import RunTarget, new_targets
 # marker -> the session fixture that provides its server
 SERVICE_MARKERS = {
     "postgres": "postgres",
+    "postgres_stock": "postgres_stock",
     "kafka": "kafka",
     "s3": "s3",
     "registry": "schema_registry",
@@ -59,6 +61,7 @@ T = TypeVar("T", PostgresService, KafkaService, S3Service, RegistryService)
 def pytest_report_header() -> list[str]:
     keys = (
         "TXSINK_PG_DSN",
+        "TXSINK_PG_STOCK_DSN",
         "TXSINK_KAFKA_BOOTSTRAP",
         "TXSINK_S3_ENDPOINT",
         "TXSINK_S3_SERVER",
@@ -99,6 +102,12 @@ def _obtain(name: str, resolve: Callable[[list[Finalizer]], T], fins: list[Final
 def postgres(_service_finalizers: list[Finalizer]) -> PostgresService:
     """PostgreSQL with 2PC: ``.dsn``, ``.connect()``, ``.new_schema()``, ``.with_proxy()``."""
     return _obtain("postgres", resolve_postgres, _service_finalizers)
+
+
+@pytest.fixture(scope="session")
+def postgres_stock(_service_finalizers: list[Finalizer]) -> PostgresService:
+    """PostgreSQL as it ships (``max_prepared_transactions = 0``): no two-phase commit."""
+    return _obtain("postgres_stock", resolve_postgres_stock, _service_finalizers)
 
 
 @pytest.fixture(scope="session")

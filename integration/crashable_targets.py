@@ -109,10 +109,14 @@ class CrashablePostgres(_Server):
     """One private PostgreSQL cluster: :attr:`dsn`, :meth:`kill`, :meth:`start`, :meth:`stop`
     (``pg_ctl`` detaches the postmaster: its processes are found by parent, not by group)."""
 
+    #: ``max_prepared_transactions``; 0 is PostgreSQL's default (no two-phase commit).
+    max_prepared: int = 50
+
     @classmethod
-    def create(cls) -> CrashablePostgres:
+    def create(cls, *, max_prepared: int = 50) -> CrashablePostgres:
         base = Path("/var/lib/txsink-services") if is_root() else Path("/tmp")
         server = cls(base / f"crashable-pg-{uuid.uuid4().hex[:8]}")
+        server.max_prepared = max_prepared
         server._initdb()
         server.start()
         return server
@@ -163,7 +167,7 @@ class CrashablePostgres(_Server):
                         "listen_addresses = '127.0.0.1'",
                         f"port = {self.port}",
                         "unix_socket_directories = ''",
-                        "max_prepared_transactions = 50",
+                        f"max_prepared_transactions = {self.max_prepared}",
                         "fsync = on",
                         "synchronous_commit = on",
                         "log_min_messages = warning",

@@ -46,13 +46,14 @@ def test_down_purge_leaves_nothing_behind(tmp_path: Path) -> None:
     try:
         assert up.returncode == 0, up.stdout + up.stderr
         made = {p.name for p in work.iterdir()}
-        assert {"postgres", "kafka", "s3", "registry", "logs", "pids", "services.env"} <= made
+        assert {"postgres", "kafka", "s3", "registry", "postgres_stock"} <= made
+        assert {"logs", "pids", "services.env"} <= made
         # Its own env file: the checkout's (the suite's servers) is not replaced.
         assert (CHECKOUT_ENV.read_bytes() if CHECKOUT_ENV.exists() else None) == checkout_env
     finally:
         down = _services(work, "down", "--purge")
     assert down.returncode == 0, down.stdout + down.stderr
-    assert "postgres, kafka, s3, registry" in down.stdout
+    assert "postgres, kafka, s3, registry, postgres_stock" in down.stdout
 
     assert not work.exists(), sorted(str(p) for p in work.rglob("*"))
     assert _listing(OUTSIDE) <= outside_before  # no cluster folder left under /var/lib

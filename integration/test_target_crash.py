@@ -88,6 +88,52 @@ def test_postgres_killed_mid_epoch_and_restarted(spark: Any, tmp_path: Path, poi
 
 
 @pytest.mark.spark
+@pytest.mark.postgres  # the harness installs Debian's PostgreSQL binaries
+@pytest.mark.parametrize(
+    "point",
+    [
+        # the decision written, nothing moved: the staged rows must survive the crash
+        "after_decision",
+        pytest.param("after_precommit", marks=pytest.mark.slow),
+        pytest.param("during_commit", marks=pytest.mark.slow),
+    ],
+)
+def test_postgres_without_prepared_transactions_killed_and_restarted(
+    spark: Any, tmp_path: Path, point: str
+) -> None:
+    """The staging commit (``max_prepared_transactions = 0``, ``commit="auto"``): the
+    server dies at ``point``; its crash recovery keeps the staged rows (a logged table),
+    and txsink's recovery moves the decided ones in once. Read back with psql-like queries:
+    every id once, no staged row and no prepared transaction left."""
+    import psycopg
+
+    from txsink.connectors.postgres import PostgresSink
+    from txsink.connectors.postgres.testing import staged_names
+
+    server = CrashablePostgres.create(max_prepared=0)
+    try:
+        errors = _crash_run(
+            spark,
+            tmp_path,
+            point,
+            server,
+            lambda: PostgresSink(
+                server.dsn, "public.orders", uid="pg", create_table=True, stall_timeout_s=8
+            ),
+        )
+        with psycopg.connect(server.dsn, autocommit=True) as conn:
+            ids = [r[0] for r in conn.execute("SELECT id FROM public.orders ORDER BY id")]
+            prepared = conn.execute("SELECT gid FROM pg_prepared_xacts").fetchall()
+            staged = staged_names(conn, "public.orders", "txsink.")
+            setting = conn.execute("SHOW max_prepared_transactions").fetchone()
+    finally:
+        server.stop()
+    assert setting == ("0",)
+    assert ids == list(range(ROWS)), (len(ids), len(set(ids)), errors[-1:])
+    assert prepared == [] and staged == [], (prepared, staged)
+
+
+@pytest.mark.spark
 @pytest.mark.s3  # the harness builds the MinIO binary
 @pytest.mark.parametrize("point", POINTS)
 def test_s3_server_killed_mid_epoch_and_restarted(spark: Any, tmp_path: Path, point: str) -> None:

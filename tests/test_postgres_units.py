@@ -169,3 +169,36 @@ def test_timeouts_as_libpq_options() -> None:
     assert Timeouts(keepalives_idle_s=None, tcp_user_timeout_ms=None).connect_options() == {
         "connect_timeout": 10
     }
+
+
+def test_a_staged_handle_round_trips_through_the_log_format() -> None:
+    """The staging commit's handle carries what a new driver needs (its staging table, the
+    columns, the upsert key) and comes back equal from the log's JSON."""
+    import json
+
+    from txsink.connectors.postgres import StagedHandle
+    from txsink.handles import dump_handle, load_handle
+    from txsink.txid import TxnId
+
+    handle = StagedHandle(
+        txn=TxnId("app", "pg", 3, 0, 1, 7),
+        rows=10,
+        nbytes=99,
+        staging=("public", "txsink_staging_abc"),
+        columns=("id", "name"),
+        key=("id",),
+    )
+    doc = json.loads(json.dumps(dump_handle(handle)))
+    assert doc["serializer"] == "postgres.staged" and doc["version"] == 1
+    assert load_handle(doc) == handle
+
+
+def test_the_commit_option_is_checked_and_shown() -> None:
+    from txsink.connectors.postgres import PostgresSink
+
+    with pytest.raises(ValueError, match="commit must be 'auto', '2pc' or 'staging'"):
+        PostgresSink("postgresql://u:secret@h/db", "t", uid="pg", commit="xa")  # type: ignore[arg-type]
+    sink = PostgresSink("postgresql://u:secret@h/db", "t", uid="pg", commit="staging")
+    assert sink.protocol == "staging" and "commit='staging'" in repr(sink)
+    assert "secret" not in repr(sink)
+    assert PostgresSink("postgresql://h/db", "t", uid="pg").protocol is None  # auto: at check

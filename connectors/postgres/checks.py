@@ -2,7 +2,9 @@
 
 In order, each failure a :class:`~txsink.errors.ConfigurationError` that names the fix:
 
-1. ``max_prepared_transactions > 0`` (else the server cannot PREPARE TRANSACTION);
+1. the commit protocol (:func:`choose_protocol`): two-phase commit needs
+   ``max_prepared_transactions > 0`` (else the server cannot PREPARE TRANSACTION); the
+   staging commit (:mod:`~txsink.connectors.postgres.staging`) needs none;
 2. the table exists, or is created from the DataFrame's schema (``create_table=True``);
 3. every DataFrame column exists with a type binary COPY can fill from it (its plan,
    :func:`~txsink.connectors.postgres.casts.plan_column`, kept for the tasks); every NOT
@@ -14,9 +16,13 @@ In order, each failure a :class:`~txsink.errors.ConfigurationError` that names t
 5. the role may INSERT (and UPDATE, for upsert) into the table;
 6. the progress table exists (created if missing) and the role may use it;
 7. a warning for every prepared transaction older than ``prepared_age_warning_s``:
-   it holds its locks and blocks vacuum until someone finishes it.
+   it holds its locks and blocks vacuum until someone finishes it;
+8. staging: the target has nothing a staged row could meet only at the move, after the
+   decision (:func:`~txsink.connectors.postgres.staging.refusals`); a warning for each
+   trigger on it (it runs at the move); the staging table exists (created if missing)
+   and the role may use it.
 
-The only writes: the table (2, when asked) and the progress table (6).
+The only writes: the table (2, when asked), the progress table (6), the staging table (8).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import pyarrow as pa
 from txsink.connectors.postgres.casts import ColumnPlan, Unsendable, plan_column
 from txsink.connectors.postgres.prepared import old_prepared
 from txsink.connectors.postgres.progress import ensure_progress_table
+from txsink.connectors.postgres.staging import Staging, ensure_staging, refusals, triggers
 from txsink.connectors.postgres.types import arrow_to_pg_type
 from txsink.errors import ConfigurationError
 
@@ -39,7 +46,14 @@ if TYPE_CHECKING:
 
     from txsink.connectors.postgres.tables import Tables
 
-__all__ = ["StartCheck", "nullable_into_not_null", "plan_columns", "table_columns"]
+__all__ = [
+    "StartCheck",
+    "choose_protocol",
+    "nullable_into_not_null",
+    "plan_columns",
+    "plans_for",
+    "table_columns",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -60,6 +74,10 @@ class StartCheck:
     create_table: bool
     server: str
     prepared_age_warning_s: float
+    #: The commit protocol :func:`choose_protocol` chose: ``"2pc"`` or ``"staging"``.
+    protocol: str = "2pc"
+    #: The staging table (``protocol == "staging"``).
+    staging: Staging | None = None
 
     @property
     def _ctx(self) -> dict[str, Any]:
@@ -71,7 +89,8 @@ class StartCheck:
         import psycopg
 
         try:
-            self._two_phase_commit()
+            if self.protocol == "2pc":
+                self._two_phase_commit()
             plans = self._columns(schema)
             self._warn_nullable(schema)
             if self.mode == "upsert":
@@ -79,6 +98,8 @@ class StartCheck:
             self._privileges()
             ensure_progress_table(self.conn, self.tables, self._ctx)
             self._warn_old_prepared()
+            if self.staging is not None:
+                self._staging(schema)
             return plans
         except psycopg.errors.InsufficientPrivilege as err:
             table = self.tables.qualified
@@ -97,8 +118,53 @@ class StartCheck:
                 f"PostgreSQL at {self.server} has max_prepared_transactions = 0, so "
                 "it cannot PREPARE TRANSACTION (two-phase commit). Set max_prepared_transactions "
                 "to at least the number of Spark partitions times the number of Postgres sinks "
-                "(e.g. 100) in postgresql.conf and restart the server",
+                "(e.g. 100) in postgresql.conf and restart the server; or use the staging "
+                "commit, which needs no server change (commit='staging', or the default "
+                "commit='auto')",
                 **self._ctx,
+            )
+
+    def _staging(self, schema: pa.Schema) -> None:
+        if self.staging is None:
+            return
+        table = self.tables.qualified
+        refused = refusals(self.conn, self.tables, self.mode, self.key, schema.names)
+        if refused:
+            fix = (
+                "use mode='upsert' with key= on the unique columns"
+                if self.mode == "append"
+                else "drop it, or send every column it reads"
+            )
+            raise ConfigurationError(
+                f"{table} has {refused}: the staging commit moves the rows into {table} "
+                "after the decision, where such a constraint could still refuse them (it "
+                "depends on rows other writers change), and nothing decided may fail. "
+                f"Fix: {fix}; or use two-phase commit (commit='2pc', which checks them "
+                "before the decision; it needs max_prepared_transactions > 0 on the server)",
+                **self._ctx,
+            )
+        for name in triggers(self.conn, self.tables):
+            _log.warning(
+                "[uid=%s epoch=None] trigger %s on %s runs when the staging commit moves an "
+                "epoch's rows in, after the decision: if it can raise, a decided epoch stays "
+                "blocked until it is fixed (commit='2pc' runs it before the decision)",
+                self.uid,
+                name,
+                table,
+            )
+        if ensure_staging(
+            self.conn,
+            self.tables,
+            self.staging,
+            columns=schema.names,
+            mode=self.mode,
+            ctx=self._ctx,
+        ):
+            _log.info(
+                "[uid=%s epoch=None] created the staging table %s for %s",
+                self.uid,
+                self.staging.qualified,
+                table,
             )
 
     def _columns(self, schema: pa.Schema) -> list[ColumnPlan]:
@@ -223,6 +289,28 @@ class StartCheck:
             )
 
 
+def choose_protocol(conn: psycopg.Connection[Any], commit: str) -> tuple[str, str]:
+    """The commit protocol for ``commit`` (``auto``, ``2pc``, ``staging``), and why.
+
+    ``auto`` takes two-phase commit when the server allows prepared transactions
+    (``max_prepared_transactions > 0``), the staging commit otherwise, also on a server
+    that does not know the setting (a PostgreSQL-compatible database without
+    ``PREPARE TRANSACTION``).
+    """
+    import psycopg
+
+    if commit != "auto":
+        return commit, f"commit={commit!r}"
+    try:
+        row = conn.execute("SHOW max_prepared_transactions").fetchone()
+        allowed = int(row[0]) if row else 0
+    except psycopg.errors.UndefinedObject:
+        return "staging", "the server has no max_prepared_transactions setting"
+    if allowed > 0:
+        return "2pc", f"the server allows {allowed} prepared transactions"
+    return "staging", "the server has max_prepared_transactions = 0"
+
+
 def table_columns(
     conn: psycopg.Connection[Any], tables: Tables
 ) -> dict[str, tuple[str, bool]] | None:
@@ -284,3 +372,28 @@ def plan_columns(
                 **ctx,
             ) from err
     return plans
+
+
+def plans_for(
+    conn: psycopg.Connection[Any],
+    tables: Tables,
+    planned: Sequence[ColumnPlan] | None,
+    schema: pa.Schema,
+    *,
+    sink_uid: str,
+) -> list[ColumnPlan]:
+    """In a task: the check's column plans (``planned``) for ``schema``; read from the table
+    when the check did not run on this sink (hooks driven directly) or planned other
+    columns."""
+    known = {(p.name, p.source): p for p in planned or ()}
+    found = [known.get((f.name, f.type)) for f in schema]
+    if all(p is not None for p in found):
+        return [p for p in found if p is not None]
+    ctx: dict[str, Any] = {"sink_uid": sink_uid, "connector": "postgres"}
+    columns = table_columns(conn, tables)
+    if columns is None:
+        raise ConfigurationError(
+            f"table {tables.qualified} does not exist: create it, or pass create_table=True",
+            **ctx,
+        )
+    return plan_columns(columns, schema, tables.qualified, ctx)

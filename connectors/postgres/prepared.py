@@ -7,16 +7,37 @@ a transaction block) of the database the transactions were prepared in:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from txsink.handles import Handle, register_handle
 
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["commit_prepared", "old_prepared", "prepared_gids", "rollback_prepared"]
+__all__ = ["PgHandle", "commit_prepared", "old_prepared", "prepared_gids", "rollback_prepared"]
+
+
+@register_handle
+@dataclass(frozen=True)
+class PgHandle(Handle):
+    """A prepared PostgreSQL transaction; its gid is ``str(txn)``."""
+
+    serializer: ClassVar[str] = "postgres.prepared"
+    version: ClassVar[int] = 1
+
+
+def _has_view(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the server has ``pg_prepared_xacts`` (a PostgreSQL-compatible database
+    without two-phase commit may not: the staging commit runs there, with nothing to list)."""
+    row = conn.execute("SELECT to_regclass('pg_catalog.pg_prepared_xacts')").fetchone()
+    return row is not None and row[0] is not None
 
 
 def prepared_gids(conn: psycopg.Connection[Any], prefix: str) -> list[str]:
     """The gids of this database's prepared transactions that start with ``prefix``, sorted."""
+    if not _has_view(conn):
+        return []
     rows = conn.execute(
         "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() "
         "AND starts_with(gid, %s) ORDER BY gid",
@@ -49,6 +70,8 @@ def rollback_prepared(conn: psycopg.Connection[Any], gid: str) -> bool:
 def old_prepared(conn: psycopg.Connection[Any], older_than_s: float) -> list[tuple[str, float]]:
     """(gid, age in seconds) of this database's prepared transactions older than
     ``older_than_s``, whoever prepared them."""
+    if not _has_view(conn):
+        return []
     rows = conn.execute(
         "SELECT gid, extract(epoch FROM now() - prepared) FROM pg_prepared_xacts "
         "WHERE database = current_database() AND prepared < now() - make_interval(secs => %s)",

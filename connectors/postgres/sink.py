@@ -1,6 +1,15 @@
-"""Postgres connector: exactly-once with PostgreSQL's own two-phase commit.
+"""Postgres connector: exactly-once with PostgreSQL's own two-phase commit, or with a
+staging table where the server has no prepared transactions.
 
-How the two phases map to PostgreSQL::
+Two commit protocols (``commit=``; ``auto``, the default, takes two-phase commit when the
+server allows prepared transactions, staging otherwise, and logs which at start):
+
+* ``2pc``, below;
+* ``staging``: tasks COPY into a staging table in the target database and commit locally;
+  the driver moves the decided rows into the target in one local transaction that also
+  writes the progress rows (:mod:`~txsink.connectors.postgres.staging`, which says why).
+
+How the two phases map to PostgreSQL with ``2pc``::
 
     begin    connect; BEGIN (psycopg tpc_begin with the transaction name as gid)
     write    binary COPY of the Arrow batch, cast to the table's column types, into the
@@ -11,34 +20,38 @@ How the two phases map to PostgreSQL::
     abort    ROLLBACK PREPARED gid ("no such gid" = already gone)
     recover  pg_prepared_xacts rows whose gid is a txsink name of this app and sink
 
-Guarantee: exactly-once. Needs ``max_prepared_transactions > 0`` on the server
-(checked at start). A prepared transaction holds its locks until it is
-committed or rolled back, so lingering ones block writers and vacuum: the
-check at start warns about old ones, and recovery removes every one of ours.
+Guarantee: exactly-once, with either protocol. ``2pc`` needs
+``max_prepared_transactions > 0`` on the server (checked at start). A prepared
+transaction holds its locks until it is committed or rolled back, so lingering ones
+block writers and vacuum: the check at start warns about old ones, and recovery
+removes every one of ours.
 
 This module holds the configuration and the hooks; the work is in the package's
 other modules: :mod:`~txsink.connectors.postgres.checks` (start), ``copy`` and
 ``upsert`` (write), ``casts`` and ``binary`` (Arrow into binary COPY), ``stall`` (the
-timeouts), ``progress`` (the committed-transaction record), ``prepared`` (the server's
-prepared transactions), ``errors``, ``types`` and ``tables``.
+timeouts), ``connections`` (the task's and the driver's), ``progress`` (the
+committed-transaction record), ``prepared`` (the server's prepared transactions and their
+handle), ``staging`` (the staging commit and its table), ``stagerows`` (its rows) and
+``stagecommit`` (its driver side), ``errors``, ``types`` and ``tables``.
 """
 
 from __future__ import annotations
 
-import contextlib
+import logging
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import pyarrow as pa
 from typing_extensions import override
 
 from txsink.connectors.postgres.casts import ColumnPlan
-from txsink.connectors.postgres.checks import StartCheck, plan_columns, table_columns
+from txsink.connectors.postgres.checks import StartCheck, choose_protocol, plans_for
+from txsink.connectors.postgres.connections import Connections
 from txsink.connectors.postgres.copy import OpenTxn, start_copy
-from txsink.connectors.postgres.errors import check_error, connect_error, map_error, redact_dsn
+from txsink.connectors.postgres.errors import check_error, redact_dsn
 from txsink.connectors.postgres.prepared import (
+    PgHandle,
     commit_prepared,
     prepared_gids,
     rollback_prepared,
@@ -50,11 +63,15 @@ from txsink.connectors.postgres.progress import (
     relabel_progress,
     was_committed,
 )
-from txsink.connectors.postgres.stall import Stall, Timeouts
+from txsink.connectors.postgres.stagecommit import StageCommit, StagedHandle
+from txsink.connectors.postgres.stagerows import drop_if_empty
+from txsink.connectors.postgres.staging import Staging, begin_staged
+from txsink.connectors.postgres.stall import Timeouts
 from txsink.connectors.postgres.tables import Tables, primary_key, split_table
 from txsink.connectors.postgres.upsert import create_stage, merge_stage
-from txsink.errors import CommitError, ConfigurationError, RetryableError, TxsinkError
-from txsink.handles import Handle, register_handle
+from txsink.contract import EpochCommit
+from txsink.errors import CommitError, RetryableError, TxsinkError
+from txsink.handles import Handle
 from txsink.rowref import RowNames
 from txsink.sink import Partitioning, TwoPhaseCommitSink
 from txsink.store import LogStore
@@ -63,25 +80,19 @@ from txsink.txid import TxnId
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["Mode", "PgHandle", "PostgresSink"]
+__all__ = ["Commit", "Mode", "PgHandle", "PostgresSink", "StagedHandle"]
 
 Mode = Literal["append", "upsert"]
+Commit = Literal["auto", "2pc", "staging"]
+
+_log = logging.getLogger(__name__)
 
 # COMMIT PREPARED of a gid another session is finishing: tries, and the back-off step.
 _BUSY_TRIES = 5
 _BUSY_STEP_S = 0.2
 
 
-@register_handle
-@dataclass(frozen=True)
-class PgHandle(Handle):
-    """A prepared PostgreSQL transaction; its gid is ``str(txn)``."""
-
-    serializer: ClassVar[str] = "postgres.prepared"
-    version: ClassVar[int] = 1
-
-
-class PostgresSink(TwoPhaseCommitSink[OpenTxn, PgHandle]):
+class PostgresSink(Connections, TwoPhaseCommitSink[OpenTxn, Handle]):
     """Exactly-once rows into a PostgreSQL table.
 
     Args:
@@ -91,6 +102,13 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, PgHandle]):
         mode: ``append`` (COPY) or ``upsert`` (COPY to a stage table, then
             ``INSERT ... ON CONFLICT (key) DO UPDATE``; the last row of a key wins).
         key: the upsert key columns (a unique index on exactly them must exist).
+        commit: the commit protocol: ``2pc`` (PREPARE TRANSACTION, needs
+            ``max_prepared_transactions > 0``), ``staging`` (a staging table in the target
+            database, committed by one local transaction after the decision; no server
+            setting), or ``auto`` (default): ``2pc`` when the server allows prepared
+            transactions, else ``staging``.
+        staging_schema: where ``staging`` keeps its table (default: the target's schema);
+            a schema made for it, for a role without CREATE on the target's schema.
         create_table: create the table from the DataFrame's schema if missing.
         progress_table: the table recording which transactions committed
             (created if missing; default ``txsink_progress`` in the table's schema).
@@ -120,6 +138,8 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, PgHandle]):
         *,
         mode: Mode = "append",
         key: Sequence[str] = (),
+        commit: Commit = "auto",
+        staging_schema: str | None = None,
         create_table: bool = False,
         progress_table: str | None = None,
         connect_timeout_s: float = 10.0,
@@ -141,6 +161,14 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, PgHandle]):
             raise ValueError(f"PostgresSink mode must be 'append' or 'upsert', got {mode!r}")
         if mode == "upsert" and not key:
             raise ValueError("PostgresSink(mode='upsert') needs key=[...] columns")
+        if commit not in ("auto", "2pc", "staging"):
+            raise ValueError(
+                f"PostgresSink commit must be 'auto', '2pc' or 'staging', got {commit!r}"
+            )
+        self.commit_option: Commit = commit
+        #: The protocol in use, chosen at the check (None: not yet; a task asks the server).
+        self.protocol: Literal["2pc", "staging"] | None = None if commit == "auto" else commit
+        self.staging_schema = staging_schema
         self.dsn = dsn
         self.schema, self.table = split_table(table)
         self.mode: Mode = mode
@@ -173,50 +201,23 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, PgHandle]):
         return Tables(self.schema, self.table, self.progress)
 
     @property
+    @override
     def qualified_table(self) -> str:
         return self.tables.qualified
 
-    # -- connections ---------------------------------------------------------------
+    @property
+    def staging(self) -> Staging:
+        """The sink's staging table (the target's schema must be resolved)."""
+        return Staging.of(self.tables, self.uid, self.staging_schema)
 
-    def _connect(self, *, autocommit: bool, phase: str | None = None) -> psycopg.Connection[Any]:
-        """A connection; a failure is a RetryableError (a ConfigurationError at the check)."""
-        import psycopg
-
-        try:
-            options = {**self.timeouts.connect_options(), **self.connect_kwargs}
-            conn = psycopg.connect(self.dsn, autocommit=autocommit, **options)
-        except psycopg.OperationalError as err:
-            ctx: dict[str, Any] = {"sink_uid": self.uid, "connector": "postgres"}
-            if phase is not None:
-                ctx["phase"] = phase
-            raise connect_error(err, redact_dsn(self.dsn), ctx) from err
-        return conn
-
-    def _driver(self, phase: str | None = None) -> psycopg.Connection[Any]:
-        if self._driver_conn is None or self._driver_conn.closed:
-            self._driver_conn = self._connect(autocommit=True, phase=phase)
-        return self._driver_conn
-
-    @override
-    def release(self) -> None:
-        conn, self._driver_conn = self._driver_conn, None
-        if conn is not None:
-            conn.close()
-
-    def _stall(self, conn: psycopg.Connection[Any]) -> Stall:
-        return Stall(conn, self.timeouts.stall_s)
+    def _stage_commit(self) -> StageCommit:
+        return StageCommit(self.tables, self.staging, self.uid, key=self.key)
 
     @override
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         state["_driver_conn"] = None  # connections do not travel to executors
         return state
-
-    def _map(
-        self, err: BaseException, txn: TxnId | None, *, phase: str, names: RowNames | None = None
-    ) -> TxsinkError:
-        table = self.qualified_table
-        return map_error(err, txn, sink_uid=self.uid, table=table, phase=phase, names=names)
 
     # -- driver: start -------------------------------------------------------------
 
@@ -230,6 +231,15 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, PgHandle]):
                 if self.schema is None:
                     # Resolved once, on the driver: the executors get it with the pickled sink.
                     self.schema = str(conn.execute("SELECT current_schema()").fetchone()[0])  # type: ignore[index]
+                protocol, why = choose_protocol(conn, self.commit_option)
+                self.protocol = "staging" if protocol == "staging" else "2pc"
+                _log.info(
+                    "[uid=%s epoch=None] %s commits with %s: %s",
+                    self.uid,
+                    self.qualified_table,
+                    "a staging table" if protocol == "staging" else "two-phase commit",
+                    why,
+                )
                 self._plans = StartCheck(
                     conn,
                     self.tables,
@@ -239,6 +249,8 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, PgHandle]):
                     create_table=self.create_table,
                     server=redact_dsn(self.dsn),
                     prepared_age_warning_s=self.prepared_age_warning_s,
+                    protocol=self.protocol,
+                    staging=self.staging if self.protocol == "staging" else None,
                 ).run(schema)
                 self._row_key = self.key or primary_key(conn, self.tables)
         except (psycopg.Error, TxsinkError) as err:
@@ -266,11 +278,19 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, PgHandle]):
         stall = self._stall(conn)
         try:
             with stall.guard("begin"):
-                conn.tpc_begin(str(txn))
+                if self.protocol is None:  # hooks driven without the check
+                    self.protocol = "staging" if self._staged(conn) else "2pc"
+                if self.protocol == "staging":
+                    self._resolve_schema(conn)
+                    begin_staged(conn, str(txn))
+                else:
+                    conn.tpc_begin(str(txn))
                 self.timeouts.set_local(conn)
-                plans = self._plans_for(conn, schema)
+                plans = plans_for(conn, self.tables, self._plans, schema, sink_uid=self.uid)
                 target = self.tables.ident()
-                if self.mode == "upsert":
+                if self.protocol == "staging":
+                    target = self.staging.ident
+                elif self.mode == "upsert":
                     target = create_stage(conn, self.tables, txn, schema.names)
             names = RowNames(self._row_key, partition=txn.partition, redact=self.redact_rows)
             return start_copy(txn, conn, stall, target, plans, names=names)
@@ -278,22 +298,16 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, PgHandle]):
             conn.close()
             raise self._map(err, txn, phase="begin") from err
 
-    def _plans_for(self, conn: psycopg.Connection[Any], schema: pa.Schema) -> list[ColumnPlan]:
-        """The check's column plans for ``schema``; read from the table when the check did
-        not run on this sink (hooks driven directly) or planned other columns."""
-        planned = {(p.name, p.source): p for p in self._plans or ()}
-        found = [planned.get((f.name, f.type)) for f in schema]
-        if all(p is not None for p in found):
-            return [p for p in found if p is not None]
-        table = self.qualified_table
-        columns = table_columns(conn, self.tables)
-        if columns is None:
-            raise ConfigurationError(
-                f"table {table} does not exist: create it, or pass create_table=True",
-                sink_uid=self.uid,
-                connector="postgres",
-            )
-        return plan_columns(columns, schema, table, {"sink_uid": self.uid, "connector": "postgres"})
+    def _resolve_schema(self, conn: psycopg.Connection[Any]) -> None:
+        """Fill in the server's current schema when the table names none (the check does
+        it on the driver; hooks driven without it need it for the staging table's name)."""
+        if self.schema is None:
+            self.schema = str(conn.execute("SELECT current_schema()").fetchone()[0])  # type: ignore[index]
+
+    def _staged(self, conn: psycopg.Connection[Any]) -> bool:
+        """Whether ``auto`` means staging on this server (a task's own answer)."""
+        with conn.transaction():  # a failed SHOW must not end the task's transaction
+            return choose_protocol(conn, self.commit_option)[0] == "staging"
 
     @override
     def write(self, txn: OpenTxn, batch: pa.RecordBatch) -> None:
@@ -303,11 +317,24 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, PgHandle]):
             raise self._map(err, txn.txn, phase="write", names=txn.names) from err
 
     @override
-    def prepare(self, txn: OpenTxn) -> PgHandle:
+    def prepare(self, txn: OpenTxn) -> Handle:
         conn = txn.conn
+        staged = self.protocol == "staging"
         try:
             txn.end_copy()
             with txn.stall.guard("prepare"):
+                if staged:
+                    # The rows are durable in staging and invisible in the target; the
+                    # driver moves them after the decision.
+                    conn.commit()
+                    return StagedHandle(
+                        txn=txn.txn,
+                        rows=txn.rows,
+                        nbytes=txn.nbytes,
+                        staging=(self.staging.schema, self.staging.name),
+                        columns=tuple(txn.columns),
+                        key=self.key if self.mode == "upsert" else (),
+                    )
                 if self.mode == "upsert":
                     merge_stage(conn, self.tables, txn.txn, txn.columns, self.key)
                 record_progress(conn, self.tables, txn.txn, txn.rows, sink_uid=self.uid)
@@ -325,24 +352,28 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, PgHandle]):
 
     # -- driver: commit, abort, recover ----------------------------------------------
 
-    @contextlib.contextmanager
-    def _on_driver(self, txn: TxnId | None, phase: str) -> Iterator[psycopg.Connection[Any]]:
-        """The driver's connection, each wait bounded; a failure drops the connection and
-        raises a txsink error of ``phase``."""
-        import psycopg
-
-        try:
-            conn = self._driver(phase)
-            with self._stall(conn).guard(phase):
-                yield conn
-        except (psycopg.errors.UndefinedObject, psycopg.errors.ObjectNotInPrerequisiteState):
-            raise  # the caller's answers (no such gid, busy)
-        except (psycopg.Error, TxsinkError) as err:
-            self._driver_conn = None
-            raise self._map(err, txn, phase=phase) from err
+    @override
+    def commit_epoch(self, request: EpochCommit[Handle]) -> None:
+        """Staged handles in one local transaction, prepared ones one by one; then the
+        progress table's pruning. A log may hold both kinds (``auto`` chose another
+        protocol after a server change): each handle is committed the way it was made."""
+        staged = [h for h in request.handles if isinstance(h, StagedHandle)]
+        if staged:
+            rows = sum(h.rows for h in staged)
+            with self._on_driver(staged[0].txn, "commit", rows=rows) as conn:
+                self._resolve_schema(conn)
+                lost = self._stage_commit().commit(conn, staged)
+            if lost:
+                raise lost
+            request.committed(staged)
+        for handle in request.handles:
+            if not isinstance(handle, StagedHandle):
+                self.commit(handle)
+                request.committed([handle])
+        self.finish_epoch(request.epoch, request.handles)
 
     @override
-    def commit(self, handle: PgHandle) -> None:
+    def commit(self, handle: Handle) -> None:
         import psycopg
 
         gid = str(handle.txn)
@@ -373,19 +404,23 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, PgHandle]):
             )
 
     @override
-    def finish_epoch(self, epoch: int, handles: Sequence[PgHandle]) -> None:
+    def finish_epoch(self, epoch: int, handles: Sequence[Handle]) -> None:
         # Progress rows only need to outlive recovery of the latest epochs.
         if handles:
             with self._on_driver(handles[0].txn, "commit") as conn:
                 prune_progress(conn, self.tables, handles[0].txn.app, self.uid, epoch)
 
     @override
-    def abort(self, handle: PgHandle) -> None:
+    def abort(self, handle: Handle) -> None:
         import psycopg
 
         try:
             with self._on_driver(handle.txn, "abort") as conn:
-                rollback_prepared(conn, str(handle.txn))  # no such gid: gone already
+                if isinstance(handle, StagedHandle):
+                    self._resolve_schema(conn)
+                    self._stage_commit().abort(conn, handle)
+                else:
+                    rollback_prepared(conn, str(handle.txn))  # no such gid: gone already
         except psycopg.Error as err:
             raise self._map(err, handle.txn, phase="abort") from err
 
@@ -395,19 +430,29 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, PgHandle]):
             return recorded_epoch(conn, self.tables, app_id, self.uid)
 
     @override
-    def list_prepared(self, app_id: str) -> Iterator[PgHandle]:
+    def list_prepared(self, app_id: str) -> Iterator[Handle]:
+        """Both kinds, whatever the protocol in use: a protocol change (``auto`` on a server
+        whose setting changed) must not hide the other kind's leftovers."""
+        prefix = f"txsink.{app_id}.{self.uid}."
         with self._on_driver(None, "recover") as conn:
-            gids = prepared_gids(conn, f"txsink.{app_id}.{self.uid}.")
+            gids = prepared_gids(conn, prefix)
+            self._resolve_schema(conn)
+            staged = self._stage_commit().listed(conn, prefix)
         for gid in gids:
             txn = TxnId.try_parse(gid)
             if txn is not None and txn.belongs_to(app_id, self.uid):
                 yield PgHandle(txn=txn)
+        for gid, rows in staged.items():
+            txn = TxnId.try_parse(gid)
+            if txn is not None and txn.belongs_to(app_id, self.uid):
+                yield StagedHandle(txn=txn, rows=rows)
 
     # -- operator: upgrades ----------------------------------------------------------
 
     @override
     def migrate_uid(self, old: str, *, app_id: str, dry_run: bool = False) -> list[str]:
-        """Re-label the progress rows, so the sink's own clean-up (by uid) reaches them."""
+        """Re-label the progress rows, so the sink's own clean-up (by uid) reaches them; drop
+        the old uid's staging table when it is empty (the new uid's is made at its check)."""
         import psycopg
 
         with self._connect(autocommit=True, phase="migrate") as conn:
@@ -416,16 +461,24 @@ class PostgresSink(TwoPhaseCommitSink[OpenTxn, PgHandle]):
                 count = relabel_progress(
                     conn, self.tables, app_id=app_id, old=old, new=self.uid, dry_run=dry_run
                 )
+                self._resolve_schema(conn)
+                staging = Staging.of(self.tables, old, self.staging_schema)
+                dropped = drop_if_empty(conn, staging, dry_run=dry_run)
             except psycopg.Error as err:
                 raise self._map(err, None, phase="migrate") from err
+        lines = []
         if count is None:
-            return [f"{self!r}: no progress table {name}: nothing to re-label"]
-        verb = "would re-label" if dry_run else "re-labelled"
-        return [f"{self!r}: {verb} {count} progress row(s) of {name} from uid {old!r}"]
+            lines.append(f"{self!r}: no progress table {name}: nothing to re-label")
+        else:
+            verb = "would re-label" if dry_run else "re-labelled"
+            lines.append(f"{self!r}: {verb} {count} progress row(s) of {name} from uid {old!r}")
+        if dropped is not None:
+            lines.append(f"{self!r}: {dropped} the staging table {staging.qualified} of {old!r}")
+        return lines
 
     @override
     def __repr__(self) -> str:
         return (
             f"PostgresSink(uid={self.uid!r}, table={self.qualified_table!r}, "
-            f"mode={self.mode!r}, dsn={redact_dsn(self.dsn)!r})"
+            f"mode={self.mode!r}, commit={self.commit_option!r}, dsn={redact_dsn(self.dsn)!r})"
         )

@@ -2,7 +2,10 @@
 factory, and the clean-up of a target (its schema, after its prepared transactions).
 
 Registered in :mod:`txsink.connectors.postgres.plugin`. The server comes from
-``TXSINK_PG_DSN`` (a libpq connection string or URL).
+``TXSINK_PG_DSN`` (a libpq connection string or URL); the ``staging`` variant's from
+``TXSINK_PG_STOCK_DSN``, a server as PostgreSQL ships (``max_prepared_transactions = 0``,
+where ``commit="auto"`` must choose the staging commit), else ``TXSINK_PG_DSN`` with the
+staging commit forced.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from txsink.txid import TxnId
 __all__ = ["ADAPTER", "DDL", "PostgresTarget", "PostgresTesting", "PostgresVerifier"]
 
 DSN = "TXSINK_PG_DSN"
+STOCK_DSN = "TXSINK_PG_STOCK_DSN"
 #: How long drop_target waits for a lock other sessions hold (best effort: it gives up).
 DROP_LOCK_TIMEOUT = "10s"
 #: The sinks' stall_timeout_s in tests (the default, 60 s, is for production servers).
@@ -69,13 +73,39 @@ class PostgresVerifier:
             return [int(r[0]) for r in conn.execute(query).fetchall()]
 
     def lingering(self) -> int:
+        """This sink's prepared transactions, and its transactions with rows left in a
+        staging table (``txsink_staging_*`` in the target's schema, found in the catalog)."""
         import psycopg
 
         app = _app_id(self.log)
         prefix = f"txsink.{app}.{self.uid}." if app else "txsink."
         with psycopg.connect(self.dsn, autocommit=True) as conn:
-            gids = prepared_gids(conn, prefix)
+            gids = prepared_gids(conn, prefix) + staged_names(conn, self.table, prefix)
         return sum(1 for gid in gids if app or f".{self.uid}." in gid)
+
+
+def staged_names(conn: Any, table: str, prefix: str) -> list[str]:
+    """The transaction names starting with ``prefix`` that have rows in a staging table of
+    ``table``'s schema (read with plain SQL: the tables by name pattern, not by the sink's
+    own naming)."""
+    from psycopg import sql
+
+    schema = table.split(".", maxsplit=1)[0] if "." in table else "public"
+    found = conn.execute(
+        "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = %s AND c.relkind = 'r' AND c.relname LIKE 'txsink\\_staging\\_%%'",
+        (schema,),
+    ).fetchall()
+    names: list[str] = []
+    for (relname,) in found:
+        rows = conn.execute(
+            sql.SQL(
+                "SELECT DISTINCT __txsink_gid FROM {} WHERE starts_with(__txsink_gid, %s)"
+            ).format(sql.Identifier(schema, relname)),
+            (prefix,),
+        ).fetchall()
+        names += [str(r[0]) for r in rows]
+    return names
 
 
 class PostgresTarget:
@@ -121,8 +151,22 @@ class PostgresTesting(ConnectorTesting):
 
     name: ClassVar[str] = "postgres"
     env_vars: ClassVar[tuple[str, ...]] = (DSN,)
-    services: ClassVar[tuple[str, ...]] = ("postgres",)
-    variants: ClassVar[Mapping[str, Mapping[str, Any]]] = {"append": {"mode": "append"}}
+    services: ClassVar[tuple[str, ...]] = ("postgres", "postgres_stock")
+    variants: ClassVar[Mapping[str, Mapping[str, Any]]] = {
+        "append": {"mode": "append"},
+        # commit="auto" on a server without prepared transactions: the staging commit.
+        "staging": {"mode": "append", "server": "stock"},
+    }
+
+    @staticmethod
+    def dsn(spec: Mapping[str, Any], env: Mapping[str, str]) -> str:
+        """The server of a spec: the stock one when it asks for it and it is there."""
+        if spec.get("server") == "stock" and env.get(STOCK_DSN):
+            return env[STOCK_DSN]
+        return env[DSN]
+
+    def child_env(self, env: Mapping[str, str]) -> dict[str, str]:
+        return {var: env[var] for var in (DSN, STOCK_DSN) if var in env}
 
     def new_target(
         self, workdir: Path, tag: str, env: Mapping[str, str], **options: Any
@@ -131,7 +175,11 @@ class PostgresTesting(ConnectorTesting):
         from psycopg import sql
 
         schema = f"t_{tag}"
-        with psycopg.connect(env[DSN], autocommit=True) as conn:
+        server = options.get("server")
+        commit = options.get("commit", "auto")
+        if server == "stock" and not env.get(STOCK_DSN):
+            commit = "staging"  # a server with prepared transactions: force the staging commit
+        with psycopg.connect(self.dsn({"server": server}, env), autocommit=True) as conn:
             conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
             conn.execute(sql.SQL(DDL).format(sql.Identifier(schema, "events")))
         return {
@@ -140,15 +188,18 @@ class PostgresTesting(ConnectorTesting):
             "uid": options.get("uid", schema),
             "mode": options.get("mode", "append"),
             "key": list(options.get("key", ())),
+            "server": server,
+            "commit": commit,
         }
 
     def build_sink(self, spec: Mapping[str, Any], env: Mapping[str, str]) -> PostgresSink:
         return PostgresSink(
-            env[DSN],
+            self.dsn(spec, env),
             spec["table"],
             uid=spec.get("uid", "pg"),
             mode=spec.get("mode", "append"),
             key=spec.get("key", ()),
+            commit=spec.get("commit") or "auto",
             create_table=bool(spec.get("create_table", False)),
             connect_timeout_s=5,
             # Shorter than the cross-system tests' 12 s network stall, so that a stalled
@@ -164,10 +215,12 @@ class PostgresTesting(ConnectorTesting):
         *,
         log: str | None = None,
     ) -> SinkVerifier:
-        return PostgresVerifier(env[DSN], spec["table"], expected, spec.get("uid", "pg"), log=log)
+        return PostgresVerifier(
+            self.dsn(spec, env), spec["table"], expected, spec.get("uid", "pg"), log=log
+        )
 
     def observer_targets(self, spec: Mapping[str, Any], env: Mapping[str, str]) -> list[Target]:
-        return [PostgresTarget(env[DSN], spec["table"])]
+        return [PostgresTarget(self.dsn(spec, env), spec["table"])]
 
     def drop_target(self, spec: Mapping[str, Any], env: Mapping[str, str]) -> None:
         """Drop the target's schema (``DROP SCHEMA ... CASCADE``), best effort.
@@ -182,7 +235,7 @@ class PostgresTesting(ConnectorTesting):
         uid = spec.get("uid", "pg")
         with (
             contextlib.suppress(Exception),
-            psycopg.connect(env[DSN], autocommit=True, connect_timeout=5) as conn,
+            psycopg.connect(self.dsn(spec, env), autocommit=True, connect_timeout=5) as conn,
         ):
             for gid in prepared_gids(conn, "txsink."):
                 txn = TxnId.try_parse(gid)

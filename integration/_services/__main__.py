@@ -35,9 +35,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"integration/services up failed:\n{exc}", file=sys.stderr)
             print(f"logs: {LOG_DIR}", file=sys.stderr)
             return 1
-        print("service   start-up")
+        print(f"{'service':14s} start-up")
         for r in reports:
-            print(f"{r.name:9s} {r.describe()}")
+            print(f"{r.name:14s} {r.describe()}")
         for key, value in sorted(env.items()):
             print(printable(key, value))
         print(f"# env written to {ENV_FILE}; logs in {LOG_DIR}; cache in {cache_dir()}")

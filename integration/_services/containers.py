@@ -36,7 +36,8 @@ def _poll(what: str, check: Callable[[], bool], timeout: float = 120) -> None:
     raise ServiceError(f"{what} container not ready after {timeout:.0f}s")
 
 
-def postgres(finalizers: list[Callable[[], None]]) -> str:
+def postgres(finalizers: list[Callable[[], None]], *, max_prepared: int = 200) -> str:
+    """A PostgreSQL container; ``max_prepared=0`` is the image's (and PostgreSQL's) default."""
     try:  # testcontainers >= 4.14 moved the modules under .community
         from testcontainers.community.postgres import PostgresContainer
     except ImportError:
@@ -44,7 +45,7 @@ def postgres(finalizers: list[Callable[[], None]]) -> str:
 
     container: Any = PostgresContainer(
         PG_IMAGE, username="txsink", password="txsink", dbname="txsink", driver=None
-    ).with_command("postgres -c max_prepared_transactions=200 -c fsync=on")
+    ).with_command(f"postgres -c max_prepared_transactions={max_prepared} -c fsync=on")
     container.start()
     finalizers.append(container.stop)
     return str(container.get_connection_url(driver=None))

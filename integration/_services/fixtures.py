@@ -63,10 +63,13 @@ WHERE n.nspname = %s AND l.pid IS NULL
 
 @dataclass(repr=False)
 class PostgresService:
-    """A PostgreSQL server with ``max_prepared_transactions > 0``; ``dsn`` is for psycopg."""
+    """A PostgreSQL server with ``max_prepared_transactions > 0`` (``env_var``
+    ``TXSINK_PG_DSN``), or one as PostgreSQL ships, with 0 (``TXSINK_PG_STOCK_DSN``);
+    ``dsn`` is for psycopg."""
 
     dsn: str
     origin: str
+    env_var: str = "TXSINK_PG_DSN"
     _schemas: list[str] = field(default_factory=list)
     _proxies: list[NetProxy] = field(default_factory=list)
 
@@ -75,7 +78,7 @@ class PostgresService:
 
     def env(self, address: str | None = None) -> dict[str, str]:
         """The variables testing adapters read (``address``: a DSN through a proxy)."""
-        return {"TXSINK_PG_DSN": address or self.dsn}
+        return {self.env_var: address or self.dsn}
 
     def connect(
         self, *, autocommit: bool = True, dsn: str | None = None

@@ -1,9 +1,14 @@
-"""PostgreSQL from Debian's packages, as a private cluster under ``.work/postgres``.
+"""PostgreSQL from Debian's packages, as private clusters under ``.work/<service>``.
 
 Why a private cluster and not the distribution's ``main`` one: we need
 ``max_prepared_transactions > 0`` (two-phase commit), a fixed loopback port and a
 throw-away data folder, without touching a server the machine may already run.
 ``initdb`` refuses to run as root, so as root every server command runs as ``postgres``.
+
+Two services, the same binaries: ``postgres`` (two-phase commit allowed,
+``TXSINK_PG_DSN``) and ``postgres_stock`` (:class:`PostgresStock`: PostgreSQL's default
+``max_prepared_transactions = 0``, as most servers and managed services run it,
+``TXSINK_PG_STOCK_DSN``), for the connector's staging commit.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import shutil
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from .base import LocalService
 from .common import (
@@ -39,13 +44,14 @@ from .common import (
 )
 
 DEFAULT_PORT = 55432
+STOCK_PORT = 55433
 USER = "txsink"
 PASSWORD = "txsink"  # a fixed test credential for a loopback-only throw-away server
 DATABASE = "txsink"
 MAX_PREPARED = 200
 
 
-def _pg_dir() -> Path:
+def _pg_dir(name: str = "postgres") -> Path:
     """Where the cluster lives.
 
     As root, the server runs as ``postgres``, which must be able to reach its
@@ -55,9 +61,9 @@ def _pg_dir() -> Path:
     and ``.work/postgres`` is a symlink to it.
     """
     if not is_root():
-        return WORK_DIR / "postgres"
+        return WORK_DIR / name
     key = hashlib.sha256(str(WORK_DIR.resolve()).encode()).hexdigest()[:12]
-    return Path("/var/lib/txsink-services") / key / "postgres"
+    return Path("/var/lib/txsink-services") / key / name
 
 
 PG_DIR = _pg_dir()
@@ -102,18 +108,41 @@ def dsn(port: int, password: str = PASSWORD) -> str:
 
 
 class Postgres(LocalService):
-    """Started and stopped with ``pg_ctl`` (it detaches the postmaster itself), not spawned."""
+    """Started and stopped with ``pg_ctl`` (it detaches the postmaster itself), not spawned.
+
+    A subclass names another cluster: its own folder (``.work/<name>``), port, setting of
+    ``max_prepared_transactions`` and env variable.
+    """
 
     name = "postgres"
     stop_timeout = 60.0
+    default_port: ClassVar[int] = DEFAULT_PORT
+    max_prepared: ClassVar[int] = MAX_PREPARED
+    env_var: ClassVar[str] = "TXSINK_PG_DSN"
+
+    @property
+    def pg_dir(self) -> Path:
+        return _pg_dir(self.name)
+
+    @property
+    def data_dir(self) -> Path:
+        return self.pg_dir / "data"
+
+    @property
+    def log_file(self) -> Path:
+        return self.pg_dir / "postgres.log"
+
+    @property
+    def admin_pw_file(self) -> Path:
+        return self.pg_dir / "admin-password"
 
     def marker(self, state: dict[str, Any]) -> str:
-        return str(DATA_DIR)
+        return str(self.data_dir)
 
     def pid(self, state: dict[str, Any]) -> int | None:
         """The postmaster's pid, from its own pid file (first line of postmaster.pid)."""
         try:
-            first = (DATA_DIR / "postmaster.pid").read_text().splitlines()[0]
+            first = (self.data_dir / "postmaster.pid").read_text().splitlines()[0]
             return int(first)
         except (OSError, ValueError, IndexError):
             return read_pid(self.name)
@@ -124,7 +153,7 @@ class Postgres(LocalService):
             return False
         try:
             out = self._psql(port, USER, PASSWORD, DATABASE, "SHOW max_prepared_transactions")
-            return int(out.strip()) > 0
+            return int(out.strip()) == self.max_prepared
         except (ServiceError, ValueError, OSError):
             return False
 
@@ -157,7 +186,7 @@ class Postgres(LocalService):
         )
 
     def env(self, state: dict[str, Any]) -> dict[str, str]:
-        return {"TXSINK_PG_DSN": dsn(int(state["port"]))}
+        return {self.env_var: dsn(int(state["port"]))}
 
     # -- provisioning -------------------------------------------------------------------
 
@@ -176,31 +205,32 @@ class Postgres(LocalService):
 
     def _init_cluster(self, bindir: Path, report: StartReport) -> None:
         version = run([str(bindir / "postgres"), "--version"]).split()[-1].split(".")[0]
-        marker = PG_DIR / ".initialized"
-        if marker.exists() and (DATA_DIR / "PG_VERSION").exists():
-            if (DATA_DIR / "PG_VERSION").read_text().strip() == version:
+        pg_dir, data_dir = self.pg_dir, self.data_dir
+        marker = pg_dir / ".initialized"
+        if marker.exists() and (data_dir / "PG_VERSION").exists():
+            if (data_dir / "PG_VERSION").read_text().strip() == version:
                 return
-            log("postgres: data folder is from another major version; re-creating (test data)")
-        if DATA_DIR.exists():
-            shutil.rmtree(DATA_DIR)
+            log(f"{self.name}: data folder is from another major version; re-creating (test data)")
+        if data_dir.exists():
+            shutil.rmtree(data_dir)
         marker.unlink(missing_ok=True)
-        PG_DIR.mkdir(parents=True, exist_ok=True)
-        for folder in (PG_DIR, *list(PG_DIR.parents)[:2]):
+        pg_dir.mkdir(parents=True, exist_ok=True)
+        for folder in (pg_dir, *list(pg_dir.parents)[:2]):
             if folder != WORK_DIR and folder.is_relative_to("/var/lib/txsink-services"):
                 folder.chmod(0o755)
-        PG_DIR.chmod(0o755)
-        link = WORK_DIR / "postgres"
-        if link != PG_DIR and not link.exists():
+        pg_dir.chmod(0o755)
+        link = WORK_DIR / self.name
+        if link != pg_dir and not link.exists():
             link.parent.mkdir(parents=True, exist_ok=True)
-            link.symlink_to(PG_DIR, target_is_directory=True)
-        DATA_DIR.mkdir(mode=0o700)
+            link.symlink_to(pg_dir, target_is_directory=True)
+        data_dir.mkdir(mode=0o700)
         admin_pw = secrets.token_hex(16)
-        ADMIN_PW_FILE.write_text(admin_pw)
-        ADMIN_PW_FILE.chmod(0o600)
-        pwfile = PG_DIR / ".initdb-pw"
+        self.admin_pw_file.write_text(admin_pw)
+        self.admin_pw_file.chmod(0o600)
+        pwfile = pg_dir / ".initdb-pw"
         pwfile.write_text(admin_pw + "\n")
         pwfile.chmod(0o600)
-        _chown_to_server_user(DATA_DIR, pwfile)
+        _chown_to_server_user(data_dir, pwfile)
         t0 = time.monotonic()
         try:
             run(
@@ -208,7 +238,7 @@ class Postgres(LocalService):
                     [
                         str(bindir / "initdb"),
                         "-D",
-                        str(DATA_DIR),
+                        str(data_dir),
                         "-U",
                         "postgres",
                         f"--pwfile={pwfile}",
@@ -218,27 +248,27 @@ class Postgres(LocalService):
                     ]
                 ),
                 timeout=300,
-                log_path=LOG_DIR / "postgres-initdb.log",
+                log_path=LOG_DIR / f"{self.name}-initdb.log",
             )
         finally:
             pwfile.unlink(missing_ok=True)
-        conf = DATA_DIR / "postgresql.conf"
+        conf = data_dir / "postgresql.conf"
         with conf.open("a") as fh:
             fh.write("\n# txsink test harness: settings rewritten by every `up`\n")
             fh.write("include_if_exists = 'txsink.conf'\n")
         report.notes.append(f"initdb {time.monotonic() - t0:.1f}s")
-        (PG_DIR / ".needs-bootstrap").write_text("1")
+        (pg_dir / ".needs-bootstrap").write_text("1")
         marker.write_text(version)
 
     def _write_conf(self, port: int) -> None:
-        conf = DATA_DIR / "txsink.conf"
+        conf = self.data_dir / "txsink.conf"
         conf.write_text(
             "\n".join(
                 [
                     f"listen_addresses = '{LOOPBACK}'",
                     f"port = {port}",
                     "unix_socket_directories = ''",
-                    f"max_prepared_transactions = {MAX_PREPARED}",
+                    f"max_prepared_transactions = {self.max_prepared}",
                     "max_connections = 200",
                     "fsync = on",
                     "synchronous_commit = on",
@@ -253,10 +283,10 @@ class Postgres(LocalService):
 
     def _bootstrap_roles(self, port: int) -> None:
         """Create the test role and database once, as the cluster's superuser."""
-        flag = PG_DIR / ".needs-bootstrap"
+        flag = self.pg_dir / ".needs-bootstrap"
         if not flag.exists():
             return
-        admin_pw = ADMIN_PW_FILE.read_text().strip()
+        admin_pw = self.admin_pw_file.read_text().strip()
 
         def admin(query: str) -> str:
             return self._psql(port, "postgres", admin_pw, "postgres", query)
@@ -272,21 +302,21 @@ class Postgres(LocalService):
         bindir = self._ensure_binaries(report)
         self._init_cluster(bindir, report)
         # Not assign_ports: the port goes into the state only once the server runs on it.
-        port = choose_port(DEFAULT_PORT, state.get("port"), taken_ports)
-        if port != DEFAULT_PORT:
-            report.notes.append(f"port {DEFAULT_PORT} taken, using {port}")
+        port = choose_port(self.default_port, state.get("port"), taken_ports)
+        if port != self.default_port:
+            report.notes.append(f"port {self.default_port} taken, using {port}")
         self._write_conf(port)
-        LOG_FILE.touch()
-        _chown_to_server_user(LOG_FILE)
+        self.log_file.touch()
+        _chown_to_server_user(self.log_file)
         # pg_ctl -w returns once postmaster.pid says "ready"; it detaches the postmaster.
         run(
             _as_server_user(
                 [
                     str(bindir / "pg_ctl"),
                     "-D",
-                    str(DATA_DIR),
+                    str(self.data_dir),
                     "-l",
-                    str(LOG_FILE),
+                    str(self.log_file),
                     "-w",
                     "-t",
                     "120",
@@ -294,11 +324,13 @@ class Postgres(LocalService):
                 ]
             ),
             timeout=150,
-            log_path=LOG_DIR / "postgres-ctl.log",
+            log_path=LOG_DIR / f"{self.name}-ctl.log",
         )
         pid = self.pid(state)
         if pid is None:
-            raise ServiceError(f"postgres did not write its pid file; log:\n{tail_file(LOG_FILE)}")
+            raise ServiceError(
+                f"{self.name} did not write its pid file; log:\n{tail_file(self.log_file)}"
+            )
         write_pid(self.name, pid)
         state.update({"port": port, "bindir": str(bindir)})
         self._bootstrap_roles(port)
@@ -317,7 +349,7 @@ class Postgres(LocalService):
                         [
                             str(Path(bindir) / "pg_ctl"),
                             "-D",
-                            str(DATA_DIR),
+                            str(self.data_dir),
                             "-m",
                             "fast",
                             "-w",
@@ -327,10 +359,20 @@ class Postgres(LocalService):
                         ]
                     ),
                     timeout=90,
-                    log_path=LOG_DIR / "postgres-ctl.log",
+                    log_path=LOG_DIR / f"{self.name}-ctl.log",
                 )
             except ServiceError as exc:
-                log(f"postgres: pg_ctl stop failed ({exc}); signalling the postmaster")
+                log(f"{self.name}: pg_ctl stop failed ({exc}); signalling the postmaster")
         # SIGINT is PostgreSQL's "fast shutdown"; a no-op if pg_ctl already stopped it.
         stop_pid(pid, self.marker(state), sig=signal.SIGINT, timeout=self.stop_timeout)
         return True
+
+
+class PostgresStock(Postgres):
+    """A second cluster as PostgreSQL ships: ``max_prepared_transactions = 0``, so no
+    two-phase commit (the Postgres connector's staging commit is tested against it)."""
+
+    name = "postgres_stock"
+    default_port: ClassVar[int] = STOCK_PORT
+    max_prepared: ClassVar[int] = 0
+    env_var: ClassVar[str] = "TXSINK_PG_STOCK_DSN"

@@ -52,6 +52,20 @@ def resolve_postgres(finalizers: list[Finalizer]) -> PostgresService:
     return PostgresService(dsn=_local("postgres")["TXSINK_PG_DSN"], origin="local")
 
 
+def resolve_postgres_stock(finalizers: list[Finalizer]) -> PostgresService:
+    """A PostgreSQL server with ``max_prepared_transactions = 0`` (PostgreSQL's default)."""
+    var = "TXSINK_PG_STOCK_DSN"
+    dsn = os.environ.get(var)
+    if dsn:
+        return PostgresService(dsn=dsn, origin="env", env_var=var)
+    if docker_available():
+        from . import containers
+
+        dsn = containers.postgres(finalizers, max_prepared=0)
+        return PostgresService(dsn=dsn, origin="docker", env_var=var)
+    return PostgresService(dsn=_local("postgres_stock")[var], origin="local", env_var=var)
+
+
 def resolve_kafka(finalizers: list[Finalizer]) -> KafkaService:
     bootstrap = os.environ.get("TXSINK_KAFKA_BOOTSTRAP")
     if bootstrap:

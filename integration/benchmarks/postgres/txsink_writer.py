@@ -19,7 +19,8 @@ from typing_extensions import override
 
 from txsink import Coordinator
 from txsink.connectors.postgres.copy import OpenTxn
-from txsink.connectors.postgres.sink import PgHandle, PostgresSink
+from txsink.connectors.postgres.sink import PostgresSink
+from txsink.handles import Handle
 from txsink.txid import TxnId
 
 from .context import Bench
@@ -52,7 +53,7 @@ class ProfiledPostgresSink(PostgresSink):
         self._profile["write"] += time.perf_counter() - t0
 
     @override
-    def prepare(self, txn: OpenTxn) -> PgHandle:
+    def prepare(self, txn: OpenTxn) -> Handle:
         t0 = time.perf_counter()
         handle = super().prepare(txn)
         end = time.perf_counter()

@@ -62,12 +62,10 @@ CONNECTORS = [
 ]
 
 
-def _options(spec: dict[str, Any]) -> dict[str, str]:
+def _options(found: Any, spec: dict[str, Any]) -> dict[str, str]:
     """A testing adapter's target spec as ``format("txsink")`` options (strings)."""
     out = {}
-    for key, value in spec.items():
-        if key == "kind":
-            continue
+    for key, value in found.sink_options(spec).items():
         if isinstance(value, bool):
             out[key] = str(value).lower()
         elif isinstance(value, list | tuple | dict):
@@ -98,7 +96,7 @@ def _target(
     make_input(tmp_path / "input", ROWS, FILES)
     spec = found.new_target(tmp_path, tmp_path.name[-12:].lower().replace("-", "_"), child)
     try:
-        args = {"workdir": str(tmp_path), "options": _options(spec), **kwargs}
+        args = {"workdir": str(tmp_path), "options": _options(found, spec), **kwargs}
         args["env_options"] = ENV_OPTIONS.get(connector, {})
         yield found, spec, child, python_module_cmd("txsink.runner", PIPELINE, json.dumps(args))
     finally:

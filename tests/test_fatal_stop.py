@@ -30,7 +30,7 @@ from txsink.errors import (
     WriteError,
     restart_cannot_help,
 )
-from txsink.runner import FATAL_EXIT, python_module_cmd, run_until_done
+from txsink.runner import FATAL_EXIT, exit_code, python_module_cmd, run_until_done
 
 HERE = Path(__file__).resolve()
 
@@ -48,6 +48,12 @@ def fails_once(state: str) -> None:
     if not Path(state).exists():
         Path(state).write_text("failed once")
         raise RetryableError("the target did not answer for a moment", sink_uid="out")
+
+
+def refused_until_fixed(state: str) -> None:
+    """A pipeline refused until an operator fixes its cause (the file ``state`` appears)."""
+    if not Path(state).exists():
+        raise ConfigurationError("the input has a row no target takes", phase="check")
 
 
 def _cmd(func: str, **kwargs: Any) -> list[str]:
@@ -86,6 +92,64 @@ def test_the_runner_stops_at_the_first_error_a_restart_cannot_help() -> None:
     assert not report.finished
     assert "ConfigurationError" in report.failure and "fix it" in report.failure
     assert said[-1].endswith("not restarting: a restart would meet the same error"), said
+
+
+@pytest.mark.parametrize(
+    ("err", "code"),
+    [(ConfigurationError("bad option", phase="check"), FATAL_EXIT), (RetryableError("x"), 1)],
+    ids=["configuration", "retryable"],
+)
+def test_an_error_that_reached_the_process_only_as_sparks_text_keeps_its_exit_code(
+    err: BaseException, code: int
+) -> None:
+    """The Data Source path: the txsink error raised in Spark's Python worker reaches the
+    user's process inside Spark's exception, as text with txsink's note (a
+    ``PYTHON_DATA_SOURCE_ERROR``). The note says whether a restart can help it."""
+    from txsink.observe.failure import mark
+
+    mark(err, f"{type(err).__name__}: {err}", printed=False)
+    wrapped = RuntimeError(
+        "[PYTHON_DATA_SOURCE_ERROR] Failed to initialize Python data source writer: "
+        "Traceback (most recent call last):\n  ...\n" + "\n".join(getattr(err, "__notes__", []))
+    )
+    assert exit_code(wrapped) == code
+    assert exit_code(RuntimeError("a crash with no note")) == 1
+
+
+def test_the_runner_goes_on_when_the_cause_of_a_fatal_error_was_fixed(tmp_path: Path) -> None:
+    """``on_fatal``: the operator fixes the cause (a chaos run's poison plan mends the
+    input) and the runs go on; without a fix they end at the first such error."""
+    state = tmp_path / "fixed"
+    fixes: list[int] = []
+
+    def fix(run: int) -> bool:
+        fixes.append(run)
+        state.write_text("the input mended")
+        return True
+
+    cmd = _cmd("refused_until_fixed", state=str(state))
+    report = run_until_done(cmd, max_runs=5, on_fatal=fix, timeout=120)
+    assert (report.runs, report.exit_codes, report.finished) == (2, [FATAL_EXIT, 0], True)
+    assert fixes == [1] and not report.fatal
+    state.unlink()
+    report = run_until_done(cmd, max_runs=5, on_fatal=lambda _run: False, timeout=120)
+    assert (report.runs, report.fatal) == (1, True), report
+
+
+@pytest.mark.spark
+def test_a_data_source_query_refused_for_a_bad_option_is_not_restarted(tmp_path: Path) -> None:
+    """format("txsink") with an option its connector does not take: the refusal reaches the
+    user's process only inside Spark's exception, and still ends the runs after one."""
+    from txsink.testing.inputs import make_input
+
+    make_input(tmp_path / "input", 10, 1)
+    options = {"connector": "files", "path": str(tmp_path / "out"), "uid": "out", "servr": "x"}
+    args = {"workdir": str(tmp_path), "options": options, "partitions": 1}
+    pipeline = "txsink.testing.pipelines:run_datasource"
+    cmd = python_module_cmd("txsink.runner", pipeline, json.dumps(args))
+    report = run_until_done(cmd, max_runs=3, timeout=300)
+    assert (report.runs, report.exit_codes, report.fatal) == (1, [FATAL_EXIT], True), report
+    assert "unknown option(s) ['servr']" in report.failure, report.failure
 
 
 def test_the_runner_still_restarts_after_a_retryable_error(tmp_path: Path) -> None:

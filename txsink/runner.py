@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from txsink.errors import restart_cannot_help
+from txsink.observe.failure import carried_note
 from txsink.observe.logs import one_line
 from txsink.protocol.faults import FAULT_LINE
 
@@ -36,8 +37,16 @@ FATAL_EXIT = 78
 
 def exit_code(err: BaseException) -> int:
     """The exit code of a query run that failed with ``err``: :data:`FATAL_EXIT` when a
-    restart would only meet it again (:func:`txsink.errors.restart_cannot_help`), else 1."""
-    return FATAL_EXIT if restart_cannot_help(err) else 1
+    restart would only meet it again (:func:`txsink.errors.restart_cannot_help`), else 1.
+
+    ``err`` may be Spark's exception around a txsink error that reached the user's process
+    only as text (the Data Source path: ``PYTHON_DATA_SOURCE_ERROR``, a Spark Connect
+    error); the note txsink added to the error (:func:`txsink.observe.failure.mark`) says
+    whether a restart can help it."""
+    if restart_cannot_help(err):
+        return FATAL_EXIT
+    note = carried_note(err)
+    return FATAL_EXIT if note is not None and note.get("fatal") is True else 1
 
 
 @dataclass
@@ -78,6 +87,7 @@ def run_until_done(
     on_line: Callable[[str], None] | None = None,
     on_restart: Callable[[int, int], None] | None = None,
     on_start: Callable[[subprocess.Popen[str]], None] | None = None,
+    on_fatal: Callable[[int], bool] | None = None,
     timeout: float = 900.0,
     say: Callable[[str], None] | None = None,
     label: str = "query run",
@@ -87,7 +97,9 @@ def run_until_done(
 
     ``on_line`` receives every line the child prints (stdout and stderr merged);
     ``on_restart(run, exit_code)`` is called before each restart; ``on_start(process)``
-    as each run's child has started. ``say``, when given,
+    as each run's child has started. ``on_fatal(run)``, after a run that exited with
+    :data:`FATAL_EXIT`, returns whether the cause was fixed meanwhile (an operator mended
+    the input, as a chaos run's poison plan does): then the runs go on. ``say``, when given,
     is told the run as a person reads it: each ``txsink:`` line of the child, indented,
     and before each restart one line naming why the run ended, e.g. ``query run 1 ended
     (killed by SIGKILL) after fault after_decision:kill-driver at epoch=0: killing the
@@ -139,7 +151,7 @@ def run_until_done(
             break
         report.endings.append(f"{label} {report.runs} ended ({describe_exit(code)}){seen}")
         report.failure = seen.failure
-        if code == FATAL_EXIT:
+        if code == FATAL_EXIT and (on_fatal is None or not on_fatal(report.runs)):
             report.fatal = True
             if say is not None:
                 say(f"{report.endings[-1]}; not restarting: a restart would meet the same error")

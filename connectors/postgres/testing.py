@@ -192,6 +192,11 @@ class PostgresTesting(ConnectorTesting):
             "commit": commit,
         }
 
+    def sink_options(self, spec: Mapping[str, Any]) -> dict[str, Any]:
+        """Without ``server`` (which of the harness's servers: the adapter's key, not the
+        sink's; the DSN is the sink's)."""
+        return {k: v for k, v in super().sink_options(spec).items() if k != "server"}
+
     def build_sink(self, spec: Mapping[str, Any], env: Mapping[str, str]) -> PostgresSink:
         return PostgresSink(
             self.dsn(spec, env),

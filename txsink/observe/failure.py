@@ -42,7 +42,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TextIO
 
-from txsink.errors import ERROR_NOTE_MARKER
+from txsink.errors import ERROR_NOTE_MARKER, restart_cannot_help
 
 __all__ = [
     "FINDERS",
@@ -81,6 +81,9 @@ def mark(err: BaseException, paragraph: str, *, printed: bool) -> None:
     doc = {
         "type": type(err).__name__,
         "paragraph": paragraph,
+        # Read where the error arrives only as Spark's text (the Data Source path): a
+        # restarting runner stops at an error a restart would meet again.
+        "fatal": restart_cannot_help(err),
         "printed": printed,
         "pid": os.getpid(),
         "host": socket.gethostname(),

@@ -80,6 +80,12 @@ class ConnectorTesting(abc.ABC):
         given :meth:`child_env`.
         """
 
+    def sink_options(self, spec: Mapping[str, Any]) -> dict[str, Any]:
+        """The sink's own parameters in a spec, as ``format("txsink")`` takes them: the
+        spec without ``kind`` and without any key only the adapter reads (which server of
+        the harness, say). Default: every key but ``kind``."""
+        return {key: value for key, value in spec.items() if key != "kind"}
+
     @abc.abstractmethod
     def build_sink(self, spec: Mapping[str, Any], env: Mapping[str, str]) -> SinkContract[Any, Any]:
         """The sink a spec describes (in the test process or in a pipeline's child)."""

@@ -226,6 +226,12 @@ class Disturbed:
             self._watch.daemon = True
             self._watch.start()
 
+    def fixable(self) -> bool:
+        """Whether the run that just ended on an error a restart cannot help met the
+        poison, which :meth:`on_restart` then fixes as an operator would (a restart after
+        that is worth it); any other such error ends the chaos run."""
+        return isinstance(self.disturbance, Poison) and not self._healed
+
     def on_restart(self) -> None:
         poison = self.disturbance
         failure, self._failure = self._failure, None

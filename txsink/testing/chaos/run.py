@@ -313,6 +313,7 @@ def run_chaos(
             on_line=on_line,
             on_restart=on_restart,
             on_start=disturbed.on_start,
+            on_fatal=lambda _run: disturbed.fixable(),
             timeout=timeout,
             say=say,
             label="run",

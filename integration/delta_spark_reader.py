@@ -1,9 +1,11 @@
 """A second, independent reader of Delta tables: Spark with Delta Lake's own jar.
 
-Run with an interpreter that has a PySpark Delta supports (not txsink's venv: no Delta
-release runs on PySpark 4.3 yet; ``./dev delta-reader`` makes ``.venv-delta-spark`` with
-PySpark 4.2 for ``io.delta:delta-spark_2.13:4.4.0``, built on Spark 4.2). It imports nothing
-of txsink. Prints one JSON line: the table's ids, its version and its history's operations::
+Run with an interpreter that has a PySpark Delta supports (3.5 to 4.2: each matrix venv,
+with its line's jar in ``TXSINK_DELTA_SPARK_PACKAGE``, ``spark_jars.py``; no Delta release
+runs on PySpark 4.3 yet, so for txsink's venv ``./dev delta-reader`` makes
+``.venv-delta-spark`` with PySpark 4.2 for ``io.delta:delta-spark_2.13:4.4.0``, built on
+Spark 4.2, the default here). It imports nothing of txsink. Prints one JSON line: the
+table's ids, its version and its history's operations::
 
     .venv-delta-spark/bin/python integration/delta_spark_reader.py /path/to/table
 """

@@ -23,7 +23,10 @@ def _cases() -> list[Any]:
             name,
             variant,
             check,
-            marks=[getattr(pytest.mark, service) for service in found.services],
+            marks=[
+                *[getattr(pytest.mark, service) for service in found.services],
+                pytest.mark.matrix("contract"),
+            ],
             id=f"{name}-{variant}-{check.__name__}",
         )
         for name, found in adapters().items()

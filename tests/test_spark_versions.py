@@ -25,6 +25,7 @@ from txsink.spark import jobs as _jobs
 from txsink.spark import versions as _versions
 
 
+@pytest.mark.matrix("arrow_schema")
 def test_the_first_batch_check_reads_a_real_schema(spark: Any) -> None:
     """The Arrow schema of a DataFrame with every kind of column the demo and the sinks
     meet, through the installed PySpark: the same types a task's Arrow batches carry."""
@@ -186,6 +187,9 @@ def test_spark_3_5() -> None:
 
 
 @pytest.mark.spark_line("3.5")
+@pytest.mark.matrix(
+    "byte_cap", note="no byte cap on 3.5: Arrow batches are cut by maxRecordsPerBatch only"
+)
 def test_no_byte_cap_to_lift_on_3_5() -> None:
     """Spark 3.5 cuts Arrow batches by rows only: txsink's jobs set nothing."""
 
@@ -207,6 +211,11 @@ def test_no_byte_cap_to_lift_on_3_5() -> None:
 
 
 @pytest.mark.spark_line("3.5")
+@pytest.mark.matrix(
+    "datasource",
+    refused="the Python Data Source API is Spark 4.0's; txsink says so at once and names "
+    "foreachBatch",
+)
 def test_the_data_source_is_refused_on_3_5(spark: Any) -> None:
     """``format("txsink")`` on 3.5: refused at registration, and the classes refuse on
     first use, naming the version and ``foreachBatch``; the package itself imports (the

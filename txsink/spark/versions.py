@@ -141,10 +141,13 @@ def data_source_refusal() -> UnsupportedSparkError:
     )
 
 
-def scala_binary() -> str:
-    """The Scala binary version of this Spark's jars: ``"2.12"`` (3.5) or ``"2.13"``
-    (4.x); the suffix of the Maven artifacts that must match it."""
-    return "2.13" if _at_least(4, 0) else "2.12"
+def scala_binary(line: tuple[int, int] | None = None) -> str:
+    """The Scala binary version of this Spark's jars (or of Spark ``line``, e.g. ``(3, 5)``,
+    for a second reader in another venv): ``"2.12"`` (3.5) or ``"2.13"`` (4.x); the suffix
+    of the Maven artifacts that must match it."""
+    if line is None:
+        return "2.13" if _at_least(4, 0) else "2.12"
+    return "2.13" if line >= (4, 0) else "2.12"
 
 
 def connect_server_packages() -> list[str]:

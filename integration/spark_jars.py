@@ -57,8 +57,17 @@ class Reader:
     env: dict[str, str] = field(default_factory=dict)
 
     @property
-    def name(self) -> str:
-        return f"Spark {self.line[0]}.{self.line[1]} ({self.python})"
+    def elsewhere(self) -> str | None:
+        """What the page says when this reader runs another Spark line than the writer's
+        (None when it is the same line)."""
+        if self.line == spark_version()[:2]:
+            return None
+        where = Path(self.python)
+        shown = where.relative_to(ROOT) if where.is_relative_to(ROOT) else where
+        return (
+            f"read with Spark {self.line[0]}.{self.line[1]} ({shown}): no release for "
+            f"Spark {'.'.join(map(str, spark_version()[:2]))} yet"
+        )
 
 
 def delta_package(line: Line) -> str:

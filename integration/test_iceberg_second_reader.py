@@ -35,7 +35,8 @@ def _reader(record_property: Callable[[str, object], None]) -> spark_jars.Reader
     found = spark_jars.iceberg_reader()
     if isinstance(found, str):
         pytest.skip(found)
-    record_property("matrix_note", f"read with {found.name}")
+    if found.elsewhere:
+        record_property("matrix_note", found.elsewhere)
     return found
 
 

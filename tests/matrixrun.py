@@ -43,7 +43,7 @@ FEATURES: dict[str, str] = {
     "(files, Postgres, Kafka WAL, S3, Iceberg, Delta)",
     "write": "`coordinator.write(df)` (a static DataFrame)",
     "direct": "Kafka direct mode (single pass, barrier `mapInArrow`)",
-    "contract": "The sink contract, every connector and variant",
+    "contract": "The sink contract, every connector (its first variant, and Kafka direct)",
     "connect": "Spark Connect `foreachBatch`",
     "datasource": 'Python Data Source (`writeStream.format("txsink")`)',
     "demo": "`txsink demo --crash after_decision:kill-driver`",

@@ -23,7 +23,7 @@ def main(path: str, id_column: str = "id") -> int:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    spark = (
+    builder = (
         SparkSession.builder.master("local[1]")
         .appName("delta-second-reader")
         .config("spark.jars.packages", DELTA)
@@ -32,8 +32,10 @@ def main(path: str, id_column: str = "id") -> int:
             "spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog"
         )
         .config("spark.ui.enabled", "false")
-        .getOrCreate()
     )
+    if os.environ.get("TXSINK_SPARK_IVY_SETTINGS"):  # Maven Central alone (ivysettings.xml)
+        builder = builder.config("spark.jars.ivySettings", os.environ["TXSINK_SPARK_IVY_SETTINGS"])
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     try:
         ids = [r[0] for r in spark.read.format("delta").load(path).select(id_column).collect()]

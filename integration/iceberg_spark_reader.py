@@ -68,6 +68,8 @@ def main(catalog: str, table: str, warehouse: str, id_column: str = "id") -> int
         .config(f"{prefix}.s3.secret-access-key", os.environ.get("TXSINK_S3_SECRET_KEY", ""))
         .config(f"{prefix}.client.region", os.environ.get("TXSINK_S3_REGION") or "us-east-1")
     )
+    if os.environ.get("TXSINK_SPARK_IVY_SETTINGS"):  # Maven Central alone (ivysettings.xml)
+        builder = builder.config("spark.jars.ivySettings", os.environ["TXSINK_SPARK_IVY_SETTINGS"])
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     name = f"{catalog}.{table}"

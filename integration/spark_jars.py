@@ -45,6 +45,8 @@ DELTA: dict[Line, str] = {(3, 5): "3.3.3", (4, 0): "4.0.1", (4, 1): "4.3.1", (4,
 ICEBERG: dict[Line, str] = {(3, 5): "1.12.0", (4, 0): "1.11.0", (4, 1): "1.12.0"}
 #: The PostgreSQL JDBC driver of Iceberg's JDBC catalog (any line).
 POSTGRES_JDBC = "org.postgresql:postgresql:42.7.14"
+#: Maven Central alone for the readers' jars (``spark.jars.ivySettings``; the file says why).
+IVY_SETTINGS = ROOT / "integration" / "ivysettings.xml"
 
 
 @dataclass(frozen=True)
@@ -128,7 +130,12 @@ def _reader(variable: str, releases: dict[Line, str], venv: str, make: str) -> R
     line = _line_of(chosen)
     if line not in releases:
         return f"{chosen} has Spark {line[0]}.{line[1]}: no release for it (spark_jars.py)"
-    return Reader(chosen, line, {"PYSPARK_PYTHON": chosen, "PYSPARK_DRIVER_PYTHON": chosen})
+    env = {
+        "PYSPARK_PYTHON": chosen,
+        "PYSPARK_DRIVER_PYTHON": chosen,
+        "TXSINK_SPARK_IVY_SETTINGS": str(IVY_SETTINGS),
+    }
+    return Reader(chosen, line, env)
 
 
 def _line_of(python: str) -> Line:

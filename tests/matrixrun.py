@@ -130,7 +130,9 @@ class MatrixRecorder:
                 found.note = str(value)
         if report.failed:
             found.outcome = "failed"
-            found.reason = f"{report.when}: {_last_line(report.longreprtext)}"
+            crash = getattr(report.longrepr, "reprcrash", None)
+            said = crash.message if crash is not None else _last_line(report.longreprtext)
+            found.reason = f"{report.when}: {' '.join(said.split())[:300]}"
         elif report.skipped and found.outcome != "failed":
             found.outcome = "skipped"
             found.reason = _skip_reason(report)

@@ -229,6 +229,30 @@ def test_the_data_source_is_refused_on_3_5(spark: Any) -> None:
     assert ds.format_not_found(RuntimeError("not a Spark error")) is None
 
 
+@pytest.mark.spark_line("4.0")
+@pytest.mark.matrix(
+    "datasource",
+    refused="PySpark 4.0's streaming Data Source writer takes rows, not Arrow batches "
+    "(DataSourceStreamArrowWriter is 4.1's): txsink refuses writeStream.format('txsink') at "
+    "once and names foreachBatch; static df.write.format('txsink') runs",
+)
+def test_the_streaming_data_source_is_refused_on_4_0() -> None:
+    """4.0 (Databricks 17.3 LTS) has the Data Source API but no streaming Arrow writer: the
+    format's module imports (static writes), and a stream is refused before any writer is
+    made, naming the version and foreachBatch (found by the compatibility matrix)."""
+    from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamWriter
+
+    from txsink.datasource import TxsinkDataSource, source
+
+    assert _versions.stream_writer_base() is DataSourceStreamWriter
+    assert issubclass(source._BatchWriter, DataSourceArrowWriter)
+    ds = TxsinkDataSource({"connector": "files", "path": "/nonexistent", "uid": "x"})
+    with pytest.raises(
+        UnsupportedSparkError, match=r"needs Spark 4\.1.*PySpark 4\.0\.\d+.*foreachBatch"
+    ):
+        ds.streamWriter(None, False)  # type: ignore[arg-type]
+
+
 @pytest.mark.spark_line("4")
 def test_spark_4() -> None:
     """4.x: Scala 2.13 jars, the Connect server in PySpark's jars, the byte cap, the Python

@@ -100,7 +100,7 @@ class _Outcome:
     seconds: float = 0.0
 
 
-@dataclass
+@dataclass(eq=False)  # a plugin must hash (pluggy keeps plugins in sets)
 class MatrixRecorder:
     """A pytest plugin: the outcome of each test marked ``matrix``, written at the end."""
 

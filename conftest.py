@@ -6,10 +6,12 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests import matrixrun
 from tests.sharedmachine import SessionArchive, SessionTemp
 
 _TEMP = SessionTemp()
@@ -30,6 +32,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="the Spark line this run is for (default: $TXSINK_SPARK_LINE): the run stops at "
         "once if the installed PySpark is another one (a matrix cell in the wrong venv)",
     )
+    matrixrun.add_options(parser)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -37,6 +40,9 @@ def pytest_configure(config: pytest.Config) -> None:
     (nothing is built here: a collection never builds)."""
     _TEMP.install()
     config.stash[_ARCHIVE] = SessionArchive()
+    results = config.getoption("--matrix-json")
+    if results:
+        config.pluginmanager.register(matrixrun.MatrixRecorder(Path(results)), "txsink-matrix")
     wanted = config.getoption("--spark-line")
     if wanted:
         from txsink.spark.versions import spark_line
@@ -61,11 +67,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         ):
             item.add_marker(pytest.mark.spark)
     _skip_other_lines(items)
+    matrixrun.select(config, items)
     if config.getoption("--run-slow") or os.environ.get("TXSINK_SLOW") == "1":
         return
+    # A matrix run (--matrix) runs its slow tests too: each stands for a feature on a line.
+    matrix = config.getoption("--matrix")
     skip = pytest.mark.skip(reason="slow: run with --run-slow or TXSINK_SLOW=1")
     for item in items:
-        if "slow" in item.keywords:
+        if "slow" in item.keywords and not (matrix and item.get_closest_marker("matrix")):
             item.add_marker(skip)
 
 

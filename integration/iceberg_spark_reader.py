@@ -2,9 +2,10 @@
 runtime, through Iceberg's JDBC catalog on the PostgreSQL database pyiceberg's SQL catalog
 writes (the same ``iceberg_tables`` rows), and Iceberg's S3FileIO on the S3 server.
 
-Run with an interpreter whose PySpark an Iceberg runtime supports (not txsink's venv: no
-Iceberg release runs on PySpark 4.3 yet; ``./dev iceberg-reader`` makes
-``.venv-iceberg-spark`` with PySpark 4.1 for ``iceberg-spark-runtime-4.1_2.13``). It imports
+Run with an interpreter whose PySpark an Iceberg runtime supports (3.5 to 4.1: each matrix
+venv, ``spark_jars.py``; no Iceberg release runs on PySpark 4.3 yet, so for txsink's venv
+``./dev iceberg-reader`` makes ``.venv-iceberg-spark`` with PySpark 4.1 for
+``iceberg-spark-runtime-4.1_2.13``). It imports
 nothing of txsink. Connection settings come from the environment (``TXSINK_PG_DSN``,
 ``TXSINK_S3_*``, as ``integration/services up`` writes them); nothing secret is printed.
 Prints one JSON line: the table's ids, its snapshots (with their summaries) and its
@@ -21,7 +22,9 @@ import sys
 from urllib.parse import unquote, urlsplit
 
 ICEBERG = os.environ.get("TXSINK_ICEBERG_SPARK_VERSION", "1.12.0")
-PACKAGES = ",".join(
+#: The jars, for the Spark line that runs this reader (``spark_jars.iceberg_packages``: the
+#: tests set ``TXSINK_ICEBERG_SPARK_PACKAGES``); by hand, Spark 4.1's.
+PACKAGES = os.environ.get("TXSINK_ICEBERG_SPARK_PACKAGES") or ",".join(
     [
         f"org.apache.iceberg:iceberg-spark-runtime-4.1_2.13:{ICEBERG}",
         f"org.apache.iceberg:iceberg-aws-bundle:{ICEBERG}",
@@ -65,6 +68,8 @@ def main(catalog: str, table: str, warehouse: str, id_column: str = "id") -> int
         .config(f"{prefix}.s3.secret-access-key", os.environ.get("TXSINK_S3_SECRET_KEY", ""))
         .config(f"{prefix}.client.region", os.environ.get("TXSINK_S3_REGION") or "us-east-1")
     )
+    if os.environ.get("TXSINK_SPARK_IVY_SETTINGS"):  # Maven Central alone (ivysettings.xml)
+        builder = builder.config("spark.jars.ivySettings", os.environ["TXSINK_SPARK_IVY_SETTINGS"])
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     name = f"{catalog}.{table}"

@@ -82,6 +82,7 @@ def _assert_files_exactly_once(tmp: Path, rows: int = ROWS) -> Verdict:
     return verdict
 
 
+@pytest.mark.matrix("connect")
 def test_files_sink_through_connect(connect_server: ConnectServer, tmp_path: Path) -> None:
     make_input(tmp_path / "input", rows=ROWS, files=FILES)
     lines: list[str] = []
@@ -137,6 +138,7 @@ def test_without_app_id_connect_refuses_before_writing(
     assert not (tmp_path / "out").exists() or verify_files(tmp_path / "out", []).rows_written == 0
 
 
+@pytest.mark.matrix("connect")
 def test_crashes_in_tasks_and_in_the_foreachbatch_process(
     connect_server: ConnectServer, tmp_path: Path
 ) -> None:

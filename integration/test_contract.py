@@ -17,13 +17,24 @@ from txsink.testing import contract
 from txsink.testing.adapter import adapter, adapters
 
 
+def _matrix(found: Any, variant: str) -> list[Any]:
+    """The compatibility matrix (``--matrix``, every Spark line) runs each connector's first
+    variant and the variants that commit in their tasks (Kafka direct)."""
+    if variant == next(iter(found.variants)) or variant in found.single_pass_variants:
+        return [pytest.mark.matrix("contract")]
+    return []
+
+
 def _cases() -> list[Any]:
     return [
         pytest.param(
             name,
             variant,
             check,
-            marks=[getattr(pytest.mark, service) for service in found.services],
+            marks=[
+                *[getattr(pytest.mark, service) for service in found.services],
+                *_matrix(found, variant),
+            ],
             id=f"{name}-{variant}-{check.__name__}",
         )
         for name, found in adapters().items()

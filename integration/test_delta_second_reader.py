@@ -1,19 +1,22 @@
 """The Delta connector's tables read back by a second, independent reader: Spark with Delta
-Lake's own jar (``integration/delta_spark_reader.py``, in ``.venv-delta-spark``: no Delta
-release runs on txsink's PySpark 4.3, so that venv has PySpark 4.2 and Spark fetches
-``io.delta:delta-spark_2.13:4.4.0``). Slow: make the venv with ``./dev delta-reader``, then
-``pytest --run-slow integration/test_delta_second_reader.py``.
-"""
+Lake's own jar (``integration/delta_spark_reader.py`` in a child process). On each matrix
+line (3.5 to 4.2) the reader runs in that line's venv with its line's Delta release
+(``delta-spark_2.12:3.3.3`` on 3.5, ...: ``spark_jars.py``); on txsink's 4.3, which no
+Delta release supports yet, in ``.venv-delta-spark`` (PySpark 4.2, ``./dev delta-reader``)
+or a matrix venv. Slow: ``pytest --run-slow integration/test_delta_second_reader.py``; the
+matrix (``--matrix``) runs one cell per line."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+import spark_jars
 
 from conftest import variant_target
 from tests.streaming import fault_spec, prepare_input, run_until_done
@@ -25,14 +28,12 @@ ROOT = Path(__file__).resolve().parent.parent
 ROWS, FILES = 600, 3
 
 
-def _reader() -> str:
-    found = os.environ.get("TXSINK_DELTA_SPARK_PYTHON") or str(
-        ROOT / ".venv-delta-spark" / "bin" / "python"
-    )
-    if not Path(found).exists():
-        pytest.skip(
-            "no PySpark 4.2 for Delta's jar: make .venv-delta-spark with ./dev delta-reader"
-        )
+def _reader(record_property: Callable[[str, object], None]) -> spark_jars.Reader:
+    found = spark_jars.delta_reader()
+    if isinstance(found, str):
+        pytest.skip(found)
+    if found.elsewhere:
+        record_property("matrix_note", found.elsewhere)
     return found
 
 
@@ -40,12 +41,23 @@ def _reader() -> str:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("variant", "point", "mode"),
-    [("partitioned", "during_commit", "raise"), ("local", "after_precommit", "kill-worker")],
+    [
+        ("partitioned", "during_commit", "raise"),
+        pytest.param(
+            "local", "after_precommit", "kill-worker", marks=pytest.mark.matrix("delta_reader")
+        ),
+    ],
 )
 def test_spark_with_deltas_jar_reads_every_row_once(
-    spark: Any, request: pytest.FixtureRequest, tmp_path: Path, variant: str, point: str, mode: str
+    spark: Any,
+    request: pytest.FixtureRequest,
+    record_property: Callable[[str, object], None],
+    tmp_path: Path,
+    variant: str,
+    point: str,
+    mode: str,
 ) -> None:
-    python = _reader()
+    reader = _reader(record_property)
     target = variant_target(request, tmp_path, "delta", variant, tag="d2r")
     prepare_input(tmp_path, ROWS, FILES)
     plan = FaultPlan.parse(fault_spec(point, mode, 1), str(tmp_path / "faults"))
@@ -54,12 +66,12 @@ def test_spark_with_deltas_jar_reads_every_row_once(
     assert plan.fired(), "the fault never fired: test is void"
     assert verify(target.verifier(range(ROWS), log=log)).ok
     done = subprocess.run(
-        [python, str(ROOT / "integration" / "delta_spark_reader.py"), target.spec["table"]],
+        [reader.python, str(ROOT / "integration" / "delta_spark_reader.py"), target.spec["table"]],
         capture_output=True,
         text=True,
         timeout=540,
         check=False,
-        env={**os.environ, "PYSPARK_PYTHON": python, "PYSPARK_DRIVER_PYTHON": python},
+        env={**os.environ, **reader.env},
     )
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])

@@ -26,7 +26,7 @@ from tests.streaming import (
     run_until_done,
 )
 from txsink import Coordinator
-from txsink.protocol.faults import FaultPlan
+from txsink.protocol.faults import CrashPoint, FaultPlan
 from txsink.protocol.log import open_log
 from txsink.testing.adapter import adapters
 from txsink.testing.targets import RunTarget
@@ -50,6 +50,26 @@ QUICK_CELLS = {
 #: core's protocol and Spark's task retries, the same for every variant: the first variant
 #: runs them all, and --run-slow runs them for every variant.
 VARIANT_CELLS = QUICK_CELLS | {("during_recovery", "raise", 1)} | set(SINGLE_PASS_MATRIX)
+
+
+#: The compatibility matrix's subset (``--matrix``, run on every Spark line: tests/matrixrun.py):
+#: one cell per crash point, spread over files, Postgres, Kafka WAL and direct, S3, Iceberg
+#: and Delta, each a cell the default suite runs too (none of them slow).
+MATRIX_CELLS: dict[tuple[str, str, str, str, int], str] = {
+    ("files", "parquet", "before_precommit", "kill-worker", 1): "foreachBatch",
+    ("kafka", "wal", "after_precommit", "kill-worker", 1): "foreachBatch",
+    ("s3", "parquet", "before_decision", "raise", 1): "foreachBatch",
+    ("iceberg", "sql-s3", "after_decision", "raise", 1): "foreachBatch",
+    ("delta", "local", "after_commit_before_mark", "raise", 1): "foreachBatch",
+    ("postgres", "append", "during_recovery", "raise", 1): "foreachBatch",
+    ("kafka", "direct", "during_commit", "raise", 1): "direct",
+    ("kafka", "direct", "before_task_commit", "kill-worker", 1): "direct",
+}
+
+
+def _matrix(connector: str, variant: str, cell: tuple[str, str, int]) -> list[Any]:
+    feature = MATRIX_CELLS.get((connector, variant, *cell))
+    return [pytest.mark.matrix(feature)] if feature else []
 
 
 def _variants() -> list[tuple[str, str, list[Any]]]:
@@ -96,6 +116,19 @@ def _slow(connector: str, variant: str, cell: tuple[Any, ...] | None = None) -> 
     return [pytest.mark.slow] if slow or other or twice else []
 
 
+def test_the_matrix_subset_has_one_cell_per_crash_point() -> None:
+    """:data:`MATRIX_CELLS`: every named crash point once, over files, Postgres, Kafka WAL
+    and direct, S3, Iceberg and Delta, each a registered variant's cell, none slow."""
+    assert sorted(cell[2] for cell in MATRIX_CELLS) == sorted(str(p) for p in CrashPoint)
+    targets = {(c[0], c[1]) for c in MATRIX_CELLS}
+    assert {c for c, _ in targets} == {"files", "postgres", "kafka", "s3", "iceberg", "delta"}
+    assert {("kafka", "wal"), ("kafka", "direct")} <= targets
+    cells = {(name, variant, *cell) for name, variant, _, cell in _cells()}
+    for connector, variant, *cell in MATRIX_CELLS:
+        assert (connector, variant, *cell) in cells, (connector, variant, cell)
+        assert _slow(connector, variant, tuple(cell)) == [], (connector, variant, cell)
+
+
 def _target(request: pytest.FixtureRequest, tmp: Path, connector: str, variant: str) -> RunTarget:
     return variant_target(request, tmp, connector, variant, tag="mx")
 
@@ -108,7 +141,7 @@ def _target(request: pytest.FixtureRequest, tmp: Path, connector: str, variant: 
             name,
             variant,
             *cell,
-            marks=[*marks, *_slow(name, variant, cell)],
+            marks=[*marks, *_slow(name, variant, cell), *_matrix(name, variant, cell)],
             id=f"{name}-{variant}-{'-'.join(map(str, cell))}",
         )
         for name, variant, marks, cell in _cells()

@@ -55,6 +55,7 @@ def test_kill_driver_at_every_point_in_one_run(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.matrix("demo")
 def test_demo_command_prints_one_json_verdict(tmp_path: Path) -> None:
     proc = subprocess.run(
         [

@@ -88,6 +88,7 @@ def test_replayed_batch_writes_nothing(spark: Any, tmp_path: Path) -> None:
     assert read_committed(tmp_path / "output").num_rows == 500
 
 
+@pytest.mark.matrix("write")
 def test_static_write_with_explicit_epoch_is_idempotent(spark: Any, tmp_path: Path) -> None:
     coordinator = files_coordinator(tmp_path, app_id="nightly")
     df = spark.range(0, 300)

@@ -98,6 +98,7 @@ class _Conf:
 
 
 @pytest.mark.spark_line("4")
+@pytest.mark.matrix("byte_cap")
 @pytest.mark.parametrize("user", [None, "128MB"])
 def test_arrow_byte_cap_is_lifted_for_txsinks_job_only(user: str | None) -> None:
     """Spark 4 measures the Arrow batch after every row while the byte cap holds: lifted

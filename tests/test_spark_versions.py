@@ -25,6 +25,7 @@ from txsink.spark import jobs as _jobs
 from txsink.spark import versions as _versions
 
 
+@pytest.mark.matrix("arrow_schema")
 def test_the_first_batch_check_reads_a_real_schema(spark: Any) -> None:
     """The Arrow schema of a DataFrame with every kind of column the demo and the sinks
     meet, through the installed PySpark: the same types a task's Arrow batches carry."""
@@ -186,6 +187,9 @@ def test_spark_3_5() -> None:
 
 
 @pytest.mark.spark_line("3.5")
+@pytest.mark.matrix(
+    "byte_cap", note="no byte cap on 3.5: Arrow batches are cut by maxRecordsPerBatch only"
+)
 def test_no_byte_cap_to_lift_on_3_5() -> None:
     """Spark 3.5 cuts Arrow batches by rows only: txsink's jobs set nothing."""
 
@@ -207,6 +211,11 @@ def test_no_byte_cap_to_lift_on_3_5() -> None:
 
 
 @pytest.mark.spark_line("3.5")
+@pytest.mark.matrix(
+    "datasource",
+    refused="the Python Data Source API is Spark 4.0's; txsink says so at once and names "
+    "foreachBatch",
+)
 def test_the_data_source_is_refused_on_3_5(spark: Any) -> None:
     """``format("txsink")`` on 3.5: refused at registration, and the classes refuse on
     first use, naming the version and ``foreachBatch``; the package itself imports (the
@@ -218,6 +227,30 @@ def test_the_data_source_is_refused_on_3_5(spark: Any) -> None:
     with pytest.raises(UnsupportedSparkError):
         ds.TxsinkDataSource  # noqa: B018
     assert ds.format_not_found(RuntimeError("not a Spark error")) is None
+
+
+@pytest.mark.spark_line("4.0")
+@pytest.mark.matrix(
+    "datasource",
+    refused="PySpark 4.0's streaming Data Source writer takes rows, not Arrow batches "
+    "(DataSourceStreamArrowWriter is 4.1's): txsink refuses writeStream.format('txsink') at "
+    "once and names foreachBatch; static df.write.format('txsink') runs",
+)
+def test_the_streaming_data_source_is_refused_on_4_0() -> None:
+    """4.0 (Databricks 17.3 LTS) has the Data Source API but no streaming Arrow writer: the
+    format's module imports (static writes), and a stream is refused before any writer is
+    made, naming the version and foreachBatch (found by the compatibility matrix)."""
+    from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamWriter
+
+    from txsink.datasource import TxsinkDataSource, source
+
+    assert _versions.stream_writer_base() is DataSourceStreamWriter
+    assert issubclass(source._BatchWriter, DataSourceArrowWriter)
+    ds = TxsinkDataSource({"connector": "files", "path": "/nonexistent", "uid": "x"})
+    with pytest.raises(
+        UnsupportedSparkError, match=r"needs Spark 4\.1.*PySpark 4\.0\.\d+.*foreachBatch"
+    ):
+        ds.streamWriter(None, False)  # type: ignore[arg-type]
 
 
 @pytest.mark.spark_line("4")

@@ -175,9 +175,10 @@ def _purge(name: str) -> None:
 def _empty_work_dir() -> None:
     """Remove everything in the work folder but the lock (held by the caller): the logs,
     pid files and state, and a test run's Spark cluster folder, unless a cluster started by
-    hand is recorded there."""
+    hand is recorded there. The compatibility matrix's results (``matrix/``, written by
+    ``./dev matrix``; docs/compatibility.md is generated from them) stay."""
     for path in WORK_DIR.iterdir():
-        if path == LOCK_FILE:
+        if path == LOCK_FILE or path.name == "matrix":
             continue
         if path == _CLUSTER_STATE.parent and _CLUSTER_STATE.exists():
             continue

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
-    DataSourceStreamArrowWriter,
     WriterCommitMessage,
 )
 
@@ -25,10 +24,14 @@ from txsink.observe.logs import failures_logged, get_logger
 from txsink.protocol.faults import FaultPlan
 from txsink.protocol.task import Ack, TaskPlan, run_partition
 from txsink.protocol.taskerror import mark
+from txsink.spark import versions as _versions
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    from pyspark.sql.datasource import DataSourceStreamArrowWriter as _StreamWriterBase
     from pyspark.sql.types import StructType
+else:  # 4.1+'s class; a stand-in on 4.0, where streamWriter refuses first
+    _StreamWriterBase = _versions.stream_writer_base()
 
 __all__ = ["FORMAT", "TxsinkCommitMessage", "TxsinkDataSource"]
 
@@ -85,6 +88,7 @@ class TxsinkDataSource(DataSource):
         tasks (recovery, the round), so that a refusal is raised here, as Spark's planning
         error. Spark also calls this before ``commit`` / ``abort`` (on a source it
         unpickled), which need no planning."""
+        _versions.require_stream_data_source()
         config = self._checked(overwrite)
         writer = _StreamWriter(config, _arrow(schema))
         if getattr(self, "_built_here", False):
@@ -108,7 +112,7 @@ class TxsinkDataSource(DataSource):
         return f"TxsinkDataSource(options={redacted(self.options)})"
 
 
-class _StreamWriter(DataSourceStreamArrowWriter):
+class _StreamWriter(_StreamWriterBase):
     """Streaming writes. Created by Spark in the planning worker, planned there (then
     pickled to the tasks), and again in the commit worker, unplanned."""
 

@@ -16,6 +16,11 @@ The differences, by the line that changed them:
 - **The Python Data Source API** (:func:`require_data_source`): ``pyspark.sql.datasource``
   (``writeStream.format("txsink")``) is new in 4.0; on 3.5 txsink refuses the format with
   :class:`~txsink.errors.UnsupportedSparkError`, naming ``foreachBatch``.
+- **The streaming Arrow writer of a Data Source** (:func:`require_stream_data_source`,
+  :func:`stream_writer_base`): ``DataSourceStreamArrowWriter``, which hands a streaming
+  writer's tasks Arrow batches as txsink's writer takes them, is new in 4.1; on 4.0
+  ``writeStream.format("txsink")`` is refused (static ``df.write.format("txsink")``, through
+  ``DataSourceArrowWriter``, runs on 4.0). Found by the compatibility matrix on 4.0.5.
 - **Spark Connect's server** (:func:`connect_server_packages`): PySpark 4.x's pip package
   ships the server's jar; 3.5's does not (``--packages
   org.apache.spark:spark-connect_2.12:<version>``).
@@ -46,19 +51,24 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DATA_SOURCE_LINE",
+    "STREAM_DATA_SOURCE_LINE",
     "arrow_byte_cap_setting",
     "arrow_schema",
     "connect_server_packages",
     "data_source_refusal",
     "has_data_source",
     "require_data_source",
+    "require_stream_data_source",
     "scala_binary",
     "spark_line",
     "spark_version",
+    "stream_writer_base",
 ]
 
 #: The first Spark line with the Python Data Source API (``format("txsink")``).
 DATA_SOURCE_LINE = (4, 0)
+#: The first Spark line whose streaming Data Source writer takes Arrow batches.
+STREAM_DATA_SOURCE_LINE = (4, 1)
 
 
 @functools.cache
@@ -141,10 +151,43 @@ def data_source_refusal() -> UnsupportedSparkError:
     )
 
 
-def scala_binary() -> str:
-    """The Scala binary version of this Spark's jars: ``"2.12"`` (3.5) or ``"2.13"``
-    (4.x); the suffix of the Maven artifacts that must match it."""
-    return "2.13" if _at_least(4, 0) else "2.12"
+def require_stream_data_source() -> None:
+    """Refuse ``writeStream.format("txsink")`` on a Spark without the Data Source API
+    (3.5: :func:`data_source_refusal`) or without its streaming Arrow writer (4.0)."""
+    require_data_source()
+    if not _at_least(*STREAM_DATA_SOURCE_LINE):
+        import pyspark
+
+        raise UnsupportedSparkError(
+            f"writeStream.format('txsink') needs Spark 4.1 or newer (its streaming Data "
+            f"Source writer takes Arrow batches from 4.1); this is PySpark "
+            f"{pyspark.__version__}. On Spark 4.0 write the stream through foreachBatch: "
+            "df.writeStream.foreachBatch(txsink.Coordinator([sink], log=...)) "
+            "(docs/quickstart.md); static df.write.format('txsink') runs on 4.0",
+            phase="check",
+        )
+
+
+def stream_writer_base() -> type:
+    """The base class of txsink's streaming Data Source writer: PySpark's
+    ``DataSourceStreamArrowWriter`` (4.1+). On 4.0, which has none, its
+    ``DataSourceStreamWriter`` stands in, so that the format's module imports there (static
+    writes run on 4.0); :func:`require_stream_data_source` refuses a stream before any
+    writer is made."""
+    from pyspark.sql import datasource
+
+    if _at_least(*STREAM_DATA_SOURCE_LINE):
+        return datasource.DataSourceStreamArrowWriter  # type: ignore[attr-defined, no-any-return, unused-ignore]
+    return datasource.DataSourceStreamWriter
+
+
+def scala_binary(line: tuple[int, int] | None = None) -> str:
+    """The Scala binary version of this Spark's jars (or of Spark ``line``, e.g. ``(3, 5)``,
+    for a second reader in another venv): ``"2.12"`` (3.5) or ``"2.13"`` (4.x); the suffix
+    of the Maven artifacts that must match it."""
+    if line is None:
+        return "2.13" if _at_least(4, 0) else "2.12"
+    return "2.13" if line >= (4, 0) else "2.12"
 
 
 def connect_server_packages() -> list[str]:

@@ -10,7 +10,11 @@ Writers (each into its own fresh table, dropped after its output is verified):
 txsink       ``Coordinator([PostgresSink(mode="append")]).write(df, epoch=0)``: every task
              casts its Arrow batches to the table's types, encodes them with pgpq into
              binary COPY and PREPAREs; the driver records the decision and runs COMMIT
-             PREPARED per partition. The full protocol.
+             PREPARED per partition. The full protocol, two-phase commit.
+staging      the same with ``commit="staging"`` (for servers with max_prepared_transactions
+             = 0): binary COPY into the sink's logged staging table and a local COMMIT in
+             each task; after the decision the driver moves the epoch's rows into the table
+             in one local transaction (INSERT ... SELECT, progress rows, TRUNCATE).
 copy         plain CSV COPY: ``mapInArrow`` tasks COPY pyarrow's CSV in an ordinary
              transaction and COMMIT (what txsink did before binary COPY). No 2PC, no log.
 binary       the ceiling: ``mapInArrow`` tasks COPY pgpq's binary encoding of the batches as
@@ -25,9 +29,10 @@ executemany  ``mapInArrow`` tasks run ``cursor.executemany("INSERT ...")`` in on
 feed         no database: ``mapInArrow`` tasks only receive the batches (Spark's own cost).
 
 Plus, unless ``--no-extras``: txsink's phases (EpochResult.seconds) and a per-task profile,
-PREPARE / COMMIT PREPARED latency, single-connection COPY and encoding rates; and, at
+PREPARE / COMMIT PREPARED latency, small epochs (two-phase and staging commits against plain
+COPY), single-connection COPY and encoding rates; and, at
 ``--wide-rows`` (0 skips it), the wide table: txsink (the nested column as JSON text from
-Spark, and as a struct that txsink turns into JSON), plain binary COPY and Spark's JDBC
+Spark, and as a struct that txsink turns into JSON; the staging commit), plain binary COPY and Spark's JDBC
 writer (``stringtype=unspecified`` for the jsonb column). Server CPU per row for each.
 """
 

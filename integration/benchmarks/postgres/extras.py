@@ -8,7 +8,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow.csv as pacsv
 from benchmarks import _bench
@@ -24,33 +24,54 @@ from .tables import COLUMNS, column_names, ddl
 def epoch_overhead(
     bench: Bench, df: Any, rows: int, partitions: int, epochs: int = 9
 ) -> dict[str, float]:
-    """Small epochs as a streaming query runs them: one Coordinator writing epoch after epoch
-    into one table (start-up check and recovery only before the first), against plain COPY
-    of the same rows into another table. Medians over ``epochs`` (the first one excluded)."""
-    tx_table, cp_table = f"epochs_txsink_p{partitions}", f"epochs_copy_p{partitions}"
+    """Small epochs as a streaming query runs them: one Coordinator per commit (two-phase,
+    ``txsink``; staging, ``staging``) writing epoch after epoch into its own table (start-up
+    check and recovery only before the first), against plain COPY of the same rows into
+    another table. Medians over ``epochs`` (the first one excluded); ``<commit>_phase_<p>``:
+    the median seconds of each protocol phase (the staging commit's driver-side move is
+    its ``commit`` phase)."""
+    commits: dict[str, Literal["2pc", "staging"]] = {"txsink": "2pc", "staging": "staging"}
+    tables = {name: f"epochs_{name}_p{partitions}" for name in (*commits, "copy")}
     with bench.connect() as conn:
-        for table in (tx_table, cp_table):
+        for table in tables.values():
             conn.execute(f"CREATE TABLE {bench.qualified(table)} ({ddl(COLUMNS)})")
-    tx: list[float] = []
-    cp: list[float] = []
+    times: dict[str, list[float]] = {name: [] for name in tables}
     phases: dict[str, list[float]] = {}
     try:
-        sink = PostgresSink(bench.dsn, bench.qualified(tx_table), tx_table.replace("_", "-"))
         with tempfile.TemporaryDirectory(dir=bench.workdir) as log:
-            coordinator = Coordinator([sink], log=log, app_id="bench")
+            coordinators = {
+                name: Coordinator(
+                    [
+                        PostgresSink(
+                            bench.dsn,
+                            bench.qualified(tables[name]),
+                            tables[name].replace("_", "-"),
+                            commit=commit,
+                        )
+                    ],
+                    log=f"{log}/{name}",
+                    app_id="bench",
+                )
+                for name, commit in commits.items()
+            }
             for epoch in range(epochs + 1):
-                with _bench.stopwatch() as t:
-                    result = coordinator.write(df, epoch=epoch)
+                took: dict[str, float] = {}
+                for name, coordinator in coordinators.items():
+                    with _bench.stopwatch() as t:
+                        result = coordinator.write(df, epoch=epoch)
+                    took[name] = t[0]
+                    if epoch:
+                        for phase, secs in result.seconds.items():
+                            phases.setdefault(f"{name}_phase_{phase}", []).append(secs)
                 with _bench.stopwatch() as c:
-                    write_copy(bench, df, cp_table, column_names(COLUMNS))
+                    write_copy(bench, df, tables["copy"], column_names(COLUMNS))
+                took["copy"] = c[0]
                 if epoch == 0:
                     continue  # the first pays the start-up check and recovery
-                tx.append(t[0])
-                cp.append(c[0])
-                for phase, secs in result.seconds.items():
-                    phases.setdefault(phase, []).append(secs)
+                for name, secs in took.items():
+                    times[name].append(secs)
         with bench.connect() as conn:
-            for table in (tx_table, cp_table):
+            for table in tables.values():
                 row = conn.execute(
                     f"SELECT count(*), count(DISTINCT id) FROM {bench.qualified(table)}"
                 ).fetchone()
@@ -58,15 +79,18 @@ def epoch_overhead(
                     bench.void.append(f"VOID epoch overhead: {table} holds {row}")
     finally:
         with bench.connect() as conn:
-            for table in (tx_table, cp_table):
+            for table in tables.values():
                 conn.execute(f"DROP TABLE IF EXISTS {bench.qualified(table)}")
-    out = {"txsink": _bench.median(tx), "copy": _bench.median(cp), "epochs": float(len(tx))}
-    out.update({"txsink_min": min(tx), "txsink_max": max(tx), "copy_min": min(cp)})
-    out["copy_max"] = max(cp)
-    out.update({f"phase_{k}": _bench.median(v) for k, v in phases.items()})
+    out: dict[str, float] = {"epochs": float(len(times["copy"]))}
+    for name, spans in times.items():
+        out.update(
+            {name: _bench.median(spans), f"{name}_min": min(spans), f"{name}_max": max(spans)}
+        )
+    out.update({k: _bench.median(v) for k, v in phases.items()})
     _bench.log(
-        f"epochs of {rows:,} rows, P={partitions}: txsink {out['txsink'] * 1000:.0f} ms, "
-        f"plain COPY {out['copy'] * 1000:.0f} ms (medians of {epochs})"
+        f"epochs of {rows:,} rows, P={partitions}: 2PC {out['txsink'] * 1000:.0f} ms, staging "
+        f"{out['staging'] * 1000:.0f} ms, plain COPY {out['copy'] * 1000:.0f} ms "
+        f"(medians of {epochs})"
     )
     return out
 

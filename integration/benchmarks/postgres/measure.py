@@ -18,6 +18,20 @@ from .tables import COLUMNS, FINGERPRINT_PG, column_names, ddl, run_feed, wide_e
 from .txsink_writer import write_txsink
 
 
+def drop_staging_tables(conn: Any, schema: str) -> None:
+    """Drop the staging tables (``txsink_staging_*``) in ``schema``: one per sink uid, and
+    every run of the benchmark has its own uid."""
+    from psycopg import sql
+
+    found = conn.execute(
+        "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = %s AND c.relkind = 'r' AND c.relname LIKE 'txsink\\_staging\\_%%'",
+        (schema,),
+    ).fetchall()
+    for (name,) in found:
+        conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(schema, name)))
+
+
 def pg_fingerprint(bench: Bench, table: str) -> tuple[Any, ...]:
     with bench.connect() as conn:
         row = conn.execute(FINGERPRINT_PG.format(bench.qualified(table))).fetchone()
@@ -56,6 +70,7 @@ def measure(
     wide = len(columns) > len(COLUMNS)
     writers: dict[str, Callable[[], dict[str, Any]]] = {
         "txsink": lambda: write_txsink(bench, df, table, profile_dir),
+        "staging": lambda: write_txsink(bench, df, table, commit="staging"),
         "txsink_struct": lambda: write_txsink(bench, df, table, profile_dir),
         "upsert": lambda: write_txsink(bench, df, table, profile_dir, upsert=True),
         "copy": lambda: write_copy(bench, df, table, names),
@@ -76,6 +91,8 @@ def measure(
     finally:
         with bench.connect() as conn:
             conn.execute(f"DROP TABLE IF EXISTS {bench.qualified(table)}")
+            if writer == "staging":  # its staging table, emptied by the commit
+                drop_staging_tables(conn, bench.schema)
     extra = m.extra
     problems = []
     if writer == "feed" and extra["task_rows"] != rows:
@@ -84,7 +101,7 @@ def measure(
     if wide and extra["wide_check"] != wide_expected(rows):
         problems.append(f"wide columns differ: {extra['wide_check']} != {wide_expected(rows)}")
     if extra.get("lingering", 0):
-        problems.append(f"{extra['lingering']} prepared transactions left behind")
+        problems.append(f"{extra['lingering']} prepared transactions or staged names left behind")
     _bench.void_if(problems, m, tag, bench.void)
     _bench.log_run(m, tag, width=12)
     return m

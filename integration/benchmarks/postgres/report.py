@@ -10,11 +10,12 @@ from typing import Any, ClassVar
 from benchmarks import _bench
 from typing_extensions import override
 
-WIDE_WRITERS = ("txsink", "txsink_struct", "binary", "jdbc")
+WIDE_WRITERS = ("txsink", "staging", "txsink_struct", "binary", "jdbc")
 
-WRITERS = ("txsink", "upsert", "copy", "binary", "jdbc", "executemany")
+WRITERS = ("txsink", "staging", "upsert", "copy", "binary", "jdbc", "executemany")
 LABELS = {
-    "txsink": "txsink PostgresSink",
+    "txsink": "txsink PostgresSink (2PC)",
+    "staging": "txsink staging commit (no 2PC)",
     "txsink_struct": "txsink, attrs a struct",
     "upsert": "txsink upsert (key id)",
     "copy": "plain CSV COPY (no 2PC)",
@@ -26,6 +27,8 @@ LABELS = {
 # txsink over each: CSV COPY stands in for txsink's CSV path of before (it ran at 0.94-1.03x
 # plain CSV COPY), so ">= 1.25x today's txsink" reads ">= 1.25x plain CSV COPY" here.
 TARGETS = {"copy": 1.25, "binary": 0.9, "jdbc": 1.5}
+# The staging commit (commit="staging", issue #39) over each.
+STAGING_TARGETS = {"binary": 0.7, "jdbc": 1.5}
 # Where the last CSV-path run left txsink (docs/benchmarks.md, 2026-11-22, median of 5).
 CSV_TXSINK_RATE = {2: 327_312, 8: 266_959}
 
@@ -102,6 +105,40 @@ def target_table(res: Results) -> str:
         ],
         rows,
         "rrrrr",
+    )
+
+
+def staging_table(res: Results) -> str:
+    """The staging commit against plain binary COPY, Spark JDBC and the two-phase commit; the
+    driver's move (its commit phase) and the server's CPU per row of both commits."""
+    rows = []
+    for p in res.partitions:
+        if not res.seconds("staging", p):
+            continue
+        cells = [
+            _bench.ratio_cell(res, "staging", p, writer, target=target)
+            if res.seconds(writer, p)
+            else "not run"
+            for writer, target in STAGING_TARGETS.items()
+        ]
+        two_pc = _bench.ratio_cell(res, "staging", p, "txsink") if res.seconds("txsink", p) else "-"
+        moves = [m.extra["phases"].get("commit", 0.0) for m in res.of("staging", p)]
+        rows.append(
+            [str(p), *cells, two_pc, _bench.fmt_secs(moves)]
+            + [f"{res.cpu_per_row(w, p, 'postgres'):.2f}" for w in ("staging", "txsink")]
+        )
+    return _bench.markdown_table(
+        [
+            "partitions",
+            f"staging / plain binary COPY (target >= {STAGING_TARGETS['binary']}x)",
+            f"staging / Spark JDBC (target >= {STAGING_TARGETS['jdbc']}x)",
+            "staging / 2PC",
+            "the driver's move s (min/median/max)",
+            "PG CPU µs/row staging",
+            "PG CPU µs/row 2PC",
+        ],
+        rows,
+        "rrrrrrr",
     )
 
 

@@ -43,7 +43,6 @@ WIDE_EXTRA: tuple[tuple[str, str, str], ...] = (
 WIDE_COLUMNS = (*COLUMNS, *WIDE_EXTRA)
 # The same, the nested column as a Spark struct (txsink writes it as JSON itself).
 WIDE_STRUCT_COLUMNS = (*COLUMNS, *WIDE_EXTRA[:2], ("attrs", "jsonb", _ATTRS))
-WIDE_WRITERS = ("txsink", "txsink_struct", "binary", "jdbc")
 
 # What "the same rows" means: these aggregates must match the source's.
 FINGERPRINT_PG = (

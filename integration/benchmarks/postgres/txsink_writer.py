@@ -12,7 +12,7 @@ import json
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
 from typing_extensions import override
@@ -71,27 +71,38 @@ class ProfiledPostgresSink(PostgresSink):
 
 
 def write_txsink(
-    bench: Bench, df: Any, table: str, profile_dir: str | None = None, *, upsert: bool = False
+    bench: Bench,
+    df: Any,
+    table: str,
+    profile_dir: str | None = None,
+    *,
+    upsert: bool = False,
+    commit: Literal["2pc", "staging"] = "2pc",
 ) -> dict[str, Any]:
+    """One epoch through the whole protocol; ``commit``: the sink's (``2pc``, ``staging``).
+    ``lingering``: prepared transactions, or staging rows, of this sink left afterwards."""
+    from txsink.connectors.postgres.testing import staged_names
+
     uid = table.replace("_", "-")
     kwargs: dict[str, Any] = {"mode": "upsert", "key": ["id"]} if upsert else {"mode": "append"}
+    kwargs["commit"] = commit
+    target = bench.qualified(table)
     sink: PostgresSink = (
-        ProfiledPostgresSink(
-            bench.dsn, bench.qualified(table), uid, profile_dir=profile_dir, **kwargs
-        )
+        ProfiledPostgresSink(bench.dsn, target, uid, profile_dir=profile_dir, **kwargs)
         if profile_dir is not None
-        else PostgresSink(bench.dsn, bench.qualified(table), uid, **kwargs)
+        else PostgresSink(bench.dsn, target, uid, **kwargs)
     )
     with tempfile.TemporaryDirectory(dir=bench.workdir) as log:
         result = Coordinator([sink], log=log, app_id="bench").write(df, epoch=0)
     if result.status != "committed":
         raise RuntimeError(f"txsink epoch not committed: {result}")
     with bench.connect() as conn:
-        lingering = conn.execute(
+        prepared = conn.execute(
             "SELECT count(*) FROM pg_prepared_xacts WHERE gid LIKE %s", (f"%.{uid}.%",)
         ).fetchone()
+        staged = staged_names(conn, target, f"txsink.bench.{uid}.")
     return {
         "phases": dict(result.seconds),
         "handles": result.handles,
-        "lingering": int(lingering[0]) if lingering else -1,
+        "lingering": (int(prepared[0]) if prepared else -1) + len(staged),
     }

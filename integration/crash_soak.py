@@ -3,6 +3,9 @@
     integration/services up                   # once: the binaries and jars it reuses
     .venv/bin/python integration/crash_soak.py --plans 100 --seed 2000 \\
         --results integration/soak-results.jsonl
+    # PostgreSQL as it ships (no prepared transactions): the staging commit
+    .venv/bin/python integration/crash_soak.py --stock-postgres --connectors files,postgres,kafka \\
+        --plans 40 --seed 3900 --results integration/soak-stock.jsonl
 
 It starts a private PostgreSQL cluster, MinIO server and Kafka broker
 (:mod:`crashable_targets`; the shared test servers are never touched, so tests can run
@@ -47,6 +50,12 @@ def main() -> int:
         "--two-drivers", type=float, default=0.1, help="chance of a second-driver plan"
     )
     parser.add_argument("--poison", type=float, default=0.1, help="chance of a poison-record plan")
+    parser.add_argument(
+        "--stock-postgres",
+        action="store_true",
+        help="start PostgreSQL as it ships (max_prepared_transactions = 0): the Postgres sinks "
+        "take the staging commit (commit='auto')",
+    )
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args()
@@ -57,7 +66,11 @@ def main() -> int:
     base = Path(args.workdir or tempfile.mkdtemp(prefix="txsink-crash-soak-"))
     base.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    pg = CrashablePostgres.create()
+    pg = (
+        CrashablePostgres.create(max_prepared=0)
+        if args.stock_postgres
+        else CrashablePostgres.create()
+    )
     minio = CrashableMinio.create(base / "minio")
     kafka = CrashableKafka.create(base / "kafka")
     try:
@@ -70,7 +83,8 @@ def main() -> int:
         for var in ("TXSINK_KAFKA_PROXY_LISTEN", "TXSINK_KAFKA_PROXY_TARGET"):
             env.pop(var, None)
         print(
-            f"crash soak: {args.plans} plan(s), seed {args.seed}, servers postgres {pg.port}, "
+            f"crash soak: {args.plans} plan(s), seed {args.seed}, servers postgres {pg.port} "
+            f"(max_prepared_transactions {pg.max_prepared}), "
             f"minio {minio.port}, kafka {kafka.port}; results {args.results}",
             flush=True,
         )

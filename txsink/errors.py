@@ -57,6 +57,7 @@ __all__ = [
     "SavepointError",
     "StateError",
     "TxsinkError",
+    "UnreachableError",
     "UnsupportedQueryError",
     "UnsupportedSparkError",
     "WriteError",
@@ -211,6 +212,13 @@ class WriteError(TxsinkError):
 
 class RetryableError(TxsinkError):
     """A transient failure (connection lost, timeout). The task may be retried by Spark."""
+
+
+class UnreachableError(ConfigurationError, RetryableError):
+    """The start-up check cannot reach a target's server: a wrong address, or a server that
+    is down or restarting. Refused before anything is written, like every check; unlike a
+    setting, a restart may pass it once the server is back, so a restarting runner does
+    restart (:func:`restart_cannot_help` is false for it)."""
 
 
 class EpochAbortedError(TxsinkError):
@@ -425,8 +433,8 @@ def restart_cannot_help(err: BaseException) -> bool:
     alone. A restarting runner stops at the first of them (:mod:`txsink.runner`).
 
     Not these: a retryable error, an injected fault, a fenced driver, a commit to finish
-    (recovery does), and :class:`DriverLeaseError` (the other driver may end, or its lease
-    expire)."""
+    (recovery does), :class:`DriverLeaseError` (the other driver may end, or its lease
+    expire) and :class:`UnreachableError` (the server may come back)."""
     if isinstance(err, EpochAbortedError):
         return bool(err.causes) and all(restart_cannot_help(c) for c in err.causes)
     if isinstance(err, (DriverLeaseError, RetryableError)):

@@ -34,7 +34,7 @@ from txsink.connectors.iceberg.handles import IcebergHandle
 from txsink.connectors.iceberg.naming import txn_of
 from txsink.connectors.iceberg.writer import PreparedWriter
 from txsink.contract import EpochCommit
-from txsink.errors import ConfigurationError
+from txsink.errors import ConfigurationError, UnreachableError
 from txsink.observe.logs import get_logger
 
 if TYPE_CHECKING:
@@ -94,7 +94,10 @@ class IcebergSink(TwoPhaseCommitSink[PreparedWriter, IcebergHandle]):
             try:
                 self._catalog = cat.load_catalog(self.catalog_name, self.catalog_properties)
             except Exception as exc:
-                raise ConfigurationError(
+                # A property pyiceberg refuses is a setting; anything else (a server down, a
+                # connection refused) may pass at a restart.
+                setting = isinstance(exc, (ValueError, TypeError, KeyError, ImportError))
+                raise (ConfigurationError if setting else UnreachableError)(
                     f"cannot open Iceberg catalog {self.catalog_name!r} ({cat.describe(exc)}): "
                     "check its 'type', 'uri' and credentials, and that the server is reachable",
                     sink_uid=self.uid,
@@ -121,7 +124,7 @@ class IcebergSink(TwoPhaseCommitSink[PreparedWriter, IcebergHandle]):
                 table = catalog.create_table_if_not_exists(self.table, schema=schema)
                 _log.bind(uid=self.uid).info("created Iceberg table %s", self.table)
         except Exception as exc:
-            raise ConfigurationError(
+            raise UnreachableError(
                 f"cannot reach Iceberg catalog {self.catalog_name!r} ({cat.describe(exc)}): "
                 "check its 'uri' and credentials, and that the server is up",
                 sink_uid=self.uid,

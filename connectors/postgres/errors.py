@@ -21,8 +21,9 @@ psycopg errors are mapped by SQLSTATE class, never by message text::
 At the start-up check (:func:`check_error`) every failure is a ConfigurationError with
 its fix: nothing retries a check, and nothing was written. A failed connection
 (:func:`connect_error`) carries no SQLSTATE (libpq reports none before a session
-exists): at the check it is a ConfigurationError naming the server and what to verify,
-in a task a RetryableError.
+exists): at the check it is an UnreachableError (a ConfigurationError a restart may pass:
+the server may be down for a moment) naming the server and what to verify, in a task a
+RetryableError.
 
 A DSN may carry a password: it is shown only through :func:`redact_dsn`.
 """
@@ -37,6 +38,7 @@ from txsink.errors import (
     EpochBlockedError,
     RetryableError,
     TxsinkError,
+    UnreachableError,
     WriteError,
 )
 from txsink.rowref import RowNames
@@ -187,10 +189,12 @@ def _first_line(err: BaseException) -> str:
 
 def connect_error(err: BaseException, server: str, ctx: dict[str, Any]) -> TxsinkError:
     """A failed ``psycopg.connect`` to ``server`` (a redacted DSN): at the check (``ctx``'s
-    phase) a ConfigurationError with the fix, elsewhere a RetryableError."""
+    phase) an UnreachableError with the fix (a ConfigurationError that a restart may pass:
+    libpq gives no SQLSTATE to tell a server that is down from a wrong address or
+    password), elsewhere a RetryableError."""
     what = f"cannot connect to PostgreSQL at {server}: {_first_line(err)}"
     if ctx.get("phase") == "check":
-        return ConfigurationError(
+        return UnreachableError(
             f"{what}. Check that the server is running and reachable at that host and port "
             "(firewall, network), and that the dsn's user, password and dbname are right",
             **ctx,

@@ -32,8 +32,9 @@ Plus, unless ``--no-extras``: txsink's phases (EpochResult.seconds) and a per-ta
 PREPARE / COMMIT PREPARED latency, small epochs (two-phase and staging commits against plain
 COPY), single-connection COPY and encoding rates; and, at
 ``--wide-rows`` (0 skips it), the wide table: txsink (the nested column as JSON text from
-Spark, and as a struct that txsink turns into JSON; the staging commit), plain binary COPY and Spark's JDBC
-writer (``stringtype=unspecified`` for the jsonb column). Server CPU per row for each.
+Spark, and as a struct that txsink turns into JSON; the staging commit), plain binary COPY
+and Spark's JDBC writer (``stringtype=unspecified`` for the jsonb column). Server CPU per
+row for each.
 """
 
 # The modules, one job each (``main`` runs them; ``integration/benchmarks/run postgres``):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -59,6 +60,9 @@ def main() -> int:
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args()
+    # SIGTERM (a `kill`, a CI's timeout) ends the soak through its `finally`: the private
+    # servers are stopped, not left running.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
 
     from txsink.spark.jvmcds import ensure_archive
 

@@ -256,3 +256,24 @@ def test_a_killed_sessions_temp_folder_is_removed_by_the_next(tmp_path: Path) ->
         tempfile.tempdir = saved
         alive.rmdir()
     assert not made.exists()
+
+
+def test_the_archive_cache_keeps_the_most_recently_used_within_its_cap(tmp_path: Path) -> None:
+    """Every checkout's venv has an archive of its own (~180 MB): past the cap, the least
+    recently used go with their lock files; the one just built stays even if alone over."""
+    mb = 1024 * 1024
+    archives = []
+    for i in range(5):
+        archive = tmp_path / f"spark-4.3.0-{i:016x}.jsa"
+        archive.write_bytes(b"\0" * mb)
+        Path(f"{archive}.lock").touch()
+        os.utime(archive, (1000 + i, 1000 + i))  # archive 4 is the newest
+        archives.append(archive)
+    _cdsbuild.mark_used(archives[0])  # used now: the most recent of all
+    removed = _cdsbuild.prune(tmp_path, keep=archives[1], max_mb=3)
+    assert sorted(removed) == [archives[2]], removed  # 0, 4, 3 fit; 1 is kept; 2 goes
+    assert not Path(f"{archives[2]}.lock").exists()
+    assert all(a.exists() for a in archives if a != archives[2])
+    removed = _cdsbuild.prune(tmp_path, keep=archives[1], max_mb=0)
+    assert removed == [archives[0], archives[4], archives[3]], removed
+    assert [a for a in archives if a.exists()] == [archives[1]]

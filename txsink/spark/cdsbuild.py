@@ -154,6 +154,54 @@ def clean_orphans(folder: Path) -> list[Path]:
     return removed
 
 
+#: The most the archives in one cache folder may take together (``TXSINK_CDS_CACHE_MB``);
+#: one archive is ~130-185 MB, and each checkout's venv has its own (its jars' path is in
+#: the key), so without a cap a machine that clones often fills its disk.
+CACHE_MB = 2048
+#: A used archive's mtime is moved at most this often (it marks it recently used).
+TOUCH_EVERY_S = 3600.0
+
+
+def mark_used(archive: Path) -> None:
+    """Mark ``archive`` as recently used (its mtime), so :func:`prune` keeps it. At most once
+    an hour: every Spark start calls this."""
+    with contextlib.suppress(OSError):
+        if time.time() - archive.stat().st_mtime > TOUCH_EVERY_S:
+            os.utime(archive)
+
+
+def prune(folder: Path, keep: Path, max_mb: int | None = None) -> list[Path]:
+    """Delete the least recently used archives of ``folder`` (and their lock files) until
+    the rest fit in ``max_mb`` (default ``TXSINK_CDS_CACHE_MB`` or :data:`CACHE_MB`); never
+    ``keep``, the one just built. A JVM that has an archive mapped keeps reading it after
+    the delete (Linux keeps the inode); the next start in that checkout builds it again.
+    Returns what was deleted."""
+    limit = max_mb if max_mb is not None else int(os.environ.get("TXSINK_CDS_CACHE_MB", CACHE_MB))
+    try:
+        archives = [(p.stat().st_mtime, p.stat().st_size, p) for p in folder.glob("*.jsa")]
+    except OSError:
+        return []
+    archives.sort(reverse=True)  # newest first
+    total, removed = 0, []
+    for _, size, path in archives:
+        total += size
+        if path == keep or total <= limit * 1024 * 1024:
+            continue
+        with contextlib.suppress(OSError):
+            path.unlink()
+            Path(f"{path}.lock").unlink(missing_ok=True)
+            removed.append(path)
+            total -= size
+    if removed:
+        log.info(
+            "removed %d least recently used Spark CDS archive(s) over the %d MB cap: %s",
+            len(removed),
+            limit,
+            [p.name for p in removed],
+        )
+    return removed
+
+
 def kill_leftovers(marker: str) -> list[int]:
     """SIGKILL every process of this user whose command line contains ``marker`` (a build's
     folder or temporary archive: unique to one build, so nothing else matches); returns

@@ -21,7 +21,9 @@ The archive is only ever an optimisation:
   when it exists but never build or wait for a build (what the test session gives the
   processes it starts, so their time limits never include a build), ``0`` off. The
   location is ``$TXSINK_CACHE_DIR`` (default ``$XDG_CACHE_HOME/txsink`` or
-  ``~/.cache/txsink``), one file per Java and PySpark build.
+  ``~/.cache/txsink``), one file per Java and PySpark build. The archives there take at
+  most ``TXSINK_CDS_CACHE_MB`` (default 2048) together: after a build, the least recently
+  used go (:func:`txsink.spark.cdsbuild.prune`).
 """
 
 from __future__ import annotations
@@ -118,6 +120,7 @@ def ensure_archive(
     if path is None:
         return None
     if path.is_file():
+        _cdsbuild.mark_used(path)
         return path
     if not (allowed == "build" if build is None else build):
         return None
@@ -127,4 +130,7 @@ def ensure_archive(
         if path.is_file():
             return path
         _cdsbuild.clean_orphans(path.parent)
-        return _cdsbuild.build(path, timeout)
+        built = _cdsbuild.build(path, timeout)
+        if built is not None:
+            _cdsbuild.prune(path.parent, keep=built)
+        return built

@@ -83,8 +83,9 @@ class PostgresSecure(Postgres):
         if not isinstance(port, int) or not self.passfile.exists():
             return False
         try:
-            out = self._secure_psql(port, APP_ROLE, "SELECT ssl FROM pg_stat_ssl "
-                                    "WHERE pid = pg_backend_pid()")
+            out = self._secure_psql(
+                port, APP_ROLE, "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()"
+            )
             return out.strip() == "t"
         except (ServiceError, OSError):
             return False
@@ -112,16 +113,41 @@ class PostgresSecure(Postgres):
         log_path = LOG_DIR / f"{self.name}-tls.log"
         curve = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
         run(
-            ["openssl", "req", "-x509", *curve, "-keyout", str(ca_key), "-out",
-             str(self.ca_file), "-days", str(CERT_DAYS), "-subj", "/CN=txsink test CA",
-             "-addext", "basicConstraints=critical,CA:TRUE",
-             "-addext", "keyUsage=critical,keyCertSign,cRLSign"],
-            timeout=60, log_path=log_path,
+            [
+                "openssl",
+                "req",
+                "-x509",
+                *curve,
+                "-keyout",
+                str(ca_key),
+                "-out",
+                str(self.ca_file),
+                "-days",
+                str(CERT_DAYS),
+                "-subj",
+                "/CN=txsink test CA",
+                "-addext",
+                "basicConstraints=critical,CA:TRUE",
+                "-addext",
+                "keyUsage=critical,keyCertSign,cRLSign",
+            ],
+            timeout=60,
+            log_path=log_path,
         )
         run(
-            ["openssl", "req", *curve, "-keyout", str(server_key), "-out", str(csr),
-             "-subj", f"/CN={LOOPBACK}"],
-            timeout=60, log_path=log_path,
+            [
+                "openssl",
+                "req",
+                *curve,
+                "-keyout",
+                str(server_key),
+                "-out",
+                str(csr),
+                "-subj",
+                f"/CN={LOOPBACK}",
+            ],
+            timeout=60,
+            log_path=log_path,
         )
         ext.write_text(
             f"subjectAltName = IP:{LOOPBACK}, DNS:localhost\n"
@@ -130,10 +156,26 @@ class PostgresSecure(Postgres):
             "extendedKeyUsage = serverAuth\n"
         )
         run(
-            ["openssl", "x509", "-req", "-in", str(csr), "-CA", str(self.ca_file), "-CAkey",
-             str(ca_key), "-CAcreateserial", "-out", str(server_crt), "-days",
-             str(CERT_DAYS), "-extfile", str(ext)],
-            timeout=60, log_path=log_path,
+            [
+                "openssl",
+                "x509",
+                "-req",
+                "-in",
+                str(csr),
+                "-CA",
+                str(self.ca_file),
+                "-CAkey",
+                str(ca_key),
+                "-CAcreateserial",
+                "-out",
+                str(server_crt),
+                "-days",
+                str(CERT_DAYS),
+                "-extfile",
+                str(ext),
+            ],
+            timeout=60,
+            log_path=log_path,
         )
         # The CA's key is not needed again (a new CA every start): no signing key lingers.
         for path in (ca_key, csr, ext, tls / "ca.srl"):

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -380,3 +382,130 @@ def test_each_right_is_needed_by_an_epoch(
     commit(again, 1, _prepare(again, 1, [[4], [5]]))
     again.release()
     assert 4 in _ids(server, schema) and 5 in _ids(server, schema)
+
+
+def _pipeline(tmp_path: Path, name: str, dsn: str, table: str) -> str:
+    """A pipeline file as an operator's ``txsink recover --pipeline`` loads it."""
+    path = tmp_path / f"{name}.py"
+    path.write_text(
+        "from txsink import Coordinator\n"
+        "from txsink.connectors.postgres import PostgresSink\n\n\n"
+        "def build():\n"
+        f"    sink = PostgresSink({dsn!r}, {table!r}, uid='sec', commit='2pc')\n"
+        f"    return Coordinator([sink], log={str(tmp_path / 'log')!r}, app_id={APP!r})\n"
+    )
+    return f"{path}:build"
+
+
+def _txsink(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "txsink.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def test_txsink_recover_commits_as_the_preparing_role_and_leaks_no_password(
+    server: SecurePg, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A decided epoch left prepared by a crash: ``txsink recover`` as another role is
+    blocked (only the preparing role or a superuser may COMMIT PREPARED) and changes
+    nothing; as the same role it commits. No artifact holds the role's password."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    from tests.memsink import memory_precommit
+    from txsink import Coordinator
+    from txsink.errors import InjectedFault
+    from txsink.protocol.faults import FaultPlan
+
+    setup = Setup("append", "2pc")
+    schema, staging, needed = _prepare_target(server, setup)
+    table = f"{schema}.events"
+    sink = _sink(server, schema, staging, setup)
+    faults = FaultPlan.parse("after_decision:raise@1", str(tmp_path / "faults"))
+    coord = Coordinator([sink], log=str(tmp_path / "log"), app_id=APP, faults=faults)
+    sink.check(SCHEMA, APP)
+    coord.run_epoch(0, memory_precommit([[rows([0, 1])], [rows([2])]]), app_id=APP)
+    with pytest.raises(InjectedFault):  # epoch 1 decided, not committed
+        coord.run_epoch(1, memory_precommit([[rows([3, 4])], [rows([5])]]), app_id=APP)
+    coord.close()
+    assert _ids(server, schema) == [0, 1, 2]
+
+    other, password = f"other_{os.urandom(3).hex()}", os.urandom(12).hex()
+    params = conninfo_to_dict(server.dsn)
+    passfile = tmp_path / "other.pgpass"
+    passfile.touch(mode=0o600)
+    passfile.write_text(f"{params['host']}:{params['port']}:*:{other}:{password}\n")
+    with server.admin() as conn:
+        conn.execute(f"CREATE ROLE {other} LOGIN PASSWORD '{password}'")
+        conn.execute(setup_sql(other, needed))
+    try:
+        dsn = make_conninfo("", **{**params, "user": other, "passfile": str(passfile)})
+        blocked = _txsink(
+            "recover",
+            "--log",
+            str(tmp_path / "log"),
+            "--pipeline",
+            _pipeline(tmp_path, "as_other", dsn, table),
+        )
+        assert blocked.returncode != 0, blocked.stdout + blocked.stderr
+        err = " ".join(blocked.stderr.split())
+        assert "COMMIT PREPARED needs the role that prepared the transaction" in err, err
+        assert _ids(server, schema) == [0, 1, 2]
+        done = _txsink(
+            "recover",
+            "--log",
+            str(tmp_path / "log"),
+            "--pipeline",
+            _pipeline(tmp_path, "as_app", server.dsn, table),
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+    finally:
+        with server.admin() as conn, contextlib.suppress(Exception):
+            conn.execute(f"DROP OWNED BY {other}")
+            conn.execute(f"DROP ROLE {other}")
+    assert _ids(server, schema) == [0, 1, 2, 3, 4, 5]
+    assert _leftovers(server, schema, staging) == []
+    secret = server.password()
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert files, "the run left no artifacts to scan"
+    assert [str(p) for p in files if secret.encode() in p.read_bytes()] == []
+    for text in (blocked.stdout, blocked.stderr, done.stdout, done.stderr, caplog.text):
+        assert secret not in text
+
+
+def test_a_password_written_into_the_dsn_still_reaches_no_artifact(
+    server: SecurePg,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """Against advice, the password in the DSN itself: the txsink log, the sink's repr,
+    the errors of a failed epoch and the log records still do not carry it."""
+    import logging
+
+    from tests.memsink import memory_precommit
+    from txsink import Coordinator
+    from txsink.errors import InjectedFault
+    from txsink.protocol.faults import FaultPlan
+
+    setup = Setup("append", "2pc")
+    schema, _, _ = _prepare_target(server, setup)
+    secret = server.password()
+    sink = PostgresSink(f"{server.dsn} password={secret}", f"{schema}.events", uid="sec")
+    faults = FaultPlan.parse("after_decision:raise@1", str(tmp_path / "faults"))
+    coord = Coordinator([sink], log=str(tmp_path / "log"), app_id=APP, faults=faults)
+    with caplog.at_level(logging.DEBUG):
+        sink.check(SCHEMA, APP)
+        coord.run_epoch(0, memory_precommit([[rows([0, 1])], [rows([2])]]), app_id=APP)
+        with pytest.raises(InjectedFault) as info:
+            coord.run_epoch(1, memory_precommit([[rows([3])]]), app_id=APP)
+        coord.close()
+    files = [p for p in (tmp_path / "log").rglob("*") if p.is_file()]
+    assert files
+    assert [str(p) for p in files if secret.encode() in p.read_bytes()] == []
+    out, err = capfd.readouterr()
+    for text in (repr(sink), str(info.value), caplog.text, out, err):
+        assert secret not in text

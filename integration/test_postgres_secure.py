@@ -32,6 +32,8 @@ from txsink.handles import Handle, dump_handle, load_handle
 from txsink.testing.contract import SCHEMA, commit, rows
 from txsink.txid import TxnId
 
+pytestmark = pytest.mark.postgres_secure
+
 APP = "sec"
 COLUMNS = "id bigint NOT NULL, key text, amount double precision, payload text"
 

@@ -40,7 +40,7 @@ import pyarrow as pa
 
 from txsink.connectors.postgres import grants
 from txsink.connectors.postgres.casts import ColumnPlan, Unsendable, plan_column
-from txsink.connectors.postgres.prepared import old_prepared
+from txsink.connectors.postgres.prepared import foreign_owner, old_prepared
 from txsink.connectors.postgres.progress import ensure_progress_table
 from txsink.connectors.postgres.staging import Staging, ensure_staging, refusals, triggers
 from txsink.connectors.postgres.types import arrow_to_pg_type
@@ -311,13 +311,7 @@ class StartCheck:
         could not finish a decided epoch."""
         if not self.app_id:
             return
-        row = self.conn.execute(
-            "SELECT p.gid, p.owner FROM pg_prepared_xacts p "
-            "WHERE p.database = current_database() AND starts_with(p.gid, %s) "
-            "AND p.owner <> current_user "
-            "AND NOT (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) LIMIT 1",
-            (f"txsink.{self.app_id}.{self.uid}.",),
-        ).fetchone()
+        row = foreign_owner(self.conn, f"txsink.{self.app_id}.{self.uid}.")
         if row is not None:
             raise ConfigurationError(
                 f"prepared transaction {row[0]} of this sink belongs to role {row[1]!r}, and "

@@ -248,7 +248,7 @@ def test_a_least_privileged_role_uses_a_staging_schema_made_for_it(postgres_stoc
     try:
         with pytest.raises(ConfigurationError) as info:
             PostgresSink(dsn, table, uid="stg").check(SCHEMA, APP)
-        assert f'GRANT USAGE, CREATE ON SCHEMA "{schema}" TO <role>' in str(info.value)
+        assert f'GRANT CREATE ON SCHEMA "{schema}" TO "{role}";' in str(info.value)
         with postgres_stock.connect(dsn=admin) as conn:
             conn.execute(f"GRANT USAGE, CREATE ON SCHEMA {staging_schema} TO {role}")
         sink = PostgresSink(dsn, table, uid="stg", staging_schema=staging_schema)

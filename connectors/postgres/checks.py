@@ -5,6 +5,10 @@ In order, each failure a :class:`~txsink.errors.ConfigurationError` that names t
 1. the commit protocol (:func:`choose_protocol`): two-phase commit needs
    ``max_prepared_transactions > 0`` (else the server cannot PREPARE TRANSACTION); the
    staging commit (:mod:`~txsink.connectors.postgres.staging`) needs none;
+1a. every right the mode needs (:mod:`~txsink.connectors.postgres.grants`), in one query:
+   one error names each missing privilege, its object and the ``GRANT`` that fixes it;
+   and this sink's prepared transactions, if any, belong to the connecting role (only it,
+   or a superuser, may finish them);
 2. the table exists, or is created from the DataFrame's schema (``create_table=True``);
 3. every DataFrame column exists with a type binary COPY can fill from it (its plan,
    :func:`~txsink.connectors.postgres.casts.plan_column`, kept for the tasks); every NOT
@@ -13,7 +17,7 @@ In order, each failure a :class:`~txsink.errors.ConfigurationError` that names t
    marks most columns nullable, and most hold no NULL; one that arrives refuses its epoch
    at pre-commit, before the decision, naming the row);
 4. upsert: a unique index (or primary key) on exactly the key, which ON CONFLICT needs;
-5. the role may INSERT (and UPDATE, for upsert) into the table;
+5. (the rights, checked at 1a);
 6. the progress table exists (created if missing) and the role may use it;
 7. a warning for every prepared transaction older than ``prepared_age_warning_s``:
    it holds its locks and blocks vacuum until someone finishes it;
@@ -34,8 +38,9 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from txsink.connectors.postgres import grants
 from txsink.connectors.postgres.casts import ColumnPlan, Unsendable, plan_column
-from txsink.connectors.postgres.prepared import old_prepared
+from txsink.connectors.postgres.prepared import foreign_owner, old_prepared
 from txsink.connectors.postgres.progress import ensure_progress_table
 from txsink.connectors.postgres.staging import Staging, ensure_staging, refusals, triggers
 from txsink.connectors.postgres.types import arrow_to_pg_type
@@ -78,6 +83,8 @@ class StartCheck:
     protocol: str = "2pc"
     #: The staging table (``protocol == "staging"``).
     staging: Staging | None = None
+    #: The app id (its prepared transactions' owner is checked); "": not checked.
+    app_id: str = ""
 
     @property
     def _ctx(self) -> dict[str, Any]:
@@ -91,11 +98,12 @@ class StartCheck:
         try:
             if self.protocol == "2pc":
                 self._two_phase_commit()
+            self._rights()
+            self._prepared_owner()
             plans = self._columns(schema)
             self._warn_nullable(schema)
             if self.mode == "upsert":
                 self._unique_key()
-            self._privileges()
             ensure_progress_table(self.conn, self.tables, self._ctx)
             self._warn_old_prepared()
             if self.staging is not None:
@@ -264,18 +272,54 @@ class StartCheck:
                 **self._ctx,
             )
 
-    def _privileges(self) -> None:
-        table = self.tables.qualified
-        for privilege in ["INSERT"] + (["UPDATE"] if self.mode == "upsert" else []):
-            ok = self.conn.execute(
-                "SELECT has_table_privilege(%s, %s)", (self.tables.regclass(), privilege)
-            ).fetchone()[0]  # type: ignore[index]
-            if not ok:
-                raise ConfigurationError(
-                    f"the connecting role lacks {privilege} on {table}: "
-                    f"GRANT {privilege} ON {table} TO <role>",
-                    **self._ctx,
-                )
+    def needed(self) -> list[grants.Right]:
+        """The rights this sink needs (:func:`~txsink.connectors.postgres.grants.rights`)."""
+        schema = self.tables.schema or "public"
+        return grants.rights(
+            schema=schema,
+            table=self.tables.table,
+            mode=self.mode,
+            commit=self.protocol,
+            progress=self.tables.progress,
+            progress_exists=grants.exists(self.conn, schema, self.tables.progress),
+            staging_schema=self.staging.schema if self.staging is not None else None,
+            table_exists=grants.exists(self.conn, schema, self.tables.table),
+            create_table=self.create_table,
+        )
+
+    def _rights(self) -> None:
+        """Every right at once, before anything is created or written: a role missing three
+        grants hears of all three in one start, each with the line that fixes it."""
+        lacking = grants.missing(self.conn, self.needed())
+        if not lacking:
+            return
+        role = str(self.conn.execute("SELECT current_user").fetchone()[0])  # type: ignore[index]
+        lines = "".join(
+            f"\n  - {r.privilege} on {r.on} ({r.why}): {r.grant(role)}" for r in lacking
+        )
+        raise ConfigurationError(
+            f"the role {role!r} lacks {len(lacking)} right(s) this sink needs "
+            f"(mode={self.mode!r}, commit={self.protocol!r}); nothing was written:{lines}\n"
+            "Grant them as an administrator (docs/security.md lists every mode's rights), or "
+            "connect as a role that has them",
+            **self._ctx,
+        )
+
+    def _prepared_owner(self) -> None:
+        """Only the role that prepared a transaction, or a superuser, may COMMIT PREPARED or
+        ROLLBACK PREPARED it: a sink whose prepared transactions belong to another role
+        could not finish a decided epoch."""
+        if not self.app_id:
+            return
+        row = foreign_owner(self.conn, f"txsink.{self.app_id}.{self.uid}.")
+        if row is not None:
+            raise ConfigurationError(
+                f"prepared transaction {row[0]} of this sink belongs to role {row[1]!r}, and "
+                "only that role or a superuser may COMMIT PREPARED or ROLLBACK PREPARED it: "
+                f"connect as {row[1]!r} (the DSN's user) for the query and for txsink "
+                "recover, as when it was prepared",
+                **self._ctx,
+            )
 
     def _warn_old_prepared(self) -> None:
         for gid, age in old_prepared(self.conn, self.prepared_age_warning_s):

@@ -150,7 +150,7 @@ def map_error(
         return ConfigurationError(
             f"PostgreSQL refused the sink's role{_sqlstate(state)}: {summary}. Grant it what "
             f"the sink needs on {table}, its progress table and pg_prepared_xacts "
-            "(docs/connectors/postgres.md), then restart: nothing retries this by itself",
+            "(docs/security.md lists them by mode), then restart: nothing retries this by itself",
             **ctx,
         )
     lost = isinstance(err, psycopg.OperationalError) and not state  # no session: no SQLSTATE
@@ -213,7 +213,8 @@ def check_error(err: BaseException, *, server: str, table: str, ctx: dict[str, A
     elif state == "42501":  # insufficient_privilege
         fix = (
             f"grant the connecting role INSERT (and UPDATE for upsert) on {table}, and CREATE "
-            "on its schema for the progress table (or create that table beforehand)"
+            "on its schema for the progress table (or create that table beforehand); "
+            "docs/security.md lists every mode's rights"
         )
     elif state[:2] in ("08", "57") or not state:  # connection lost, server shutting down
         return connect_error(err, server, ctx)

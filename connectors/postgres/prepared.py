@@ -15,7 +15,14 @@ from txsink.handles import Handle, register_handle
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["PgHandle", "commit_prepared", "old_prepared", "prepared_gids", "rollback_prepared"]
+__all__ = [
+    "PgHandle",
+    "commit_prepared",
+    "foreign_owner",
+    "old_prepared",
+    "prepared_gids",
+    "rollback_prepared",
+]
 
 
 @register_handle
@@ -78,3 +85,20 @@ def old_prepared(conn: psycopg.Connection[Any], older_than_s: float) -> list[tup
         (older_than_s,),
     ).fetchall()
     return [(str(gid), float(age)) for gid, age in rows]
+
+
+def foreign_owner(conn: psycopg.Connection[Any], prefix: str) -> tuple[str, str] | None:
+    """A prepared transaction of this database whose gid starts with ``prefix`` and that the
+    connecting role may not finish: (gid, its owner). Only the preparing role, or a
+    superuser, may COMMIT PREPARED or ROLLBACK PREPARED."""
+    if not _has_view(conn):
+        return None
+    row = conn.execute(
+        "SELECT p.gid, p.owner FROM pg_prepared_xacts p "
+        "WHERE p.database = current_database() AND starts_with(p.gid, %s) "
+        "AND p.owner <> current_user "
+        "AND NOT (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) "
+        "ORDER BY p.gid LIMIT 1",
+        (prefix,),
+    ).fetchone()
+    return None if row is None else (str(row[0]), str(row[1]))

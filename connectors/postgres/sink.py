@@ -251,6 +251,7 @@ class PostgresSink(Connections, TwoPhaseCommitSink[OpenTxn, Handle]):
                     prepared_age_warning_s=self.prepared_age_warning_s,
                     protocol=self.protocol,
                     staging=self.staging if self.protocol == "staging" else None,
+                    app_id=app_id,
                 ).run(schema)
                 self._row_key = self.key or primary_key(conn, self.tables)
         except (psycopg.Error, TxsinkError) as err:

@@ -7,7 +7,7 @@ import signal
 import sys
 
 from .common import ENV_FILE, LOG_DIR, ServiceError, cache_dir
-from .manager import SERVICES, down, printable, status, up
+from .manager import NOT_DEFAULT, SERVICES, down, printable, status, up
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,7 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, health, env in rows:
         where = " ".join(printable(k, v) for k, v in sorted(env.items()) if "SECRET" not in k)
         print(f"{name:9s} {health:24s} {where}")
-    return 0 if all(health == "healthy" for _, health, _ in rows) else 3
+    # A service outside the default set (started only when named) may be stopped.
+    fine = [h == "healthy" or (n in NOT_DEFAULT and h == "stopped") for n, h, _ in rows]
+    return 0 if all(fine) else 3
 
 
 if __name__ == "__main__":

@@ -28,12 +28,15 @@ from .common import (
 )
 from .kafka import Kafka
 from .postgres import Postgres, PostgresStock
+from .postgres_secure import PostgresSecure
 from .registry import Registry
 from .s3 import S3
 
 SERVICES: dict[str, LocalService] = {
-    s.name: s for s in (Postgres(), Kafka(), S3(), Registry(), PostgresStock())
+    s.name: s for s in (Postgres(), Kafka(), S3(), Registry(), PostgresStock(), PostgresSecure())
 }
+#: Started only when named (``up postgres_secure``), not by a bare ``up``.
+NOT_DEFAULT = {"postgres_secure"}
 SECRET_KEYS = {"TXSINK_S3_SECRET_KEY"}
 #: Log files a service's ``up`` writes begin with its name, or with one of these.
 _LOG_PREFIXES = {"s3": ("s3", "minio"), "postgres": ("postgres-",)}
@@ -41,8 +44,9 @@ _LOG_PREFIXES = {"s3": ("s3", "minio"), "postgres": ("postgres-",)}
 _CLUSTER_STATE = WORK_DIR / "cluster" / "state.json"
 
 
-def _select(names: Iterable[str]) -> list[str]:
-    chosen = list(names) or list(SERVICES)
+def _select(names: Iterable[str], *, every: bool = False) -> list[str]:
+    """The named services; none named: the default set (``every``: all of them)."""
+    chosen = list(names) or [n for n in SERVICES if every or n not in NOT_DEFAULT]
     unknown = [n for n in chosen if n not in SERVICES]
     if unknown:
         raise ServiceError(f"unknown service(s) {unknown}; choose from {sorted(SERVICES)}")
@@ -124,7 +128,7 @@ def _record_timings(reports: list[StartReport]) -> None:
 def down(names: Sequence[str] = (), *, purge: bool = False) -> list[str]:
     """Stop the named services (all by default); with ``purge`` also delete their data and
     logs, and once no service is left, everything ``up`` made: the work folder itself."""
-    chosen = _select(names)
+    chosen = _select(names, every=True)
     stopped: list[str] = []
     with locked():
         state = load_state()

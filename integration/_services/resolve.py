@@ -66,6 +66,16 @@ def resolve_postgres_stock(finalizers: list[Finalizer]) -> PostgresService:
     return PostgresService(dsn=_local("postgres_stock")[var], origin="local", env_var=var)
 
 
+def resolve_postgres_secure() -> dict[str, str]:
+    """The secured PostgreSQL (TLS only, a least-privilege role; :mod:`.postgres_secure`):
+    its ``TXSINK_PG_SECURE_*`` variables, from the environment or a local process (it
+    needs the harness's own superuser to set up roles: no Docker variant)."""
+    keys = ("TXSINK_PG_SECURE_DSN", "TXSINK_PG_SECURE_ADMIN_DSN", "TXSINK_PG_SECURE_APP_ROLE")
+    if all(os.environ.get(k) for k in keys):
+        return {k: v for k, v in os.environ.items() if k.startswith("TXSINK_PG_SECURE_")}
+    return {k: v for k, v in _local("postgres_secure").items() if k.startswith("TXSINK_PG_")}
+
+
 def resolve_kafka(finalizers: list[Finalizer]) -> KafkaService:
     bootstrap = os.environ.get("TXSINK_KAFKA_BOOTSTRAP")
     if bootstrap:

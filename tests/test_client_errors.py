@@ -25,7 +25,9 @@ from txsink.errors import (
     LogUnavailableError,
     RetryableError,
     TxsinkError,
+    UnreachableError,
     WriteError,
+    restart_cannot_help,
 )
 from txsink.txid import TxnId
 
@@ -103,8 +105,13 @@ def test_a_kafka_calls_timeout_is_transient_and_never_leaves_raw() -> None:
     )
     assert kind_of(ValueError("bad")) == "other"
     checked = check_error(TimeoutError(), SETTINGS, "list the topics")
-    assert type(checked) is ConfigurationError
+    # Brokers that did not answer may be back at a restart: a ConfigurationError that the
+    # restarting runner restarts on; refused credentials are not.
+    assert type(checked) is UnreachableError and isinstance(checked, ConfigurationError)
+    assert not restart_cannot_help(checked)
     assert "did not answer in time" in str(checked)
+    denied = check_error(KafkaError(KafkaError.SASL_AUTHENTICATION_FAILED), SETTINGS, "list")
+    assert type(denied) is ConfigurationError and restart_cannot_help(denied)
 
 
 def test_fencing_an_unreachable_broker_raises_a_classified_error() -> None:

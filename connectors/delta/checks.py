@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from txsink.connectors.delta.errors import describe, is_not_found
 from txsink.connectors.delta.storage import Storage
-from txsink.errors import ConfigurationError
+from txsink.errors import ConfigurationError, UnreachableError
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
@@ -39,7 +39,9 @@ def open_or_create(
         return DeltaTable(storage.uri, storage_options=storage.delta_options())
     except Exception as err:
         if not is_not_found(err):
-            raise ConfigurationError(
+            # The storage down or a wrong URI or credentials (deltalake does not tell them
+            # apart by type): refused now, and a restart may pass it.
+            raise UnreachableError(
                 f"cannot read the Delta table at {storage.uri}: {describe(err)}. Check the "
                 "URI, that the storage is reachable and the credentials in storage_options",
                 **ctx,

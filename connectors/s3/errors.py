@@ -21,6 +21,7 @@ from txsink.errors import (
     LogUnavailableError,
     RetryableError,
     TxsinkError,
+    UnreachableError,
 )
 
 __all__ = [
@@ -191,8 +192,8 @@ def sink_error(
             f"{what}. The endpoint cannot be reached: check endpoint_url (or "
             "AWS_ENDPOINT_URL_S3), the network and the server"
         )
-        if phase == "check":
-            return ConfigurationError(message, **context)
+        if phase == "check":  # refused before anything is written; a restart may pass it
+            return UnreachableError(message, **context)
         return RetryableError(message, **context)
     if kind in ("connection", "throttled", "transient"):
         return RetryableError(f"{what}. A transient S3 failure: it is retried", **context)

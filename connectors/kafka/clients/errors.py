@@ -56,6 +56,7 @@ from txsink.errors import (
     FencedError,
     RetryableError,
     TxsinkError,
+    UnreachableError,
 )
 
 __all__ = [
@@ -198,7 +199,9 @@ def _told(err: Any) -> str:
 
 def check_error(err: Any, settings: KafkaSettings, doing: str) -> ConfigurationError:
     """The start-up check's error for the ``KafkaError`` ``err`` (or a call's timeout) met
-    while ``doing``."""
+    while ``doing``: an :class:`~txsink.errors.UnreachableError` when the brokers did not
+    answer or answered with a retriable code (a restart may pass it), else a
+    ConfigurationError."""
     ctx = settings.context("check")
     what = f"cannot {doing} at {settings.bootstrap_servers}: {_told(err)}"
     if not hasattr(err, "code"):
@@ -222,7 +225,14 @@ def check_error(err: Any, settings: KafkaSettings, doing: str) -> ConfigurationE
         fix = "the TLS handshake failed: check ssl.* in producer_config and the brokers' certs"
     else:
         fix = "fix what the brokers say, then start again"
-    return ConfigurationError(f"{what}; {fix}", **ctx)
+    # Brokers that did not answer, cannot be reached or answered with a retriable code (a
+    # coordinator still loading) may pass at a restart: the brokers may be back by then.
+    passing = (
+        not hasattr(err, "code")
+        or has_code(err, *_UNREACHABLE)
+        or bool(getattr(err, "retriable", lambda: False)())
+    )
+    return (UnreachableError if passing else ConfigurationError)(f"{what}; {fix}", **ctx)
 
 
 def commit_error(

@@ -27,16 +27,21 @@ from .common import (
     save_state,
 )
 from .kafka import Kafka
+from .kafka_secure import KafkaSecure
 from .postgres import Postgres, PostgresStock
 from .registry import Registry
 from .s3 import S3
 
 SERVICES: dict[str, LocalService] = {
-    s.name: s for s in (Postgres(), Kafka(), S3(), Registry(), PostgresStock())
+    s.name: s for s in (Postgres(), Kafka(), S3(), Registry(), PostgresStock(), KafkaSecure())
 }
 SECRET_KEYS = {"TXSINK_S3_SECRET_KEY"}
 #: Log files a service's ``up`` writes begin with its name, or with one of these.
-_LOG_PREFIXES = {"s3": ("s3", "minio"), "postgres": ("postgres-",)}
+_LOG_PREFIXES = {
+    "s3": ("s3", "minio"),
+    "postgres": ("postgres-",),
+    "kafka": ("kafka.", "kafka-"),  # not kafka_secure*
+}
 #: A cluster started by hand (``integration/cluster.py up``) records itself here.
 _CLUSTER_STATE = WORK_DIR / "cluster" / "state.json"
 

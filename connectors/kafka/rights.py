@@ -15,6 +15,7 @@ hence every right, not only those the check's own calls happen to use.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from txsink.connectors.kafka.acls import Acl, required_acls
@@ -67,14 +68,14 @@ def missing_rights(settings: KafkaSettings, topic: str | None) -> list[Acl]:
     from confluent_kafka.admin import AdminClient
 
     admin = AdminClient(settings.client_config())
-    cluster = _cluster_operations(admin, settings.timeout_s)
-    if cluster is None:  # no authorizer on the brokers: every principal may do everything
-        return []
     wanted = required_acls(settings, topic)
     topics = sorted({a.name for a in wanted if a.kind == "Topic"})
-    granted: dict[tuple[str, str], set[str] | None] = {("Cluster", "kafka-cluster"): cluster}
+    granted: dict[tuple[str, str], set[str] | None] = {}
     for name, ops in _topic_operations(admin, topics, settings.timeout_s).items():
         granted[("Topic", name)] = ops
+    if all(ops is None for ops in granted.values()):
+        return []  # no authorizer on the brokers (or no topic yet: the brokers' check says)
+    granted[("Cluster", "kafka-cluster")] = _cluster_operations(admin, settings.timeout_s)
     for acl in wanted:
         if acl.kind == "Group":
             granted[("Group", acl.name)] = _group_operations(admin, acl.name, settings.timeout_s)
@@ -114,7 +115,8 @@ def _topic_operations(
             found[name] = _names(futures[name].result(timeout=timeout_s).authorized_operations)
         except KafkaException as err:
             if has_code(err.args[0], "TOPIC_AUTHORIZATION_FAILED"):
-                found[name] = set()
+                # No DESCRIBE (no WRITE, no READ): its configs may still be readable.
+                found[name] = _topic_configs_readable(admin, name, timeout_s)
             elif has_code(err.args[0], "UNKNOWN_TOPIC_OR_PART"):
                 found[name] = None
             else:
@@ -122,12 +124,44 @@ def _topic_operations(
     return found
 
 
-def _cluster_operations(admin: Any, timeout_s: float) -> set[str] | None:
-    result = admin.describe_cluster(request_timeout=timeout_s, include_authorized_operations=True)
-    return _names(result.result(timeout=timeout_s).authorized_operations)
+def _topic_configs_readable(admin: Any, topic: str, timeout_s: float) -> set[str]:
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import (  # type: ignore[attr-defined]
+        ConfigResource,
+        ResourceType,
+    )
+
+    res = ConfigResource(ResourceType.TOPIC, topic)
+    try:
+        admin.describe_configs([res])[res].result(timeout=timeout_s)
+    except KafkaException as err:
+        if has_code(err.args[0], *_DENIED):
+            return set()
+        raise
+    return {"DESCRIBE_CONFIGS"}
 
 
-def _group_operations(admin: Any, group: str, timeout_s: float) -> set[str] | None:
+def _cluster_operations(admin: Any, timeout_s: float) -> set[str]:
+    """DESCRIBE_CONFIGS if this principal may read a broker's configs. (The cluster's
+    authorized operations are only told to a principal with DESCRIBE on the cluster.)"""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import (  # type: ignore[attr-defined]
+        ConfigResource,
+        ResourceType,
+    )
+
+    broker = str(next(iter(admin.list_topics(timeout=timeout_s).brokers)))
+    res = ConfigResource(ResourceType.BROKER, broker)
+    try:
+        admin.describe_configs([res])[res].result(timeout=timeout_s)
+    except KafkaException as err:
+        if has_code(err.args[0], *_DENIED):
+            return set()
+        raise
+    return {"DESCRIBE_CONFIGS"}
+
+
+def _group_operations(admin: Any, group: str, timeout_s: float) -> set[str]:
     """DESCRIBE if this principal may describe (find the coordinator of) ``group``; a group
     that does not exist yet is described too (as dead) when the right is there."""
     from confluent_kafka import KafkaException
@@ -141,7 +175,7 @@ def _group_operations(admin: Any, group: str, timeout_s: float) -> set[str] | No
         if has_code(err.args[0], *_DENIED):
             return set()
         raise
-    return None if ops is None else ops | {"DESCRIBE"}
+    return (ops or set()) | {"DESCRIBE"}
 
 
 def _transactional_id(settings: KafkaSettings) -> set[str]:
@@ -159,5 +193,8 @@ def _transactional_id(settings: KafkaSettings) -> set[str]:
             return set()
         raise
     finally:
-        producer.flush(0)
+        # A refused producer's flush raises its fatal error again (a SystemError in
+        # confluent-kafka 2.16 when it interrupts a callback): the answer is already had.
+        with contextlib.suppress(KafkaException, SystemError):
+            producer.flush(0)
     return {"WRITE", "DESCRIBE"}

@@ -178,20 +178,23 @@ def _group_operations(admin: Any, group: str, timeout_s: float) -> set[str]:
     return (ops or set()) | {"DESCRIBE"}
 
 
-def _transactional_id(settings: KafkaSettings) -> set[str]:
-    """WRITE if ``init_transactions`` on shard 0's transactional id is allowed."""
+def _transactional_id(settings: KafkaSettings) -> set[str] | None:
+    """WRITE if ``init_transactions`` on shard 0's transactional id is allowed; None if it
+    failed for another reason."""
     from confluent_kafka import KafkaException, Producer
 
-    from txsink.connectors.kafka.clients.settings import init_transactions
+    from txsink.connectors.kafka.clients.settings import init_transactions, rdkafka_logger
 
     conf = settings.producer_conf(0, lambda _err, _msg: None)
+    # Its refusal is the answer, not an error to log (the sink's logger would say CRITICAL).
+    conf["logger"] = rdkafka_logger(f"txsink.connectors.kafka.rights.{settings.uid}", silent=True)
     producer = Producer(conf)
     try:
         init_transactions(producer, settings.timeout_s)
     except KafkaException as err:
-        if has_code(err.args[0], *_DENIED):
-            return set()
-        raise
+        # Any other refusal (a transaction timeout above the brokers' limit, no transaction
+        # coordinator) is not about rights: the checks after this one name it.
+        return set() if has_code(err.args[0], *_DENIED) else None
     finally:
         # A refused producer's flush raises its fatal error again (a SystemError in
         # confluent-kafka 2.16 when it interrupts a callback): the answer is already had.

@@ -66,6 +66,7 @@ from txsink.connectors.kafka.records.format import RecordFormat, avro_encoders
 from txsink.connectors.kafka.records.limits import DEFAULT_PRODUCER_MAX
 from txsink.connectors.kafka.records.topics import TopicLookup
 from txsink.connectors.kafka.replay import KafkaReplayHandle, OpenReplay
+from txsink.connectors.kafka.rights import check_rights
 from txsink.connectors.kafka.wal import KafkaWalHandle, OpenWal, WriteAheadLog
 from txsink.connectors.kafka.wal.store import WalStore
 from txsink.handles import Handle
@@ -315,6 +316,7 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
         checks.check_columns(schema, self.records, ctx)
         if self.mode == "wal":
             self._wal.check(ctx)
+        check_rights(self.settings, self.topic, ctx)  # every missing ACL, named, first
         checks.check_brokers(self.settings, self.topic, ctx)
         self._batch_cap = checks.check_topics(self.settings, self.records, ctx)
         checks.check_avro(schema, self.records, ctx)

@@ -27,19 +27,33 @@ from .common import (
     save_state,
 )
 from .kafka import Kafka
+from .kafka_secure import KafkaSecure
 from .postgres import Postgres, PostgresStock
 from .postgres_secure import PostgresSecure
 from .registry import Registry
 from .s3 import S3
 
 SERVICES: dict[str, LocalService] = {
-    s.name: s for s in (Postgres(), Kafka(), S3(), Registry(), PostgresStock(), PostgresSecure())
+    s.name: s
+    for s in (
+        Postgres(),
+        Kafka(),
+        S3(),
+        Registry(),
+        PostgresStock(),
+        PostgresSecure(),
+        KafkaSecure(),
+    )
 }
 #: Started only when named (``up postgres_secure``), not by a bare ``up``.
 NOT_DEFAULT = {"postgres_secure"}
 SECRET_KEYS = {"TXSINK_S3_SECRET_KEY"}
 #: Log files a service's ``up`` writes begin with its name, or with one of these.
-_LOG_PREFIXES = {"s3": ("s3", "minio"), "postgres": ("postgres-",)}
+_LOG_PREFIXES = {
+    "s3": ("s3", "minio"),
+    "postgres": ("postgres-",),
+    "kafka": ("kafka.", "kafka-"),  # not kafka_secure*
+}
 #: A cluster started by hand (``integration/cluster.py up``) records itself here.
 _CLUSTER_STATE = WORK_DIR / "cluster" / "state.json"
 

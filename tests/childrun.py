@@ -1,6 +1,6 @@
 """Child pipelines for tests: ``python -m txsink.runner MODULE:FUNCTION ARGS`` restarted as a
-user's job is (:func:`txsink.runner.run_until_done`), with every line it printed kept; and
-``txsink demo``'s restarting run, quiet.
+user's job is (:func:`txsink.runner.run_until_done`), with every line it printed kept;
+``txsink demo``'s restarting run, quiet; and a ``txsink`` command in a child process.
 
 One place for what tests/test_fatal_stop.py, tests/test_demo.py and
 integration/test_datasource.py each built for themselves (integration tests import it as
@@ -10,13 +10,14 @@ integration/test_datasource.py each built for themselves (integration tests impo
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from txsink.runner import RunReport, python_module_cmd, run_until_done
 
-__all__ = ["demo", "run_pipeline", "runner_cmd"]
+__all__ = ["cli", "demo", "run_pipeline", "runner_cmd"]
 
 
 def runner_cmd(pipeline: str, args: Mapping[str, Any]) -> list[str]:
@@ -53,3 +54,10 @@ def demo(workdir: Path, **options: Any) -> dict[str, Any]:
 
     defaults: dict[str, Any] = {"partitions": 2, "crash": None, "fmt": "parquet", "echo": False}
     return run_demo(workdir, **{**defaults, **options})
+
+
+def cli(*args: str, check: bool = False, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """``txsink ARGS`` (``python -m txsink.cli``, this interpreter) in a child process, its
+    stdout and stderr captured apart as text (``check``: raise on a non-zero exit)."""
+    cmd = python_module_cmd("txsink.cli", *args)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=check)

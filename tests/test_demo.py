@@ -11,12 +11,11 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.childrun import demo, runner_cmd
+from tests.childrun import cli, demo, runner_cmd
 from tests.streaming import EVERY_POINT_ONCE
 from txsink.protocol.faults import SINGLE_PASS_POINTS, CrashPoint
 from txsink.testing.inputs import make_input
@@ -48,25 +47,9 @@ def test_kill_driver_at_every_point_in_one_run(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.matrix("demo")
 def test_demo_command_prints_one_json_verdict(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "txsink.cli",
-            "demo",
-            "--rows",
-            "3000",
-            "--files",
-            "2",
-            "--workdir",
-            str(tmp_path / "w"),
-            "--crash",
-            "after_decision:kill-driver",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+    crash = "after_decision:kill-driver"
+    proc = cli(
+        "demo", "--rows", "3000", "--files", "2", "--workdir", str(tmp_path / "w"), "--crash", crash
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     last = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -96,25 +79,9 @@ def test_demo_command_prints_one_json_verdict(tmp_path: Path) -> None:
 def test_kill_worker_demo_names_what_happened(tmp_path: Path) -> None:
     """The parent's output names the killed worker (partition, pid), the abort of the
     failed attempt's transactions, a clean failure line and why the run was restarted."""
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "txsink.cli",
-            "demo",
-            "--rows",
-            "2000",
-            "--files",
-            "2",
-            "--workdir",
-            str(tmp_path / "w"),
-            "--crash",
-            "after_precommit:kill-worker#1",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+    crash = "after_precommit:kill-worker#1"
+    proc = cli(
+        "demo", "--rows", "2000", "--files", "2", "--workdir", str(tmp_path / "w"), "--crash", crash
     )
     err = proc.stderr
     assert proc.returncode == 0, err[-3000:]
@@ -183,48 +150,16 @@ def test_a_default_streaming_run_prints_one_line_per_epoch(tmp_path: Path) -> No
 @pytest.mark.slow  # docs/quickstart.md's `txsink status` blocks (see above)
 def test_status_command_reads_the_demo_log(tmp_path: Path) -> None:
     demo(tmp_path / "d", rows=1000, files=2, max_runs=2)
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "txsink.cli",
-            "status",
-            "--log",
-            str(tmp_path / "d" / "txlog"),
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    proc = cli("status", "--log", str(tmp_path / "d" / "txlog"), "--json", check=True)
     doc = json.loads(proc.stdout)
     assert [e["status"] for e in doc["epochs"]] == ["committed", "committed"]
     log = str(tmp_path / "d" / "txlog")
-    table = subprocess.run(
-        [sys.executable, "-m", "txsink.cli", "status", "--log", log],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    table = cli("status", "--log", log, check=True)
     assert "2 epochs, 2 committed" in table.stdout
 
 
 def test_bad_crash_spec_is_a_clear_error(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "txsink.cli",
-            "demo",
-            "--crash",
-            "sometime",
-            "--workdir",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    proc = cli("demo", "--crash", "sometime", "--workdir", str(tmp_path))
     assert proc.returncode == 2 and "unknown crash point 'sometime'" in proc.stderr
 
 

@@ -26,8 +26,9 @@ from typing import Any
 import pytest
 
 from conftest import services_for
+from tests.childrun import demo, run_pipeline, runner_cmd
 from txsink.protocol.log import open_log
-from txsink.runner import RunReport, python_module_cmd, run_until_done
+from txsink.runner import RunReport
 from txsink.spark.versions import STREAM_DATA_SOURCE_LINE, spark_version
 from txsink.testing.adapter import adapter
 from txsink.testing.inputs import make_input
@@ -116,7 +117,7 @@ def _target(
     try:
         args = {"workdir": str(tmp_path), "options": _options(found, spec), **kwargs}
         args["env_options"] = ENV_OPTIONS.get(connector, {})
-        yield found, spec, child, python_module_cmd("txsink.runner", PIPELINE, json.dumps(args))
+        yield found, spec, child, runner_cmd(PIPELINE, args)
     finally:
         found.drop_target(spec, child)
 
@@ -131,8 +132,7 @@ def _run(
 ) -> tuple[RunReport, Any, list[str]]:
     """Run the query until it finishes; the report, the verdict and the child's lines."""
     with _target(tmp_path, connector, env, fault=fault, **kwargs) as (found, spec, child, cmd):
-        lines: list[str] = []
-        report = run_until_done(cmd, env=child, max_runs=5, on_line=lines.append, timeout=300)
+        report, lines = run_pipeline(cmd, env=child, max_runs=5)
         verifier = found.verifier(spec, range(ROWS), child, log=str(tmp_path / "txlog"))
         return report, verify(verifier), lines
 
@@ -281,8 +281,7 @@ def test_stream_through_spark_connect_with_crashes_in_the_server(
             log = open_log(tmp_path / "txlog")
             assert log.decision(2) is not None and log.committed(2) is None
             server.restart()
-            lines: list[str] = []
-            report = run_until_done(cmd, env=child, max_runs=2, on_line=lines.append, timeout=300)
+            report, lines = run_pipeline(cmd, env=child, max_runs=2)
             assert report.finished and report.runs == 1, (report, lines[-30:])
             verdict = verify(found.verifier(spec, range(ROWS), child, log=str(tmp_path / "txlog")))
     finally:
@@ -319,8 +318,7 @@ def test_a_killed_connect_client(
         finally:
             first.kill()
             first.wait(30)
-        lines: list[str] = []
-        report = run_until_done(cmd, env=child, max_runs=2, on_line=lines.append, timeout=300)
+        report, lines = run_pipeline(cmd, env=child, max_runs=2)
         assert report.finished, (report, lines[-30:])
         verdict = verify(found.verifier(spec, range(ROWS), child, log=str(tmp_path / "txlog")))
     _exactly_once(verdict)
@@ -337,13 +335,7 @@ def test_a_wrong_option_fails_the_query_before_any_row(tmp_path: Path) -> None:
     make_input(tmp_path / "input", 10, 1)
     options = {"connector": "files", "uid": "o", "path": str(tmp_path / "out"), "colour": "red"}
     args = {"workdir": str(tmp_path), "options": options}
-    lines: list[str] = []
-    report = run_until_done(
-        python_module_cmd("txsink.runner", PIPELINE, json.dumps(args)),
-        max_runs=1,
-        on_line=lines.append,
-        timeout=300,
-    )
+    report, lines = run_pipeline(runner_cmd(PIPELINE, args), max_runs=1)
     assert not report.finished
     failed = [line for line in lines if line.startswith("txsink: query failed")]
     assert (
@@ -360,18 +352,9 @@ def test_demo_via_datasource_kill_driver_at_every_point(tmp_path: Path) -> None:
     """``txsink demo --via datasource`` with the driver killed once at every crash point
     (task points from the task, driver points from the planning or commit worker)."""
     from tests.streaming import EVERY_POINT_ONCE
-    from txsink.connectors.files.demo import run_demo
 
-    result = run_demo(
-        tmp_path / "demo",
-        rows=6000,
-        files=6,
-        partitions=2,
-        crash=EVERY_POINT_ONCE,
-        fmt="parquet",
-        max_runs=12,
-        echo=False,
-        via="datasource",
+    result = demo(
+        tmp_path / "demo", rows=6000, files=6, crash=EVERY_POINT_ONCE, max_runs=12, via="datasource"
     )
     assert (result["faults_fired"], result["restarts"]) == (7, 7), result
     assert (result["duplicates"], result["missing"], result["lingering"]) == (0, 0, 0), result

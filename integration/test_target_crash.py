@@ -59,58 +59,35 @@ def _crash_run(
     return errors
 
 
-@pytest.mark.spark
-@pytest.mark.postgres  # the harness installs Debian's PostgreSQL binaries
-@pytest.mark.parametrize("point", POINTS)
-def test_postgres_killed_mid_epoch_and_restarted(spark: Any, tmp_path: Path, point: str) -> None:
-    import psycopg
-
-    from txsink.connectors.postgres import PostgresSink
-
-    server = CrashablePostgres.create()
-    try:
-        errors = _crash_run(
-            spark,
-            tmp_path,
-            point,
-            server,
-            lambda: PostgresSink(
-                server.dsn, "public.orders", uid="pg", create_table=True, stall_timeout_s=8
-            ),
-        )
-        with psycopg.connect(server.dsn, autocommit=True) as conn:
-            ids = [r[0] for r in conn.execute("SELECT id FROM public.orders ORDER BY id")]
-            prepared = conn.execute("SELECT gid FROM pg_prepared_xacts").fetchall()
-    finally:
-        server.stop()
-    assert ids == list(range(ROWS)), (len(ids), len(set(ids)), errors[-1:])
-    assert prepared == [], prepared
+#: The two PostgreSQL servers, each with its own points: one configured for two-phase commit
+#: (the harness's default), and one with PostgreSQL's default ``max_prepared_transactions = 0``
+#: (``commit="auto"`` picks the staging commit). Ids read ``two-phase-<point>`` /
+#: ``stock-<point>``.
+PG_CASES = [
+    *(pytest.param(50, point, id=f"two-phase-{point}") for point in POINTS),
+    # the decision written, nothing moved: the staged rows must survive the crash
+    pytest.param(0, "after_decision", id="stock-after_decision"),
+    pytest.param(0, "after_precommit", id="stock-after_precommit", marks=pytest.mark.slow),
+    pytest.param(0, "during_commit", id="stock-during_commit", marks=pytest.mark.slow),
+]
 
 
 @pytest.mark.spark
 @pytest.mark.postgres  # the harness installs Debian's PostgreSQL binaries
-@pytest.mark.parametrize(
-    "point",
-    [
-        # the decision written, nothing moved: the staged rows must survive the crash
-        "after_decision",
-        pytest.param("after_precommit", marks=pytest.mark.slow),
-        pytest.param("during_commit", marks=pytest.mark.slow),
-    ],
-)
-def test_postgres_without_prepared_transactions_killed_and_restarted(
-    spark: Any, tmp_path: Path, point: str
+@pytest.mark.parametrize(("max_prepared", "point"), PG_CASES)
+def test_postgres_killed_mid_epoch_and_restarted(
+    spark: Any, tmp_path: Path, max_prepared: int, point: str
 ) -> None:
-    """The staging commit (``max_prepared_transactions = 0``, ``commit="auto"``): the
-    server dies at ``point``; its crash recovery keeps the staged rows (a logged table),
-    and txsink's recovery moves the decided ones in once. Read back with psql-like queries:
-    every id once, no staged row and no prepared transaction left."""
+    """The postmaster dies at ``point``; its crash recovery keeps what was prepared (two-phase:
+    the prepared transactions from its WAL; stock: the staged rows, a logged table), and
+    txsink's recovery commits the decided ones once. Read back with psql-like queries: every
+    id once, no prepared transaction left, and on the stock server no staged row left."""
     import psycopg
 
     from txsink.connectors.postgres import PostgresSink
     from txsink.connectors.postgres.testing import staged_names
 
-    server = CrashablePostgres.create(max_prepared=0)
+    server = CrashablePostgres.create(max_prepared=max_prepared)
     try:
         errors = _crash_run(
             spark,
@@ -128,7 +105,7 @@ def test_postgres_without_prepared_transactions_killed_and_restarted(
             setting = conn.execute("SHOW max_prepared_transactions").fetchone()
     finally:
         server.stop()
-    assert setting == ("0",)
+    assert setting == (str(max_prepared),)
     assert ids == list(range(ROWS)), (len(ids), len(set(ids)), errors[-1:])
     assert prepared == [] and staged == [], (prepared, staged)
 

@@ -11,13 +11,12 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.childrun import cli, demo, runner_cmd
 from tests.streaming import EVERY_POINT_ONCE
-from txsink.connectors.files.demo import run_demo
 from txsink.protocol.faults import SINGLE_PASS_POINTS, CrashPoint
 from txsink.testing.inputs import make_input
 
@@ -32,16 +31,7 @@ def test_plan_covers_every_crash_point() -> None:
 
 
 def test_kill_driver_at_every_point_in_one_run(tmp_path: Path) -> None:
-    result = run_demo(
-        tmp_path / "demo",
-        rows=6000,
-        files=6,
-        partitions=2,
-        crash=EVERY_POINT_ONCE,
-        fmt="parquet",
-        max_runs=12,
-        echo=False,
-    )
+    result = demo(tmp_path / "demo", rows=6000, files=6, crash=EVERY_POINT_ONCE, max_runs=12)
     assert result["faults_fired"] == 7, result
     assert result["restarts"] == 7, result
     assert (result["duplicates"], result["missing"], result["lingering"]) == (0, 0, 0), result
@@ -57,25 +47,9 @@ def test_kill_driver_at_every_point_in_one_run(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.matrix("demo")
 def test_demo_command_prints_one_json_verdict(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "txsink.cli",
-            "demo",
-            "--rows",
-            "3000",
-            "--files",
-            "2",
-            "--workdir",
-            str(tmp_path / "w"),
-            "--crash",
-            "after_decision:kill-driver",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+    crash = "after_decision:kill-driver"
+    proc = cli(
+        "demo", "--rows", "3000", "--files", "2", "--workdir", str(tmp_path / "w"), "--crash", crash
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     last = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -105,25 +79,9 @@ def test_demo_command_prints_one_json_verdict(tmp_path: Path) -> None:
 def test_kill_worker_demo_names_what_happened(tmp_path: Path) -> None:
     """The parent's output names the killed worker (partition, pid), the abort of the
     failed attempt's transactions, a clean failure line and why the run was restarted."""
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "txsink.cli",
-            "demo",
-            "--rows",
-            "2000",
-            "--files",
-            "2",
-            "--workdir",
-            str(tmp_path / "w"),
-            "--crash",
-            "after_precommit:kill-worker#1",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+    crash = "after_precommit:kill-worker#1"
+    proc = cli(
+        "demo", "--rows", "2000", "--files", "2", "--workdir", str(tmp_path / "w"), "--crash", crash
     )
     err = proc.stderr
     assert proc.returncode == 0, err[-3000:]
@@ -168,9 +126,9 @@ def test_a_default_streaming_run_prints_one_line_per_epoch(tmp_path: Path) -> No
         workdir = tmp_path / name
         make_input(workdir / "input", 900, 3)
         spec = {"kind": "files", "path": str(workdir / "out"), "uid": "out"}
-        args = json.dumps({"workdir": str(workdir), "sinks": [spec]})
+        args = {"workdir": str(workdir), "sinks": [spec]}
         return subprocess.run(
-            [sys.executable, "-m", "txsink.runner", "txsink.testing.pipelines:run_stream", args],
+            runner_cmd("txsink.testing.pipelines:run_stream", args),
             capture_output=True,
             text=True,
             timeout=300,
@@ -191,58 +149,17 @@ def test_a_default_streaming_run_prints_one_line_per_epoch(tmp_path: Path) -> No
 
 @pytest.mark.slow  # docs/quickstart.md's `txsink status` blocks (see above)
 def test_status_command_reads_the_demo_log(tmp_path: Path) -> None:
-    run_demo(
-        tmp_path / "d",
-        rows=1000,
-        files=2,
-        partitions=2,
-        crash=None,
-        fmt="parquet",
-        max_runs=2,
-        echo=False,
-    )
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "txsink.cli",
-            "status",
-            "--log",
-            str(tmp_path / "d" / "txlog"),
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    demo(tmp_path / "d", rows=1000, files=2, max_runs=2)
+    proc = cli("status", "--log", str(tmp_path / "d" / "txlog"), "--json", check=True)
     doc = json.loads(proc.stdout)
     assert [e["status"] for e in doc["epochs"]] == ["committed", "committed"]
     log = str(tmp_path / "d" / "txlog")
-    table = subprocess.run(
-        [sys.executable, "-m", "txsink.cli", "status", "--log", log],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    table = cli("status", "--log", log, check=True)
     assert "2 epochs, 2 committed" in table.stdout
 
 
 def test_bad_crash_spec_is_a_clear_error(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "txsink.cli",
-            "demo",
-            "--crash",
-            "sometime",
-            "--workdir",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    proc = cli("demo", "--crash", "sometime", "--workdir", str(tmp_path))
     assert proc.returncode == 2 and "unknown crash point 'sometime'" in proc.stderr
 
 
@@ -252,15 +169,6 @@ def test_bad_crash_spec_is_a_clear_error(tmp_path: Path) -> None:
 def test_demo_each_point_and_mode(tmp_path: Path, point: str, mode: str) -> None:
     if mode == "kill-worker" and point not in ("before_precommit", "after_precommit"):
         pytest.skip("kill-worker applies to task points only")
-    result = run_demo(
-        tmp_path / "demo",
-        rows=4000,
-        files=4,
-        partitions=2,
-        crash=f"{point}:{mode}",
-        fmt="parquet",
-        max_runs=6,
-        echo=False,
-    )
+    result = demo(tmp_path / "demo", rows=4000, files=4, crash=f"{point}:{mode}", max_runs=6)
     assert result["faults_fired"] >= 1, result
     assert (result["duplicates"], result["missing"], result["lingering"]) == (0, 0, 0), result

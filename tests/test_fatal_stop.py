@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from tests.childrun import run_pipeline, runner_cmd
 from txsink.errors import (
     ConfigurationError,
     DriverLeaseError,
@@ -31,7 +32,7 @@ from txsink.errors import (
     WriteError,
     restart_cannot_help,
 )
-from txsink.runner import FATAL_EXIT, exit_code, python_module_cmd, run_until_done
+from txsink.runner import FATAL_EXIT, exit_code
 
 HERE = Path(__file__).resolve()
 
@@ -58,7 +59,7 @@ def refused_until_fixed(state: str) -> None:
 
 
 def _cmd(func: str, **kwargs: Any) -> list[str]:
-    return python_module_cmd("txsink.runner", f"{HERE}:{func}", json.dumps(kwargs))
+    return runner_cmd(f"{HERE}:{func}", kwargs)
 
 
 # -- which errors end the runs ------------------------------------------------------------
@@ -89,7 +90,7 @@ def test_which_errors_a_restart_cannot_help(err: BaseException, fatal: bool) -> 
 
 def test_the_runner_stops_at_the_first_error_a_restart_cannot_help() -> None:
     said: list[str] = []
-    report = run_until_done(_cmd("refused"), max_runs=5, say=said.append, timeout=120)
+    report, _ = run_pipeline(_cmd("refused"), max_runs=5, say=said.append, timeout=120)
     assert (report.runs, report.exit_codes, report.fatal) == (1, [FATAL_EXIT], True), said
     assert not report.finished
     assert "ConfigurationError" in report.failure and "fix it" in report.failure
@@ -130,11 +131,11 @@ def test_the_runner_goes_on_when_the_cause_of_a_fatal_error_was_fixed(tmp_path: 
         return True
 
     cmd = _cmd("refused_until_fixed", state=str(state))
-    report = run_until_done(cmd, max_runs=5, on_fatal=fix, timeout=120)
+    report, _ = run_pipeline(cmd, max_runs=5, on_fatal=fix, timeout=120)
     assert (report.runs, report.exit_codes, report.finished) == (2, [FATAL_EXIT, 0], True)
     assert fixes == [1] and not report.fatal
     state.unlink()
-    report = run_until_done(cmd, max_runs=5, on_fatal=lambda _run: False, timeout=120)
+    report, _ = run_pipeline(cmd, max_runs=5, on_fatal=lambda _run: False, timeout=120)
     assert (report.runs, report.fatal) == (1, True), report
 
 
@@ -148,15 +149,14 @@ def test_a_data_source_query_refused_for_a_bad_option_is_not_restarted(tmp_path:
     options = {"connector": "files", "path": str(tmp_path / "out"), "uid": "out", "servr": "x"}
     args = {"workdir": str(tmp_path), "options": options, "partitions": 1}
     pipeline = "txsink.testing.pipelines:run_datasource"
-    cmd = python_module_cmd("txsink.runner", pipeline, json.dumps(args))
-    report = run_until_done(cmd, max_runs=3, timeout=300)
+    report, _ = run_pipeline(runner_cmd(pipeline, args), max_runs=3)
     assert (report.runs, report.exit_codes, report.fatal) == (1, [FATAL_EXIT], True), report
     assert "unknown option(s) ['servr']" in report.failure, report.failure
 
 
 def test_the_runner_still_restarts_after_a_retryable_error(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    report = run_until_done(_cmd("fails_once", state=str(state)), max_runs=5, timeout=120)
+    report, _ = run_pipeline(_cmd("fails_once", state=str(state)), max_runs=5, timeout=120)
     assert (report.runs, report.finished, report.fatal) == (2, True, False), report
     assert report.exit_codes == [1, 0]
 
@@ -202,7 +202,6 @@ def test_a_first_batch_refused_by_its_check_is_not_restarted(tmp_path: Path) -> 
     spec = {"kind": "files", "path": str(blocked / "out"), "uid": "out"}
     args = {"workdir": str(tmp_path), "sinks": [spec], "partitions": 1}
     pipeline = "txsink.testing.pipelines:run_stream"
-    cmd = python_module_cmd("txsink.runner", pipeline, json.dumps(args))
-    report = run_until_done(cmd, max_runs=3, timeout=300)
+    report, _ = run_pipeline(runner_cmd(pipeline, args), max_runs=3)
     assert (report.runs, report.exit_codes, report.fatal) == (1, [FATAL_EXIT], True), report
     assert "cannot create the output folder" in report.failure, report.failure

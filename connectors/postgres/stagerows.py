@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from txsink.connectors.postgres.staging import GID, ORD, Staging, exists
+from txsink.connectors.postgres.upsert import upsert_rows
 
 if TYPE_CHECKING:
     import psycopg
@@ -152,7 +153,7 @@ def _insert(
     tables: Tables, source: sql.Composable, columns: Sequence[str], key: Sequence[str]
 ) -> sql.Composed:
     """``INSERT INTO target`` the rows of ``source`` (append), or upsert the last arrived
-    row of each key of them (``key``)."""
+    row of each key of them (``key``: the upsert sink's own statement, :func:`upsert_rows`)."""
     from psycopg import sql
 
     cols = sql.SQL(", ").join(sql.Identifier(c) for c in columns)
@@ -160,25 +161,4 @@ def _insert(
         return sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {}").format(
             tables.ident(), cols, cols, source
         )
-    keys = sql.SQL(", ").join(sql.Identifier(k) for k in key)
-    updates = [c for c in columns if c not in key]
-    action = (
-        sql.SQL("DO UPDATE SET {}").format(
-            sql.SQL(", ").join(
-                sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in updates
-            )
-        )
-        if updates
-        else sql.SQL("DO NOTHING")
-    )
-    return sql.SQL(
-        "INSERT INTO {target} ({cols}) SELECT DISTINCT ON ({keys}) {cols} FROM {source} "
-        "ORDER BY {keys}, {ord} DESC ON CONFLICT ({keys}) {action}"
-    ).format(
-        target=tables.ident(),
-        cols=cols,
-        keys=keys,
-        source=source,
-        ord=sql.Identifier(ORD),
-        action=action,
-    )
+    return upsert_rows(tables.ident(), source, columns, key)

@@ -67,6 +67,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from txsink.connectors.postgres.upsert import ORD, add_order_column
 from txsink.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -86,9 +87,9 @@ __all__ = [
     "triggers",
 ]
 
-#: The staging table's columns of its own (names kept out of users' way).
+#: The staging table's columns of its own (names kept out of users' way); ``ORD``, the
+#: arrival order, is the upsert stage's, as the move uses the upsert's statement.
 GID = "__txsink_gid"
-ORD = "__txsink_ord"
 #: The session setting a task's transaction names itself with (the gid column's default).
 GID_SETTING = "txsink.gid"
 
@@ -308,11 +309,7 @@ def _create(
         ).format(ident, sql.Identifier(GID), sql.Literal(GID_SETTING))
     )
     if mode == "upsert":
-        conn.execute(
-            sql.SQL("ALTER TABLE {} ADD COLUMN {} bigint GENERATED ALWAYS AS IDENTITY").format(
-                ident, sql.Identifier(ORD)
-            )
-        )
+        add_order_column(conn, ident)
     conn.execute(sql.SQL("COMMENT ON TABLE {} IS {}").format(ident, sql.Literal(comment)))
 
 

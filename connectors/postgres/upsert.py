@@ -27,10 +27,11 @@ if TYPE_CHECKING:
 
     from txsink.connectors.postgres.tables import Tables
 
-__all__ = ["create_stage", "merge_stage"]
+__all__ = ["ORD", "add_order_column", "create_stage", "merge_stage", "upsert_rows"]
 
-# The stage's arrival-order column (a name kept out of users' way, like the stage's own).
-_ORD = "__txsink_ord"
+#: The arrival-order column of a stage (and of the staging commit's staging table): a name
+#: kept out of users' way, like the stage's own.
+ORD = "__txsink_ord"
 
 
 def create_stage(
@@ -46,12 +47,20 @@ def create_stage(
             stage, sql.SQL(", ").join(sql.Identifier(c) for c in columns), tables.ident()
         )
     )
+    add_order_column(conn, stage)
+    return stage
+
+
+def add_order_column(conn: psycopg.Connection[Any], table: sql.Composable) -> None:
+    """Add :data:`ORD` to ``table``: an identity column numbering the rows in arrival order,
+    which :func:`upsert_rows` reads to let the last row of a key win."""
+    from psycopg import sql
+
     conn.execute(
         sql.SQL("ALTER TABLE {} ADD COLUMN {} bigint GENERATED ALWAYS AS IDENTITY").format(
-            stage, sql.Identifier(_ORD)
+            table, sql.Identifier(ORD)
         )
     )
-    return stage
 
 
 def merge_stage(
@@ -64,24 +73,44 @@ def merge_stage(
     """Upsert the last row of each key of ``txn``'s stage into the target; drop the stage."""
     from psycopg import sql
 
+    stage = tables.stage(txn)
+    conn.execute(upsert_rows(tables.ident(), stage, columns, key))
+    conn.execute(sql.SQL("DROP TABLE {}").format(stage))
+
+
+def upsert_rows(
+    target: sql.Composable,
+    source: sql.Composable,
+    columns: Sequence[str],
+    key: Sequence[str],
+) -> sql.Composed:
+    """``INSERT INTO target`` the last arrived row of each ``key`` of ``source`` (the
+    highest :data:`ORD` wins), ``ON CONFLICT (key) DO UPDATE`` the other ``columns`` (``DO
+    NOTHING`` when the key is all of them). ``source`` is anything a ``FROM`` takes that
+    has ``columns`` and :data:`ORD`: a stage table, or the staging commit's subquery or
+    ``WITH`` name. Every name is quoted with :class:`psycopg.sql.Identifier`."""
+    from psycopg import sql
+
     cols = sql.SQL(", ").join(sql.Identifier(c) for c in columns)
     keys = sql.SQL(", ").join(sql.Identifier(k) for k in key)
     updates = [c for c in columns if c not in key]
     action = (
         sql.SQL("DO UPDATE SET {}").format(
             sql.SQL(", ").join(
-                sql.SQL("{} = EXCLUDED.{}").format(sql.Identifier(c), sql.Identifier(c))
-                for c in updates
+                sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in updates
             )
         )
         if updates
         else sql.SQL("DO NOTHING")
     )
-    stage = tables.stage(txn)
-    conn.execute(
-        sql.SQL(
-            "INSERT INTO {} ({}) SELECT DISTINCT ON ({}) {} FROM {} "
-            "ORDER BY {}, {} DESC ON CONFLICT ({}) {}"
-        ).format(tables.ident(), cols, keys, cols, stage, keys, sql.Identifier(_ORD), keys, action)
+    return sql.SQL(
+        "INSERT INTO {target} ({cols}) SELECT DISTINCT ON ({keys}) {cols} FROM {source} "
+        "ORDER BY {keys}, {ord} DESC ON CONFLICT ({keys}) {action}"
+    ).format(
+        target=target,
+        cols=cols,
+        keys=keys,
+        source=source,
+        ord=sql.Identifier(ORD),
+        action=action,
     )
-    conn.execute(sql.SQL("DROP TABLE {}").format(stage))

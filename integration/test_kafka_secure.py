@@ -160,7 +160,15 @@ def _granted(kafka: SecureKafka, sink: KafkaSink, topic: str, acls: list[Acl]) -
 
 
 @pytest.mark.spark
-@pytest.mark.parametrize("mode", ["wal", "replay", "direct"])
+@pytest.mark.parametrize(
+    "mode",
+    [
+        "wal",
+        # The same rights (connectors/kafka/acls.py): the default suite runs one mode.
+        pytest.param("replay", marks=pytest.mark.slow),
+        pytest.param("direct", marks=pytest.mark.slow),
+    ],
+)
 def test_each_mode_commits_exactly_once_with_least_privilege(
     secure_kafka: SecureKafka,
     spark: Any,

@@ -1,4 +1,4 @@
-"""The least IAM rights an :class:`~txsink.connectors.s3.S3Sink` and the S3 txsink log need, as data.
+"""The least IAM rights of an :class:`~txsink.connectors.s3.S3Sink` and the S3 txsink log.
 
 One source for three readers: the start-up check (:mod:`~txsink.connectors.s3.access`
 probes each action and names a refused one with the statement that grants it, before any
@@ -76,9 +76,7 @@ def statement(action: str, bucket: str, prefixes: Sequence[str]) -> dict[str, An
     Object actions name ``arn:aws:s3:::<bucket>/<prefix>*``; ``s3:ListBucket`` names the
     bucket with an ``s3:prefix`` condition; ``s3:ListBucketMultipartUploads`` the bucket.
     """
-    scope = next(
-        (a.scope for a in (*SINK_ACTIONS, *LOG_ACTIONS) if a.name == action), "object"
-    )
+    scope = next((a.scope for a in (*SINK_ACTIONS, *LOG_ACTIONS) if a.name == action), "object")
     pattern = [f"{_prefix(p)}*" for p in prefixes]
     if scope == "object":
         return {

@@ -34,7 +34,8 @@ from .s3 import S3
 from .s3_secure import S3Secure
 
 SERVICES: dict[str, LocalService] = {
-    s.name: s for s in (Postgres(), Kafka(), S3(), Registry(), PostgresStock(), PostgresSecure(), S3Secure())
+    s.name: s
+    for s in (Postgres(), Kafka(), S3(), Registry(), PostgresStock(), PostgresSecure(), S3Secure())
 }
 #: Started only when named (``up postgres_secure``), not by a bare ``up``.
 NOT_DEFAULT = {"postgres_secure", "s3_secure"}

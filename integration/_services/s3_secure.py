@@ -30,6 +30,7 @@ and ``TXSINK_S3_SECURE_POLICY`` (the policy's name, for tests that change it).
 from __future__ import annotations
 
 import configparser
+import contextlib
 import secrets
 import shutil
 import time
@@ -263,10 +264,8 @@ class S3Secure(LocalService):
         root = _client(port, ROOT_PROFILE)
         if root is None:
             raise ServiceError("s3_secure needs boto3 in the venv for set-up")
-        try:
+        with contextlib.suppress(root.exceptions.BucketAlreadyOwnedByYou):
             root.create_bucket(Bucket=BUCKET)
-        except root.exceptions.BucketAlreadyOwnedByYou:
-            pass
         admin = admin_client(port)
         app_secret = secrets.token_hex(24)
         admin.policy_add(POLICY, policy=app_policy())

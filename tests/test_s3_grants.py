@@ -1,0 +1,77 @@
+"""The S3 sink's least IAM rights (``txsink.connectors.s3.grants``) and the page that shows
+them: the ``s3-policy`` JSON block of ``docs/security.md`` is the module's output for the
+names its marker gives, so the docs grant exactly what the check probes (and what the
+``s3_secure`` test server gives its user); the check's refusal is recognised by its code."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from txsink.connectors.s3.access import S3AccessError, refused
+from txsink.connectors.s3.grants import LOG_ACTIONS, SINK_ACTIONS, policy, statement
+
+PAGE = Path(__file__).resolve().parent.parent / "docs" / "security.md"
+_BLOCK = re.compile(r"<!-- s3-policy: (.*?) -->\n```json\n(.*?)```", re.DOTALL)
+_OPTION = re.compile(r'(\w+)="([^"]*)"')
+
+
+def test_the_pages_policy_is_the_modules_output() -> None:
+    blocks = _BLOCK.findall(PAGE.read_text())
+    assert len(blocks) == 1
+    head, body = blocks[0]
+    options = dict(_OPTION.findall(head))
+    assert json.loads(body) == policy(
+        options["bucket"], options["prefix"], log_prefix=options["log_prefix"]
+    )
+
+
+def test_every_action_is_in_the_policy_once_and_scoped() -> None:
+    doc = policy("b", "p/", "log/")
+    actions = [a for s in doc["Statement"] for a in s["Action"]]
+    assert sorted(actions) == sorted({a.name for a in SINK_ACTIONS + LOG_ACTIONS})
+    for s in doc["Statement"]:
+        assert all(r.startswith("arn:aws:s3:::b") for r in s["Resource"])
+        assert "*" not in s["Resource"] and "arn:aws:s3:::*" not in s["Resource"]
+    listing = statement("s3:ListBucket", "b", ["p/", "log/"])
+    assert listing["Condition"] == {"StringLike": {"s3:prefix": ["p/*", "log/*"]}}
+    assert statement("s3:PutObject", "b", ["p"])["Resource"] == ["arn:aws:s3:::b/p/*"]
+
+
+def test_without_removes_exactly_the_named_action() -> None:
+    for action in SINK_ACTIONS:
+        doc = policy("b", "p/", without=[action.name])
+        actions = {a for s in doc["Statement"] for a in s["Action"]}
+        assert actions == {a.name for a in SINK_ACTIONS} - {action.name}
+
+
+def _client_error(code: str, status: int) -> Exception:
+    from botocore.exceptions import ClientError
+
+    return ClientError(
+        {"Error": {"Code": code, "Message": "m"}, "ResponseMetadata": {"HTTPStatusCode": status}},
+        "PutObject",
+    )
+
+
+@pytest.mark.parametrize(
+    ("code", "status", "expected"),
+    [
+        ("AccessDenied", 403, True),
+        ("403", 403, True),  # HEAD: no body, the bare status
+        ("InvalidAccessKeyId", 403, False),  # bad credentials, not a missing action
+        ("SignatureDoesNotMatch", 403, False),
+        ("NoSuchBucket", 404, False),
+    ],
+)
+def test_refused_is_a_policy_refusal_only(code: str, status: int, expected: bool) -> None:
+    assert refused(_client_error(code, status)) is expected
+
+
+def test_the_error_carries_the_missing_actions() -> None:
+    err = S3AccessError("m", ["s3:GetObject"], sink_uid="u", phase="check", connector="s3")
+    assert err.missing == ["s3:GetObject"]
+    assert str(err).startswith("[sink_uid=u, phase=check, connector=s3]")

@@ -1,6 +1,6 @@
 """The S3 sink's least IAM rights (``txsink.connectors.s3.grants``) and the page that shows
-them: the ``s3-policy`` JSON block of ``docs/security.md`` is the module's output for the
-names its marker gives, so the docs grant exactly what the check probes (and what the
+them: the JSON policy of ``docs/security.md`` is the module's output for the names its
+block gives, so the docs grant exactly what the check probes (and what the
 ``s3_secure`` test server gives its user); the check's refusal is recognised by its code."""
 
 from __future__ import annotations
@@ -15,18 +15,18 @@ from txsink.connectors.s3.access import S3AccessError, refused
 from txsink.connectors.s3.grants import LOG_ACTIONS, SINK_ACTIONS, policy, statement
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "security.md"
-_BLOCK = re.compile(r"<!-- s3-policy: (.*?) -->\n```json\n(.*?)```", re.DOTALL)
-_OPTION = re.compile(r'(\w+)="([^"]*)"')
+_BLOCK = re.compile(
+    r'print\(json\.dumps\(policy\("(.*?)", "(.*?)", log_prefix="(.*?)"\), indent=2\)\)\n```\n\n'
+    r"<!-- output -->\n```json\n(.*?)```",
+    re.DOTALL,
+)
 
 
 def test_the_pages_policy_is_the_modules_output() -> None:
     blocks = _BLOCK.findall(PAGE.read_text())
     assert len(blocks) == 1
-    head, body = blocks[0]
-    options = dict(_OPTION.findall(head))
-    assert json.loads(body) == policy(
-        options["bucket"], options["prefix"], log_prefix=options["log_prefix"]
-    )
+    bucket, prefix, log_prefix, body = blocks[0]
+    assert json.loads(body) == policy(bucket, prefix, log_prefix=log_prefix)
 
 
 def test_every_action_is_in_the_policy_once_and_scoped() -> None:

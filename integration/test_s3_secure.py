@@ -25,6 +25,7 @@ from txsink.connectors.s3 import S3Sink
 from txsink.connectors.s3.access import PROBE_FOLDER, S3AccessError
 from txsink.connectors.s3.grants import SINK_ACTIONS, policy, statement
 from txsink.connectors.s3.log_store import S3Store
+from txsink.errors import TxsinkError
 from txsink.handles import dump_handle, load_handle
 from txsink.testing.contract import SCHEMA, commit, rows
 from txsink.txid import TxnId
@@ -289,3 +290,76 @@ def test_each_missing_action_is_named_with_its_statement(
     # Granted back, the check passes: the action was the only thing missing.
     server.set_policy(server.full_policy())
     _sink(server, run_prefix).check(SCHEMA, APP)
+
+
+# -- each action of the policy is needed ------------------------------------------------------
+
+
+def _prepared(server: SecureS3, prefix: str) -> tuple[S3Sink, list[Any]]:
+    """A checked sink and two prepared transactions of epoch 0, under the full policy."""
+    sink = _sink(server, prefix)
+    sink.check(SCHEMA, APP)
+    handles = []
+    for p, ids in enumerate([[1, 2], [3]]):
+        open_ = sink.begin(TxnId(APP, sink.uid, 0, 0, p, 100 + p), SCHEMA)
+        sink.write(open_, rows(ids))
+        handles.append(sink.prepare(open_))
+    return sink, handles
+
+
+def _forget_an_upload_id(server: SecureS3, handle: Any) -> None:
+    """As root: the marker of ``handle`` as a task that died between recording the key and
+    the upload id leaves it, so recovery must list the bucket's multipart uploads."""
+    root = server.root()
+    doc = json.loads(root.get_object(Bucket=server.bucket, Key=handle.marker)["Body"].read())
+    for upload in doc["uploads"]:
+        upload["upload_id"] = ""
+    root.put_object(Bucket=server.bucket, Key=handle.marker, Body=json.dumps(doc).encode())
+
+
+def _step(action: str, server: SecureS3, prefix: str, sink: S3Sink, handles: list[Any]) -> None:
+    """The one thing of an epoch's life that needs ``action`` (and would fail without it).
+
+    A refused marker delete does not fail the commit (it is logged, and the next recovery
+    re-verifies the transaction), so for ``s3:DeleteObject`` the marker left is the failure.
+    """
+    if action == "s3:PutObject":  # a task's writes
+        open_ = sink.begin(TxnId(APP, sink.uid, 1, 0, 0, 200), SCHEMA)
+        sink.write(open_, rows([9]))
+        sink.prepare(open_)
+    elif action in ("s3:ListBucket", "s3:GetObject"):  # recovery: list and read the markers
+        listed = list(_sink(server, prefix).list_prepared(APP))
+        assert {str(h.txn) for h in listed} == {str(h.txn) for h in handles}
+    elif action == "s3:ListBucketMultipartUploads":  # recovery of a marker without its id
+        listed = {str(h.txn): h for h in _sink(server, prefix).list_prepared(APP)}
+        ids = {o.upload_id for o in listed[str(handles[0].txn)].objects}
+        assert ids == {o.upload_id for o in handles[0].objects}
+    elif action == "s3:DeleteObject":  # the commit deletes each marker
+        commit(sink, 0, handles)
+        left = [h.marker for h in handles if h.marker in server.keys(prefix)]
+        if left:  # committed all the same, but every recovery would re-verify them
+            raise TxsinkError(f"AccessDenied: the commit left its markers {left}")
+    elif action == "s3:AbortMultipartUpload":  # an undecided epoch is aborted
+        for handle in handles:
+            sink.abort(handle)
+    else:
+        raise AssertionError(f"no step for {action}")
+
+
+@pytest.mark.parametrize("allowed", [True, False], ids=["granted", "removed"])
+@pytest.mark.parametrize("action", [a.name for a in SINK_ACTIONS])
+def test_each_action_is_needed_by_an_epoch(
+    server: SecureS3, run_prefix: str, action: str, allowed: bool
+) -> None:
+    """With the policy less one action (and the start-up check passed before it was
+    removed), the step of the epoch that uses it is refused by the server: the policy holds
+    nothing the sink could do without. With the action the same step succeeds."""
+    sink, handles = _prepared(server, run_prefix)
+    if action == "s3:ListBucketMultipartUploads":
+        _forget_an_upload_id(server, handles[0])
+    if not allowed:
+        server.set_policy(server.full_policy(without=(action,)))
+        with pytest.raises(TxsinkError, match="AccessDenied"):
+            _step(action, server, run_prefix, sink, handles)
+        return
+    _step(action, server, run_prefix, sink, handles)

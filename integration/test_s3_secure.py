@@ -90,7 +90,7 @@ class SecureS3:
         """Replace the app user's policy through MinIO's admin API (effective at once)."""
         import urllib3
         from minio import MinioAdmin
-        from minio.credentials import StaticProvider
+        from minio.credentials.providers import StaticProvider
 
         admin = MinioAdmin(
             endpoint=self.endpoint.removeprefix("https://"),
@@ -331,8 +331,8 @@ def _step(action: str, server: SecureS3, prefix: str, sink: S3Sink, handles: lis
         listed = list(_sink(server, prefix).list_prepared(APP))
         assert {str(h.txn) for h in listed} == {str(h.txn) for h in handles}
     elif action == "s3:ListBucketMultipartUploads":  # recovery of a marker without its id
-        listed = {str(h.txn): h for h in _sink(server, prefix).list_prepared(APP)}
-        ids = {o.upload_id for o in listed[str(handles[0].txn)].objects}
+        found = {str(h.txn): h for h in _sink(server, prefix).list_prepared(APP)}
+        ids = {o.upload_id for o in found[str(handles[0].txn)].objects}
         assert ids == {o.upload_id for o in handles[0].objects}
     elif action == "s3:DeleteObject":  # the commit deletes each marker
         commit(sink, 0, handles)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -51,10 +52,9 @@ def test_without_removes_exactly_the_named_action() -> None:
 def _client_error(code: str, status: int) -> Exception:
     from botocore.exceptions import ClientError
 
-    return ClientError(
-        {"Error": {"Code": code, "Message": "m"}, "ResponseMetadata": {"HTTPStatusCode": status}},
-        "PutObject",
-    )
+    response: Any = {"Error": {"Code": code, "Message": "m"}}
+    response["ResponseMetadata"] = {"HTTPStatusCode": status}
+    return ClientError(response, "PutObject")
 
 
 @pytest.mark.parametrize(

@@ -148,7 +148,7 @@ def admin_client(port: int) -> Any:
     try:
         import urllib3
         from minio import MinioAdmin
-        from minio.credentials import StaticProvider
+        from minio.credentials.providers import StaticProvider
     except ImportError as exc:
         raise ServiceError(
             "s3_secure makes its user with MinIO's admin API through the `minio` package: "

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _services.common import ServiceError, real_servers_required, redact
+from _services.common import ENV_FILE, LOG_DIR, ServiceError, real_servers_required, redact
 from _services.resolve import resolve_s3_secure
 
 from txsink.connectors.s3 import S3Sink
@@ -236,6 +236,12 @@ def test_an_epoch_through_the_least_privileged_user(
     assert secret not in out + err
     assert secret not in caplog.text
     assert secret not in repr(sink) + repr(store)
+    # Nor what the harness wrote: the env (file and variables) and the server's logs.
+    assert not [k for k, v in server.env.items() if secret in v]
+    if ENV_FILE.exists():
+        assert secret not in ENV_FILE.read_text()
+    logs = [p for p in LOG_DIR.glob("s3_secure*") if secret.encode() in p.read_bytes()]
+    assert logs == []
 
 
 def _options(server: SecureS3) -> dict[str, Any]:

@@ -41,7 +41,7 @@ SERVICES: dict[str, LocalService] = {
 NOT_DEFAULT = {"postgres_secure", "s3_secure"}
 SECRET_KEYS = {"TXSINK_S3_SECRET_KEY"}
 #: Log files a service's ``up`` writes begin with its name, or with one of these.
-_LOG_PREFIXES = {"s3": ("s3", "minio"), "postgres": ("postgres-",)}
+_LOG_PREFIXES = {"s3": ("s3.", "minio"), "postgres": ("postgres-",)}
 #: A cluster started by hand (``integration/cluster.py up``) records itself here.
 _CLUSTER_STATE = WORK_DIR / "cluster" / "state.json"
 

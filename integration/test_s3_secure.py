@@ -23,9 +23,9 @@ from _services.resolve import resolve_s3_secure
 
 from txsink.connectors.s3 import S3Sink
 from txsink.connectors.s3.access import PROBE_FOLDER, S3AccessError
-from txsink.connectors.s3.grants import SINK_ACTIONS, policy, statement
+from txsink.connectors.s3.grants import LOG_ACTIONS, SINK_ACTIONS, policy, statement
 from txsink.connectors.s3.log_store import S3Store
-from txsink.errors import TxsinkError
+from txsink.errors import LogError, TxsinkError
 from txsink.handles import dump_handle, load_handle
 from txsink.testing.contract import SCHEMA, commit, rows
 from txsink.txid import TxnId
@@ -369,3 +369,24 @@ def test_each_action_is_needed_by_an_epoch(
             _step(action, server, run_prefix, sink, handles)
         return
     _step(action, server, run_prefix, sink, handles)
+
+
+@pytest.mark.parametrize("action", [a.name for a in LOG_ACTIONS])
+def test_the_log_names_its_actions_when_one_is_refused(server: SecureS3, action: str) -> None:
+    """The txsink log on S3 with its policy less one action: its use (the conditional-write
+    probe and a create, a listing, a prune's delete) fails naming every action it needs."""
+    log_prefix = f"{server.log_prefix}{os.urandom(4).hex()}/"
+    server.set_policy(server.full_policy(without=(action,)))
+    store = S3Store(f"s3://{server.bucket}/{log_prefix}", client_options=_options(server))
+    try:
+        with pytest.raises(LogError) as info:
+            store.create("epochs/0", b"decided")
+            store.list("epochs/")
+            store.delete("epochs/0")  # pruning
+        message = str(info.value)
+        assert "access denied" in message
+        assert all(a.name in message for a in LOG_ACTIONS), message
+        assert "docs/security.md" in message
+    finally:
+        server.set_policy(server.full_policy())
+        server.purge(log_prefix)

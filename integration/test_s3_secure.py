@@ -69,6 +69,9 @@ class SecureS3:
         sec = parser[name]
         return sec["aws_access_key_id"], sec["aws_secret_access_key"]
 
+    def app_secret_pair(self) -> tuple[str, str]:
+        return self._profile(self.env["TXSINK_S3_SECURE_PROFILE"])
+
     def app_secret(self) -> str:
         return self._profile(self.env["TXSINK_S3_SECURE_PROFILE"])[1]
 
@@ -390,3 +393,56 @@ def test_the_log_names_its_actions_when_one_is_refused(server: SecureS3, action:
     finally:
         server.set_policy(server.full_policy())
         server.purge(log_prefix)
+
+
+@pytest.mark.spark
+def test_a_streaming_run_with_a_crash_recovers_and_leaks_no_secret(
+    spark: Any,
+    server: SecureS3,
+    run_prefix: str,
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A query through the least-privileged user over TLS, its txsink log on S3 too, with a
+    crash after the decision: the restarted query's recovery commits exactly once. The keys
+    are given in ``client_options`` here (Spark's executors do not see this test's
+    ``AWS_PROFILE``), the hardest case: then no artifact of the run (the txsink log and
+    every object in the bucket, tmp_path with the checkpoint, the output and the log
+    records) holds the secret."""
+    from tests.streaming import prepare_input, run_until_done
+    from txsink import Coordinator
+    from txsink.protocol.faults import FaultPlan
+
+    key, secret = server.app_secret_pair()
+    options = {**_options(server), "aws_access_key_id": key, "aws_secret_access_key": secret}
+    log_prefix = f"{server.log_prefix}{os.urandom(4).hex()}/"
+    prepare_input(tmp_path, 100, files=2)
+    plan = FaultPlan.parse("during_commit:raise@1", str(tmp_path / "faults"))
+
+    def make() -> Any:
+        sink = S3Sink(f"s3://{server.bucket}/{run_prefix}", uid="sec", format="jsonl",
+                      client_options=options)  # fmt: skip
+        log = S3Store(f"s3://{server.bucket}/{log_prefix}", client_options=options)
+        return Coordinator([sink], log=log, faults=plan)
+
+    try:
+        restarts, _ = run_until_done(spark, tmp_path, make)
+        assert restarts == 1
+        assert _ids(server, run_prefix) == list(range(100))
+        assert server.open_uploads(run_prefix) == []
+        root = server.root()
+        written = server.keys(run_prefix) + server.keys(log_prefix)
+        assert [k for k in server.keys(log_prefix)], "the log wrote nothing"
+        for k in written:
+            body = root.get_object(Bucket=server.bucket, Key=k)["Body"].read()
+            assert secret.encode() not in body, k
+    finally:
+        server.purge(log_prefix)
+    found = [
+        str(p) for p in tmp_path.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()
+    ]
+    out, err = capfd.readouterr()
+    assert found == []
+    assert secret not in out + err
+    assert secret not in caplog.text

@@ -229,7 +229,7 @@ def log_error(op: str, where: str, bucket: str, endpoint: str, err: Exception) -
             hint = (
                 "access denied: check the credentials (boto3's chain or client_options) and "
                 "that they allow s3:GetObject, s3:PutObject, s3:DeleteObject and s3:ListBucket "
-                "on the log's prefix"
+                "on the log's prefix (the policy: docs/security.md, section S3)"
                 + (
                     " (without s3:ListBucket, S3 answers the read of a missing record with "
                     "AccessDenied instead of NoSuchKey)"

@@ -50,7 +50,7 @@ from typing import Any, ClassVar
 import pyarrow as pa
 from typing_extensions import override
 
-from txsink.connectors.s3 import hive, markers, multipart
+from txsink.connectors.s3 import access, hive, markers, multipart
 from txsink.connectors.s3.client import S3Location, parse_s3_url
 from txsink.connectors.s3.handles import S3Handle
 from txsink.connectors.s3.multipart import (
@@ -197,7 +197,21 @@ class S3Sink(TwoPhaseCommitSink[multipart.OpenUploads, S3Handle]):
         formats.check_schema(file_schema, self.format, self.compression, ctx)
         self._partition_schema = tuple((c, str(schema.field(c).type)) for c in self.partition_by)
         self._app_id = app_id
+        self._check_access(target, ctx)
         self._check_bucket_and_owner(target, app_id, ctx)
+
+    def _check_access(self, target: S3Target, ctx: dict[str, Any]) -> None:
+        """Every IAM action the sink will use is allowed (:mod:`~txsink.connectors.s3.access`):
+        a prefix-scoped policy that lacks one fails here, before any data flows, not at a
+        commit or a recovery later."""
+        try:
+            access.check_sink_access(target.client, target.bucket, target.prefix, ctx, self.url)
+        except TxsinkError:
+            raise
+        except Exception as err:
+            raise target.error(
+                err, "check the sink's rights on", target.prefix, phase="check"
+            ) from err
 
     def _check_bucket_and_owner(self, target: S3Target, app_id: str, ctx: dict[str, Any]) -> None:
         """The bucket answers with our credentials; no other app wrote epochs of this uid here.

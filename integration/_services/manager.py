@@ -32,6 +32,7 @@ from .postgres import Postgres, PostgresStock
 from .postgres_secure import PostgresSecure
 from .registry import Registry
 from .s3 import S3
+from .s3_secure import S3Secure
 
 SERVICES: dict[str, LocalService] = {
     s.name: s
@@ -43,14 +44,15 @@ SERVICES: dict[str, LocalService] = {
         PostgresStock(),
         PostgresSecure(),
         KafkaSecure(),
+        S3Secure(),
     )
 }
 #: Started only when named (``up postgres_secure``), not by a bare ``up``.
-NOT_DEFAULT = {"postgres_secure"}
+NOT_DEFAULT = {"postgres_secure", "s3_secure"}
 SECRET_KEYS = {"TXSINK_S3_SECRET_KEY"}
 #: Log files a service's ``up`` writes begin with its name, or with one of these.
 _LOG_PREFIXES = {
-    "s3": ("s3", "minio"),
+    "s3": ("s3.", "minio"),  # not s3_secure*
     "postgres": ("postgres-",),
     "kafka": ("kafka.", "kafka-"),  # not kafka_secure*
 }

@@ -76,6 +76,16 @@ def resolve_postgres_secure() -> dict[str, str]:
     return {k: v for k, v in _local("postgres_secure").items() if k.startswith("TXSINK_PG_")}
 
 
+def resolve_s3_secure() -> dict[str, str]:
+    """The secured MinIO (TLS only, a least-privilege user; :mod:`.s3_secure`): its
+    ``TXSINK_S3_SECURE_*`` variables, from the environment or a local process (it needs the
+    harness's root user to set up users and policies: no Docker variant)."""
+    keys = ("TXSINK_S3_SECURE_ENDPOINT", "TXSINK_S3_SECURE_CA", "TXSINK_S3_SECURE_CREDENTIALS")
+    if all(os.environ.get(k) for k in keys):
+        return {k: v for k, v in os.environ.items() if k.startswith("TXSINK_S3_SECURE_")}
+    return {k: v for k, v in _local("s3_secure").items() if k.startswith("TXSINK_S3_SECURE_")}
+
+
 def resolve_kafka(finalizers: list[Finalizer]) -> KafkaService:
     bootstrap = os.environ.get("TXSINK_KAFKA_BOOTSTRAP")
     if bootstrap:

@@ -40,13 +40,19 @@ def check_rights(settings: KafkaSettings, topic: str | None, ctx: dict[str, Any]
     the topic is missing (the marker topic's CREATE is named when creating it fails).
     """
     from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
 
+    # First whether the brokers answer at all (any principal may list the topics it sees):
+    # brokers that are down are told as such, not as rights that could not be checked.
+    doing = "list the topics"
     try:
+        AdminClient(settings.client_config()).list_topics(timeout=settings.timeout_s)
+        doing = "check the sink's rights"
         missing = missing_rights(settings, topic)
     except KafkaException as err:
-        raise check_error(err.args[0], settings, "check the sink's rights") from err
+        raise check_error(err.args[0], settings, doing) from err
     except TimeoutError as err:
-        raise check_error(err, settings, "check the sink's rights") from err
+        raise check_error(err, settings, doing) from err
     if not missing:
         return
     principal = str(settings.producer_config.get("sasl.username") or "<the sink's principal>")

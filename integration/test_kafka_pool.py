@@ -247,11 +247,12 @@ def test_the_wal_driver_initialises_each_shard_once(
             sink.write(open_, _batch(range(epoch * 100 + p * 50, epoch * 100 + p * 50 + 50)))
             handles.append(sink.prepare(open_))
         sink.commit_epoch(EpochCommit(epoch, tuple(handles)))
-    # check() fences each id and closes its producer (commits run in tasks, which have
-    # their own); without Spark the driver commits itself, initialising each shard once for
-    # all three epochs: twice per id in all, never once per epoch.
+    # check() probes the right to use shard 0's id (connectors/kafka/rights.py), fences each
+    # id and closes its producers (commits run in tasks, which have their own); without
+    # Spark the driver commits itself, initialising each shard once for all three epochs:
+    # twice per id in all (shard 0 once more, the probe), never once per epoch.
     ids = [sink.transactional_id(s) for s in range(2)]
-    assert sorted(inits) == sorted(ids * 2)
+    assert sorted(inits) == sorted([*ids * 2, ids[0]])
     assert _ids(kafka, topic) == list(range(300))
 
 

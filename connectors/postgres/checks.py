@@ -5,7 +5,8 @@ In order, each failure a :class:`~txsink.errors.ConfigurationError` that names t
 1. the commit protocol (:func:`choose_protocol`): two-phase commit needs
    ``max_prepared_transactions > 0`` (else the server cannot PREPARE TRANSACTION); the
    staging commit (:mod:`~txsink.connectors.postgres.staging`) needs none;
-1a. every right the mode needs (:mod:`~txsink.connectors.postgres.grants`), in one query:
+1a. the table's schema exists (its absence is the primary cause, not the rights on it);
+1b. every right the mode needs (:mod:`~txsink.connectors.postgres.grants`), in one query:
    one error names each missing privilege, its object and the ``GRANT`` that fixes it;
    and this sink's prepared transactions, if any, belong to the connecting role (only it,
    or a superuser, may finish them);
@@ -17,7 +18,7 @@ In order, each failure a :class:`~txsink.errors.ConfigurationError` that names t
    marks most columns nullable, and most hold no NULL; one that arrives refuses its epoch
    at pre-commit, before the decision, naming the row);
 4. upsert: a unique index (or primary key) on exactly the key, which ON CONFLICT needs;
-5. (the rights, checked at 1a);
+5. (the rights, checked at 1b);
 6. the progress table exists (created if missing) and the role may use it;
 7. a warning for every prepared transaction older than ``prepared_age_warning_s``:
    it holds its locks and blocks vacuum until someone finishes it;
@@ -98,6 +99,8 @@ class StartCheck:
         try:
             if self.protocol == "2pc":
                 self._two_phase_commit()
+            # A schema that is not there is the primary cause, not the rights on it.
+            self._schema_exists()
             self._rights()
             self._prepared_owner()
             plans = self._columns(schema)

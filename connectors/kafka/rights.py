@@ -16,6 +16,7 @@ hence every right, not only those the check's own calls happen to use.
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import Any
 
 from txsink.connectors.kafka.acls import Acl, required_acls
@@ -167,21 +168,35 @@ def _cluster_operations(admin: Any, timeout_s: float) -> set[str]:
     return {"DESCRIBE_CONFIGS"}
 
 
+#: The group coordinator is moving or loading (a broker just started): a passing answer.
+_COORDINATOR_NOT_READY = (
+    "COORDINATOR_LOAD_IN_PROGRESS",
+    "NOT_COORDINATOR",
+    "COORDINATOR_NOT_AVAILABLE",
+)
+
+
 def _group_operations(admin: Any, group: str, timeout_s: float) -> set[str]:
     """DESCRIBE if this principal may describe (find the coordinator of) ``group``; a group
     that does not exist yet is described too (as dead) when the right is there."""
     from confluent_kafka import KafkaException
 
-    futures = admin.describe_consumer_groups(
-        [group], request_timeout=timeout_s, include_authorized_operations=True
-    )
-    try:
-        ops = _names(futures[group].result(timeout=timeout_s).authorized_operations)
-    except KafkaException as err:
-        if has_code(err.args[0], *_DENIED):
-            return set()
-        raise
-    return (ops or set()) | {"DESCRIBE"}
+    deadline = time.monotonic() + timeout_s
+    while True:
+        futures = admin.describe_consumer_groups(
+            [group], request_timeout=timeout_s, include_authorized_operations=True
+        )
+        try:
+            ops = _names(futures[group].result(timeout=timeout_s).authorized_operations)
+        except KafkaException as err:
+            if has_code(err.args[0], *_DENIED):
+                return set()
+            # A broker just started loads its group coordinator first: asked again, it answers.
+            if has_code(err.args[0], *_COORDINATOR_NOT_READY) and time.monotonic() < deadline:
+                time.sleep(0.5)
+                continue
+            raise
+        return (ops or set()) | {"DESCRIBE"}
 
 
 def _transactional_id(settings: KafkaSettings) -> set[str] | None:

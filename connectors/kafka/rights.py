@@ -123,7 +123,7 @@ def _topic_operations(
         except KafkaException as err:
             if has_code(err.args[0], "TOPIC_AUTHORIZATION_FAILED"):
                 # No DESCRIBE (no WRITE, no READ): its configs may still be readable.
-                found[name] = _topic_configs_readable(admin, name, timeout_s)
+                found[name] = _configs_readable(admin, "TOPIC", name, timeout_s)
             elif has_code(err.args[0], "UNKNOWN_TOPIC_OR_PART"):
                 found[name] = None
             else:
@@ -131,14 +131,16 @@ def _topic_operations(
     return found
 
 
-def _topic_configs_readable(admin: Any, topic: str, timeout_s: float) -> set[str]:
+def _configs_readable(admin: Any, kind: str, name: str, timeout_s: float) -> set[str]:
+    """DESCRIBE_CONFIGS if this principal may read the configs of the ``kind`` (``TOPIC``,
+    ``BROKER``) resource ``name``; none if the brokers refuse it."""
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import (  # type: ignore[attr-defined]
         ConfigResource,
         ResourceType,
     )
 
-    res = ConfigResource(ResourceType.TOPIC, topic)
+    res = ConfigResource(getattr(ResourceType, kind), name)
     try:
         admin.describe_configs([res])[res].result(timeout=timeout_s)
     except KafkaException as err:
@@ -151,21 +153,8 @@ def _topic_configs_readable(admin: Any, topic: str, timeout_s: float) -> set[str
 def _cluster_operations(admin: Any, timeout_s: float) -> set[str]:
     """DESCRIBE_CONFIGS if this principal may read a broker's configs. (The cluster's
     authorized operations are only told to a principal with DESCRIBE on the cluster.)"""
-    from confluent_kafka import KafkaException
-    from confluent_kafka.admin import (  # type: ignore[attr-defined]
-        ConfigResource,
-        ResourceType,
-    )
-
     broker = str(next(iter(admin.list_topics(timeout=timeout_s).brokers)))
-    res = ConfigResource(ResourceType.BROKER, broker)
-    try:
-        admin.describe_configs([res])[res].result(timeout=timeout_s)
-    except KafkaException as err:
-        if has_code(err.args[0], *_DENIED):
-            return set()
-        raise
-    return {"DESCRIBE_CONFIGS"}
+    return _configs_readable(admin, "BROKER", broker, timeout_s)
 
 
 #: The group coordinator is moving or loading (a broker just started): a passing answer.

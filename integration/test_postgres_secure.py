@@ -289,7 +289,6 @@ def test_prepared_transactions_of_another_role_are_refused_at_the_check(
 ) -> None:
     """Only the preparing role (or a superuser) may COMMIT PREPARED: a driver connecting as
     another role could not finish the epoch, so it does not start."""
-    from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
     setup = Setup("append", "2pc")
     schema, staging, needed = _prepare_target(server, setup)
@@ -297,24 +296,11 @@ def test_prepared_transactions_of_another_role_are_refused_at_the_check(
     sink.check(SCHEMA, APP)
     _prepare(sink, 0, [[1]])
     sink.release()
-    other, password = f"other_{os.urandom(3).hex()}", os.urandom(12).hex()
-    passfile = tmp_path / "passfile"
-    params = conninfo_to_dict(server.dsn)
-    passfile.touch(mode=0o600)
-    passfile.write_text(f"{params['host']}:{params['port']}:*:{other}:{password}\n")
-    with server.admin() as conn:
-        conn.execute(f"CREATE ROLE {other} LOGIN PASSWORD '{password}'")
-        conn.execute(setup_sql(other, needed))
-    try:
-        dsn = make_conninfo("", **{**params, "user": other, "passfile": str(passfile)})
+    with _another_role(server, tmp_path, needed) as dsn:
         stranger = PostgresSink(dsn, f"{schema}.events", uid="sec", commit="2pc")
         with pytest.raises(ConfigurationError, match=f"belongs to role '{server.role}'"):
             stranger.check(SCHEMA, APP)
         stranger.release()
-    finally:
-        with server.admin() as conn, contextlib.suppress(Exception):
-            conn.execute(f"DROP OWNED BY {other}")
-            conn.execute(f"DROP ROLE {other}")
 
 
 @pytest.mark.spark
@@ -415,7 +401,6 @@ def test_txsink_recover_commits_as_the_preparing_role_and_leaks_no_password(
     """A decided epoch left prepared by a crash: ``txsink recover`` as another role is
     blocked (only the preparing role or a superuser may COMMIT PREPARED) and changes
     nothing; as the same role it commits. No artifact holds the role's password."""
-    from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
     from tests.memsink import memory_precommit
     from txsink import Coordinator
@@ -435,16 +420,7 @@ def test_txsink_recover_commits_as_the_preparing_role_and_leaks_no_password(
     coord.close()
     assert _ids(server, schema) == [0, 1, 2]
 
-    other, password = f"other_{os.urandom(3).hex()}", os.urandom(12).hex()
-    params = conninfo_to_dict(server.dsn)
-    passfile = tmp_path / "other.pgpass"
-    passfile.touch(mode=0o600)
-    passfile.write_text(f"{params['host']}:{params['port']}:*:{other}:{password}\n")
-    with server.admin() as conn:
-        conn.execute(f"CREATE ROLE {other} LOGIN PASSWORD '{password}'")
-        conn.execute(setup_sql(other, needed))
-    try:
-        dsn = make_conninfo("", **{**params, "user": other, "passfile": str(passfile)})
+    with _another_role(server, tmp_path, needed) as dsn:
         blocked = _txsink(
             "recover",
             "--log",
@@ -464,10 +440,6 @@ def test_txsink_recover_commits_as_the_preparing_role_and_leaks_no_password(
             _pipeline(tmp_path, "as_app", server.dsn, table),
         )
         assert done.returncode == 0, done.stdout + done.stderr
-    finally:
-        with server.admin() as conn, contextlib.suppress(Exception):
-            conn.execute(f"DROP OWNED BY {other}")
-            conn.execute(f"DROP ROLE {other}")
     assert _ids(server, schema) == [0, 1, 2, 3, 4, 5]
     assert _leftovers(server, schema, staging) == []
     secret = server.password()
@@ -511,3 +483,29 @@ def test_a_password_written_into_the_dsn_still_reaches_no_artifact(
     out, err = capfd.readouterr()
     for text in (repr(sink), str(info.value), caplog.text, out, err):
         assert secret not in text
+
+
+@contextlib.contextmanager
+def _another_role(server: Any, tmp_path: Path, needed: Sequence[Right]) -> Iterator[str]:
+    """A second login role with the same rights as the app's, its password in a passfile of
+    its own; yields its DSN (TLS, no password) and drops the role afterwards."""
+    from psycopg import sql
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    other, password = f"other_{os.urandom(3).hex()}", os.urandom(12).hex()
+    params = conninfo_to_dict(server.dsn)
+    passfile = tmp_path / f"{other}.pgpass"
+    passfile.touch(mode=0o600)
+    passfile.write_text(f"{params['host']}:{params['port']}:*:{other}:{password}\n")
+    role = sql.Identifier(other)
+    with server.admin() as conn:
+        conn.execute(
+            sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(role, sql.Literal(password))
+        )
+        conn.execute(setup_sql(other, needed))
+    try:
+        yield make_conninfo("", **{**params, "user": other, "passfile": str(passfile)})
+    finally:
+        with server.admin() as conn, contextlib.suppress(Exception):
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(role))
+            conn.execute(sql.SQL("DROP ROLE {}").format(role))

@@ -10,8 +10,14 @@ writer writing ``--epochs`` epochs into its own fresh topic. txsink runs through
 epoch, which is not timed): direct mode (one task per partition produces and commits) and
 WAL mode with ``shards=N`` (the WAL commit runs one Spark task per shard). The plain
 idempotent producer (a new producer per task) is the reference. Records/s use the median of
-the timed epochs; the last column is the 2-worker rate over the 1-worker rate (issue #15's
+the timed epochs; the 2 / 1 column is the 2-worker rate over the 1-worker rate (issue #15's
 target: >= 1.6x for direct and WAL). Every topic is read back with ``read_committed``.
+
+CPU-seconds per million records by role over the timed epochs (:class:`_bench.CpuMeter`):
+``driver`` (the driver's Python and JVM: the protocol's share), ``executors`` (the worker
+daemons' trees: executor JVMs and their Python workers) and ``broker``. Unlike the rates,
+these do not depend on what else the two cores run, so they show whether adding an executor
+adds work per record (it should not) when the wall clock cannot.
 
 On a 2-core machine the driver, the broker and the executors share the cores, so the
 ceiling of this ratio is well under 2x; the point is the comparison between writers.
@@ -67,21 +73,41 @@ def _session(master: str, conf: dict[str, str], cores: int) -> Any:
     return spark
 
 
-def _epochs(writer: str, bootstrap: str, df: Any, topic: str, args: Any, tmp: Path) -> list[float]:
-    seconds = []
+def _epochs(
+    writer: str, bootstrap: str, df: Any, topic: str, args: Any, tmp: Path, meter: Any
+) -> tuple[list[float], dict[str, float]]:
+    """The seconds of each epoch, and the CPU seconds by role of the timed ones (all but
+    the first, which pays the check, the first producers and the JIT)."""
     if writer == "producer":
-        return producer.producer_epochs(bootstrap, df, topic, args.epochs)
+        first = producer.producer_epochs(bootstrap, df, topic, 1)
+        start = meter.snapshot()
+        rest = producer.producer_epochs(bootstrap, df, topic, args.epochs - 1)
+        return first + rest, meter.delta(start, meter.snapshot())
     partitions = df.rdd.getNumPartitions()
     options: dict[str, Any] = {"mode": writer, "key": "key", "value": "value"}
     if writer == "wal":
         options.update(wal=tmp / f"wal-{topic}", shards=partitions)
     sink = KafkaSink(bootstrap, topic, topic, marker_topic=f"{topic}-markers", **options)
     coordinator = Coordinator([sink], log=tmp / f"log-{topic}", app_id=f"scaling-{topic}")
+    seconds: list[float] = []
+    before: dict[str, float] = {}
     for epoch in range(args.epochs):
+        if epoch == 1:
+            before = meter.snapshot()
         t0 = time.perf_counter()
         coordinator.write(df, epoch=epoch)
         seconds.append(time.perf_counter() - t0)
-    return seconds
+    return seconds, meter.delta(before, meter.snapshot())
+
+
+def _cpu_roles(delta: dict[str, float]) -> dict[str, float]:
+    """The meter's roles folded into the three this benchmark reports."""
+    executors = sum(v for k, v in delta.items() if k.startswith("executors-"))
+    return {
+        "driver": delta.get("driver", 0.0) + delta.get("jvm", 0.0),
+        "executors": executors,
+        "broker": delta.get("kafka", 0.0),
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -94,11 +120,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     bootstrap = args.bootstrap or os.environ["TXSINK_KAFKA_BOOTSTRAP"]
     run = uuid.uuid4().hex[:6]
     rates: dict[tuple[str, int], float] = {}
+    cpu: dict[tuple[str, int], dict[str, float]] = {}
     ok = True
     for workers in (1, 2):
         with running_cluster(workers=workers) as cluster:
             conf = {**driver_conf(cluster), **_bench.feed_conf(args.feed)}
             spark = _session(cluster.master_url, conf, workers)
+            # Executors run under the worker daemons (their own sessions), not the driver.
+            roots = {
+                "spark": os.getpid(),
+                **{
+                    f"executors-{name}": proc.pid
+                    for name, proc in cluster.processes.items()
+                    if name.startswith("worker")
+                },
+                **_bench.server_pids(["kafka"]),
+            }
+            meter = _bench.CpuMeter(roots)
             _bench.pickle_by_value("benchmarks.kafka")  # the plain producer's task
             topics: list[str] = []
             try:
@@ -111,32 +149,45 @@ def main(argv: Sequence[str] | None = None) -> int:
                         topic = f"txsink-scaling-{writer}-{workers}-{run}"
                         topics += [topic, f"{topic}-markers"]
                         create_topic(bootstrap, topic, 8)
-                        seconds = _epochs(writer, bootstrap, df, topic, args, Path(tmp))
+                        seconds, used = _epochs(
+                            writer, bootstrap, df, topic, args, Path(tmp), meter
+                        )
+                        timed = args.rows * (args.epochs - 1)
+                        cpu[(writer, workers)] = {
+                            k: v / timed * 1e6 for k, v in _cpu_roles(used).items()
+                        }
                         count = len(read_records(bootstrap, topic))
                         ok &= count == args.rows * args.epochs
                         rates[(writer, workers)] = args.rows / _bench.median(seconds[1:])
                         _bench.log(
                             f"{writer} workers={workers}: {[round(s, 2) for s in seconds]} s, "
-                            f"{count} records read back"
+                            f"{count} records read back, CPU-s per 1M records "
+                            f"{ {k: round(v, 2) for k, v in cpu[(writer, workers)].items()} }"
                         )
             finally:
                 delete_topics(bootstrap, topics)
                 spark.stop()
+
+    def cpu_cell(w: str, n: int) -> str:
+        c = cpu[(w, n)]
+        total = sum(c.values())
+        return f"{total:.2f} ({c['driver']:.2f} / {c['executors']:.2f} / {c['broker']:.2f})"
+
     rows = [
         [
             w,
             _bench.fmt_rate(rates[(w, 1)]),
             _bench.fmt_rate(rates[(w, 2)]),
             f"{rates[(w, 2)] / rates[(w, 1)]:.2f}x",
+            cpu_cell(w, 1),
+            cpu_cell(w, 2),
         ]
         for w in WRITERS
     ]
     print(f"\n{args.rows:,} records per epoch, median of epochs 2..{args.epochs}\n")
-    print(
-        _bench.markdown_table(
-            ["writer", "1 worker (records/s)", "2 workers (records/s)", "2 / 1"], rows, "lrrr"
-        )
-    )
+    header = ["writer", "1 worker (records/s)", "2 workers (records/s)", "2 / 1"]
+    header += [f"CPU-s/1M, {n} (driver / executors / broker)" for n in ("1 worker", "2 workers")]
+    print(_bench.markdown_table(header, rows, "lrrrrr"))
     return 0 if ok else 1
 
 

@@ -80,14 +80,21 @@ class SecureRegistry:
     def subjects(self) -> list[str]:
         return list(self.admin_client().get_subjects() or [])
 
-    def add_user(self, role: str) -> tuple[str, str]:
-        """A new user with ``role`` and a random password, made by the administrator."""
-        name, password = f"u{uuid.uuid4().hex[:8]}", secrets.token_urlsafe(18)
-        body = {"username": name, "password": password, "role": role}
+    def admin_request(self, path: str, method: str, body: dict[str, Any]) -> Any:
         admin = self.admin_user
-        request(f"{self.url}/admin/users", admin, self.password(admin), method="POST", body=body,
-                ca=Path(self.ca))  # fmt: skip
-        return name, password
+        return request(
+            f"{self.url}{path}", admin, self.password(admin), method=method, body=body,
+            ca=Path(self.ca),
+        )  # fmt: skip
+
+    def add_user(self, role: str) -> tuple[str, str, int]:
+        """A new user with ``role`` and a random password, made by the administrator: its
+        name, password and id."""
+        name, password = f"u{uuid.uuid4().hex[:8]}", secrets.token_urlsafe(18)
+        made = self.admin_request(
+            "/admin/users", "POST", {"username": name, "password": password, "role": role}
+        )
+        return name, password, int(made["id"])
 
 
 @pytest.fixture(scope="module")
@@ -185,7 +192,7 @@ def test_user_without_schema_write_is_refused_at_start(
     kafka: Any, secure_registry: SecureRegistry, tmp_path: Path
 ) -> None:
     reg = secure_registry
-    user, password = reg.add_user("readonly")
+    user, password, _ = reg.add_user("readonly")
     topic = kafka.new_topic(1)
     sink = _sink(kafka, tmp_path, topic, reg.config(user, password))
     with pytest.raises(ConfigurationError, match=r"refused the request \(HTTP 403\)") as info:
@@ -204,3 +211,27 @@ def test_untrusted_certificate_names_the_ca_setting(
     with pytest.raises(ConfigurationError, match=r"ssl\.ca\.location") as info:
         sink.check(SCHEMA, "app")
     assert reg.password(reg.user) not in str(info.value)
+
+
+def test_a_password_changed_while_running_fails_the_task_with_the_fix(
+    kafka: Any, secure_registry: SecureRegistry, tmp_path: Path
+) -> None:
+    """The password rotated between the start-up check and a task (whose registry client is
+    new: the sink travels pickled): the pre-commit fails with the credentials' fix, naming
+    the row, not with "fix the row"; nothing reaches the topic."""
+    import pickle
+
+    reg = secure_registry
+    user, password, user_id = reg.add_user("developer")
+    topic = kafka.new_topic(1)
+    sink = _sink(kafka, tmp_path, topic, reg.config(user, password))
+    sink.check(SCHEMA, "app")
+    reg.admin_request(f"/admin/users/{user_id}", "PUT", {"password": secrets.token_urlsafe(18)})
+    task_sink = pickle.loads(pickle.dumps(sink))  # as Spark ships it: no client yet
+    open_ = task_sink.begin(TxnId("app", sink.uid, 0, 0, 0, 9100), SCHEMA)
+    with pytest.raises(ConfigurationError, match=r"refused the credentials \(HTTP 401\)") as info:
+        task_sink.write(open_, rows(range(3)))
+    assert getattr(info.value.row, "offset", None) == 0 and info.value.column is not None
+    assert password not in str(info.value)
+    task_sink.discard(open_)
+    assert read_topic(kafka.bootstrap, topic) == []

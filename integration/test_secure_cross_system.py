@@ -26,8 +26,10 @@ Iceberg and Delta are not in this run yet: their least rights are not worked out
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import subprocess
 import sys
 import time
 import uuid
@@ -48,6 +50,7 @@ from test_s3_secure import SecureS3, _ids
 from tests.childrun import cli, run_pipeline, runner_cmd
 from txsink.connectors.kafka.acls import create_acls, delete_acls, required_acls
 from txsink.connectors.postgres.grants import rights, setup_sql
+from txsink.testing.contract import SCHEMA  # the input's columns, as Arrow
 from txsink.testing.inputs import make_input
 
 pytestmark = [
@@ -58,6 +61,9 @@ pytestmark = [
 ]
 
 ROWS, FILES = 300, 3
+#: The Iceberg sink's least rights in a SQL catalog (the table made by an administrator):
+#: read the catalog's row, and move its metadata pointer at each commit.
+ICEBERG_GRANT = 'GRANT SELECT, UPDATE ON public.iceberg_tables TO "{role}"'
 COLUMNS = "id bigint NOT NULL, key text, amount double precision, payload text"
 INTEGRATION = Path(__file__).parent
 
@@ -118,18 +124,25 @@ def run(secured: Secured, tmp_path: Path) -> Iterator[dict[str, str]]:
     schema = pg.new_schema("xs")
     table = f"{schema}.events"
     prefix = f"{s3.prefix}xs-{tag}/"
+    warehouse = f"s3://{s3.bucket}/{prefix}warehouse"
+    iceberg_table = f"xs_{tag}.events"
     targets = {
         "TXSINK_SECURE_XS_TOPIC": topic,
         "TXSINK_SECURE_XS_MARKERS": markers,
         "TXSINK_SECURE_XS_WAL": str(tmp_path / "wal"),
         "TXSINK_SECURE_XS_TABLE": table,
-        "TXSINK_SECURE_XS_S3_URL": f"s3://{s3.bucket}/{prefix}",
+        "TXSINK_SECURE_XS_S3_URL": f"s3://{s3.bucket}/{prefix}data/",
+        "TXSINK_SECURE_XS_ICEBERG_TABLE": iceberg_table,
+        "TXSINK_SECURE_XS_WAREHOUSE": warehouse,
     }
     env = {
         **{k: v for k, v in secured.env.items() if "ADMIN" not in k},
         **targets,
         "AWS_SHARED_CREDENTIALS_FILE": secured.env["TXSINK_S3_SECURE_CREDENTIALS"],
         "AWS_PROFILE": secured.env["TXSINK_S3_SECURE_PROFILE"],
+        # pyarrow's S3 client (Iceberg's FileIO) trusts the CA only through OpenSSL's own
+        # variable: pyiceberg 0.12 has no property for it, AWS_CA_BUNDLE is not read.
+        "SSL_CERT_FILE": secured.env["TXSINK_S3_SECURE_CA"],
         "PYTHONPATH": os.pathsep.join([str(INTEGRATION), *sys.path]),
     }
     for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
@@ -143,6 +156,9 @@ def run(secured: Secured, tmp_path: Path) -> Iterator[dict[str, str]]:
         conn.execute(f'CREATE TABLE "{schema}"."events" ({COLUMNS})')
         needed = rights(schema=schema, table="events", mode="append", commit="2pc")
         conn.execute(setup_sql(pg.role, needed, progress=(schema, "txsink_progress")))
+    _iceberg_admin("create", secured, env)
+    with pg.admin() as conn:  # the catalog's tables exist now (made by the admin's catalog)
+        conn.execute(ICEBERG_GRANT.format(role=pg.role))
     _settled(kafka_sink)
     try:
         yield env
@@ -153,6 +169,10 @@ def run(secured: Secured, tmp_path: Path) -> Iterator[dict[str, str]]:
             else:
                 os.environ[key] = value
         delete_acls(kafka.admin(), acls, kafka.user)
+        with pg.admin() as conn:
+            conn.execute(f'REVOKE ALL ON public.iceberg_tables FROM "{pg.role}"')
+        with contextlib.suppress(AssertionError):  # best effort: the prefix goes next
+            _iceberg_admin("drop", secured, env)
         s3.purge(prefix)
         pg.cleanup()
 
@@ -162,7 +182,6 @@ def _settled(sink: Any) -> None:
     started answers the rights check's group description with NOT_COORDINATOR for a few
     seconds (an UnreachableError: a restart passes), and the killed run must not meet it."""
     from txsink.errors import UnreachableError
-    from txsink.testing.contract import SCHEMA  # the input's columns, as Arrow
 
     for attempt in range(15):
         try:
@@ -183,6 +202,21 @@ def _prepared(pg: SecurePg) -> list[str]:
     with pg.admin() as conn:
         rows = conn.execute("SELECT gid FROM pg_prepared_xacts WHERE gid LIKE 'txsink%'")
         return [r[0] for r in rows.fetchall()]
+
+
+def _iceberg_admin(op: str, secured: Secured, run: dict[str, str]) -> Any:
+    """``secure_xs.admin(op)`` as the administrators, in a child process (pyarrow's S3
+    client takes its CA from SSL_CERT_FILE once per process)."""
+    done = subprocess.run(
+        [sys.executable, str(INTEGRATION / "secure_xs.py"), op],
+        env={**os.environ, **secured.env, **run},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, f"secure_xs {op}: {done.stderr[-2000:]}"
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def _status(log: str) -> dict[int, str]:
@@ -233,11 +267,12 @@ def test_secure_cross_system_kill_driver_then_operator_cli(
     # Exactly once in every target, read by the administrators' own clients.
     kafka, pg, s3 = secured.kafka, secured.pg, secured.s3
     topic, markers = run["TXSINK_SECURE_XS_TOPIC"], run["TXSINK_SECURE_XS_MARKERS"]
-    prefix = run["TXSINK_SECURE_XS_S3_URL"].removeprefix(f"s3://{s3.bucket}/")
+    prefix = run["TXSINK_SECURE_XS_S3_URL"].removeprefix(f"s3://{s3.bucket}/").removesuffix("data/")
     seen = {
         "kafka": Counter(json.loads(v or b"{}")["id"] for v in _read_committed(kafka, topic)),
         "pg": Counter(_pg_ids(pg, run["TXSINK_SECURE_XS_TABLE"])),
-        "s3": Counter(_ids(s3, prefix)),
+        "s3": Counter(_ids(s3, prefix + "data/")),
+        "iceberg": Counter(_iceberg_admin("ids", secured, run)),
     }
     for name, counts in seen.items():
         assert sorted(counts) == list(range(ROWS)), f"{name}: missing or extra ids"
@@ -247,6 +282,7 @@ def test_secure_cross_system_kill_driver_then_operator_cli(
     assert _open_transactions(kafka, markers) == 0
     assert _prepared(pg) == []
     assert s3.open_uploads(prefix) == []
+    assert _iceberg_admin("unreferenced", secured, run) == [], "Iceberg files no snapshot names"
     assert not list((tmp_path / "wal").rglob("records.arrow")), "WAL files left"
     assert set(_status(log).values()) == {"committed"}, _status(log)
     assert (tmp_path / "r.html").stat().st_size > 0

@@ -131,6 +131,13 @@ _NO_TRANSACTIONS = (
 )
 #: Codes that mean "the brokers cannot be reached from here".
 _UNREACHABLE = ("_TRANSPORT", "_TIMED_OUT", "_ALL_BROKERS_DOWN", "_RESOLVE")
+#: A group coordinator that is moving or still loading (a broker just started): the admin
+#: API's answers carry these without the retriable flag.
+_COORDINATOR_MOVING = (
+    "NOT_COORDINATOR",
+    "COORDINATOR_NOT_AVAILABLE",
+    "COORDINATOR_LOAD_IN_PROGRESS",
+)
 _DENIED = (
     "_AUTHENTICATION",
     "SASL_AUTHENTICATION_FAILED",
@@ -229,7 +236,7 @@ def check_error(err: Any, settings: KafkaSettings, doing: str) -> ConfigurationE
     # coordinator still loading) may pass at a restart: the brokers may be back by then.
     passing = (
         not hasattr(err, "code")
-        or has_code(err, *_UNREACHABLE)
+        or has_code(err, *_UNREACHABLE, *_COORDINATOR_MOVING)
         or bool(getattr(err, "retriable", lambda: False)())
     )
     return (UnreachableError if passing else ConfigurationError)(f"{what}; {fix}", **ctx)

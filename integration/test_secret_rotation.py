@@ -1,0 +1,356 @@
+"""Secrets rotation and expiry on the secured servers (issue 40, point 4).
+
+Per connector (PostgreSQL, Kafka, S3), an epoch is decided and the driver dies before its
+commit (the fault point ``after_decision``; the coordinator is then dropped, as a killed
+driver's is). Each test gets a login of its own (a role, a SCRAM user, a MinIO user) so
+that changing its secret disturbs no other test. Then, while the query is down:
+
+1. **Rotation**: the secret is changed on the server and in the file the sink reads (the
+   passfile, the password file, the shared-credentials file); the old secret is shown to
+   be refused. A new driver, built from the file, recovers: the decided epoch is committed
+   exactly once, read back by an admin client of the test's own, nothing left lingering.
+   A sink that kept the old secret anywhere (the txsink log, a handle, a cached client)
+   would fail here; the old and new secrets are nowhere in the txsink log either.
+2. **Expiry or revocation**: the secret changed (or expired, or the login revoked) and
+   *not* given to the sink. The recovery's commit meets the blocked state: one
+   :class:`~txsink.errors.EpochBlockedError` naming the connector, the epoch and the fix,
+   no retry loop, the block recorded in the txsink log, nothing of the epoch visible.
+   Once the credential is given back, ``txsink recover`` (PostgreSQL) or the next
+   driver's recovery commits it exactly once.
+3. **Certificate rotation** (PostgreSQL): the server's certificate replaced by one from a
+   new CA while the query is down; a client trusting only the old CA is refused, the sink
+   given the new CA file recovers.
+
+The servers are ``integration/services up postgres_secure kafka_secure s3_secure``; each
+part is skipped without its server (an error under ``CI=true``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _services.common import ServiceError, real_servers_required, redact
+from _services.resolve import resolve_postgres_secure
+
+from tests.memsink import memory_precommit
+from txsink import Coordinator
+from txsink.errors import EpochBlockedError, InjectedFault
+from txsink.protocol.faults import FaultPlan
+from txsink.testing.contract import SCHEMA, rows
+
+APP = "rot"
+#: Epoch 0 commits; epoch 1 is decided, then the driver dies before its commit.
+FIRST, DECIDED = [[0, 1], [2]], [[3, 4], [5]]
+ALL_IDS = list(range(6))
+
+
+def _write_secret_file(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text``, 0600 before the secret goes in (as an operator's
+    rotation script does: write a new file, then rename it over the old one)."""
+    tmp = path.with_name(path.name + ".new")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    tmp.replace(path)
+
+
+def _decide_then_die(sink: Any, tmp_path: Path) -> None:
+    """Epoch 0 committed, epoch 1 decided; the driver dies right after the decision."""
+    faults = FaultPlan.parse("after_decision:raise@1", str(tmp_path / "faults"))
+    coord = Coordinator([sink], log=str(tmp_path / "log"), app_id=APP, faults=faults)
+    sink.check(SCHEMA, APP)
+    coord.run_epoch(0, memory_precommit([[rows(p)] for p in FIRST]), app_id=APP)
+    with pytest.raises(InjectedFault):
+        coord.run_epoch(1, memory_precommit([[rows(p)] for p in DECIDED]), app_id=APP)
+    coord.close()  # what is left of a dead driver: nothing but the txsink log
+
+
+def _new_driver(sink: Any, tmp_path: Path) -> Coordinator:
+    """The restarted query's coordinator, on the same txsink log."""
+    return Coordinator([sink], log=str(tmp_path / "log"), app_id=APP)
+
+
+def _log_holds(tmp_path: Path, *secrets_: str) -> list[str]:
+    """The files of the txsink log that hold any of ``secrets_``."""
+    files = [p for p in (tmp_path / "log").rglob("*") if p.is_file()]
+    assert files, "the run left no txsink log to scan"
+    return [str(p) for p in files if any(s.encode() in p.read_bytes() for s in secrets_)]
+
+
+def _blocked_records(tmp_path: Path, epoch: int) -> list[Path]:
+    found = (tmp_path / "log" / "epochs").glob("*/blocked-*")
+    return sorted(p for p in found if int(p.parent.name) == epoch)
+
+
+def _assert_blocked(err: EpochBlockedError, connector: str, *fix_words: str) -> None:
+    """The blocked state as an operator meets it: connector, epoch, phase and the fix."""
+    assert err.context.get("connector") == connector, err.context
+    assert err.context.get("epoch") == 1, err.context
+    assert err.context.get("phase") == "commit", err.context
+    assert err.fix, str(err)
+    for word in fix_words:
+        assert word in err.fix, err.fix
+
+
+# == PostgreSQL ================================================================================
+
+
+@dataclass
+class PgLogin:
+    """A login role of this test's own on ``postgres_secure``, its passfile and rights."""
+
+    admin_dsn: str
+    host: str
+    port: str
+    role: str
+    passfile: Path
+    password: str
+    schema: str
+    ca: str
+
+    def dsn(self, ca: str | None = None) -> str:
+        return (
+            f"host={self.host} port={self.port} dbname=txsink user={self.role} "
+            f"sslmode=verify-full sslrootcert={ca or self.ca} passfile={self.passfile}"
+        )
+
+    def admin(self) -> Any:
+        import psycopg
+
+        return psycopg.connect(self.admin_dsn, autocommit=True)
+
+    def give(self, password: str) -> None:
+        """The passfile the sink reads now holds ``password``."""
+        _write_secret_file(self.passfile, f"{self.host}:{self.port}:*:{self.role}:{password}\n")
+
+    def ids(self) -> list[int]:
+        with self.admin() as conn:
+            sql = f'SELECT id FROM "{self.schema}".events ORDER BY id'
+            return [int(r[0]) for r in conn.execute(sql)]
+
+    def prepared(self) -> list[str]:
+        with self.admin() as conn:
+            sql = "SELECT gid FROM pg_prepared_xacts WHERE starts_with(gid, %s)"
+            return [str(r[0]) for r in conn.execute(sql, (f"txsink.{APP}.",))]
+
+    def refuses(self, password: str, ca: str | None = None) -> bool:
+        """Whether the server refuses ``password`` for the role (a client of our own)."""
+        import psycopg
+        from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+        params = {k: v for k, v in conninfo_to_dict(self.dsn(ca)).items() if k != "passfile"}
+        try:
+            psycopg.connect(make_conninfo("", **params, password=password)).close()
+        except psycopg.OperationalError:
+            return True
+        return False
+
+    def sink(self, ca: str | None = None) -> Any:
+        from txsink.connectors.postgres import PostgresSink
+
+        return PostgresSink(
+            self.dsn(ca), f"{self.schema}.events", uid="rot", commit="2pc", stall_timeout_s=20
+        )
+
+
+@pytest.fixture(scope="module")
+def pg_env() -> dict[str, str]:
+    try:
+        return resolve_postgres_secure()
+    except (ServiceError, OSError) as exc:
+        message = f"postgres_secure server unavailable: {redact(str(exc))}"
+        if real_servers_required():
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+
+
+@pytest.fixture
+def pg(pg_env: dict[str, str], tmp_path: Path) -> Iterator[PgLogin]:
+    """A new role with the documented rights (append, 2pc) on a new schema's table."""
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict
+
+    from txsink.connectors.postgres.grants import rights, setup_sql
+
+    params = conninfo_to_dict(pg_env["TXSINK_PG_SECURE_DSN"])
+    suffix = os.urandom(4).hex()
+    login = PgLogin(
+        admin_dsn=pg_env["TXSINK_PG_SECURE_ADMIN_DSN"],
+        host=str(params["host"]),
+        port=str(params["port"]),
+        role=f"rot_{suffix}",
+        passfile=tmp_path / "pgpass",
+        password=secrets.token_hex(16),
+        schema=f"rot_{suffix}",
+        ca=str(params["sslrootcert"]),
+    )
+    login.give(login.password)
+    needed = rights(schema=login.schema, table="events", mode="append", commit="2pc")
+    with login.admin() as conn:
+        conn.execute(f"CREATE ROLE \"{login.role}\" LOGIN PASSWORD '{login.password}'")
+        conn.execute(f'CREATE SCHEMA "{login.schema}"')
+        conn.execute(f'CREATE TABLE "{login.schema}".events (id bigint NOT NULL, key text, '
+                     "amount double precision, payload text)")  # fmt: skip
+        conn.execute(setup_sql(login.role, needed, progress=(login.schema, "txsink_progress")))
+    yield login
+    with login.admin() as conn:
+        for gid in login.prepared():
+            with contextlib.suppress(psycopg.Error):
+                conn.execute(f"ROLLBACK PREPARED '{gid}'")
+        conn.execute(f'DROP SCHEMA IF EXISTS "{login.schema}" CASCADE')
+        conn.execute(f'DROP OWNED BY "{login.role}"')
+        conn.execute(f'DROP ROLE IF EXISTS "{login.role}"')
+
+
+@pytest.mark.postgres_secure
+def test_postgres_password_rotated_while_down(pg: PgLogin, tmp_path: Path) -> None:
+    old = pg.password
+    _decide_then_die(pg.sink(), tmp_path)
+    assert pg.ids() == [0, 1, 2] and len(pg.prepared()) == 2
+    new = secrets.token_hex(16)
+    with pg.admin() as conn:
+        conn.execute(f"ALTER ROLE \"{pg.role}\" PASSWORD '{new}'")
+    pg.give(new)
+    assert pg.refuses(old) and not pg.refuses(new)
+    coord = _new_driver(pg.sink(), tmp_path)
+    coord.recover()
+    coord.close()
+    assert pg.ids() == ALL_IDS
+    assert pg.prepared() == []
+    assert _log_holds(tmp_path, old, new) == []
+
+
+def _pg_revoke(pg: PgLogin, how: str) -> tuple[str, str]:
+    """Revoke the role's credential ``how`` (the sink's passfile unchanged) and end its
+    sessions, as an operator revoking access does. Returns (the password to give the sink
+    back, the SQL that gives the credential back on the server)."""
+    new, back = pg.password, ""
+    if how == "password-changed":
+        new = secrets.token_hex(16)
+        statement = f"ALTER ROLE \"{pg.role}\" PASSWORD '{new}'"
+    elif how == "password-expired":
+        statement = f"ALTER ROLE \"{pg.role}\" VALID UNTIL '2000-01-01'"
+        back = f"ALTER ROLE \"{pg.role}\" VALID UNTIL 'infinity'"
+    else:  # login-revoked
+        statement = f'ALTER ROLE "{pg.role}" NOLOGIN'
+        back = f'ALTER ROLE "{pg.role}" LOGIN'
+    with pg.admin() as conn:
+        conn.execute(statement)
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s",
+            (pg.role,),
+        )
+    assert pg.refuses(pg.password)
+    return new, back
+
+
+def _pg_give_back(pg: PgLogin, new: str, back: str) -> None:
+    if back:
+        with pg.admin() as conn:
+            conn.execute(back)
+    pg.give(new)
+
+
+def _pipeline(tmp_path: Path, pg: PgLogin) -> str:
+    """A pipeline file as an operator's ``txsink recover --pipeline`` loads it."""
+    path = tmp_path / "pipeline.py"
+    path.write_text(
+        "from txsink import Coordinator\n"
+        "from txsink.connectors.postgres import PostgresSink\n\n\n"
+        "def build():\n"
+        f"    sink = PostgresSink({pg.dsn()!r}, {pg.schema + '.events'!r}, uid='rot', "
+        "commit='2pc')\n"
+        f"    return Coordinator([sink], log={str(tmp_path / 'log')!r}, app_id={APP!r})\n"
+    )
+    return f"{path}:build"
+
+
+def _txsink_recover(tmp_path: Path, pg: PgLogin) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "txsink.cli", "recover", "--log", str(tmp_path / "log"),
+         "--pipeline", _pipeline(tmp_path, pg)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+
+
+REVOKED = ["password-changed", "password-expired", "login-revoked"]
+
+
+@pytest.mark.postgres_secure
+@pytest.mark.parametrize("how", REVOKED)
+def test_postgres_credential_revoked_between_decision_and_commit_blocks(
+    pg: PgLogin, tmp_path: Path, how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The live driver decided epoch 1; the operator revokes the credential (and ends the
+    role's sessions) just before its commit: the commit is blocked, recorded, and waits."""
+    old = pg.password
+    sink = pg.sink()
+    coord = Coordinator([sink], log=str(tmp_path / "log"), app_id=APP)
+    sink.check(SCHEMA, APP)
+    coord.run_epoch(0, memory_precommit([[rows(p)] for p in FIRST]), app_id=APP)
+    given: list[tuple[str, str]] = []
+    commit_epoch = sink.commit_epoch
+
+    def revoked_first(request: Any) -> None:
+        if request.epoch == 1 and not given:
+            given.append(_pg_revoke(pg, how))
+        commit_epoch(request)
+
+    monkeypatch.setattr(sink, "commit_epoch", revoked_first)
+    with pytest.raises(EpochBlockedError) as info:
+        coord.run_epoch(1, memory_precommit([[rows(p)] for p in DECIDED]), app_id=APP)
+    coord.close()
+    _assert_blocked(info.value, "postgres", f'ALTER ROLE "{pg.role}"')
+    assert info.value.context.get("sink_uid") == "rot" and "txsink recover" in str(info.value)
+    assert _blocked_records(tmp_path, 1), "the block is not in the txsink log"
+    assert pg.ids() == [0, 1, 2]  # nothing of the decided epoch is visible
+    assert len(pg.prepared()) == 2  # nor lost: it waits, prepared
+    new, back = given[0]
+    _pg_give_back(pg, new, back)
+    done = _txsink_recover(tmp_path, pg)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert pg.ids() == ALL_IDS
+    assert pg.prepared() == []
+    for text in (done.stdout, done.stderr, str(info.value)):
+        assert old not in text and new not in text
+    assert _log_holds(tmp_path, old, new) == []
+
+
+@pytest.mark.postgres_secure
+@pytest.mark.parametrize("how", REVOKED)
+def test_postgres_credential_revoked_while_down_stops_the_restart(
+    pg: PgLogin, tmp_path: Path, how: str
+) -> None:
+    """Revoked while the query is down and not given back: the restarted driver's recovery
+    names the fix and is not worth restarting again (no restart loop); the decided epoch
+    waits, prepared. Given back, ``txsink recover`` commits it exactly once."""
+    from txsink.errors import ConfigurationError, restart_cannot_help
+
+    old = pg.password
+    _decide_then_die(pg.sink(), tmp_path)
+    new, back = _pg_revoke(pg, how)
+    coord = _new_driver(pg.sink(), tmp_path)
+    with pytest.raises(ConfigurationError) as info:
+        coord.recover()
+    coord.close()
+    assert restart_cannot_help(info.value)
+    assert info.value.context.get("connector") == "postgres"
+    assert pg.role in str(info.value) and "ALTER ROLE" in str(info.value)
+    assert pg.ids() == [0, 1, 2]
+    assert len(pg.prepared()) == 2
+    _pg_give_back(pg, new, back)
+    done = _txsink_recover(tmp_path, pg)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert pg.ids() == ALL_IDS
+    assert pg.prepared() == []
+    assert _log_holds(tmp_path, old, new) == []

@@ -117,6 +117,8 @@ class PgLogin:
     password: str
     schema: str
     ca: str
+    #: The CA file the test's own admin client trusts (both CAs during a rotation).
+    admin_ca: str | None = None
 
     def dsn(self, ca: str | None = None) -> str:
         return (
@@ -126,8 +128,12 @@ class PgLogin:
 
     def admin(self) -> Any:
         import psycopg
+        from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-        return psycopg.connect(self.admin_dsn, autocommit=True)
+        params = conninfo_to_dict(self.admin_dsn)
+        if self.admin_ca is not None:
+            params["sslrootcert"] = self.admin_ca
+        return psycopg.connect(make_conninfo("", **params), autocommit=True)
 
     def give(self, password: str) -> None:
         """The passfile the sink reads now holds ``password``."""
@@ -354,3 +360,93 @@ def test_postgres_credential_revoked_while_down_stops_the_restart(
     assert pg.ids() == ALL_IDS
     assert pg.prepared() == []
     assert _log_holds(tmp_path, old, new) == []
+
+
+def _new_ca_and_server_cert(folder: Path, host: str) -> tuple[Path, Path, Path]:
+    """A new CA (never seen by the sink) and a server certificate for ``host`` signed by
+    it; returns (CA certificate, server certificate, server key)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    ca, ca_key = folder / "ca.crt", folder / "ca.key"
+    crt, key, csr, ext = (folder / n for n in ("server.crt", "server.key", "req.csr", "ext"))
+    curve = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    ext.write_text(
+        f"subjectAltName = IP:{host}\nbasicConstraints = CA:FALSE\n"
+        "keyUsage = critical, digitalSignature, keyEncipherment\nextendedKeyUsage = serverAuth\n"
+    )
+    for cmd in (
+        ["req", "-x509", *curve, "-keyout", ca_key, "-out", ca, "-days", "2",
+         "-subj", "/CN=txsink rotated CA", "-addext", "basicConstraints=critical,CA:TRUE",
+         "-addext", "keyUsage=critical,keyCertSign,cRLSign"],
+        ["req", *curve, "-keyout", key, "-out", csr, "-subj", f"/CN={host}"],
+        ["x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial",
+         "-out", crt, "-days", "2", "-extfile", ext],
+    ):  # fmt: skip
+        subprocess.run(["openssl", *map(str, cmd)], check=True, capture_output=True, timeout=60)
+    return ca, crt, key
+
+
+def _until(condition: Any, what: str, tries: int = 100) -> None:
+    """Wait for ``condition()`` (a server's reload is asynchronous); fail naming ``what``."""
+    import time
+
+    for _ in range(tries):
+        if condition():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"never happened: {what}")
+
+
+@contextlib.contextmanager
+def _server_certificate(pg: PgLogin, crt: Path, key: Path) -> Iterator[None]:
+    """The server presents ``crt`` (its key ``key``) to new connections, as an operator's
+    rotation does (files in the data folder, ``ssl_cert_file``, a reload); put back after."""
+    import shutil
+
+    from _services.postgres import _chown_to_server_user
+
+    with pg.admin() as conn:
+        data = Path(str(conn.execute("SHOW data_directory").fetchone()[0]))  # type: ignore[index]
+    placed = [data / "rotated-server.crt", data / "rotated-server.key"]
+    shutil.copyfile(crt, placed[0])
+    shutil.copyfile(key, placed[1])
+    placed[1].chmod(0o600)
+    _chown_to_server_user(*placed)
+
+    def use(cert: str | None, key_file: str | None) -> None:
+        with pg.admin() as conn:
+            if cert is None:
+                conn.execute("ALTER SYSTEM RESET ssl_cert_file")
+                conn.execute("ALTER SYSTEM RESET ssl_key_file")
+            else:
+                conn.execute(f"ALTER SYSTEM SET ssl_cert_file = '{cert}'")
+                conn.execute(f"ALTER SYSTEM SET ssl_key_file = '{key_file}'")
+            conn.execute("SELECT pg_reload_conf()")
+
+    use(placed[0].name, placed[1].name)
+    try:
+        yield
+    finally:
+        use(None, None)
+        _until(lambda: not pg.refuses(pg.password), "the harness's certificate back in use")
+        for path in placed:
+            path.unlink(missing_ok=True)
+
+
+@pytest.mark.postgres_secure
+def test_postgres_certificate_rotated_to_a_new_ca_while_down(pg: PgLogin, tmp_path: Path) -> None:
+    """The server's certificate replaced by one of a new CA while the query is down: a
+    client trusting only the old CA is refused (the rotation is real); the sink given the
+    new CA file recovers the decided epoch exactly once."""
+    _decide_then_die(pg.sink(), tmp_path)
+    new_ca, crt, key = _new_ca_and_server_cert(tmp_path / "tls", pg.host)
+    both = tmp_path / "tls" / "both-cas.crt"  # the test's admin client trusts either
+    both.write_text(Path(pg.ca).read_text() + new_ca.read_text())
+    pg.admin_ca = str(both)
+    with _server_certificate(pg, crt, key):
+        _until(lambda: pg.refuses(pg.password), "the old CA refused after the rotation")
+        assert not pg.refuses(pg.password, ca=str(new_ca))
+        coord = _new_driver(pg.sink(ca=str(new_ca)), tmp_path)
+        coord.recover()
+        coord.close()
+        assert pg.ids() == ALL_IDS
+        assert pg.prepared() == []

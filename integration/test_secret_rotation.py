@@ -405,7 +405,7 @@ def _server_certificate(pg: PgLogin, crt: Path, key: Path) -> Iterator[None]:
     from _services.postgres import _chown_to_server_user
 
     with pg.admin() as conn:
-        data = Path(str(conn.execute("SHOW data_directory").fetchone()[0]))  # type: ignore[index]
+        data = Path(str(conn.execute("SHOW data_directory").fetchone()[0]))
     placed = [data / "rotated-server.crt", data / "rotated-server.key"]
     shutil.copyfile(crt, placed[0])
     shutil.copyfile(key, placed[1])

@@ -450,3 +450,271 @@ def test_postgres_certificate_rotated_to_a_new_ca_while_down(pg: PgLogin, tmp_pa
         coord.close()
         assert pg.ids() == ALL_IDS
         assert pg.prepared() == []
+
+
+# == Kafka =====================================================================================
+
+
+@dataclass
+class KafkaLogin:
+    """A SCRAM user of this test's own on ``kafka_secure``, its password file and rights."""
+
+    bootstrap: str
+    ca: str
+    admin_user: str
+    admin_password_file: Path
+    user: str
+    password_file: Path
+    topic: str
+    marker: str
+
+    def security(self, user: str, password: str) -> dict[str, Any]:
+        return {
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanism": "SCRAM-SHA-512",
+            "sasl.username": user,
+            "sasl.password": password,
+            "ssl.ca.location": self.ca,
+            "ssl.endpoint.identification.algorithm": "https",
+        }
+
+    def admin(self) -> Any:
+        from confluent_kafka.admin import AdminClient
+
+        password = self.admin_password_file.read_text()
+        return AdminClient(
+            {"bootstrap.servers": self.bootstrap, **self.security(self.admin_user, password)}
+        )
+
+    def set_password(self, password: str) -> None:
+        """The user's SCRAM credential set to ``password`` on the brokers (admin API)."""
+        from confluent_kafka.admin import (  # type: ignore[attr-defined]
+            ScramCredentialInfo,
+            ScramMechanism,
+            UserScramCredentialUpsertion,
+        )
+
+        info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192)
+        change = UserScramCredentialUpsertion(self.user, info, password.encode())
+        admin = self.admin()  # kept until its futures are done
+        for future in admin.alter_user_scram_credentials([change]).values():
+            future.result(timeout=30)
+
+    def logs_in(self, password: str) -> bool:
+        """Whether the brokers take ``password`` for the user (a client of our own)."""
+        from confluent_kafka import KafkaException
+        from confluent_kafka.admin import AdminClient
+
+        failed: list[Any] = []
+        conf: dict[str, Any] = {
+            "bootstrap.servers": self.bootstrap,
+            **self.security(self.user, password),
+            "error_cb": failed.append,
+        }
+        client = AdminClient(conf)
+        try:
+            client.list_topics(timeout=10)
+        except KafkaException:
+            return False
+        return not failed
+
+    def sink(self, tmp_path: Path) -> Any:
+        """The sink as a restarted driver builds it: the password read from its file."""
+        from txsink.connectors.kafka import KafkaSink
+
+        return KafkaSink(
+            self.bootstrap,
+            self.topic,
+            uid="rot",
+            mode="wal",
+            wal=str(tmp_path / "wal"),
+            marker_topic=self.marker,
+            transactional_id_prefix=f"txsink-{self.topic}",
+            key="key",
+            value="payload",
+            shards=2,
+            producer_config=self.security(self.user, self.password_file.read_text()),
+            timeout_s=20.0,
+        )
+
+    def ids(self) -> list[int]:
+        """The ids a read_committed consumer (as the admin) sees, sorted."""
+        from test_kafka_secure import SecureKafka, _read_committed
+
+        env = {
+            "BOOTSTRAP": self.bootstrap,
+            "CA": self.ca,
+            "USER": self.user,
+            "PASSWORD_FILE": str(self.password_file),
+            "ADMIN_USER": self.admin_user,
+            "ADMIN_PASSWORD_FILE": str(self.admin_password_file),
+        }
+        values = _read_committed(SecureKafka(env), self.topic)
+        return sorted(int((v or b"").decode().removeprefix("event-")) for v in values)
+
+    def open_transactions(self) -> int:
+        from txsink.connectors.kafka.clients.offsets import settled_ends
+
+        found = 0
+        for topic in (self.topic, self.marker):
+            stable, high, _ = settled_ends(self.admin(), topic, 30.0, wait_s=10.0)
+            found += sum(1 for p, end in high.items() if stable.get(p, 0) < end)
+        return found
+
+
+@pytest.fixture
+def kafka(tmp_path: Path) -> Iterator[KafkaLogin]:
+    """A new SCRAM user with exactly the sink's rights (``required_acls``) on new topics."""
+    from confluent_kafka.admin import (  # type: ignore[attr-defined]
+        NewTopic,
+        ScramMechanism,
+        UserScramCredentialDeletion,
+    )
+
+    from txsink.connectors.kafka.acls import create_acls, delete_acls, required_acls
+
+    names = ("BOOTSTRAP", "CA", "ADMIN_USER", "ADMIN_PASSWORD_FILE")
+    env = {v: os.environ.get(f"TXSINK_KAFKA_SECURE_{v}", "") for v in names}
+    if not all(env.values()):
+        msg = "no secured Kafka: run `integration/services up kafka_secure` and source its env"
+        if real_servers_required():
+            pytest.fail(msg + " (CI=true needs every server)")
+        pytest.skip(msg)
+    suffix = os.urandom(4).hex()
+    login = KafkaLogin(
+        bootstrap=env["BOOTSTRAP"],
+        ca=env["CA"],
+        admin_user=env["ADMIN_USER"],
+        admin_password_file=Path(env["ADMIN_PASSWORD_FILE"]),
+        user=f"rot-{suffix}",
+        password_file=tmp_path / "kafka.password",
+        topic=f"rot-{suffix}",
+        marker=f"rot-m-{suffix}",
+    )
+    password = secrets.token_hex(16)
+    _write_secret_file(login.password_file, password)
+    admin = login.admin()
+    topics = [
+        NewTopic(login.topic, 2, 1),
+        NewTopic(login.marker, 1, 1, config={"cleanup.policy": "compact"}),
+    ]
+    for future in admin.create_topics(topics).values():
+        future.result(timeout=30)
+    acls = required_acls(login.sink(tmp_path).settings, login.topic)
+    create_acls(admin, acls, login.user)
+    login.set_password(password)
+    _until(lambda: login.logs_in(password), "the new SCRAM user logs in", tries=10)
+    yield login
+    admin = login.admin()
+    delete_acls(admin, acls, login.user)
+    gone = UserScramCredentialDeletion(login.user, ScramMechanism.SCRAM_SHA_512)
+    for future in admin.alter_user_scram_credentials([gone]).values():
+        with contextlib.suppress(Exception):
+            future.result(timeout=30)
+    for future in admin.delete_topics([login.topic, login.marker]).values():
+        with contextlib.suppress(Exception):
+            future.result(timeout=30)
+
+
+@pytest.mark.kafka_secure
+def test_kafka_scram_password_rotated_while_down(kafka: KafkaLogin, tmp_path: Path) -> None:
+    old = kafka.password_file.read_text()
+    _decide_then_die(kafka.sink(tmp_path), tmp_path)
+    assert kafka.ids() == [0, 1, 2]
+    new = secrets.token_hex(16)
+    kafka.set_password(new)
+    _write_secret_file(kafka.password_file, new)
+    _until(lambda: not kafka.logs_in(old), "the old SCRAM password refused", tries=10)
+    assert kafka.logs_in(new)
+    coord = _new_driver(kafka.sink(tmp_path), tmp_path)
+    coord.recover()
+    coord.close()
+    assert kafka.ids() == ALL_IDS
+    assert kafka.open_transactions() == 0
+    assert _log_holds(tmp_path, old, new) == []
+
+
+def _kafka_revoke(kafka: KafkaLogin, how: str) -> Any:
+    """Revoke the user's credential ``how`` (its password file unchanged); returns the
+    function that gives it back (and the sink its password file)."""
+    from txsink.connectors.kafka.acls import create_acls, delete_acls, required_acls
+
+    if how == "password-changed":
+        old, new = kafka.password_file.read_text(), secrets.token_hex(16)
+        kafka.set_password(new)
+        _until(lambda: not kafka.logs_in(old), "the old SCRAM password refused", tries=10)
+        return lambda: _write_secret_file(kafka.password_file, new)
+    # write-revoked: the topic's Write ACL deleted
+    write = [
+        a
+        for a in required_acls(kafka.sink(Path("/nonexistent")).settings, kafka.topic)
+        if a.name == kafka.topic and a.operation == "Write"
+    ]
+    delete_acls(kafka.admin(), write, kafka.user)
+    return lambda: create_acls(kafka.admin(), write, kafka.user)
+
+
+#: A password changed under a live driver is not a refusal: its producers' connections are
+#: authenticated already (brokers re-authenticate only with connections.max.reauth.ms).
+KAFKA_REVOKED = ["write-revoked"]
+
+
+@pytest.mark.kafka_secure
+@pytest.mark.parametrize("how", KAFKA_REVOKED)
+def test_kafka_credential_revoked_between_decision_and_commit_blocks(
+    kafka: KafkaLogin, tmp_path: Path, how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sink = kafka.sink(tmp_path)
+    coord = Coordinator([sink], log=str(tmp_path / "log"), app_id=APP)
+    sink.check(SCHEMA, APP)
+    coord.run_epoch(0, memory_precommit([[rows(p)] for p in FIRST]), app_id=APP)
+    given: list[Any] = []
+    commit_epoch = sink.commit_epoch
+
+    def revoked_first(request: Any) -> None:
+        if request.epoch == 1 and not given:
+            given.append(_kafka_revoke(kafka, how))
+        commit_epoch(request)
+
+    monkeypatch.setattr(sink, "commit_epoch", revoked_first)
+    with pytest.raises(EpochBlockedError) as info:
+        coord.run_epoch(1, memory_precommit([[rows(p)] for p in DECIDED]), app_id=APP)
+    coord.close()
+    _assert_blocked(info.value, "kafka")
+    assert _blocked_records(tmp_path, 1), "the block is not in the txsink log"
+    assert kafka.ids() == [0, 1, 2]
+    given[0]()
+    again = _new_driver(kafka.sink(tmp_path), tmp_path)
+    again.recover()
+    again.close()
+    assert kafka.ids() == ALL_IDS
+    assert kafka.open_transactions() == 0
+
+
+@pytest.mark.kafka_secure
+def test_kafka_password_changed_while_down_blocks_the_commit(
+    kafka: KafkaLogin, tmp_path: Path
+) -> None:
+    """The SCRAM password changed while the query is down and not given to the sink: the
+    restarted driver's recovery commit is blocked (a refused login, not a retried broker
+    outage), recorded in the log; nothing of the epoch is visible. Given the new password,
+    the next driver commits it exactly once."""
+    old = kafka.password_file.read_text()
+    _decide_then_die(kafka.sink(tmp_path), tmp_path)
+    give_back = _kafka_revoke(kafka, "password-changed")
+    coord = _new_driver(kafka.sink(tmp_path), tmp_path)
+    with pytest.raises(EpochBlockedError) as info:
+        coord.recover()
+    coord.close()
+    _assert_blocked(info.value, "kafka", kafka.user, "kafka-configs")
+    assert _blocked_records(tmp_path, 1), "the block is not in the txsink log"
+    assert kafka.ids() == [0, 1, 2]
+    give_back()
+    new = kafka.password_file.read_text()
+    again = _new_driver(kafka.sink(tmp_path), tmp_path)
+    again.recover()
+    again.close()
+    assert kafka.ids() == ALL_IDS
+    assert kafka.open_transactions() == 0
+    assert old not in str(info.value) and new not in str(info.value)
+    assert _log_holds(tmp_path, old, new) == []

@@ -718,3 +718,205 @@ def test_kafka_password_changed_while_down_blocks_the_commit(
     assert kafka.open_transactions() == 0
     assert old not in str(info.value) and new not in str(info.value)
     assert _log_holds(tmp_path, old, new) == []
+
+
+# == S3 ========================================================================================
+
+
+@dataclass
+class S3Login:
+    """A MinIO user of this test's own on ``s3_secure`` (the least-privilege policy), its
+    secret in a shared-credentials file the sink reads through boto3's chain."""
+
+    env: dict[str, str]
+    access_key: str
+    secret: str
+    credentials: Path
+    prefix: str
+
+    def server(self) -> Any:
+        from test_s3_secure import SecureS3
+
+        return SecureS3(self.env)
+
+    def admin(self) -> Any:
+        import urllib3
+        from minio import MinioAdmin
+        from minio.credentials.providers import StaticProvider
+
+        server = self.server()
+        root = server._profile(self.env["TXSINK_S3_SECURE_ADMIN_PROFILE"])
+        return MinioAdmin(
+            endpoint=server.endpoint.removeprefix("https://"),
+            credentials=StaticProvider(*root),
+            region=self.env["TXSINK_S3_SECURE_REGION"],
+            secure=True,
+            http_client=urllib3.PoolManager(ca_certs=server.ca, cert_reqs="CERT_REQUIRED"),
+        )
+
+    def set_secret(self, secret: str) -> None:
+        """The user's secret changed on the server (MinIO's admin API)."""
+        self.admin().user_add(self.access_key, secret)
+
+    def give(self, secret: str) -> None:
+        """The shared-credentials file the sink reads now holds ``secret``."""
+        _write_secret_file(
+            self.credentials,
+            f"[rot]\naws_access_key_id = {self.access_key}\naws_secret_access_key = {secret}\n",
+        )
+
+    def refuses(self, secret: str) -> bool:
+        import boto3
+        from botocore.config import Config
+        from botocore.exceptions import ClientError
+
+        client = boto3.session.Session().client(
+            "s3",
+            endpoint_url=self.server().endpoint,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=secret,
+            region_name=self.env["TXSINK_S3_SECURE_REGION"],
+            verify=self.server().ca,
+            config=Config(retries={"max_attempts": 1}),
+        )
+        bucket = self.env["TXSINK_S3_SECURE_BUCKET"]
+        try:
+            client.list_objects_v2(Bucket=bucket, Prefix=self.prefix, MaxKeys=1)
+        except ClientError:
+            return True
+        return False
+
+    def sink(self) -> Any:
+        from txsink.connectors.s3 import S3Sink
+
+        server = self.server()
+        return S3Sink(
+            f"s3://{server.bucket}/{self.prefix}",
+            uid="rot",
+            format="jsonl",
+            client_options={
+                "endpoint_url": server.endpoint,
+                "region_name": self.env["TXSINK_S3_SECURE_REGION"],
+                "verify": server.ca,
+            },
+        )
+
+    def ids(self) -> list[int]:
+        from test_s3_secure import _ids
+
+        return _ids(self.server(), self.prefix)
+
+    def open_uploads(self) -> list[str]:
+        return list(self.server().open_uploads(self.prefix))
+
+
+@pytest.fixture
+def s3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[S3Login]:
+    from _services.resolve import resolve_s3_secure
+
+    try:
+        env = resolve_s3_secure()
+    except (ServiceError, OSError) as exc:
+        message = f"s3_secure server unavailable: {redact(str(exc))}"
+        if real_servers_required():
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    suffix = os.urandom(4).hex()
+    login = S3Login(
+        env=env,
+        access_key=f"rot-{suffix}",
+        secret=secrets.token_hex(16),
+        credentials=tmp_path / "aws-credentials",
+        prefix=f"{env['TXSINK_S3_SECURE_PREFIX']}{suffix}/",
+    )
+    admin = login.admin()
+    admin.user_add(login.access_key, login.secret)
+    admin.policy_set(env["TXSINK_S3_SECURE_POLICY"], user=login.access_key)
+    login.give(login.secret)
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(login.credentials))
+    monkeypatch.setenv("AWS_PROFILE", "rot")
+    _until(lambda: not login.refuses(login.secret), "the new MinIO user is usable", tries=30)
+    yield login
+    login.server().purge(login.prefix)
+    with contextlib.suppress(Exception):
+        login.admin().user_remove(login.access_key)
+
+
+@pytest.mark.s3_secure
+def test_s3_secret_rotated_while_down(s3: S3Login, tmp_path: Path) -> None:
+    old = s3.secret
+    _decide_then_die(s3.sink(), tmp_path)
+    assert s3.ids() == [0, 1, 2]
+    new = secrets.token_hex(16)
+    s3.set_secret(new)
+    s3.give(new)
+    _until(lambda: s3.refuses(old), "the old secret refused", tries=30)
+    assert not s3.refuses(new)
+    coord = _new_driver(s3.sink(), tmp_path)
+    coord.recover()
+    coord.close()
+    assert s3.ids() == ALL_IDS
+    assert s3.open_uploads() == []
+    assert _log_holds(tmp_path, old, new) == []
+
+
+@pytest.mark.s3_secure
+def test_s3_secret_changed_between_decision_and_commit_blocks(
+    s3: S3Login, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    old = s3.secret
+    sink = s3.sink()
+    coord = Coordinator([sink], log=str(tmp_path / "log"), app_id=APP)
+    sink.check(SCHEMA, APP)
+    coord.run_epoch(0, memory_precommit([[rows(p)] for p in FIRST]), app_id=APP)
+    new = secrets.token_hex(16)
+    commit_epoch = sink.commit_epoch
+
+    def revoked_first(request: Any) -> None:
+        if request.epoch == 1 and not s3.refuses(old) and old != new:
+            s3.set_secret(new)
+            _until(lambda: s3.refuses(old), "the old secret refused", tries=30)
+        commit_epoch(request)
+
+    monkeypatch.setattr(sink, "commit_epoch", revoked_first)
+    with pytest.raises(EpochBlockedError) as info:
+        coord.run_epoch(1, memory_precommit([[rows(p)] for p in DECIDED]), app_id=APP)
+    coord.close()
+    _assert_blocked(info.value, "s3", "credentials")
+    assert _blocked_records(tmp_path, 1), "the block is not in the txsink log"
+    assert s3.ids() == [0, 1, 2]
+    s3.give(new)
+    again = _new_driver(s3.sink(), tmp_path)
+    again.recover()
+    again.close()
+    assert s3.ids() == ALL_IDS
+    assert s3.open_uploads() == []
+    assert old not in str(info.value) and new not in str(info.value)
+    assert _log_holds(tmp_path, old, new) == []
+
+
+@pytest.mark.s3_secure
+def test_s3_secret_changed_while_down_stops_the_restart(s3: S3Login, tmp_path: Path) -> None:
+    from txsink.errors import ConfigurationError, restart_cannot_help
+
+    old = s3.secret
+    _decide_then_die(s3.sink(), tmp_path)
+    new = secrets.token_hex(16)
+    s3.set_secret(new)
+    _until(lambda: s3.refuses(old), "the old secret refused", tries=30)
+    coord = _new_driver(s3.sink(), tmp_path)
+    with pytest.raises(ConfigurationError) as info:
+        coord.recover()
+    coord.close()
+    assert restart_cannot_help(info.value)
+    assert info.value.context.get("connector") == "s3"
+    assert s3.ids() == [0, 1, 2]
+    s3.give(new)
+    again = _new_driver(s3.sink(), tmp_path)
+    again.recover()
+    again.close()
+    assert s3.ids() == ALL_IDS
+    assert s3.open_uploads() == []
+    assert _log_holds(tmp_path, old, new) == []

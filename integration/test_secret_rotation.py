@@ -884,7 +884,7 @@ def test_s3_secret_changed_between_decision_and_commit_blocks(
     with pytest.raises(EpochBlockedError) as info:
         coord.run_epoch(1, memory_precommit([[rows(p)] for p in DECIDED]), app_id=APP)
     coord.close()
-    _assert_blocked(info.value, "s3", "credentials")
+    _assert_blocked(info.value, "s3", "current credentials", "secret key was changed")
     assert _blocked_records(tmp_path, 1), "the block is not in the txsink log"
     assert s3.ids() == [0, 1, 2]
     s3.give(new)

@@ -145,9 +145,10 @@ class PgLogin:
             return [int(r[0]) for r in conn.execute(sql)]
 
     def prepared(self) -> list[str]:
+        """The role's prepared transactions (a streaming query's app id is its query id)."""
         with self.admin() as conn:
-            sql = "SELECT gid FROM pg_prepared_xacts WHERE starts_with(gid, %s)"
-            return [str(r[0]) for r in conn.execute(sql, (f"txsink.{APP}.",))]
+            sql = "SELECT gid FROM pg_prepared_xacts WHERE owner = %s"
+            return [str(r[0]) for r in conn.execute(sql, (self.role,))]
 
     def refuses(self, password: str, ca: str | None = None) -> bool:
         """Whether the server refuses ``password`` for the role (a client of our own)."""
@@ -919,4 +920,55 @@ def test_s3_secret_changed_while_down_stops_the_restart(s3: S3Login, tmp_path: P
     again.close()
     assert s3.ids() == ALL_IDS
     assert s3.open_uploads() == []
+    assert _log_holds(tmp_path, old, new) == []
+
+
+# == A streaming query killed after the decision (PostgreSQL) ==================================
+
+
+@pytest.mark.spark
+@pytest.mark.postgres_secure
+def test_postgres_streaming_driver_killed_then_password_rotated(
+    pg: PgLogin, tmp_path: Path
+) -> None:
+    """The chaos toolkit's pipeline in a child process: SIGKILL of the driver right after
+    epoch 1's decision (``after_decision:kill-driver``). Before the runner restarts it, the
+    role's password is changed on the server and in the passfile; the restarted query's
+    recovery commits epoch 1 with the new password, and the stream goes on: every row
+    exactly once, nothing prepared left, neither password in the txsink log."""
+    import json
+
+    from txsink.runner import run_until_done
+    from txsink.testing.inputs import make_input
+
+    make_input(tmp_path / "input", 60, files=3)
+    spec = {"kind": "postgres", "table": f"{pg.schema}.events", "uid": "rot", "commit": "2pc"}
+    args = {
+        "workdir": str(tmp_path),
+        "sinks": [spec],
+        "partitions": 2,
+        "log": str(tmp_path / "log"),
+    }
+    env = {
+        **os.environ,
+        "TXSINK_PG_DSN": pg.dsn(),
+        "TXSINK_FAULT": "after_decision:kill-driver@1",
+        "TXSINK_FAULT_STATE": str(tmp_path / "faults"),
+    }
+    old, new = pg.password, secrets.token_hex(16)
+    rotated: list[int] = []
+
+    def rotate(run: int, code: int) -> None:
+        assert pg.ids() == list(range(20)) and len(pg.prepared()) == 2, "not left decided"
+        with pg.admin() as conn:
+            conn.execute(f"ALTER ROLE \"{pg.role}\" PASSWORD '{new}'")
+        pg.give(new)
+        assert pg.refuses(old)
+        rotated.append(code)
+
+    cmd = [sys.executable, "-m", "txsink.runner", "txsink.testing.pipelines:run_stream"]
+    report = run_until_done([*cmd, json.dumps(args)], env=env, max_runs=3, on_restart=rotate)
+    assert rotated and report.runs == 2, report
+    assert pg.ids() == list(range(60))
+    assert pg.prepared() == []
     assert _log_holds(tmp_path, old, new) == []

@@ -29,7 +29,13 @@ from typing import Any
 import pyarrow as pa
 
 from txsink.connectors.kafka.clients.columns import PyColumns, py_columns
-from txsink.connectors.kafka.clients.errors import client_calls, commit_error, failed_delivery
+from txsink.connectors.kafka.clients.errors import (
+    REFUSED_LOGIN,
+    client_calls,
+    commit_error,
+    failed_delivery,
+    has_code,
+)
 from txsink.connectors.kafka.clients.markers import Markers
 from txsink.connectors.kafka.clients.settings import ENFORCED, KafkaSettings, init_transactions
 from txsink.observe.logs import get_logger
@@ -71,13 +77,24 @@ class ShardProducers:
         on_delivery = functools.partial(
             _on_failed_delivery, self._delivery_errors.setdefault(shard, [])
         )
-        producer = Producer(self.settings.producer_conf(shard, on_delivery))
+        conf = self.settings.producer_conf(shard, on_delivery)
+        refused: list[Any] = []
+        conf["error_cb"] = functools.partial(_note_refused_login, refused, conf.get("error_cb"))
+        producer = Producer(conf)
         try:
             init_transactions(producer, self.settings.timeout_s)
         except KafkaException as err:
+            # A refused SASL login never brings a connection up: the call then fails with
+            # _TRANSPORT or _TIMED_OUT, and only the client's error callback gets the cause
+            # (served by poll()).
+            producer.poll(0)
+            code = refused[0] if refused else err.args[0]
+            # Not kept alive by the frames of the error's traceback: a producer whose login
+            # is refused retries it, with its threads, until it is destroyed.
+            del producer
             raise commit_error(
-                err.args[0], self.settings, epoch=None, shard=shard, init=True, phase=phase
-            ) from err
+                code, self.settings, epoch=None, shard=shard, init=True, phase=phase
+            ) from err.with_traceback(None)
         self._producers[shard] = producer
         self.markers.forget(shard)  # read it again under the new producer epoch
         self.settings.reachable()
@@ -173,9 +190,12 @@ class ShardProducers:
                 with contextlib.suppress(KafkaException):
                     producer.abort_transaction(self.settings.timeout_s)
             elapsed = time.monotonic() - started
+            # The dropped producer is not kept alive (with its threads) by the frames of the
+            # error's traceback for as long as the error is kept: the cause goes without its.
+            del producer
             raise commit_error(
                 kerr, self.settings, epoch=epoch, shard=shard, delivery=errors, elapsed=elapsed
-            ) from err
+            ) from err.with_traceback(None)
         except BaseException:
             with contextlib.suppress(KafkaException):
                 producer.abort_transaction(self.settings.timeout_s)
@@ -313,6 +333,15 @@ def _kafka_error(err: BaseException) -> Any:
         if isinstance(exc, KafkaException):
             return exc.args[0]
     return None
+
+
+def _note_refused_login(seen: list[Any], given: Callable[[Any], None] | None, err: Any) -> None:
+    """A producer's ``error_cb``: keep the brokers' refusal of the SASL login (by code), then
+    call the one given in ``producer_config``, if any."""
+    if not seen and has_code(err, *REFUSED_LOGIN):
+        seen.append(err)
+    if given is not None:
+        given(err)
 
 
 def _on_failed_delivery(errors: list[Any], err: Any, msg: Any) -> None:

@@ -108,16 +108,25 @@ def skew_log(request: pytest.FixtureRequest) -> Iterator[SkewLog]:
 
 # -- the crash matrix --------------------------------------------------------------------
 
-#: The cells the default suite runs: every driver point, and one cell per task point that
-#: fails the query (a fault twice: Spark's retry gives up, the restart's recovery aborts
-#: what every target prepared), one raising and one killing the worker. The other 6 task
-#: cells (a fault once, absorbed by Spark's retry; the other mode twice) run with
-#: --run-slow: by default integration/test_matrix.py runs every task cell once per connector
-#: (its first variant), each target alone.
-DEFAULT_CELLS = {cell for cell in CRASH_MATRIX if cell[2] == 1 and not is_task_point(cell[0])} | {
+#: The cells the default suite runs, so that every crash point still faults the
+#: cross-system move by default: ``before_decision``, ``after_commit_before_mark`` and
+#: ``during_recovery`` here (raised in the test's own driver: the coordinator rebuilt in the
+#: same process), ``after_decision`` and ``during_commit`` killed in
+#: :func:`test_kill_driver_at_every_point`, ``during_commit`` raised in
+#: :func:`test_crash_mid_commit_shows_part_of_an_epoch_until_the_restart` (the cell's plan
+#: and more checks); and one cell per task point that fails the query (a fault twice:
+#: Spark's retry gives up, the restart's recovery aborts what every target prepared), one
+#: raising and one killing the worker. The other 8 cells run with --run-slow (a task fault
+#: once is absorbed by Spark's retry: integration/test_matrix.py runs those per connector).
+DEFAULT_CELLS = {
+    ("before_decision", "raise", 1),
+    ("after_commit_before_mark", "raise", 1),
+    ("during_recovery", "raise", 1),
     ("before_precommit", "raise", 2),
     ("after_precommit", "kill-worker", 2),
 }
+#: The plan of :func:`test_crash_mid_commit_shows_part_of_an_epoch_until_the_restart`.
+MID_COMMIT_PLAN = "during_commit:raise@1"
 
 
 def _matrix_params() -> list[Any]:
@@ -132,7 +141,9 @@ def test_the_default_cells_reach_every_crash_point_mode_and_network_fault() -> N
     in every mode (raise, kill-worker; kill-driver: :func:`test_kill_driver_at_every_point`);
     its network faults reach every target, in every phase, cut and stalled."""
     assert set(CRASH_MATRIX) > DEFAULT_CELLS  # a strict subset
-    assert {c[0] for c in DEFAULT_CELLS} == {c[0] for c in CRASH_MATRIX}
+    killed = {f.partition(":")[0] for f in SOME_POINTS.split(",")}
+    raised = {MID_COMMIT_PLAN.partition(":")[0]}
+    assert {c[0] for c in DEFAULT_CELLS} | killed | raised == {c[0] for c in CRASH_MATRIX}
     assert {c[1] for c in DEFAULT_CELLS} == {c[1] for c in CRASH_MATRIX}
     assert {c[0] for c in DEFAULT_NET} == {"kafka", "postgres", "s3"}
     assert {c[1] for c in DEFAULT_NET} == set(PHASES)
@@ -175,7 +186,7 @@ def test_crash_mid_commit_shows_part_of_an_epoch_until_the_restart(
     from tests.streaming import prepare_input, start_query
 
     prepare_input(cross.tmp, ROWS, FILES)
-    plan = FaultPlan.parse("during_commit:raise@1", str(cross.tmp / "faults"))
+    plan = FaultPlan.parse(MID_COMMIT_PLAN, str(cross.tmp / "faults"))
 
     def run() -> None:
         query = start_query(spark, cross.tmp, cross.coordinator(plan))

@@ -157,7 +157,15 @@ def test_crash_matrix(
     mode: str,
     times: int,
 ) -> None:
-    target = _target(request, tmp_path, connector, variant)
+    run_cell(spark, tmp_path, _target(request, tmp_path, connector, variant), point, mode, times)
+
+
+def run_cell(
+    spark: Any, tmp_path: Path, target: RunTarget, point: str, mode: str, times: int
+) -> None:
+    """One crash-matrix cell on ``target``: the query run until done under the fault, then
+    the target read back by its connector's verifier (also the secured profile's,
+    ``test_secure_matrix.py``)."""
     prepare_input(tmp_path, ROWS, FILES)
     task_point = is_task_point(point)
     plan = FaultPlan.parse(fault_spec(point, mode, times), str(tmp_path / "faults"))
@@ -199,8 +207,17 @@ def test_kill_driver_at_every_point(
 ) -> None:
     target = _target(request, tmp_path, connector, variant)
     single_pass = variant in adapters()[connector].single_pass_variants
+    run_kill_driver(tmp_path, target, single_pass=single_pass)
+
+
+def run_kill_driver(
+    tmp_path: Path, target: RunTarget, *, single_pass: bool = False, points: str | None = None
+) -> None:
+    """The kill-driver run on ``target`` (``points``: default every point once), in child
+    processes, then the target read back by its connector's verifier."""
+    more = {} if points is None else {"points": points}
     report = kill_driver_at_every_point(
-        tmp_path, [target.spec], target.child_env(), single_pass=single_pass
+        tmp_path, [target.spec], target.child_env(), single_pass=single_pass, **more
     )
     if single_pass:
         assert any("before_task_commit" in e for e in report.endings), report.endings

@@ -10,6 +10,7 @@ its testing adapter.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from txsink import Coordinator
 from txsink.protocol.faults import CrashPoint, FaultPlan
 from txsink.protocol.log import open_log
 from txsink.testing.adapter import adapters
-from txsink.testing.targets import RunTarget
+from txsink.testing.targets import RunTarget, child_env
 from txsink.testing.verifiers import verify
 
 ROWS = 1000
@@ -207,20 +208,26 @@ def test_kill_driver_at_every_point(
 ) -> None:
     target = _target(request, tmp_path, connector, variant)
     single_pass = variant in adapters()[connector].single_pass_variants
-    run_kill_driver(tmp_path, target, single_pass=single_pass)
+    run_kill_driver(tmp_path, [target], single_pass=single_pass)
 
 
 def run_kill_driver(
-    tmp_path: Path, target: RunTarget, *, single_pass: bool = False, points: str | None = None
+    tmp_path: Path,
+    targets: Sequence[RunTarget],
+    *,
+    single_pass: bool = False,
+    points: str | None = None,
 ) -> None:
-    """The kill-driver run on ``target`` (``points``: default every point once), in child
-    processes, then the target read back by its connector's verifier."""
+    """The kill-driver run into ``targets`` (one coordinator; ``points``: default every
+    point once), in child processes, then each target read back by its connector's
+    verifier (also the secured profile's, ``test_secure_matrix.py``)."""
     more = {} if points is None else {"points": points}
     report = kill_driver_at_every_point(
-        tmp_path, [target.spec], target.child_env(), single_pass=single_pass, **more
+        tmp_path, [t.spec for t in targets], child_env(targets), single_pass=single_pass, **more
     )
     if single_pass:
         assert any("before_task_commit" in e for e in report.endings), report.endings
     log = str(tmp_path / "txlog")
-    verdict = verify(target.verifier(range(3000), log=log))
-    assert verdict.ok, verdict
+    for target in targets:
+        verdict = verify(target.verifier(range(3000), log=log))
+        assert verdict.ok, (target.connector, verdict)

@@ -9,12 +9,13 @@ verifier reads back as the administrators (zero duplicates, zero missing, nothin
 prepared). The runs themselves are ``test_matrix.py``'s (``run_cell``, ``run_kill_driver``)
 and ``txsink.testing.contract``'s checks.
 
-By default, per secured variant: the contract's two cheapest checks (prepare and commit
-from a new driver; no Spark) and one kill-driver run (the driver SIGKILLed after the
-decision of epoch 1, restarted by the runner). With ``--run-slow``: every contract check,
-every crash point once with ``raise`` (in the shared SparkSession, driver points with the
-txsink log in the target's system where the adapter keeps one), and the kill-driver run at
-every point once.
+By default: per secured variant, the contract's two cheapest checks (prepare, and commit
+from a new driver; no Spark); and one kill-driver run into every secured variant's target
+at once (one coordinator: the driver SIGKILLed after the decision of epoch 1, restarted by
+the runner). With ``--run-slow``, per secured variant: every contract check, every crash
+point once with ``raise`` (in the shared SparkSession, driver points with the txsink log in
+the target's system where the adapter keeps one), the kill-driver run after the decision,
+and the kill-driver run at every point once.
 """
 
 from __future__ import annotations
@@ -142,7 +143,13 @@ def test_secure_crash_matrix(
         param
         for name, variant, marks in _secured()
         for param in (
-            pytest.param(name, variant, QUICK_KILL, marks=marks, id=f"{name}-{variant}-quick"),
+            pytest.param(
+                name,
+                variant,
+                QUICK_KILL,
+                marks=[*marks, pytest.mark.slow],
+                id=f"{name}-{variant}-after-decision",
+            ),
             pytest.param(
                 name,
                 variant,
@@ -162,7 +169,37 @@ def test_secure_kill_driver(
 ) -> None:
     target = _target(request, tmp_path, connector, variant)
     single_pass = variant in adapters()[connector].single_pass_variants
-    run_kill_driver(tmp_path, target, single_pass=single_pass, points=points)
+    run_kill_driver(tmp_path, [target], single_pass=single_pass, points=points)
+
+
+@pytest.mark.chaos
+@pytest.mark.parametrize(
+    "secured",
+    [
+        pytest.param(
+            [(n, v) for n, v, _ in _secured()],
+            marks=[
+                getattr(pytest.mark, service)
+                for service in sorted(
+                    {
+                        s
+                        for found in adapters().values()
+                        if found.secure_variants
+                        for s in found.secure_services
+                    }
+                )
+            ],
+            id="every-secured-variant",
+        )
+    ],
+)
+def test_secure_kill_driver_after_the_decision(
+    request: pytest.FixtureRequest, tmp_path: Path, secured: list[tuple[str, str]]
+) -> None:
+    """The default suite's kill-driver cell: every secured target in one query, the driver
+    killed after the decision of epoch 1; the restart commits it in each, exactly once."""
+    targets = [_target(request, tmp_path, name, variant) for name, variant in secured]
+    run_kill_driver(tmp_path, targets, points=QUICK_KILL)
 
 
 def test_every_secured_variant_covers_every_crash_point() -> None:

@@ -19,6 +19,7 @@ import pytest
 from conftest import variant_target
 from tests.streaming import (
     CRASH_MATRIX,
+    EVERY_POINT_ONCE,
     SINGLE_PASS_MATRIX,
     fault_spec,
     is_task_point,
@@ -221,9 +222,12 @@ def run_kill_driver(
     """The kill-driver run into ``targets`` (one coordinator; ``points``: default every
     point once), in child processes, then each target read back by its connector's
     verifier (also the secured profile's, ``test_secure_matrix.py``)."""
-    more = {} if points is None else {"points": points}
     report = kill_driver_at_every_point(
-        tmp_path, [t.spec for t in targets], child_env(targets), single_pass=single_pass, **more
+        tmp_path,
+        [t.spec for t in targets],
+        child_env(targets),
+        single_pass=single_pass,
+        points=EVERY_POINT_ONCE if points is None else points,
     )
     if single_pass:
         assert any("before_task_commit" in e for e in report.endings), report.endings

@@ -1,5 +1,6 @@
-"""The secured cross-system pipeline's sinks: Kafka (WAL mode), PostgreSQL and S3, each
-through its least-privileged principal over verified TLS, built from the environment the
+"""The secured cross-system pipeline's sinks: Kafka (WAL mode), PostgreSQL, S3, and (when
+their targets are named) Iceberg and Delta, each through its least-privileged principal over
+verified TLS, built from the environment the
 way a user's job builds them (no secret in code, in arguments or in a spec).
 
 One function serves the three places that must build the same sinks:
@@ -15,7 +16,9 @@ Where each credential comes from:
 * PostgreSQL: the DSN ``TXSINK_PG_SECURE_DSN`` (``sslmode=verify-full``, a libpq passfile:
   no password in it);
 * S3: boto3's own chain (``AWS_SHARED_CREDENTIALS_FILE`` and ``AWS_PROFILE``), the CA in
-  ``verify=``.
+  ``verify=``;
+* Delta: the same chain (delta-rs and pyarrow both take it when no key is given), the CA in
+  the storage option ``certificate_path``.
 
 The run's target names come in ``TXSINK_SECURE_XS_*`` variables (:data:`TARGET_VARS`),
 set by the test for its child processes.
@@ -28,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 #: The per-run targets: topic, marker topic, WAL folder, table, S3 URL, and (optional)
-#: the Iceberg table and its warehouse.
+#: the Iceberg table and its warehouse, and the Delta table's ``s3://`` URI.
 TARGET_VARS = (
     "TXSINK_SECURE_XS_TOPIC",
     "TXSINK_SECURE_XS_MARKERS",
@@ -37,8 +40,9 @@ TARGET_VARS = (
     "TXSINK_SECURE_XS_S3_URL",
     "TXSINK_SECURE_XS_ICEBERG_TABLE",
     "TXSINK_SECURE_XS_WAREHOUSE",
+    "TXSINK_SECURE_XS_DELTA",
 )
-UIDS = ("kafka", "pg", "s3", "iceberg")
+UIDS = ("kafka", "pg", "s3", "iceberg", "delta")
 ICEBERG_CATALOG = "txsink_xs"
 
 
@@ -85,8 +89,19 @@ def kafka_security(user: str, password_file: str, ca: str) -> dict[str, Any]:
     }
 
 
+def delta_options(env: Any = None) -> dict[str, str]:
+    """delta-rs storage options for the secured S3: the server and its CA, no key (the AWS
+    chain: ``AWS_PROFILE``, ``AWS_SHARED_CREDENTIALS_FILE``)."""
+    env = os.environ if env is None else env
+    return {
+        "AWS_ENDPOINT_URL": env["TXSINK_S3_SECURE_ENDPOINT"],
+        "AWS_REGION": env["TXSINK_S3_SECURE_REGION"],
+        "certificate_path": env["TXSINK_S3_SECURE_CA"],
+    }
+
+
 def sinks() -> list[Any]:
-    """The three sinks, in commit order, as the least-privileged principals."""
+    """The sinks, in commit order, as the least-privileged principals."""
     from txsink.connectors.kafka import KafkaSink
     from txsink.connectors.postgres import PostgresSink
     from txsink.connectors.s3 import S3Sink
@@ -121,15 +136,26 @@ def sinks() -> list[Any]:
             "verify": env["TXSINK_S3_SECURE_CA"],
         },
     )
-    if not env.get("TXSINK_SECURE_XS_ICEBERG_TABLE"):
-        return [kafka, pg, s3]
-    from txsink.connectors.iceberg import IcebergSink
+    out: list[Any] = [kafka, pg, s3]
+    if env.get("TXSINK_SECURE_XS_ICEBERG_TABLE"):
+        from txsink.connectors.iceberg import IcebergSink
 
-    catalog = iceberg_catalog(env["TXSINK_PG_SECURE_DSN"], env["TXSINK_SECURE_XS_WAREHOUSE"])
-    iceberg = IcebergSink(
-        catalog, env["TXSINK_SECURE_XS_ICEBERG_TABLE"], uid=UIDS[3], catalog_name=ICEBERG_CATALOG
-    )
-    return [kafka, pg, s3, iceberg]
+        catalog = iceberg_catalog(env["TXSINK_PG_SECURE_DSN"], env["TXSINK_SECURE_XS_WAREHOUSE"])
+        out.append(
+            IcebergSink(
+                catalog,
+                env["TXSINK_SECURE_XS_ICEBERG_TABLE"],
+                uid=UIDS[3],
+                catalog_name=ICEBERG_CATALOG,
+            )
+        )
+    if env.get("TXSINK_SECURE_XS_DELTA"):
+        from txsink.connectors.delta import DeltaSink
+
+        out.append(
+            DeltaSink(env["TXSINK_SECURE_XS_DELTA"], uid=UIDS[4], storage_options=delta_options())
+        )
+    return out
 
 
 def _admin_catalog() -> Any:

@@ -1,6 +1,6 @@
 """The cross-system move on the secured profile (issue 40, point 3): one streaming query
 into Kafka (WAL mode, ``kafka_secure``), PostgreSQL (``postgres_secure``), S3
-(``s3_secure``) and Iceberg, each through its least-privileged principal over verified
+(``s3_secure``), Iceberg and Delta, each through its least-privileged principal over verified
 TLS, granted exactly what ``docs/security.md`` lists (rendered by each connector's
 ``acls`` / ``grants`` module), nothing more.
 
@@ -24,7 +24,12 @@ Iceberg is the fourth target: its SQL catalog on ``postgres_secure`` (the app ro
 ``SELECT, UPDATE`` on ``iceberg_tables`` only) and its warehouse under ``s3_secure``'s
 allowed prefix; the administrators make and read its table in child processes
 (``python secure_xs.py OP``: pyarrow's S3 client reads its CA, ``SSL_CERT_FILE``, once per
-process). Delta is not in this run yet (docs/security.md, All together).
+process).
+
+Delta is the fifth target: its table under ``s3_secure``'s allowed prefix, made and read
+back by the administrators with delta-rs in this process (delta-rs and pyarrow take the CA
+per client, from the storage option ``certificate_path``); its least policy alone is
+``test_delta_secure.py``'s.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from _services.common import ENV_FILE, LOG_DIR, ServiceError, real_servers_requi
 from _services.manager import up
 from _services.resolve import resolve_postgres_secure, resolve_s3_secure
 from secure_xs import sinks
+from test_delta_secure import admin_options
 from test_kafka_secure import SecureKafka, _open_transactions, _read_committed, _topics
 from test_postgres_secure import SecurePg
 from test_s3_secure import SecureS3, _ids
@@ -129,6 +135,7 @@ def run(secured: Secured, tmp_path: Path) -> Iterator[dict[str, str]]:
     prefix = f"{s3.prefix}xs-{tag}/"
     warehouse = f"s3://{s3.bucket}/{prefix}warehouse"
     iceberg_table = f"xs_{tag}.events"
+    delta = f"s3://{s3.bucket}/{prefix}delta"
     targets = {
         "TXSINK_SECURE_XS_TOPIC": topic,
         "TXSINK_SECURE_XS_MARKERS": markers,
@@ -137,6 +144,7 @@ def run(secured: Secured, tmp_path: Path) -> Iterator[dict[str, str]]:
         "TXSINK_SECURE_XS_S3_URL": f"s3://{s3.bucket}/{prefix}data/",
         "TXSINK_SECURE_XS_ICEBERG_TABLE": iceberg_table,
         "TXSINK_SECURE_XS_WAREHOUSE": warehouse,
+        "TXSINK_SECURE_XS_DELTA": delta,
     }
     env = {
         **{k: v for k, v in secured.env.items() if "ADMIN" not in k},
@@ -148,9 +156,12 @@ def run(secured: Secured, tmp_path: Path) -> Iterator[dict[str, str]]:
         "SSL_CERT_FILE": secured.env["TXSINK_S3_SECURE_CA"],
         "PYTHONPATH": os.pathsep.join([str(INTEGRATION), *sys.path]),
     }
-    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
-        env[var] = ""  # the profile, never keys inherited from the caller
-    saved = {k: os.environ.get(k) for k in env}
+    # The profile, never keys inherited from the caller: the variables unset, not empty
+    # (delta-rs takes an empty AWS_ACCESS_KEY_ID for a key; boto3 and pyarrow skip it).
+    keys = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+    saved = {k: os.environ.get(k) for k in (*env, *keys)}
+    for var in keys:
+        os.environ.pop(var, None)
     os.environ.update(env)  # secure_xs.sinks() reads it here too
     kafka_sink = sinks()[0]
     acls = required_acls(kafka_sink.settings, topic)
@@ -160,6 +171,7 @@ def run(secured: Secured, tmp_path: Path) -> Iterator[dict[str, str]]:
         needed = rights(schema=schema, table="events", mode="append", commit="2pc")
         conn.execute(setup_sql(pg.role, needed, progress=(schema, "txsink_progress")))
     _iceberg_admin("create", secured, env)
+    _delta_table(secured, delta, create=True)
     with pg.admin() as conn:  # the catalog's tables exist now (made by the admin's catalog)
         conn.execute(ICEBERG_GRANT.format(role=pg.role))
     _settled(kafka_sink)
@@ -222,6 +234,29 @@ def _iceberg_admin(op: str, secured: Secured, run: dict[str, str]) -> Any:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _delta_table(secured: Secured, uri: str, *, create: bool = False) -> Any:
+    """The Delta table as the administrators (MinIO's root), made first with ``create``."""
+    from deltalake import DeltaTable
+
+    options = admin_options(secured.s3)
+    if create:
+        return DeltaTable.create(uri, SCHEMA, storage_options=options)
+    return DeltaTable(uri, storage_options=options)
+
+
+def _delta_ids(secured: Secured, uri: str) -> list[int]:
+    data = _delta_table(secured, uri).to_pyarrow_table(columns=["id"])
+    return [int(v) for v in data.column("id").to_pylist()]
+
+
+def _delta_unreferenced(secured: Secured, uri: str) -> list[str]:
+    """Data files in the Delta table's folder that its log does not name (listed as root)."""
+    s3 = secured.s3
+    named = {u.removeprefix(f"s3://{s3.bucket}/") for u in _delta_table(secured, uri).file_uris()}
+    folder = uri.removeprefix(f"s3://{s3.bucket}/") + "/"
+    return [k for k in s3.keys(folder) if k.endswith(".parquet") and k not in named]
+
+
 def _status(log: str) -> dict[int, str]:
     done = cli("status", "--log", log, "--json", check=True)
     doc = json.loads(done.stdout)
@@ -277,6 +312,7 @@ def test_secure_cross_system_kill_driver_then_operator_cli(
         "pg": Counter(_pg_ids(pg, run["TXSINK_SECURE_XS_TABLE"])),
         "s3": Counter(_ids(s3, prefix + "data/")),
         "iceberg": Counter(_iceberg_admin("ids", secured, run)),
+        "delta": Counter(_delta_ids(secured, run["TXSINK_SECURE_XS_DELTA"])),
     }
     for name, counts in seen.items():
         assert sorted(counts) == list(range(ROWS)), f"{name}: missing or extra ids"
@@ -287,6 +323,7 @@ def test_secure_cross_system_kill_driver_then_operator_cli(
     assert _prepared(pg) == []
     assert s3.open_uploads(prefix) == []
     assert _iceberg_admin("unreferenced", secured, run) == [], "Iceberg files no snapshot names"
+    assert _delta_unreferenced(secured, run["TXSINK_SECURE_XS_DELTA"]) == [], "Delta files left"
     assert not list((tmp_path / "wal").rglob("records.arrow")), "WAL files left"
     assert set(_status(log).values()) == {"committed"}, _status(log)
     assert (tmp_path / "r.html").stat().st_size > 0

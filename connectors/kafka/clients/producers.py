@@ -21,6 +21,7 @@ import contextlib
 import functools
 import itertools
 import operator
+import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -75,7 +76,7 @@ class ShardProducers:
         if producer is not None:
             return producer
         on_delivery = functools.partial(
-            _on_failed_delivery, self._delivery_errors.setdefault(shard, [])
+            on_failed_delivery, self._delivery_errors.setdefault(shard, [])
         )
         conf = self.settings.producer_conf(shard, on_delivery)
         refused: list[Any] = []
@@ -136,6 +137,12 @@ class ShardProducers:
             # A fenced producer's flush raises the fatal error (a SystemError when it
             # interrupts a delivery callback: confluent-kafka 2.16)
             raise StaleProducerError(f"shard {shard}: {_kafka_error(err) or err}") from err
+        except:  # noqa: E722 - see below
+            # confluent-kafka 2.16 can leave the fatal error's bare KafkaError (not an
+            # exception class) as the pending exception of a fenced producer's flush: no
+            # typed clause matches it, and uncaught it kills Spark's Python worker. This
+            # producer is stale whatever was raised: a fresh one takes the shard over.
+            raise StaleProducerError(f"shard {shard}: {sys.exc_info()[1]!r}") from None
         errors = self._delivery_errors.get(shard) or []
         if left or errors:
             raise StaleProducerError(f"shard {shard}: {errors[0] if errors else 'not delivered'}")
@@ -344,8 +351,15 @@ def _note_refused_login(seen: list[Any], given: Callable[[Any], None] | None, er
         given(err)
 
 
-def _on_failed_delivery(errors: list[Any], err: Any, msg: Any) -> None:
-    """Producer-wide delivery callback (failures only): keep the first, with its context
-    (its code and key: a refusal for good blocks the epoch, naming the record)."""
+def on_failed_delivery(errors: list[Any], err: Any, msg: Any) -> None:
+    """Producer-wide delivery callback (failures only) of every mode: keep the first, with
+    its context (its code and key: a refusal for good blocks the epoch, naming the record).
+
+    It never raises into librdkafka: when a fenced producer's fatal error is pending,
+    confluent-kafka (2.16) calls it with that error already set, and reading the message
+    (``msg.key()``) then fails; the error alone is kept (``repr``) instead."""
     if err is not None and not errors:
-        errors.append(failed_delivery(err, msg))
+        try:
+            errors.append(failed_delivery(err, msg))
+        except Exception:
+            errors.append(repr(err))

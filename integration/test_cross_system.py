@@ -108,9 +108,50 @@ def skew_log(request: pytest.FixtureRequest) -> Iterator[SkewLog]:
 
 # -- the crash matrix --------------------------------------------------------------------
 
+#: The cells the default suite runs, so that every crash point still faults the
+#: cross-system move by default: ``before_decision``, ``after_commit_before_mark`` and
+#: ``during_recovery`` here (raised in the test's own driver: the coordinator rebuilt in the
+#: same process), ``after_decision`` and ``during_commit`` killed in
+#: :func:`test_kill_driver_at_every_point`, ``during_commit`` raised in
+#: :func:`test_crash_mid_commit_shows_part_of_an_epoch_until_the_restart` (the cell's plan
+#: and more checks); and one cell per task point that fails the query (a fault twice:
+#: Spark's retry gives up, the restart's recovery aborts what every target prepared), one
+#: raising and one killing the worker. The other 8 cells run with --run-slow (a task fault
+#: once is absorbed by Spark's retry: integration/test_matrix.py runs those per connector).
+DEFAULT_CELLS = {
+    ("before_decision", "raise", 1),
+    ("after_commit_before_mark", "raise", 1),
+    ("during_recovery", "raise", 1),
+    ("before_precommit", "raise", 2),
+    ("after_precommit", "kill-worker", 2),
+}
+#: The plan of :func:`test_crash_mid_commit_shows_part_of_an_epoch_until_the_restart`.
+MID_COMMIT_PLAN = "during_commit:raise@1"
+
+
+def _matrix_params() -> list[Any]:
+    return [
+        pytest.param(*cell, marks=() if cell in DEFAULT_CELLS else (pytest.mark.slow,))
+        for cell in CRASH_MATRIX
+    ]
+
+
+def test_the_default_cells_reach_every_crash_point_mode_and_network_fault() -> None:
+    """The default suite's cross-system cells still fault at every point of the matrix, and
+    in every mode (raise, kill-worker; kill-driver: :func:`test_kill_driver_at_every_point`);
+    its network faults reach every target, in every phase, cut and stalled."""
+    assert set(CRASH_MATRIX) > DEFAULT_CELLS  # a strict subset
+    killed = {f.partition(":")[0] for f in SOME_POINTS.split(",")}
+    raised = {MID_COMMIT_PLAN.partition(":")[0]}
+    assert {c[0] for c in DEFAULT_CELLS} | killed | raised == {c[0] for c in CRASH_MATRIX}
+    assert {c[1] for c in DEFAULT_CELLS} == {c[1] for c in CRASH_MATRIX}
+    assert {c[0] for c in DEFAULT_NET} == {"kafka", "postgres", "s3"}
+    assert {c[1] for c in DEFAULT_NET} == set(PHASES)
+    assert {c[2] for c in DEFAULT_NET} == {"cut", "stall"}
+
 
 @pytest.mark.spark
-@pytest.mark.parametrize(("point", "mode", "times"), CRASH_MATRIX)
+@pytest.mark.parametrize(("point", "mode", "times"), _matrix_params())
 def test_cross_system_crash_matrix(
     spark: Any, cross: Cross, skew_log: SkewLog, point: str, mode: str, times: int
 ) -> None:
@@ -145,7 +186,7 @@ def test_crash_mid_commit_shows_part_of_an_epoch_until_the_restart(
     from tests.streaming import prepare_input, start_query
 
     prepare_input(cross.tmp, ROWS, FILES)
-    plan = FaultPlan.parse("during_commit:raise@1", str(cross.tmp / "faults"))
+    plan = FaultPlan.parse(MID_COMMIT_PLAN, str(cross.tmp / "faults"))
 
     def run() -> None:
         query = start_query(spark, cross.tmp, cross.coordinator(plan))
@@ -229,13 +270,15 @@ STALL_S = 12.0
 #: fails the same calls the same way a third as long, and is still far above a call's
 #: time on a busy machine (the restarts' calls, after the heal, must not time out).
 NET_TIMEOUT_S = {"kafka": 10.0}
+#: The default suite's cells: each target once, each phase once, each kind (cut, stall) at
+#: least once. The other 15 (target, phase, kind) cells run with --run-slow, among them
+#: ("postgres", "commit", "stall") and ("s3", "commit", "cut"), the default cells before
+#: the suite's time budget (a stall at the commit: here S3's; a cut at the commit: Kafka's).
 DEFAULT_NET = {
     ("kafka", "commit", "cut"),
     ("postgres", "precommit", "cut"),
-    ("postgres", "commit", "stall"),
-    ("s3", "commit", "cut"),
     ("s3", "recovery", "stall"),
-}  # the other 13 (target, phase, kind) cells run with --run-slow
+}
 # Not ("kafka", "recovery", "cut"): Kafka is the first sink in commit order, and
 # ``during_recovery`` (like ``during_commit``) fires once the first sink's share is committed,
 # so that cut reaches Kafka only at the next epoch's commit, as ("kafka", "commit", "cut")

@@ -10,6 +10,7 @@ its testing adapter.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import pytest
 from conftest import variant_target
 from tests.streaming import (
     CRASH_MATRIX,
+    EVERY_POINT_ONCE,
     SINGLE_PASS_MATRIX,
     fault_spec,
     is_task_point,
@@ -29,7 +31,7 @@ from txsink import Coordinator
 from txsink.protocol.faults import CrashPoint, FaultPlan
 from txsink.protocol.log import open_log
 from txsink.testing.adapter import adapters
-from txsink.testing.targets import RunTarget
+from txsink.testing.targets import RunTarget, child_env
 from txsink.testing.verifiers import verify
 
 ROWS = 1000
@@ -157,7 +159,15 @@ def test_crash_matrix(
     mode: str,
     times: int,
 ) -> None:
-    target = _target(request, tmp_path, connector, variant)
+    run_cell(spark, tmp_path, _target(request, tmp_path, connector, variant), point, mode, times)
+
+
+def run_cell(
+    spark: Any, tmp_path: Path, target: RunTarget, point: str, mode: str, times: int
+) -> None:
+    """One crash-matrix cell on ``target``: the query run until done under the fault, then
+    the target read back by its connector's verifier (also the secured profile's,
+    ``test_secure_matrix.py``)."""
     prepare_input(tmp_path, ROWS, FILES)
     task_point = is_task_point(point)
     plan = FaultPlan.parse(fault_spec(point, mode, times), str(tmp_path / "faults"))
@@ -199,11 +209,29 @@ def test_kill_driver_at_every_point(
 ) -> None:
     target = _target(request, tmp_path, connector, variant)
     single_pass = variant in adapters()[connector].single_pass_variants
+    run_kill_driver(tmp_path, [target], single_pass=single_pass)
+
+
+def run_kill_driver(
+    tmp_path: Path,
+    targets: Sequence[RunTarget],
+    *,
+    single_pass: bool = False,
+    points: str | None = None,
+) -> None:
+    """The kill-driver run into ``targets`` (one coordinator; ``points``: default every
+    point once), in child processes, then each target read back by its connector's
+    verifier (also the secured profile's, ``test_secure_matrix.py``)."""
     report = kill_driver_at_every_point(
-        tmp_path, [target.spec], target.child_env(), single_pass=single_pass
+        tmp_path,
+        [t.spec for t in targets],
+        child_env(targets),
+        single_pass=single_pass,
+        points=EVERY_POINT_ONCE if points is None else points,
     )
     if single_pass:
         assert any("before_task_commit" in e for e in report.endings), report.endings
     log = str(tmp_path / "txlog")
-    verdict = verify(target.verifier(range(3000), log=log))
-    assert verdict.ok, verdict
+    for target in targets:
+        verdict = verify(target.verifier(range(3000), log=log))
+        assert verdict.ok, (target.connector, verdict)

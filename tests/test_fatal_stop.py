@@ -20,9 +20,11 @@ import pytest
 
 from tests.childrun import run_pipeline, runner_cmd
 from txsink.errors import (
+    CommitError,
     ConfigurationError,
     DriverLeaseError,
     EpochAbortedError,
+    EpochBlockedError,
     InjectedFault,
     InternalError,
     LogUnavailableError,
@@ -77,6 +79,8 @@ def _cmd(func: str, **kwargs: Any) -> list[str]:
         (RetryableError("x"), False),
         (LogUnavailableError("x"), False),
         (InjectedFault("x"), False),
+        (EpochBlockedError("the topic refuses the record", fix="raise max.message.bytes"), True),
+        (CommitError("the broker did not answer the commit"), False),
         (EpochAbortedError("x", causes=[WriteError("bad row")]), True),
         (EpochAbortedError("x", causes=[WriteError("bad"), InjectedFault("crash")]), False),
         (EpochAbortedError("x"), False),

@@ -179,3 +179,52 @@ def test_a_transaction_over_half_its_timeout_is_a_warning(caplog: pytest.LogCapt
     assert (
         "shard 3" in record.getMessage() and "transaction.timeout.ms (20s)" in record.getMessage()
     )
+
+
+# -- a fenced producer's flush, whatever it raises -----------------------------------------
+
+
+class _FlushRaises:
+    """A producer whose flush fails as a fenced one's can in confluent-kafka 2.16."""
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+    def flush(self, timeout: float) -> int:
+        raise self.exc
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [SystemError("<method 'key'> returned a result with an exception set"), RuntimeError("?")],
+    ids=["system-error", "anything-else"],
+)
+def test_a_reused_producer_whose_flush_fails_in_any_way_is_stale(exc: BaseException) -> None:
+    """Found by the steady-state replay benchmark: a pooled producer fenced by another
+    worker's producer of the same shard raised an error from flush that no typed clause
+    caught; the Python worker died and the decided epoch's commit failed instead of being
+    taken over by a fresh producer. Any failure of that flush now says "stale", which
+    :func:`pool.commit_shard` answers with a fresh producer."""
+    from txsink.connectors.kafka.clients.producers import ShardProducers
+
+    producers = ShardProducers(KafkaSettings("b:9092", "t", "txsink", "markers", 2, 5.0))
+    producers._producers[3] = _FlushRaises(exc)
+    with pytest.raises(StaleProducerError, match="shard 3"):
+        producers.confirm(3)
+
+
+def test_the_delivery_callback_never_raises_into_librdkafka() -> None:
+    """With a fatal error pending, reading the failed message raises inside the callback:
+    the error alone is kept."""
+    from confluent_kafka import KafkaError
+
+    from txsink.connectors.kafka.clients.producers import on_failed_delivery
+
+    class Msg:
+        def key(self) -> bytes:
+            raise SystemError("returned a result with an exception set")
+
+    errors: list[Any] = []
+    on_failed_delivery(errors, KafkaError(KafkaError._FENCED), Msg())
+    on_failed_delivery(errors, KafkaError(KafkaError._FENCED), Msg())
+    assert len(errors) == 1 and "_FENCED" in errors[0]

@@ -356,12 +356,12 @@ def test_direct_mode_keeps_the_refused_record_so_a_refusal_blocks_naming_it() ->
     from confluent_kafka import KafkaError
 
     from txsink.connectors.kafka.clients.errors import FailedDelivery, commit_error
+    from txsink.connectors.kafka.clients.producers import on_failed_delivery
     from txsink.connectors.kafka.clients.settings import KafkaSettings
-    from txsink.connectors.kafka.direct import task as direct
 
     errors: list[Any] = []
-    direct._on_failed_delivery(errors, KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), _Msg())
-    direct._on_failed_delivery(errors, KafkaError(KafkaError._MSG_TIMED_OUT), _Msg())
+    on_failed_delivery(errors, KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), _Msg())
+    on_failed_delivery(errors, KafkaError(KafkaError._MSG_TIMED_OUT), _Msg())
     assert len(errors) == 1 and isinstance(errors[0], FailedDelivery)
     assert errors[0].key == b"k150" and errors[0].name == "MSG_SIZE_TOO_LARGE"
     settings = KafkaSettings("b:9092", "orders", "txsink", "markers", 2, 30.0)

@@ -429,8 +429,11 @@ def spark_condition(err: object) -> str | None:
 def restart_cannot_help(err: BaseException) -> bool:
     """Whether a restarted query would only meet ``err`` again: a configuration error (a
     setting, a schema, a Spark line without the feature), a row the sink cannot write, a
-    handle of an unknown format, an internal error; or an epoch aborted by such errors
-    alone. A restarting runner stops at the first of them (:mod:`txsink.runner`).
+    handle of an unknown format, an internal error, a decided epoch the target refuses for
+    good (:class:`EpochBlockedError`: its commit fails the same way until an operator acts,
+    and the restarted query's recovery would only report it again); or an epoch aborted by
+    such errors alone. A restarting runner stops at the first of them (:mod:`txsink.runner`)
+    so that the blocked or refused state reaches the operator, whose fix is in the message.
 
     Not these: a retryable error, an injected fault, a fenced driver, a commit to finish
     (recovery does), :class:`DriverLeaseError` (the other driver may end, or its lease
@@ -439,4 +442,6 @@ def restart_cannot_help(err: BaseException) -> bool:
         return bool(err.causes) and all(restart_cannot_help(c) for c in err.causes)
     if isinstance(err, (DriverLeaseError, RetryableError)):
         return False
-    return isinstance(err, (ConfigurationError, WriteError, HandleFormatError, InternalError))
+    return isinstance(
+        err, (ConfigurationError, WriteError, HandleFormatError, InternalError, EpochBlockedError)
+    )

@@ -3,6 +3,8 @@ messages are never parsed), and described without secrets."""
 
 from __future__ import annotations
 
+import re
+
 __all__ = ["describe", "is_conflict", "is_not_found"]
 
 
@@ -21,7 +23,22 @@ def is_conflict(err: BaseException) -> bool:
     return isinstance(err, CommitFailedError)
 
 
+#: Terminal colour codes and the arrows delta-rs draws between an error and its causes.
+_DECORATION = re.compile(r"\x1b\[[0-9;]*m|↳")
+
+
 def describe(err: BaseException) -> str:
-    """The error's type and first line (delta-rs messages name paths, never option values)."""
-    first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-    return f"{type(err).__name__}: {first[:300]}" if first else type(err).__name__
+    """The error's type, first line and innermost cause (delta-rs messages name paths,
+    never option values).
+
+    delta-rs chains an object-store failure as one line per cause, the first generic
+    ("Generic S3 error") and the last the one to act on ("invalid peer certificate",
+    "UnknownIssuer", "403 Forbidden"): both are shown, for people to read (never matched)."""
+    lines = [_DECORATION.sub("", line).strip() for line in str(err).splitlines()]
+    lines = [line for line in lines if line]
+    if not lines:
+        return type(err).__name__
+    text = lines[0][:300]
+    if len(lines) > 1:
+        text += " ... " + ": ".join(lines[-2:])[:300]
+    return f"{type(err).__name__}: {text}"

@@ -7,6 +7,14 @@ options may hold keys: they are never logged, never put in handles, specs or rep
 On S3, delta-rs 1.x commits each log entry with a conditional PUT (``If-None-Match: *``),
 which AWS S3 and MinIO honour: no locking provider is needed, and
 ``AWS_S3_ALLOW_UNSAFE_RENAME`` must not be set (:func:`check_options` refuses it).
+
+Both clients must trust the same server as the same identity:
+
+* a private CA is delta-rs's own option ``certificate_path`` (a PEM file; delta-rs adds it to
+  its roots), handed to pyarrow as ``tls_ca_file_path`` (pyarrow 20 or later);
+* with an endpoint and no key in the options or the environment, delta-rs would not look
+  at the AWS SDK's chain (profiles, ``AWS_SHARED_CREDENTIALS_FILE``) at all, while pyarrow
+  does: ``AWS_FORCE_CREDENTIAL_LOAD=true`` makes delta-rs take the same chain.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 
 from txsink.store import fsync_dir
@@ -35,6 +44,17 @@ _S3_KEYS = (
     "AWS_ALLOW_HTTP",
 )
 LOG_FOLDER = "_delta_log"
+#: The first pyarrow whose S3FileSystem takes ``tls_ca_file_path``.
+_PYARROW_WITH_CA = 20
+#: delta-rs's storage option for a private CA (a PEM file). Matched in any case, passed in
+#: lower case: delta-rs reads only that spelling.
+CA_OPTION = "certificate_path"
+
+
+def _key(name: str) -> str:
+    """A storage option's name as delta-rs reads it: ``certificate_path`` as is, the
+    object-store ones upper-cased (delta-rs lower-cases those itself)."""
+    return CA_OPTION if name.lower() == CA_OPTION else name.upper()
 
 
 def table_uri(uri: str) -> str:
@@ -55,7 +75,16 @@ def table_uri(uri: str) -> str:
 
 
 def check_options(options: Mapping[str, str]) -> None:
-    """Refuse storage options that would make concurrent commits unsafe."""
+    """Refuse storage options that would make concurrent commits unsafe, and a private CA
+    the data files' client (pyarrow) cannot take."""
+    ca = any(key.lower() == CA_OPTION for key in options)
+    if ca and int(pa.__version__.split(".")[0]) < _PYARROW_WITH_CA:
+        raise ValueError(
+            f"DeltaSink storage option {CA_OPTION!r} needs pyarrow {_PYARROW_WITH_CA} or later "
+            f"(S3FileSystem's tls_ca_file_path; this is {pa.__version__}) to write the data "
+            "files over TLS with that CA: upgrade pyarrow, or drop the option and set "
+            "SSL_CERT_FILE to the CA bundle in the environment of the driver and every executor"
+        )
     for key, value in options.items():
         if key.upper() == "AWS_S3_ALLOW_UNSAFE_RENAME" and str(value).lower() == "true":
             raise ValueError(
@@ -84,14 +113,23 @@ class Storage:
         environment delta-rs would read anyway, so both sides see one server)."""
         if not self.is_s3:
             return dict(self.options) or None
-        merged = {k.upper(): str(v) for k, v in self.options.items()}
+        merged = {_key(k): str(v) for k, v in self.options.items()}
         for key in _S3_KEYS:
             if key not in merged and os.environ.get(key):
                 merged[key] = os.environ[key]
         endpoint = merged.get("AWS_ENDPOINT_URL", "")
         if endpoint.startswith("http://") and "AWS_ALLOW_HTTP" not in merged:
             merged["AWS_ALLOW_HTTP"] = "true"
+        if endpoint and not merged.get("AWS_ACCESS_KEY_ID"):
+            # No key given: the SDK's chain (AWS_PROFILE, the shared-credentials file, a
+            # role), as pyarrow takes it; delta-rs skips it for a custom endpoint otherwise.
+            merged.setdefault("AWS_FORCE_CREDENTIAL_LOAD", "true")
         return merged
+
+    @property
+    def ca_file(self) -> str | None:
+        """The private CA's PEM file of the ``certificate_path`` option, if given."""
+        return next((str(v) for k, v in self.options.items() if k.lower() == CA_OPTION), None)
 
     def filesystem(self) -> tuple[pafs.FileSystem, str]:
         """A pyarrow filesystem and the table's root in it."""
@@ -113,6 +151,8 @@ class Storage:
             parsed = urllib.parse.urlparse(endpoint)
             kwargs["endpoint_override"] = parsed.netloc or parsed.path
             kwargs["scheme"] = parsed.scheme or "https"
+        if self.ca_file is not None:
+            kwargs["tls_ca_file_path"] = self.ca_file
         return pafs.S3FileSystem(**kwargs), self.uri.removeprefix("s3://")
 
     def files(self) -> Iterator[tuple[str, int]]:

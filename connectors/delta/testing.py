@@ -4,7 +4,11 @@ reader does (delta-rs' own reader, not the sink's code), and the target factory.
 Registered in :mod:`txsink.connectors.delta.plugin`. Local tables need nothing; the ``s3``
 option puts the table on the test server named by ``TXSINK_S3_ENDPOINT``,
 ``TXSINK_S3_ACCESS_KEY``, ``TXSINK_S3_SECRET_KEY`` and ``TXSINK_S3_REGION`` (what
-``integration/services up`` writes).
+``integration/services up`` writes). The ``s3-secure`` variant
+(:attr:`DeltaTesting.secure_variants`) puts the table under the allowed prefix of the
+secured server (``TXSINK_S3_SECURE_*``: TLS with a private CA, given as the storage option
+``certificate_path``), written as its least-privileged user and read back as its root user,
+both users' keys read from the server's shared-credentials file, never from a spec.
 """
 
 from __future__ import annotations
@@ -41,6 +45,34 @@ ENDPOINT, ACCESS_KEY, SECRET_KEY, REGION = (
     "TXSINK_S3_SECRET_KEY",
     "TXSINK_S3_REGION",
 )
+
+
+def secure_storage_options(env: Mapping[str, str], *, admin: bool = False) -> dict[str, str]:
+    """delta-rs storage options for the secured server: its CA, the app user's keys
+    (``admin``: the root user's) read from its shared-credentials file now."""
+    import configparser
+
+    profiles = configparser.ConfigParser()
+    profiles.read(env["TXSINK_S3_SECURE_CREDENTIALS"])
+    profile = profiles[
+        env["TXSINK_S3_SECURE_ADMIN_PROFILE" if admin else "TXSINK_S3_SECURE_PROFILE"]
+    ]
+    return {
+        "AWS_ENDPOINT_URL": env["TXSINK_S3_SECURE_ENDPOINT"],
+        "AWS_ACCESS_KEY_ID": profile["aws_access_key_id"],
+        "AWS_SECRET_ACCESS_KEY": profile["aws_secret_access_key"],
+        "AWS_REGION": env.get("TXSINK_S3_SECURE_REGION") or "us-east-1",
+        "certificate_path": env["TXSINK_S3_SECURE_CA"],
+    }
+
+
+def _options(
+    spec: Mapping[str, Any], env: Mapping[str, str], *, admin: bool = False
+) -> dict[str, str]:
+    """A spec's storage options (``admin``: the secured server's root user)."""
+    if spec.get("server") == "secure":
+        return secure_storage_options(env, admin=admin)
+    return storage_options(str(spec["table"]), env)
 
 
 def storage_options(table: str, env: Mapping[str, str]) -> dict[str, str]:
@@ -168,11 +200,19 @@ class DeltaTesting(ConnectorTesting):
     }
     #: The partitioned layout runs the matrix's quick cells by default (the rest: --run-slow).
     slow_variants: ClassVar[frozenset[str]] = frozenset({"partitioned"})
+    secure_variants: ClassVar[Mapping[str, Mapping[str, Any]]] = {
+        "s3-secure": {"server": "secure"},
+    }
+    secure_services: ClassVar[tuple[str, ...]] = ("s3_secure",)
 
     def new_target(
         self, workdir: Path, tag: str, env: Mapping[str, str], **options: Any
     ) -> dict[str, Any]:
-        if options.get("s3"):
+        if options.get("server") == "secure":  # under the user's allowed prefix
+            folder = f"txsink-delta-{tag}".replace("_", "-").lower()
+            bucket, prefix = env["TXSINK_S3_SECURE_BUCKET"], env["TXSINK_S3_SECURE_PREFIX"]
+            table = f"s3://{bucket}/{prefix}{folder}/tbl"
+        elif options.get("s3"):
             bucket = f"txsink-delta-{tag}".replace("_", "-").lower()[:63]
             made = pafs.S3FileSystem(
                 **_fs_kwargs(storage_options("s3://x", env)), allow_bucket_creation=True
@@ -183,16 +223,21 @@ class DeltaTesting(ConnectorTesting):
             table = str(Path(workdir, f"delta-{tag}").resolve())
         return {
             "kind": self.name,
+            "server": options.get("server"),
             "table": table,
             "uid": options.get("uid", "delta"),
             "partition_by": list(options.get("partition_by", ())),
         }
 
+    def sink_options(self, spec: Mapping[str, Any]) -> dict[str, Any]:
+        """Without ``server`` (which of the harness's servers: the adapter's key)."""
+        return {k: v for k, v in super().sink_options(spec).items() if k != "server"}
+
     def build_sink(self, spec: Mapping[str, Any], env: Mapping[str, str]) -> DeltaSink:
         return DeltaSink(
             spec["table"],
             spec.get("uid", "delta"),
-            storage_options=storage_options(spec["table"], env),
+            storage_options=_options(spec, env),
             create_table=True,
             partition_by=spec.get("partition_by", ()),
         )
@@ -209,17 +254,20 @@ class DeltaTesting(ConnectorTesting):
             spec["table"],
             expected,
             spec.get("uid", "delta"),
-            options=storage_options(spec["table"], env),
+            options=_options(spec, env, admin=True),
         )
 
     def observer_targets(self, spec: Mapping[str, Any], env: Mapping[str, str]) -> list[Target]:
-        return [DeltaTableTarget(spec["table"], options=storage_options(spec["table"], env))]
+        return [DeltaTableTarget(spec["table"], options=_options(spec, env, admin=True))]
 
     def drop_target(self, spec: Mapping[str, Any], env: Mapping[str, str]) -> None:
         """Delete the table's folder (and its bucket on S3), best effort."""
         table = str(spec["table"])
         try:
-            if table.startswith("s3://"):
+            if spec.get("server") == "secure":  # its folder only, as the root user
+                fs, root = Storage(table, _options(spec, env, admin=True)).filesystem()
+                fs.delete_dir(root.rsplit("/", 1)[0])
+            elif table.startswith("s3://"):
                 bucket = table.removeprefix("s3://").split("/", 1)[0]
                 fs = pafs.S3FileSystem(
                     **_fs_kwargs(storage_options(table, env)), allow_bucket_deletion=True
@@ -231,7 +279,9 @@ class DeltaTesting(ConnectorTesting):
             _logger.warning("could not drop the test table %s: %s", table, type(err).__name__)
 
     def child_env(self, env: Mapping[str, str]) -> dict[str, str]:
-        return {var: env[var] for var in (ENDPOINT, ACCESS_KEY, SECRET_KEY, REGION) if var in env}
+        secured = [v for v in env if v.startswith("TXSINK_S3_SECURE_")]
+        names = (ENDPOINT, ACCESS_KEY, SECRET_KEY, REGION, *secured)
+        return {var: env[var] for var in names if var in env}
 
 
 def _fs_kwargs(options: Mapping[str, str]) -> dict[str, Any]:

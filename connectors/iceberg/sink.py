@@ -32,6 +32,7 @@ from txsink.connectors.iceberg.checks import check_schema, target_arrow_schema
 from txsink.connectors.iceberg.commit import commit_files, committed_epoch
 from txsink.connectors.iceberg.handles import IcebergHandle
 from txsink.connectors.iceberg.naming import txn_of
+from txsink.connectors.iceberg.rights import check_catalog_rights, refused_read
 from txsink.connectors.iceberg.writer import PreparedWriter
 from txsink.contract import EpochCommit
 from txsink.errors import ConfigurationError, UnreachableError
@@ -124,12 +125,17 @@ class IcebergSink(TwoPhaseCommitSink[PreparedWriter, IcebergHandle]):
                 table = catalog.create_table_if_not_exists(self.table, schema=schema)
                 _log.bind(uid=self.uid).info("created Iceberg table %s", self.table)
         except Exception as exc:
+            if refused_read(exc):  # the server answered: a right is missing, not the server
+                check_catalog_rights(
+                    catalog, uid=self.uid, connector=self.connector, table=self.table
+                )
             raise UnreachableError(
                 f"cannot reach Iceberg catalog {self.catalog_name!r} ({cat.describe(exc)}): "
                 "check its 'uri' and credentials, and that the server is up",
                 sink_uid=self.uid,
                 connector=self.connector,
             ) from None
+        check_catalog_rights(catalog, uid=self.uid, connector=self.connector, table=self.table)
         check_schema(
             schema,
             target_arrow_schema(table.schema()),

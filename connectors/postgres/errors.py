@@ -21,9 +21,23 @@ psycopg errors are mapped by SQLSTATE class, never by message text::
 At the start-up check (:func:`check_error`) every failure is a ConfigurationError with
 its fix: nothing retries a check, and nothing was written. A failed connection
 (:func:`connect_error`) carries no SQLSTATE (libpq reports none before a session
-exists): at the check it is an UnreachableError (a ConfigurationError a restart may pass:
-the server may be down for a moment) naming the server and what to verify, in a task a
-RetryableError.
+exists), but libpq does say whether the server asked for a password
+(``PQconnectionNeedsPassword``, ``PQconnectionUsedPassword``)::
+
+    the server asked for a password,   credentials refused: a password changed, expired
+    then refused the connection        (VALID UNTIL), not in the passfile, LOGIN or CONNECT
+                                       revoked -> EpochBlockedError at commit (the decision
+                                       stands: give the credential back, then ``txsink
+                                       recover``), ConfigurationError elsewhere (a restart
+                                       meets it again: the query stops, no restart loop)
+    anything else                      at the check an UnreachableError (a ConfigurationError
+                                       a restart may pass: the server may be down for a
+                                       moment) naming the server and what to verify,
+                                       elsewhere a RetryableError
+
+A server refusing a role for its per-role connection limit (``ALTER ROLE ... CONNECTION
+LIMIT``) also answers after the password: it is told as refused credentials too, with
+that cause named in the fix.
 
 A DSN may carry a password: it is shown only through :func:`redact_dsn`.
 """
@@ -44,7 +58,14 @@ from txsink.errors import (
 from txsink.rowref import RowNames
 from txsink.txid import TxnId
 
-__all__ = ["check_error", "connect_error", "copy_position", "map_error", "redact_dsn"]
+__all__ = [
+    "check_error",
+    "connect_error",
+    "copy_position",
+    "credentials_refused",
+    "map_error",
+    "redact_dsn",
+]
 
 # In a binary COPY: protocol violation (a value of the wrong length), datatype mismatch
 # (an array's element type): the data, not the connection.
@@ -187,12 +208,58 @@ def _first_line(err: BaseException) -> str:
     return text[0] if text else type(err).__name__
 
 
+def credentials_refused(err: BaseException) -> bool:
+    """Whether the failed connection ``err`` reached the server's authentication: the server
+    asked for a password (libpq's ``PQconnectionNeedsPassword``: none was found, e.g. no
+    passfile line; ``PQconnectionUsedPassword``: one was sent) and then refused the
+    connection. The server is up; it refuses this role's credentials or its login."""
+    pgconn = getattr(err, "pgconn", None)
+    if pgconn is None:
+        return False
+    return bool(getattr(pgconn, "needs_password", False)) or bool(
+        getattr(pgconn, "used_password", False)
+    )
+
+
+def _refused_fix(user: str) -> str:
+    return (
+        f"give the sink the role {user}'s current password (the passfile= or PGPASSFILE "
+        "file its dsn reads, on the driver and every executor), or renew it on the server: "
+        f"ALTER ROLE \"{user}\" PASSWORD '...' (and VALID UNTIL a later date if it "
+        f'expired); if the role\'s login was revoked: ALTER ROLE "{user}" LOGIN and '
+        f'GRANT CONNECT ON DATABASE ... TO "{user}" (or raise its CONNECTION LIMIT)'
+    )
+
+
 def connect_error(err: BaseException, server: str, ctx: dict[str, Any]) -> TxsinkError:
-    """A failed ``psycopg.connect`` to ``server`` (a redacted DSN): at the check (``ctx``'s
+    """A failed ``psycopg.connect`` to ``server`` (a redacted DSN).
+
+    Refused credentials (:func:`credentials_refused`): at commit an EpochBlockedError (the
+    decided epoch waits, prepared, until the credential is given back), elsewhere a
+    ConfigurationError (a restart meets it again). Otherwise: at the check (``ctx``'s
     phase) an UnreachableError with the fix (a ConfigurationError that a restart may pass:
-    libpq gives no SQLSTATE to tell a server that is down from a wrong address or
-    password), elsewhere a RetryableError."""
+    the server may be down for a moment), elsewhere a RetryableError."""
     what = f"cannot connect to PostgreSQL at {server}: {_first_line(err)}"
+    if credentials_refused(err):
+        user = getattr(getattr(err, "pgconn", None), "user", b"") or b""
+        role = user.decode(errors="replace") if isinstance(user, bytes) else str(user)
+        fix = _refused_fix(role or "<the dsn's user>")
+        if ctx.get("phase") == "commit":
+            return EpochBlockedError(
+                f"{what}. The server refuses the role {role}'s credentials after the "
+                "decision: the decided transactions stay prepared, nothing of the epoch is "
+                f"visible, and a retry fails the same way until an operator acts. Fix: {fix}; "
+                "then run `txsink recover` (or restart the query): it commits the epoch",
+                fix=fix,
+                **ctx,
+            )
+        return ConfigurationError(
+            f"{what}. The server refuses the role {role}'s credentials (a password changed "
+            "or expired, or the login revoked): a restart meets the same refusal. Fix: "
+            f"{fix}; then start again (a decided epoch waits, prepared, and the next run "
+            "or `txsink recover` commits it)",
+            **ctx,
+        )
     if ctx.get("phase") == "check":
         return UnreachableError(
             f"{what}. Check that the server is running and reachable at that host and port "

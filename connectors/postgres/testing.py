@@ -5,7 +5,11 @@ Registered in :mod:`txsink.connectors.postgres.plugin`. The server comes from
 ``TXSINK_PG_DSN`` (a libpq connection string or URL); the ``staging`` variant's from
 ``TXSINK_PG_STOCK_DSN``, a server as PostgreSQL ships (``max_prepared_transactions = 0``,
 where ``commit="auto"`` must choose the staging commit), else ``TXSINK_PG_DSN`` with the
-staging commit forced.
+staging commit forced. The ``secure`` variant (:attr:`PostgresTesting.secure_variants`) runs
+on the secured server (``TXSINK_PG_SECURE_DSN``: TLS verified, the least-privileged role
+``TXSINK_PG_SECURE_APP_ROLE``, a passfile), its targets made and read back through
+``TXSINK_PG_SECURE_ADMIN_DSN`` (the administrator), the role granted exactly
+:mod:`txsink.connectors.postgres.grants`'s rights.
 """
 
 from __future__ import annotations
@@ -27,6 +31,9 @@ __all__ = ["ADAPTER", "DDL", "PostgresTarget", "PostgresTesting", "PostgresVerif
 
 DSN = "TXSINK_PG_DSN"
 STOCK_DSN = "TXSINK_PG_STOCK_DSN"
+SECURE_DSN = "TXSINK_PG_SECURE_DSN"
+SECURE_ADMIN_DSN = "TXSINK_PG_SECURE_ADMIN_DSN"
+SECURE_ROLE = "TXSINK_PG_SECURE_APP_ROLE"
 #: How long drop_target waits for a lock other sessions hold (best effort: it gives up).
 DROP_LOCK_TIMEOUT = "10s"
 #: The sinks' stall_timeout_s in tests (the default, 60 s, is for production servers).
@@ -157,16 +164,29 @@ class PostgresTesting(ConnectorTesting):
         # commit="auto" on a server without prepared transactions: the staging commit.
         "staging": {"mode": "append", "server": "stock"},
     }
+    secure_variants: ClassVar[Mapping[str, Mapping[str, Any]]] = {
+        "secure": {"mode": "append", "server": "secure", "commit": "2pc"},
+    }
+    secure_services: ClassVar[tuple[str, ...]] = ("postgres_secure",)
 
     @staticmethod
     def dsn(spec: Mapping[str, Any], env: Mapping[str, str]) -> str:
-        """The server of a spec: the stock one when it asks for it and it is there."""
+        """The sink's server of a spec: the stock one when it asks for it and it is there;
+        the secured one as the least-privileged role."""
+        if spec.get("server") == "secure":
+            return env[SECURE_DSN]
         if spec.get("server") == "stock" and env.get(STOCK_DSN):
             return env[STOCK_DSN]
         return env[DSN]
 
+    @classmethod
+    def admin_dsn(cls, spec: Mapping[str, Any], env: Mapping[str, str]) -> str:
+        """Where targets are made and read back: the secured server's administrator, else
+        the sink's own server."""
+        return env[SECURE_ADMIN_DSN] if spec.get("server") == "secure" else cls.dsn(spec, env)
+
     def child_env(self, env: Mapping[str, str]) -> dict[str, str]:
-        return {var: env[var] for var in (DSN, STOCK_DSN) if var in env}
+        return {var: env[var] for var in (DSN, STOCK_DSN, SECURE_DSN) if var in env}
 
     def new_target(
         self, workdir: Path, tag: str, env: Mapping[str, str], **options: Any
@@ -179,9 +199,17 @@ class PostgresTesting(ConnectorTesting):
         commit = options.get("commit", "auto")
         if server == "stock" and not env.get(STOCK_DSN):
             commit = "staging"  # a server with prepared transactions: force the staging commit
-        with psycopg.connect(self.dsn({"server": server}, env), autocommit=True) as conn:
+        with psycopg.connect(self.admin_dsn({"server": server}, env), autocommit=True) as conn:
             conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
             conn.execute(sql.SQL(DDL).format(sql.Identifier(schema, "events")))
+            if server == "secure":  # the role's least rights, as docs/security.md lists them
+                from txsink.connectors.postgres.grants import rights, setup_sql
+
+                mode = options.get("mode", "append")
+                needed = rights(schema=schema, table="events", mode=mode, commit=commit)
+                conn.execute(
+                    setup_sql(env[SECURE_ROLE], needed, progress=(schema, "txsink_progress"))
+                )
         return {
             "kind": self.name,
             "table": f"{schema}.events",
@@ -221,11 +249,11 @@ class PostgresTesting(ConnectorTesting):
         log: str | None = None,
     ) -> SinkVerifier:
         return PostgresVerifier(
-            self.dsn(spec, env), spec["table"], expected, spec.get("uid", "pg"), log=log
+            self.admin_dsn(spec, env), spec["table"], expected, spec.get("uid", "pg"), log=log
         )
 
     def observer_targets(self, spec: Mapping[str, Any], env: Mapping[str, str]) -> list[Target]:
-        return [PostgresTarget(self.dsn(spec, env), spec["table"])]
+        return [PostgresTarget(self.admin_dsn(spec, env), spec["table"])]
 
     def drop_target(self, spec: Mapping[str, Any], env: Mapping[str, str]) -> None:
         """Drop the target's schema (``DROP SCHEMA ... CASCADE``), best effort.
@@ -240,7 +268,7 @@ class PostgresTesting(ConnectorTesting):
         uid = spec.get("uid", "pg")
         with (
             contextlib.suppress(Exception),
-            psycopg.connect(self.dsn(spec, env), autocommit=True, connect_timeout=5) as conn,
+            psycopg.connect(self.admin_dsn(spec, env), autocommit=True, connect_timeout=5) as conn,
         ):
             for gid in prepared_gids(conn, "txsink."):
                 txn = TxnId.try_parse(gid)

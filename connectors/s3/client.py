@@ -94,8 +94,44 @@ def make_client(options: Mapping[str, Any] | None = None) -> S3Client:
 
 #: Read timeout of CompleteMultipartUpload requests (see :func:`completing_options`).
 COMPLETE_TIMEOUT_S = 600.0
-_CLIENTS: dict[tuple[int, str], S3Client] = {}
+_CLIENTS: dict[tuple[int, str], tuple[str, S3Client]] = {}
 _CLIENTS_LOCK = threading.Lock()
+
+#: The environment that boto3's credential chain reads (besides ``client_options``).
+_CHAIN_VARIABLES = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_PROFILE",
+    "AWS_DEFAULT_PROFILE",
+    "AWS_SHARED_CREDENTIALS_FILE",
+    "AWS_CONFIG_FILE",
+    "AWS_ROLE_ARN",
+    "AWS_WEB_IDENTITY_TOKEN_FILE",
+    "AWS_CA_BUNDLE",
+)
+
+
+def _chain_fingerprint() -> str:
+    """What boto3's credential chain would read now: its variables, and the identity and
+    change time of the shared-credentials and config files. A client is built with the
+    credentials of the moment; when these change (a rotated secret written to the file, a
+    new profile), the cached client must not go on signing with the old ones."""
+    parts: list[Any] = [os.environ.get(name) for name in _CHAIN_VARIABLES]
+    home = os.path.expanduser("~")
+    for variable, default in (
+        ("AWS_SHARED_CREDENTIALS_FILE", os.path.join(home, ".aws", "credentials")),
+        ("AWS_CONFIG_FILE", os.path.join(home, ".aws", "config")),
+    ):
+        path = os.path.expanduser(os.environ.get(variable) or default)
+        try:
+            st = os.stat(path)
+        except OSError:
+            parts.append(None)
+            continue
+        parts.append((st.st_ino, st.st_size, st.st_mtime_ns))
+    # In memory only, never logged: a digest, so the process holds no second copy.
+    return hashlib.sha256(repr(parts).encode()).hexdigest()
 
 
 def cached_client(options: Mapping[str, Any] | None) -> S3Client:
@@ -103,17 +139,21 @@ def cached_client(options: Mapping[str, Any] | None) -> S3Client:
 
     Keyed by the process id too: a forked Python worker must not reuse its parent's
     connections. Options that cannot be pickled (so not fingerprinted) get a new client.
+    A client is built again when boto3's credential chain changed since
+    (:func:`_chain_fingerprint`): a driver restarted in the same process (``txsink
+    recover``, a notebook, a reused Spark Python worker) signs with the current secret.
     """
     try:
         fingerprint = hashlib.sha256(pickle.dumps(dict(options or {}))).hexdigest()
     except Exception:  # unpicklable options: no sharing
         return make_client(options)
     key = (os.getpid(), fingerprint)
+    chain = _chain_fingerprint()
     with _CLIENTS_LOCK:
-        client = _CLIENTS.get(key)
-        if client is None:
-            client = _CLIENTS[key] = make_client(options)
-        return client
+        found = _CLIENTS.get(key)
+        if found is None or found[0] != chain:
+            found = _CLIENTS[key] = (chain, make_client(options))
+        return found[1]
 
 
 def completing_options(options: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -61,6 +61,12 @@ _DENIED_CODES = frozenset(
         "403",
     }
 )
+#: Of the denied codes, those that refuse the key itself (changed, deleted or expired),
+#: not a right of the policy.
+_KEY_REFUSED_CODES = frozenset(
+    {"InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken",
+     "TokenRefreshRequired"}
+)  # fmt: skip
 _THROTTLE_CODES = frozenset(
     {
         "SlowDown",
@@ -166,7 +172,9 @@ def sink_error(
     what = f"cannot {doing} {where}: {describe(err)}"
     kind = classify(err)
     if kind in ("denied", "credentials", "no-bucket") and phase == "commit":
-        return _blocked(what, kind, bucket, context)
+        refused = kind == "denied" and error_code(err)[0] in _KEY_REFUSED_CODES
+        # The key itself, not the policy: a rotated, deleted or expired one.
+        return _blocked(what, "key-refused" if refused else kind, bucket, context)
     if kind == "credentials":
         return ConfigurationError(
             f"{what}. No usable AWS credentials: pass aws_access_key_id and "
@@ -277,8 +285,14 @@ def _blocked(what: str, kind: str, bucket: str, context: Mapping[str, Any]) -> E
     # changed since the start; no retry succeeds until an operator puts it back.
     fix = {
         "denied": "grant the sink's credentials s3:PutObject, s3:GetObject and "
-        f"s3:ListBucketMultipartUploads on the bucket {bucket!r} and prefix again",
+        f"s3:ListBucketMultipartUploads on the bucket {bucket!r} and prefix again, or, if "
+        "its secret key was changed or its session token expired (a HEAD's 403 does not "
+        "say which), give the driver and executors the current credentials",
         "credentials": "give the driver and executors usable AWS credentials again",
+        "key-refused": "give the driver and executors the current credentials of the sink's "
+        "user (its secret key was changed or deleted, or its session token expired): the "
+        "shared-credentials file, AWS_PROFILE or the variables of boto3's chain, or "
+        "client_options",
         "no-bucket": f"create the bucket {bucket!r} again (its open uploads are gone: "
         "the epoch's files of this sink cannot be completed)",
     }[kind]

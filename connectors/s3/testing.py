@@ -3,7 +3,12 @@ pipeline factory.
 
 Registered in :mod:`txsink.connectors.s3.plugin`. The server comes from
 ``TXSINK_S3_ENDPOINT``, ``TXSINK_S3_ACCESS_KEY``, ``TXSINK_S3_SECRET_KEY`` and
-``TXSINK_S3_REGION`` (what ``integration/services up`` writes).
+``TXSINK_S3_REGION`` (what ``integration/services up`` writes). The ``secure`` variant
+(:attr:`S3Testing.secure_variants`) writes under the allowed prefix of the secured server
+(``TXSINK_S3_SECURE_*``: TLS with a private CA, a user whose policy is exactly
+:func:`txsink.connectors.s3.grants.policy`), its txsink log under the allowed log prefix, and
+is read back as the server's root user; both users' keys come from the server's AWS
+shared-credentials file, never from a spec.
 """
 
 from __future__ import annotations
@@ -49,6 +54,45 @@ ENDPOINT, ACCESS_KEY, SECRET_KEY, REGION = (
     "TXSINK_S3_SECRET_KEY",
     "TXSINK_S3_REGION",
 )
+#: The secured server's variables (``integration/services up s3_secure``): no secret.
+SECURE_VARS = tuple(
+    f"TXSINK_S3_SECURE_{name}"
+    for name in (
+        "ENDPOINT", "CA", "CREDENTIALS", "PROFILE", "ADMIN_PROFILE", "BUCKET", "PREFIX",
+        "LOG_PREFIX", "REGION",
+    )
+)  # fmt: skip
+
+
+def secure_client_options(env: Mapping[str, str], *, admin: bool = False) -> dict[str, Any]:
+    """``boto3.client("s3", ...)`` options for the secured server: verified TLS, the app
+    user's keys (``admin``: the root user's) read from its shared-credentials file now."""
+    import configparser
+
+    from botocore.config import Config
+
+    profiles = configparser.ConfigParser()
+    profiles.read(env["TXSINK_S3_SECURE_CREDENTIALS"])
+    profile = profiles[
+        env["TXSINK_S3_SECURE_ADMIN_PROFILE" if admin else "TXSINK_S3_SECURE_PROFILE"]
+    ]
+    return {
+        "endpoint_url": env["TXSINK_S3_SECURE_ENDPOINT"],
+        "aws_access_key_id": profile["aws_access_key_id"],
+        "aws_secret_access_key": profile["aws_secret_access_key"],
+        "region_name": env.get("TXSINK_S3_SECURE_REGION") or "us-east-1",
+        "verify": env["TXSINK_S3_SECURE_CA"],
+        "config": Config(s3={"addressing_style": "path"}, retries={"max_attempts": 2}),
+    }
+
+
+def _options(
+    spec: Mapping[str, Any], env: Mapping[str, str], *, admin: bool = False
+) -> dict[str, Any]:
+    """The client options of a spec's server (``admin``: the secured server's root)."""
+    if spec.get("server") == "secure":
+        return secure_client_options(env, admin=admin)
+    return client_options(env)
 
 
 def client_options(env: Mapping[str, str], **config: Any) -> dict[str, Any]:
@@ -70,6 +114,14 @@ def client_options(env: Mapping[str, str], **config: Any) -> dict[str, Any]:
         "region_name": env.get(REGION) or "us-east-1",
         "config": Config(**settings),
     }
+
+
+def _secure_log_url(spec: Mapping[str, Any], env: Mapping[str, str]) -> str:
+    """A secured target's txsink log: under the user's allowed log prefix, named after the
+    target's folder."""
+    loc = parse_s3_url(spec["url"])
+    folder = loc.prefix.rstrip("/").removesuffix("/out").rsplit("/", 1)[-1]
+    return f"s3://{loc.bucket}/{env['TXSINK_S3_SECURE_LOG_PREFIX']}{folder}/"
 
 
 @dataclass
@@ -225,19 +277,32 @@ class S3Testing(ConnectorTesting):
     env_vars: ClassVar[tuple[str, ...]] = (ENDPOINT,)
     services: ClassVar[tuple[str, ...]] = ("s3",)
     variants: ClassVar[Mapping[str, Mapping[str, Any]]] = {"parquet": {"format": "parquet"}}
+    secure_variants: ClassVar[Mapping[str, Mapping[str, Any]]] = {
+        "secure": {"format": "parquet", "server": "secure"},
+    }
+    secure_services: ClassVar[tuple[str, ...]] = ("s3_secure",)
 
     def new_target(
         self, workdir: Path, tag: str, env: Mapping[str, str], **options: Any
     ) -> dict[str, Any]:
-        bucket = f"txsink-{tag}".replace("_", "-").lower()[:63]
-        make_client(client_options(env)).create_bucket(Bucket=bucket)
+        folder = f"txsink-{tag}".replace("_", "-").lower()[:63]
+        if options.get("server") == "secure":  # a folder under the user's allowed prefix
+            url = f"s3://{env['TXSINK_S3_SECURE_BUCKET']}/{env['TXSINK_S3_SECURE_PREFIX']}{folder}/out"
+        else:
+            make_client(client_options(env)).create_bucket(Bucket=folder)
+            url = f"s3://{folder}/out"
         return {
             "kind": self.name,
-            "url": f"s3://{bucket}/out",
+            "server": options.get("server"),
+            "url": url,
             "uid": options.get("uid", "s3"),
             "format": options.get("format", "parquet"),
             "partition_by": list(options.get("partition_by", ())),
         }
+
+    def sink_options(self, spec: Mapping[str, Any]) -> dict[str, Any]:
+        """Without ``server`` (which of the harness's servers: the adapter's key)."""
+        return {k: v for k, v in super().sink_options(spec).items() if k != "server"}
 
     def build_sink(self, spec: Mapping[str, Any], env: Mapping[str, str]) -> S3Sink:
         return S3Sink(
@@ -245,7 +310,7 @@ class S3Testing(ConnectorTesting):
             spec.get("uid", "s3"),
             format=spec.get("format", "parquet"),
             partition_by=spec.get("partition_by", ()),
-            client_options=client_options(env),
+            client_options=_options(spec, env),
         )
 
     def verifier(
@@ -257,11 +322,14 @@ class S3Testing(ConnectorTesting):
         log: str | None = None,
     ) -> SinkVerifier:
         return S3Verifier(
-            spec["url"], expected, spec.get("uid", "s3"), client_options=client_options(env)
+            spec["url"],
+            expected,
+            spec.get("uid", "s3"),
+            client_options=_options(spec, env, admin=True),
         )
 
     def observer_targets(self, spec: Mapping[str, Any], env: Mapping[str, str]) -> list[Target]:
-        direct = client_options(env)
+        direct = _options(spec, env, admin=True)
         return [
             S3ManifestTarget(spec["url"], uid=spec.get("uid", "s3"), client_options=direct),
             S3ListingTarget(spec["url"], client_options=direct),
@@ -269,15 +337,22 @@ class S3Testing(ConnectorTesting):
 
     def log_store(self, spec: Mapping[str, Any], env: Mapping[str, str]) -> S3Store:
         """The txsink log in the target's bucket, under ``txlog/``: the crash matrix's
-        driver-side points then crash with the log on S3 too."""
-        bucket = parse_s3_url(spec["url"]).bucket
-        return S3Store(f"s3://{bucket}/txlog", client_options=client_options(env))
+        driver-side points then crash with the log on S3 too. On the secured server: under
+        the user's allowed log prefix, as the user."""
+        loc = parse_s3_url(spec["url"])
+        if spec.get("server") == "secure":
+            return S3Store(_secure_log_url(spec, env), client_options=_options(spec, env))
+        return S3Store(f"s3://{loc.bucket}/txlog", client_options=client_options(env))
 
     def drop_target(self, spec: Mapping[str, Any], env: Mapping[str, str]) -> None:
         """Abort the bucket's multipart uploads, delete its objects, then the bucket.
 
-        Best effort: whatever fails is left (a later run uses a new bucket anyway).
+        Best effort: whatever fails is left (a later run uses a new bucket anyway). On the
+        secured server, the target's folder and its log folder only, as the root user.
         """
+        if spec.get("server") == "secure":
+            self._purge_secure(spec, env)
+            return
         bucket = parse_s3_url(str(spec["url"])).bucket
         try:
             client = make_client(client_options(env))
@@ -295,8 +370,33 @@ class S3Testing(ConnectorTesting):
         except Exception as err:  # best effort: say so, never fail the run for it
             _logger.warning("could not drop the test bucket %s: %s", bucket, describe(err))
 
+    def _purge_secure(self, spec: Mapping[str, Any], env: Mapping[str, str]) -> None:
+        loc = parse_s3_url(str(spec["url"]))
+        folder = loc.prefix.rstrip("/").removesuffix("/out") + "/"
+        log_folder = parse_s3_url(_secure_log_url(spec, env)).prefix
+        try:
+            client = make_client(_options(spec, env, admin=True))
+            for key, upload_id in uploads_in(client, loc.bucket):
+                if key.startswith(folder):
+                    with contextlib.suppress(Exception):
+                        client.abort_multipart_upload(
+                            Bucket=loc.bucket, Key=key, UploadId=upload_id
+                        )
+            for prefix in (folder, log_folder):
+                for page in client.get_paginator("list_objects_v2").paginate(
+                    Bucket=loc.bucket, Prefix=prefix
+                ):
+                    for obj in page.get("Contents", []):
+                        with contextlib.suppress(Exception):
+                            client.delete_object(Bucket=loc.bucket, Key=obj["Key"])
+        except Exception as err:  # best effort: say so, never fail the run for it
+            _logger.warning("could not purge the test folder %s: %s", folder, describe(err))
+
     def child_env(self, env: Mapping[str, str]) -> dict[str, str]:
         """The server for the sinks, and for boto3's own chain (a txsink log on S3)."""
+        secured = {var: env[var] for var in SECURE_VARS if var in env}
+        if ENDPOINT not in env:
+            return secured
         out = {var: env[var] for var in (ENDPOINT, ACCESS_KEY, SECRET_KEY, REGION) if var in env}
         out.update(
             AWS_ACCESS_KEY_ID=env.get(ACCESS_KEY, ""),
@@ -304,7 +404,7 @@ class S3Testing(ConnectorTesting):
             AWS_ENDPOINT_URL_S3=env[ENDPOINT],
             AWS_DEFAULT_REGION=env.get(REGION) or "us-east-1",
         )
-        return out
+        return {**out, **secured}
 
 
 ADAPTER = S3Testing()

@@ -31,6 +31,7 @@ from .kafka_secure import KafkaSecure
 from .postgres import Postgres, PostgresStock
 from .postgres_secure import PostgresSecure
 from .registry import Registry
+from .registry_secure import RegistrySecure
 from .s3 import S3
 from .s3_secure import S3Secure
 
@@ -45,16 +46,18 @@ SERVICES: dict[str, LocalService] = {
         PostgresSecure(),
         KafkaSecure(),
         S3Secure(),
+        RegistrySecure(),
     )
 }
 #: Started only when named (``up postgres_secure``), not by a bare ``up``.
-NOT_DEFAULT = {"postgres_secure", "s3_secure"}
+NOT_DEFAULT = {"postgres_secure", "s3_secure", "registry_secure"}
 SECRET_KEYS = {"TXSINK_S3_SECRET_KEY"}
 #: Log files a service's ``up`` writes begin with its name, or with one of these.
 _LOG_PREFIXES = {
     "s3": ("s3.", "minio"),  # not s3_secure*
     "postgres": ("postgres-",),
     "kafka": ("kafka.", "kafka-"),  # not kafka_secure*
+    "registry": ("registry.", "registry-"),  # not registry_secure*
 }
 #: A cluster started by hand (``integration/cluster.py up``) records itself here.
 _CLUSTER_STATE = WORK_DIR / "cluster" / "state.json"

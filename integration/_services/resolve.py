@@ -86,6 +86,17 @@ def resolve_s3_secure() -> dict[str, str]:
     return {k: v for k, v in _local("s3_secure").items() if k.startswith("TXSINK_S3_SECURE_")}
 
 
+def resolve_registry_secure() -> dict[str, str]:
+    """The secured Schema Registry (HTTPS, basic auth, a ``developer`` user;
+    :mod:`.registry_secure`): its ``TXSINK_REGISTRY_SECURE_*`` variables, from the environment
+    or a local process (its admin makes the users: no Docker variant)."""
+    keys = ("TXSINK_REGISTRY_SECURE_URL", "TXSINK_REGISTRY_SECURE_CA")
+    prefix = "TXSINK_REGISTRY_SECURE_"
+    if all(os.environ.get(k) for k in keys):
+        return {k: v for k, v in os.environ.items() if k.startswith(prefix)}
+    return {k: v for k, v in _local("registry_secure").items() if k.startswith(prefix)}
+
+
 def resolve_kafka(finalizers: list[Finalizer]) -> KafkaService:
     bootstrap = os.environ.get("TXSINK_KAFKA_BOOTSTRAP")
     if bootstrap:

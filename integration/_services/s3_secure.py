@@ -38,8 +38,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from .base import LocalService
-from .common import LOG_DIR, LOOPBACK, WORK_DIR, ServiceError, StartReport, port_open, run
+from .common import LOG_DIR, LOOPBACK, WORK_DIR, ServiceError, StartReport, port_open
 from .s3 import REGION, build_minio
+from .tls import make_server_certificate
 
 DEFAULT_PORT = 59100
 DEFAULT_CONSOLE_PORT = 59101
@@ -51,8 +52,6 @@ POLICY = "txsink-app"
 BUCKET = "txsink-secure"
 PREFIX = "app/"
 LOG_PREFIX = "txsink-log/"
-#: Days the throw-away certificates are valid: they are re-made at every start.
-CERT_DAYS = 7
 
 SECURE_DIR = WORK_DIR / "s3_secure"
 DATA_DIR = SECURE_DIR / "data"
@@ -90,38 +89,13 @@ def make_certificates() -> None:
     """A new CA (``ca.crt``) and a server certificate for 127.0.0.1 in ``certs/``."""
     shutil.rmtree(CERTS_DIR, ignore_errors=True)
     CERTS_DIR.mkdir(parents=True)
-    ca_key, csr, ext = SECURE_DIR / "ca.key", SECURE_DIR / "server.csr", SECURE_DIR / "server.ext"
-    crt, key = CERTS_DIR / "public.crt", CERTS_DIR / "private.key"
-    curve = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    days = ["-days", str(CERT_DAYS)]
-    run(
-        ["openssl", "req", "-x509", *curve, "-keyout", str(ca_key), "-out", str(CA_FILE), *days,
-         "-subj", "/CN=txsink test CA (s3_secure)",
-         "-addext", "basicConstraints=critical,CA:TRUE",
-         "-addext", "keyUsage=critical,keyCertSign,cRLSign"],
-        timeout=60, log_path=TLS_LOG,
-    )  # fmt: skip
-    run(
-        ["openssl", "req", *curve, "-keyout", str(key), "-out", str(csr), "-subj",
-         f"/CN={LOOPBACK}"],
-        timeout=60, log_path=TLS_LOG,
-    )  # fmt: skip
-    ext.write_text(
-        f"subjectAltName = IP:{LOOPBACK}, DNS:localhost\n"
-        "basicConstraints = CA:FALSE\n"
-        "keyUsage = critical, digitalSignature, keyEncipherment\n"
-        "extendedKeyUsage = serverAuth\n"
+    make_server_certificate(
+        ca_file=CA_FILE,
+        crt=CERTS_DIR / "public.crt",
+        key=CERTS_DIR / "private.key",
+        label="s3_secure",
+        log_path=TLS_LOG,
     )
-    run(
-        ["openssl", "x509", "-req", "-in", str(csr), "-CA", str(CA_FILE), "-CAkey", str(ca_key),
-         "-CAcreateserial", "-out", str(crt), *days, "-extfile", str(ext)],
-        timeout=60, log_path=TLS_LOG,
-    )  # fmt: skip
-    # A new CA every start: its signing key is not needed again, so none lingers.
-    for path in (ca_key, csr, ext, SECURE_DIR / "ca.srl"):
-        path.unlink(missing_ok=True)
-    CA_FILE.chmod(0o644)
-    key.chmod(0o600)
 
 
 def _client(port: int, profile: str) -> Any:

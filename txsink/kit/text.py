@@ -4,14 +4,16 @@ The report's cells come from pandas frames, so a value may be ``None``, ``NaN``,
 ``pd.NA``, ``NaT``, a ``Timestamp`` or a plain number: every function here takes any of
 them and answers ``"-"`` (or ``None``) for a missing one instead of raising. Times are
 UTC, always: the report is read far from the cluster that wrote the log.
+
+pandas is imported on the first :func:`is_missing` only: this module is imported by every
+process that imports txsink (the lease names times with :func:`when`), among them each
+Spark Python worker and child driver, and pandas costs about half a second to import.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 from typing import Any
-
-import pandas as pd
 
 __all__ = [
     "ago",
@@ -30,6 +32,8 @@ def is_missing(value: Any) -> bool:
     """True for ``None`` and for what pandas counts as missing (NaN, NA, NaT)."""
     if value is None:
         return True
+    import pandas as pd
+
     try:
         return bool(pd.isna(value))
     except (TypeError, ValueError):
@@ -40,7 +44,7 @@ def as_number(value: Any) -> float | None:
     """Seconds since the epoch for a timestamp, the number for a number, else None."""
     if is_missing(value):
         return None
-    if isinstance(value, (pd.Timestamp, dt.datetime)):
+    if isinstance(value, dt.datetime):  # pandas' Timestamp is a datetime too
         return float(value.timestamp())
     try:
         return float(value)

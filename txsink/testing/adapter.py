@@ -56,6 +56,15 @@ class ConnectorTesting(abc.ABC):
     #: WAL on S3): the integration suite runs a few of their crash-matrix cells by default
     #: and the rest, with their kill-driver run, only with ``--run-slow``.
     slow_variants: ClassVar[frozenset[str]] = frozenset()
+    #: Option sets for the integration harness's secured servers (TLS, a least-privileged
+    #: principal, the administrators' own login): run by the secured contract suite and
+    #: crash-matrix subset (``integration/test_secure_matrix.py``), never by the ordinary
+    #: matrices. Under these options :meth:`new_target` makes the target and grants the
+    #: least rights as the administrators, :meth:`build_sink` connects as the
+    #: least-privileged principal, and :meth:`verifier` reads back as the administrators.
+    secure_variants: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
+    #: The harness's secured services those variants need.
+    secure_services: ClassVar[tuple[str, ...]] = ()
     #: A poison row for the chaos toolkit (:mod:`txsink.testing.disturb`): options for
     #: :meth:`new_target` under which the target refuses a row whose ``payload`` is longer
     #: than the number given, deterministically (e.g. a topic's ``max.message.bytes``), so

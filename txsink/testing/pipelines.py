@@ -50,8 +50,13 @@ def run_stream(
     *,
     lease_s: float | None = None,
     hooks: dict[str, Any] | None = None,
+    factory: str | None = None,
 ) -> None:
     """Stream ``workdir/input`` (one file per epoch) into the sinks until the input is done.
+
+    ``factory``: ``module:function`` or ``file.py:function`` returning more sinks, built in
+    this process (after those of ``sinks``): for sinks whose settings no spec can carry,
+    e.g. credentials read from files, so that no secret travels in the arguments.
 
     ``log``: the txsink log's location (default ``workdir/txlog``), e.g. an ``s3://`` URL.
     ``master``: a Spark master URL (default ``local[partitions]``), e.g. ``spark://host:port``;
@@ -74,8 +79,13 @@ def run_stream(
     from txsink.testing.hooks import plan_from_spec
 
     faults = FaultPlan.from_env()
+    built = [build_sink(s) for s in sinks]
+    if factory is not None:
+        from txsink.runner import load_callable
+
+        built += list(load_callable(factory)())  # type: ignore[call-overload]
     coordinator = Coordinator(
-        [build_sink(s) for s in sinks],
+        built,
         log=log or str(Path(workdir, "txlog")),
         lease_s=lease_s,
         faults=plan_from_spec(hooks, faults) if hooks else faults,

@@ -7,6 +7,11 @@
     fenced (_FENCED, PRODUCER_FENCED, INVALID_PRODUCER_EPOCH)  -> FencedError
     TRANSACTIONAL_ID_AUTHORIZATION_FAILED                      -> ConfigurationError
     retriable, or _TIMED_OUT                                   -> RetryableError
+    a refused SASL login at commit (_AUTHENTICATION,
+      SASL_AUTHENTICATION_FAILED: a password changed or expired,
+      a SCRAM credential deleted; the producer's error_cb keeps
+      it, the call itself fails with _TRANSPORT)               -> EpochBlockedError (the fix:
+                                                                  renew the credential)
     refused for good after the decision (by the first failed
       delivery's code, else the commit's): MSG_SIZE_TOO_LARGE,
       *_AUTHORIZATION_FAILED, UNKNOWN_TOPIC_OR_PART, INVALID_RECORD,
@@ -61,6 +66,7 @@ from txsink.errors import (
 
 __all__ = [
     "PERMANENT",
+    "REFUSED_LOGIN",
     "FailedDelivery",
     "Kind",
     "check_error",
@@ -88,6 +94,10 @@ PERMANENT = (
     "INVALID_TIMESTAMP",
     "POLICY_VIOLATION",
 )
+
+
+#: Codes with which the brokers refuse the SASL login itself (the credentials, not a right).
+REFUSED_LOGIN = ("_AUTHENTICATION", "SASL_AUTHENTICATION_FAILED")
 
 
 @dataclass(frozen=True)
@@ -131,6 +141,13 @@ _NO_TRANSACTIONS = (
 )
 #: Codes that mean "the brokers cannot be reached from here".
 _UNREACHABLE = ("_TRANSPORT", "_TIMED_OUT", "_ALL_BROKERS_DOWN", "_RESOLVE")
+#: A group coordinator that is moving or still loading (a broker just started): the admin
+#: API's answers carry these without the retriable flag.
+_COORDINATOR_MOVING = (
+    "NOT_COORDINATOR",
+    "COORDINATOR_NOT_AVAILABLE",
+    "COORDINATOR_LOAD_IN_PROGRESS",
+)
 _DENIED = (
     "_AUTHENTICATION",
     "SASL_AUTHENTICATION_FAILED",
@@ -229,7 +246,7 @@ def check_error(err: Any, settings: KafkaSettings, doing: str) -> ConfigurationE
     # coordinator still loading) may pass at a restart: the brokers may be back by then.
     passing = (
         not hasattr(err, "code")
-        or has_code(err, *_UNREACHABLE)
+        or has_code(err, *_UNREACHABLE, *_COORDINATOR_MOVING)
         or bool(getattr(err, "retriable", lambda: False)())
     )
     return (UnreachableError if passing else ConfigurationError)(f"{what}; {fix}", **ctx)
@@ -306,6 +323,8 @@ def commit_error(
         )
     if phase == "check":
         return ConfigurationError(f"Kafka shard {shard}: {detail}", **ctx)
+    if has_code(err, *REFUSED_LOGIN):
+        return _login_refused(err, settings, shard=shard, detail=detail, ctx=ctx)
     first = next((d for d in delivery if isinstance(d, FailedDelivery)), None)
     if (first is not None and first.name in PERMANENT) or has_code(err, *PERMANENT):
         return _blocked(err, first, settings, shard=shard, detail=detail, ctx=ctx)
@@ -432,6 +451,33 @@ def _blocked(
     return EpochBlockedError(
         f"Kafka shard {shard} ({tid!r}): the brokers refuse the decided records for good "
         f"({name}: {detail}).{record} Fix: {fix}",
+        fix=fix,
+        shard=shard,
+        **{**ctx, "partition": ctx.get("partition", shard)},
+    )
+
+
+def _login_refused(
+    err: Any, settings: KafkaSettings, *, shard: int, detail: str, ctx: dict[str, Any]
+) -> EpochBlockedError:
+    """A decided epoch's shard whose producer the brokers do not let log in: its SASL
+    credentials were changed, expired or deleted after the decision. Blocked until the sink
+    gets the current ones (a retry with the same password fails the same way)."""
+    user = str(settings.producer_config.get("sasl.username", "<the sink's sasl.username>"))
+    mechanism = str(settings.producer_config.get("sasl.mechanism", "SCRAM-SHA-512"))
+    fix = (
+        f"give the sink the current password of the SASL user {user!r} (producer_config's "
+        "sasl.password, read from where you keep it, on the driver and every executor), or "
+        "renew the user's credential on the brokers: kafka-configs --bootstrap-server "
+        f"{settings.bootstrap_servers} --alter --entity-type users --entity-name {user} "
+        f"--add-config '{mechanism}=[password=...]'"
+    )
+    tid = settings.transactional_id(shard)
+    return EpochBlockedError(
+        f"Kafka shard {shard} ({tid!r}): the brokers refuse the sink's SASL login after the "
+        f"decision ({err.name()}: {detail}); nothing of the epoch is visible, and a retry "
+        f"fails the same way until an operator acts. Fix: {fix}; then run `txsink recover` "
+        "(or restart the query): it commits the epoch",
         fix=fix,
         shard=shard,
         **{**ctx, "partition": ctx.get("partition", shard)},

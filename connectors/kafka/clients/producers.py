@@ -21,6 +21,7 @@ import contextlib
 import functools
 import itertools
 import operator
+import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -29,7 +30,13 @@ from typing import Any
 import pyarrow as pa
 
 from txsink.connectors.kafka.clients.columns import PyColumns, py_columns
-from txsink.connectors.kafka.clients.errors import client_calls, commit_error, failed_delivery
+from txsink.connectors.kafka.clients.errors import (
+    REFUSED_LOGIN,
+    client_calls,
+    commit_error,
+    failed_delivery,
+    has_code,
+)
 from txsink.connectors.kafka.clients.markers import Markers
 from txsink.connectors.kafka.clients.settings import ENFORCED, KafkaSettings, init_transactions
 from txsink.observe.logs import get_logger
@@ -69,15 +76,26 @@ class ShardProducers:
         if producer is not None:
             return producer
         on_delivery = functools.partial(
-            _on_failed_delivery, self._delivery_errors.setdefault(shard, [])
+            on_failed_delivery, self._delivery_errors.setdefault(shard, [])
         )
-        producer = Producer(self.settings.producer_conf(shard, on_delivery))
+        conf = self.settings.producer_conf(shard, on_delivery)
+        refused: list[Any] = []
+        conf["error_cb"] = functools.partial(_note_refused_login, refused, conf.get("error_cb"))
+        producer = Producer(conf)
         try:
             init_transactions(producer, self.settings.timeout_s)
         except KafkaException as err:
+            # A refused SASL login never brings a connection up: the call then fails with
+            # _TRANSPORT or _TIMED_OUT, and only the client's error callback gets the cause
+            # (served by poll()).
+            producer.poll(0)
+            code = refused[0] if refused else err.args[0]
+            # Not kept alive by the frames of the error's traceback: a producer whose login
+            # is refused retries it, with its threads, until it is destroyed.
+            del producer
             raise commit_error(
-                err.args[0], self.settings, epoch=None, shard=shard, init=True, phase=phase
-            ) from err
+                code, self.settings, epoch=None, shard=shard, init=True, phase=phase
+            ) from err.with_traceback(None)
         self._producers[shard] = producer
         self.markers.forget(shard)  # read it again under the new producer epoch
         self.settings.reachable()
@@ -119,6 +137,12 @@ class ShardProducers:
             # A fenced producer's flush raises the fatal error (a SystemError when it
             # interrupts a delivery callback: confluent-kafka 2.16)
             raise StaleProducerError(f"shard {shard}: {_kafka_error(err) or err}") from err
+        except:  # noqa: E722 - see below
+            # confluent-kafka 2.16 can leave the fatal error's bare KafkaError (not an
+            # exception class) as the pending exception of a fenced producer's flush: no
+            # typed clause matches it, and uncaught it kills Spark's Python worker. This
+            # producer is stale whatever was raised: a fresh one takes the shard over.
+            raise StaleProducerError(f"shard {shard}: {sys.exc_info()[1]!r}") from None
         errors = self._delivery_errors.get(shard) or []
         if left or errors:
             raise StaleProducerError(f"shard {shard}: {errors[0] if errors else 'not delivered'}")
@@ -173,9 +197,12 @@ class ShardProducers:
                 with contextlib.suppress(KafkaException):
                     producer.abort_transaction(self.settings.timeout_s)
             elapsed = time.monotonic() - started
+            # The dropped producer is not kept alive (with its threads) by the frames of the
+            # error's traceback for as long as the error is kept: the cause goes without its.
+            del producer
             raise commit_error(
                 kerr, self.settings, epoch=epoch, shard=shard, delivery=errors, elapsed=elapsed
-            ) from err
+            ) from err.with_traceback(None)
         except BaseException:
             with contextlib.suppress(KafkaException):
                 producer.abort_transaction(self.settings.timeout_s)
@@ -315,8 +342,24 @@ def _kafka_error(err: BaseException) -> Any:
     return None
 
 
-def _on_failed_delivery(errors: list[Any], err: Any, msg: Any) -> None:
-    """Producer-wide delivery callback (failures only): keep the first, with its context
-    (its code and key: a refusal for good blocks the epoch, naming the record)."""
+def _note_refused_login(seen: list[Any], given: Callable[[Any], None] | None, err: Any) -> None:
+    """A producer's ``error_cb``: keep the brokers' refusal of the SASL login (by code), then
+    call the one given in ``producer_config``, if any."""
+    if not seen and has_code(err, *REFUSED_LOGIN):
+        seen.append(err)
+    if given is not None:
+        given(err)
+
+
+def on_failed_delivery(errors: list[Any], err: Any, msg: Any) -> None:
+    """Producer-wide delivery callback (failures only) of every mode: keep the first, with
+    its context (its code and key: a refusal for good blocks the epoch, naming the record).
+
+    It never raises into librdkafka: when a fenced producer's fatal error is pending,
+    confluent-kafka (2.16) calls it with that error already set, and reading the message
+    (``msg.key()``) then fails; the error alone is kept (``repr``) instead."""
     if err is not None and not errors:
-        errors.append(failed_delivery(err, msg))
+        try:
+            errors.append(failed_delivery(err, msg))
+        except Exception:
+            errors.append(repr(err))

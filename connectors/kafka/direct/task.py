@@ -16,9 +16,13 @@ from typing import Any, ClassVar
 import pyarrow as pa
 
 from txsink.connectors.kafka.clients.columns import py_columns
-from txsink.connectors.kafka.clients.errors import FailedDelivery, commit_error, failed_delivery
+from txsink.connectors.kafka.clients.errors import FailedDelivery, commit_error
 from txsink.connectors.kafka.clients.markers import Markers
-from txsink.connectors.kafka.clients.producers import produce_records, warn_if_slow
+from txsink.connectors.kafka.clients.producers import (
+    on_failed_delivery,
+    produce_records,
+    warn_if_slow,
+)
 from txsink.connectors.kafka.clients.settings import KafkaSettings, init_transactions
 from txsink.connectors.kafka.records.checksum import CHECKSUM_VERSION, Tally
 from txsink.errors import (
@@ -73,7 +77,7 @@ def _pooled(
     if found is not None and found[0] == generation:
         return found[1], found[2], False
     errors: list[Delivery] = []
-    on_delivery = functools.partial(_on_failed_delivery, errors)
+    on_delivery = functools.partial(on_failed_delivery, errors)
     producer = Producer(settings.producer_conf(shard, on_delivery))
     try:
         init_transactions(producer, settings.timeout_s)
@@ -95,17 +99,6 @@ def clear() -> None:
     _POOL.clear()
     for _, producer, _ in pooled:
         producer.flush(0)
-
-
-def _on_failed_delivery(errors: list[Delivery], err: Any, msg: Any) -> None:
-    """Producer-wide delivery callback (failures only): keep the first, with its code and
-    key, as :mod:`~txsink.connectors.kafka.clients.producers` does (a refusal for good is then
-    classified by the record's own code, not only the commit's)."""
-    if err is not None and not errors:
-        try:
-            errors.append(failed_delivery(err, msg))
-        except Exception:  # a callback must never raise into librdkafka
-            errors.append(repr(err))
 
 
 # -- the open transaction ------------------------------------------------------------------

@@ -11,13 +11,17 @@ written; tasks then encode in pre-commit, and the encoded bytes are what the
 WAL keeps and the replay checksum covers.
 
 The registry config (``url``, ``basic.auth.user.info``, TLS files ...) goes to
-``SchemaRegistryClient`` untouched and is never logged; errors name the URL only.
+``SchemaRegistryClient`` untouched and is never logged; errors name the URL only, without
+any ``user:password@`` in it. A registry that refuses the credentials (HTTP 401) or the
+user's rights (HTTP 403) is told apart from a refused schema, at the start-up check and in
+a task alike, and the error names the setting to fix (:func:`access_refused`).
 """
 
 from __future__ import annotations
 
 import json
 import re
+import ssl
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,6 +32,49 @@ from txsink.errors import ConfigurationError, RetryableError, WriteError
 __all__ = ["AvroEncoder", "avro_schema"]
 
 _SECRET_KEYS = ("basic.auth.user.info", "bearer.auth.token", "bearer.auth.client.secret")
+_USERINFO = re.compile(r"(?<=://)[^/@\s]*@")
+
+
+def safe_url(url: str) -> str:
+    """``url`` without the ``user:password@`` a URL credentials source may carry."""
+    return _USERINFO.sub("", url)
+
+
+def _caused_by(err: BaseException, kind: type[BaseException]) -> bool:
+    """Whether ``kind`` is ``err`` or in its chain of causes (the registry client wraps the
+    ``ssl`` module's errors in its HTTP library's own)."""
+    seen: BaseException | None = err
+    for _ in range(10):
+        if seen is None:
+            return False
+        if isinstance(seen, kind):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def access_refused(url: str, status: int, what: str) -> str | None:
+    """The message for a registry that refused the client's credentials (401) or the
+    user's rights (403) while it tried ``what``; None for any other status.
+
+    Why apart from a refused schema: the fix is in the client's config or the registry's
+    users, never in the schema."""
+    if status == 401:
+        return (
+            f"Schema Registry at {url} refused the credentials (HTTP 401) when {what}. Set "
+            "schema_registry={..., 'basic.auth.user.info': '<user>:<password>'} with a "
+            "registry user's password (read it from a file or an environment variable, "
+            "never write it in code), and check it is the user's current password"
+        )
+    if status == 403:
+        return (
+            f"Schema Registry at {url} authenticated the user but refused the request (HTTP "
+            f"403) when {what}: the sink registers (or, with auto.register.schemas=False, looks "
+            "up) its schemas, and both need the right to write schemas under the subject "
+            "(AxonOps: the role 'developer'; Confluent RBAC: DeveloperWrite on the subject). "
+            "Grant it to the registry user, see docs/security.md, section Schema Registry"
+        )
+    return None
 
 
 def avro_schema(arrow_type: pa.DataType, name: str, *, nullable: bool = True) -> Any:
@@ -174,7 +221,8 @@ class AvroEncoder:
 
     @property
     def url(self) -> str:
-        return str(self.registry_config["url"])
+        """The registry's URL for messages: any ``user:password@`` removed."""
+        return safe_url(str(self.registry_config["url"]))
 
     def safe_config(self) -> dict[str, Any]:
         return {k: ("***" if k in _SECRET_KEYS else v) for k, v in self.registry_config.items()}
@@ -208,6 +256,11 @@ class AvroEncoder:
                 return int(self._client.register_schema(subject, schema))
             return int(self._client.lookup_schema(subject, schema).schema_id)
         except SchemaRegistryError as err:
+            refused = access_refused(
+                self.url, err.http_status_code, f"registering the {self.field} schema of {topic!r}"
+            )
+            if refused is not None:
+                raise ConfigurationError(refused + "; nothing was written", **ctx) from err
             raise ConfigurationError(
                 f"Schema Registry at {self.url} refused the {self.field} schema for topic "
                 f"{topic!r} (HTTP {err.http_status_code}, error {err.error_code}): "
@@ -216,10 +269,16 @@ class AvroEncoder:
                 **ctx,
             ) from err
         except Exception as err:  # unreachable (the HTTP client's own types), bad schema
+            hint = ""
+            if _caused_by(err, ssl.SSLCertVerificationError):
+                hint = (
+                    " The client does not trust the registry's certificate: pass its CA as "
+                    "schema_registry={..., 'ssl.ca.location': '/path/ca.crt'}."
+                )
             raise ConfigurationError(
                 f"cannot use Schema Registry at {self.url} for the {self.field} of topic "
-                f"{topic!r}: {type(err).__name__}: {err}. Check the registry's url (and that "
-                "it runs and is reachable) and the schema",
+                f"{topic!r}: {type(err).__name__}: {err}.{hint} Check the registry's url (and "
+                "that it runs and is reachable) and the schema",
                 **ctx,
             ) from err
 
@@ -248,6 +307,18 @@ class AvroEncoder:
             try:
                 out.append(serializer(row, sc))
             except Exception as err:  # fastavro raises ValueError/TypeError, the registry its own
+                status = getattr(err, "http_status_code", None)
+                refused = (
+                    access_refused(
+                        self.url, status, f"encoding the {self.field} for topic {topic!r}"
+                    )
+                    if isinstance(status, int)
+                    else None
+                )
+                if refused is not None:  # a password changed or a right revoked since the start
+                    raise ConfigurationError(
+                        refused, row=first_row + i, column=column_name, **ctx
+                    ) from err
                 if registry_unavailable(err):
                     raise RetryableError(
                         f"Schema Registry at {self.url} did not answer while encoding the "

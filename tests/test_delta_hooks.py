@@ -337,3 +337,22 @@ def test_the_observer_sees_whole_epochs(tmp_path: Path) -> None:
     assert view.sample(epoch_of).rows == {0: 2}
     _commit(sink, 1, handles[1])
     assert view.sample(epoch_of).rows == {0: 2, 1: 1}
+
+
+def test_the_options_endpoint_wins_over_the_environments_s3_specific_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found by the secured matrix beside the plain server: with ``AWS_ENDPOINT_URL_S3`` in
+    the environment (there for boto3 and another server), delta-rs sent the table's requests
+    to that server, not to the endpoint the sink's options name. The options' endpoint is
+    now passed under the S3-specific name too; an explicit one is kept."""
+    from txsink.connectors.delta.storage import Storage
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:1")
+    given = {"AWS_ENDPOINT_URL": "https://s3.example:9000", "AWS_ACCESS_KEY_ID": "k"}
+    options = Storage("s3://bucket/t", given).delta_options()
+    assert options is not None and options["AWS_ENDPOINT_URL_S3"] == "https://s3.example:9000"
+    assert "AWS_ALLOW_HTTP" not in options
+    explicit = {**given, "aws_endpoint_url_s3": "https://other:9000"}
+    options = Storage("s3://bucket/t", explicit).delta_options()
+    assert options is not None and options["AWS_ENDPOINT_URL_S3"] == "https://other:9000"

@@ -118,6 +118,12 @@ class Storage:
             if key not in merged and os.environ.get(key):
                 merged[key] = os.environ[key]
         endpoint = merged.get("AWS_ENDPOINT_URL", "")
+        if endpoint:
+            # delta-rs (like the AWS SDKs) prefers the S3-specific variable over
+            # AWS_ENDPOINT_URL, and reads it from the environment even when the options
+            # name an endpoint: a process with AWS_ENDPOINT_URL_S3 set for another server
+            # would send the table's requests there. The options' endpoint wins.
+            merged.setdefault("AWS_ENDPOINT_URL_S3", endpoint)
         if endpoint.startswith("http://") and "AWS_ALLOW_HTTP" not in merged:
             merged["AWS_ALLOW_HTTP"] = "true"
         if endpoint and not merged.get("AWS_ACCESS_KEY_ID"):

@@ -261,3 +261,46 @@ def test_each_missing_right_is_named_with_its_grant(
     assert kafka.password(kafka.user) not in message
     assert _read_committed(kafka, topic) == []
     assert _read_committed(kafka, marker) == []
+
+
+def test_the_check_lists_the_topics_once(
+    secure_kafka: SecureKafka, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The start-up check (rights, then brokers, topic and marker topic) asks the brokers
+    for their topics once, and passes the answer on: with every right granted it passes,
+    and its admin clients listed the topics one time."""
+    from confluent_kafka import admin as kafka_admin
+
+    kafka = secure_kafka
+    uid = f"sec{uuid.uuid4().hex[:8]}"
+    topic = f"t-{uid}"
+    marker = f"m-{uid}"
+    _topics(kafka, topic, marker, compact=(marker,))
+    sink = KafkaSink(
+        kafka.bootstrap,
+        topic,
+        uid=uid,
+        mode="replay",
+        marker_topic=marker,
+        key="key",
+        value="value",
+        producer_config=kafka.security(kafka.user),
+        timeout_s=20.0,
+    )
+    listed: list[float] = []
+    original = kafka_admin.AdminClient.list_topics
+
+    def counting(self: Any, *args: Any, **kwargs: Any) -> Any:
+        listed.append(1.0)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(kafka_admin.AdminClient, "list_topics", counting)
+    acls = required_acls(sink.settings, topic)
+    create_acls(kafka.admin(), acls, kafka.user)
+    schema = pa.schema([("id", pa.int64()), ("key", pa.string()), ("value", pa.string())])
+    try:
+        sink.check(schema, f"app-{uid}")
+    finally:
+        delete_acls(kafka.admin(), acls, kafka.user)
+        sink.release()
+    assert len(listed) == 1, f"the check listed the topics {len(listed)} times"

@@ -264,7 +264,7 @@ class KafkaTesting(ConnectorTesting):
     #: hold both.
     secure_variants: ClassVar[Mapping[str, Mapping[str, Any]]] = {
         "secure-wal": {"mode": "wal", "server": "secure", "uid": "ksec-wal"},
-        "secure-direct": {"mode": "direct", "shards": 2, "server": "secure", "uid": "ksec-direct"},
+        "secure-direct": {"mode": "direct", "shards": 8, "server": "secure", "uid": "ksec-direct"},
     }
     secure_services: ClassVar[tuple[str, ...]] = ("kafka_secure",)
 

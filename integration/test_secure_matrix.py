@@ -10,10 +10,10 @@ prepared). The runs themselves are ``test_matrix.py``'s (``run_cell``, ``run_kil
 and ``txsink.testing.contract``'s checks.
 
 By default: per connector, its first secured variant's two cheapest contract checks
-(prepare, and commit from a new driver; no Spark; its other secured variants' with
-``--run-slow``); and one kill-driver run into every secured variant's target at once (one
-coordinator: the driver SIGKILLed after the decision of epoch 1, restarted by the runner).
-With ``--run-slow``, per secured variant: every contract check, every crash point once with
+(prepare, and commit from a new driver; no Spark); and one kill-driver run into that
+variant's target of every connector at once (one coordinator: the driver SIGKILLed after
+the decision of epoch 1, restarted by the runner). A connector's other secured variants run
+only with ``--run-slow``: per secured variant: every contract check, every crash point once with
 ``raise`` (in the shared SparkSession, driver points with the txsink log in the target's
 system where the adapter keeps one), the kill-driver run after the decision, and the
 kill-driver run at every point once.
@@ -191,7 +191,7 @@ def test_secure_kill_driver(
     "secured",
     [
         pytest.param(
-            [(n, v) for n, v, _ in _secured()],
+            [(n, v) for n, v, _ in _secured() if _quick(n, v)],
             marks=[
                 getattr(pytest.mark, service)
                 for service in sorted(
@@ -210,8 +210,10 @@ def test_secure_kill_driver(
 def test_secure_kill_driver_after_the_decision(
     request: pytest.FixtureRequest, tmp_path: Path, secured: list[tuple[str, str]]
 ) -> None:
-    """The default suite's kill-driver cell: every secured target in one query, the driver
-    killed after the decision of epoch 1; the restart commits it in each, exactly once."""
+    """The default suite's kill-driver cell: a secured target of every connector (its first
+    secured variant; the others' kill-driver runs are ``test_secure_kill_driver``'s, with
+    ``--run-slow``) in one query, the driver killed after the decision of epoch 1; the
+    restart commits it in each, exactly once."""
     targets = [_target(request, tmp_path, name, variant) for name, variant in secured]
     run_kill_driver(tmp_path, targets, points=QUICK_KILL)
 

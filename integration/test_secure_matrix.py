@@ -12,11 +12,11 @@ and ``txsink.testing.contract``'s checks.
 By default: per connector, its first secured variant's two cheapest contract checks
 (prepare, and commit from a new driver; no Spark); and one kill-driver run into that
 variant's target of every connector at once (one coordinator: the driver SIGKILLed after
-the decision of epoch 1, restarted by the runner). A connector's other secured variants run
-only with ``--run-slow``: per secured variant: every contract check, every crash point once with
-``raise`` (in the shared SparkSession, driver points with the txsink log in the target's
-system where the adapter keeps one), the kill-driver run after the decision, and the
-kill-driver run at every point once.
+the decision of epoch 1, restarted by the runner). With ``--run-slow``, per secured variant
+(a connector's others too): every contract check, every crash point once with ``raise`` (in
+the shared SparkSession, driver points with the txsink log in the target's system where the
+adapter keeps one), the kill-driver run after the decision, and the kill-driver run at
+every point once.
 """
 
 from __future__ import annotations

@@ -382,8 +382,8 @@ class KafkaTesting(ConnectorTesting):
         from txsink.connectors.kafka.clients import pool
 
         bootstrap, admin = self._bootstrap(spec, env), self._admin(spec, env)
-        sink = self.build_sink(spec, env)
         if spec.get("mode") == "direct":
+            sink = self.build_sink(spec, env)
             with contextlib.suppress(Exception):
                 fence(
                     sink.settings,
@@ -399,7 +399,7 @@ class KafkaTesting(ConnectorTesting):
             readback.delete_topic(bootstrap, spec["topic"], client_config=admin)
         if self._secure(spec):
             with contextlib.suppress(Exception):
-                secure_testing.revoke(sink, env)
+                secure_testing.revoke(self.build_sink(spec, env), env)
         bucket = _bucket(spec)
         if bucket is not None:
             with contextlib.suppress(Exception):

@@ -166,6 +166,22 @@ def test_each_missing_right_is_named_at_the_check(
     assert _unreferenced(server, folder) == []
 
 
+def test_a_policy_for_another_folder_is_told_with_every_statement(
+    server: SecureS3, folder: str
+) -> None:
+    """Every probe call refused (the policy names another folder): nothing tells that from
+    a server that refuses the key, so the check says it cannot reach the storage, and lists
+    the four statements for the table's folder."""
+    server.set_policy(policy(server.bucket, f"{folder}-elsewhere"))
+    with pytest.raises(UnreachableError) as info:
+        _sink(server, folder).check(SCHEMA, APP)
+    text = str(info.value)
+    for action in ACTIONS:
+        grant = json.dumps(statement(action.name, server.bucket, folder), separators=(",", ":"))
+        assert grant in text, text
+    assert "phase=check" in text and server.app_secret() not in text
+
+
 def test_a_right_removed_after_the_check_fails_before_the_decision(
     server: SecureS3, folder: str
 ) -> None:

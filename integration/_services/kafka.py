@@ -249,7 +249,27 @@ def _fetch_jars(target: Path, done: Path, report: StartReport) -> Path:
     return target
 
 
-class Kafka(LocalService):
+class Broker(LocalService):
+    """What the harness's one-node brokers share, plain (:class:`Kafka`) or secured
+    (:class:`~.kafka_secure.KafkaSecure`): start and stop times, the process marker (the
+    broker's ``server.properties``, a class's own), and the listening check."""
+
+    #: The broker's ``server.properties``: in its command line, so its marker.
+    properties: ClassVar[Path]
+    start_timeout = 180.0
+    # SIGTERM runs Kafka's controlled shutdown (flushes logs, closes the quorum cleanly).
+    stop_timeout = 60.0
+
+    def marker(self, state: dict[str, Any]) -> str:
+        return str(self.properties)
+
+    def listening(self, state: dict[str, Any]) -> bool:
+        """The client port of ``state`` takes connections (before any client request)."""
+        port = state.get("port")
+        return isinstance(port, int) and port_open(port)
+
+
+class Kafka(Broker):
     name = "kafka"
     default_ports: ClassVar[dict[str, int]] = {
         "port": DEFAULT_PORT,
@@ -257,23 +277,17 @@ class Kafka(LocalService):
         "proxy_target_port": DEFAULT_PROXY_TARGET_PORT,
         "proxy_listen_port": DEFAULT_PROXY_LISTEN_PORT,
     }
-    start_timeout = 180.0
-    # SIGTERM runs Kafka's controlled shutdown (flushes logs, closes the quorum cleanly).
-    stop_timeout = 60.0
+    properties = PROPERTIES
     logs = ((LOG_FILE, 25), (STDOUT_FILE, 10))
 
-    def marker(self, state: dict[str, Any]) -> str:
-        return str(PROPERTIES)
-
     def healthy(self, state: dict[str, Any]) -> bool:
-        port = state.get("port")
-        if not isinstance(port, int) or not port_open(port):
+        if not self.listening(state):
             return False
         try:
             import confluent_kafka  # noqa: F401
         except ImportError:  # plain python3 without the venv: trust the broker's own log
             return self._started_since(int(state.get("log_offset", 0)))
-        return cluster_answers({"bootstrap.servers": f"{LOOPBACK}:{port}"})
+        return cluster_answers({"bootstrap.servers": f"{LOOPBACK}:{state['port']}"})
 
     def _started_since(self, offset: int) -> bool:
         try:

@@ -28,15 +28,14 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
-from .base import LocalService
 from .common import (
     LOG_DIR,
     LOOPBACK,
     WORK_DIR,
     StartReport,
-    port_open,
 )
 from .kafka import (
+    Broker,
     cluster_answers,
     format_storage,
     java,
@@ -171,25 +170,18 @@ def client_config(state: dict[str, Any], user: str) -> dict[str, Any]:
     }
 
 
-class KafkaSecure(LocalService):
+class KafkaSecure(Broker):
     name = "kafka_secure"
     default_ports: ClassVar[dict[str, int]] = {
         "port": DEFAULT_PORT,
         "internal_port": DEFAULT_INTERNAL_PORT,
         "controller_port": DEFAULT_CONTROLLER_PORT,
     }
-    start_timeout = 180.0
-    stop_timeout = 60.0
+    properties = PROPERTIES
     logs = ((LOG_FILE, 25), (STDOUT_FILE, 10))
 
-    def marker(self, state: dict[str, Any]) -> str:
-        return str(PROPERTIES)
-
     def healthy(self, state: dict[str, Any]) -> bool:
-        port = state.get("port")
-        if not isinstance(port, int) or not port_open(port):
-            return False
-        if not password_file(ADMIN_USER).exists():
+        if not self.listening(state) or not password_file(ADMIN_USER).exists():
             return False
         return cluster_answers(client_config(state, ADMIN_USER))
 

@@ -4,10 +4,10 @@ an AWS shared-credentials file and profile (no key in the options), and a user w
 is exactly :func:`txsink.connectors.delta.grants.policy` for the table's folder, nothing else.
 
 The administrators' client (delta-rs as MinIO's root user, and boto3 as root) makes the
-table and reads it back; never the sink. Each of the policy's actions removed in turn fails
-where docs/security.md (section Delta) says, before anything becomes visible. Both clients
+table and reads it back; never the sink. Both clients
 take the CA per client (delta-rs's ``certificate_path``, pyarrow's ``tls_ca_file_path``), so
 the administrators' reads need no process of their own (Iceberg's need ``SSL_CERT_FILE``).
+Each action removed in turn is named by the start-up check's probe, with its statement.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 import pytest
 from test_s3_secure import SecureS3, secure, server
 
 from txsink.connectors.delta import DeltaSink
-from txsink.connectors.delta.grants import ACTIONS, policy
+from txsink.connectors.delta.access import PROBE_FOLDER, DeltaAccessError
+from txsink.connectors.delta.grants import ACTIONS, policy, statement
 from txsink.connectors.delta.handles import DeltaHandle
 from txsink.errors import UnreachableError
 from txsink.handles import dump_handle, load_handle
@@ -141,37 +141,59 @@ def test_an_epoch_through_the_least_privileged_user(
 
 
 @pytest.mark.parametrize("action", [a.name for a in ACTIONS])
-def test_each_missing_right_fails_before_anything_is_visible(
+def test_each_missing_right_is_named_at_the_check(
     server: SecureS3, folder: str, action: str
 ) -> None:
-    """One action of the policy removed: reading the log (``GetObject``, ``ListBucket``)
-    fails the start-up check; writing (``PutObject``) fails the pre-commit; deleting
-    (``DeleteObject``) fails only an abort. Nothing of the epoch is visible in any case."""
+    """One action of the policy removed: the start-up check names it, alone, with the IAM
+    statement of :func:`~txsink.connectors.delta.grants.statement` that grants it, before
+    any data flows (the check's probe leaves nothing behind but, without
+    ``s3:DeleteObject``, its one empty probe object). Nothing of the table changed."""
     server.set_policy(policy(server.bucket, folder, without=(action,)))
     sink = _sink(server, folder)
-    failed: Any = None
-    if action in ("s3:GetObject", "s3:ListBucket"):
-        with pytest.raises(UnreachableError) as info:
-            sink.check(SCHEMA, APP)
-        failed = info.value
-        assert "phase=check" in str(failed) and "sink_uid=sec" in str(failed)
-    else:
+    with pytest.raises(DeltaAccessError) as info:
         sink.check(SCHEMA, APP)
-        if action == "s3:PutObject":
-            with pytest.raises(OSError, match="ACCESS_DENIED") as refused:
-                _prepare(sink, 1, [range(10)])
-            failed = refused.value
-        else:
-            (handle,) = _prepare(sink, 1, [range(10)])
-            with pytest.raises(OSError, match="ACCESS_DENIED") as refused:
-                sink.abort(handle)
-            failed = refused.value
-            assert [h.txn for h in sink.list_prepared(APP)] == [handle.txn], (
-                "the file an abort could not delete is no longer found by recovery"
-            )
-    assert server.app_secret() not in str(failed)
+    failed = info.value
+    assert failed.missing == [action]
+    text = str(failed)
+    grant = json.dumps(statement(action, server.bucket, folder), separators=(",", ":"))
+    assert grant in text, text
+    assert "phase=check" in text and "sink_uid=sec" in text
+    assert server.app_secret() not in text
     server.set_policy(server.full_policy())
+    probes = [k for k in server.keys(f"{folder}/") if f"/{PROBE_FOLDER}" in k]
+    assert len(probes) == (1 if action == "s3:DeleteObject" else 0), probes
     assert _admin_ids(server, folder) == [], "a refused right let rows through"
+    assert _unreferenced(server, folder) == []
+
+
+def test_a_policy_for_another_folder_is_told_with_every_statement(
+    server: SecureS3, folder: str
+) -> None:
+    """Every probe call refused (the policy names another folder): nothing tells that from
+    a server that refuses the key, so the check says it cannot reach the storage, and lists
+    the four statements for the table's folder."""
+    server.set_policy(policy(server.bucket, f"{folder}-elsewhere"))
+    with pytest.raises(UnreachableError) as info:
+        _sink(server, folder).check(SCHEMA, APP)
+    text = str(info.value)
+    for action in ACTIONS:
+        grant = json.dumps(statement(action.name, server.bucket, folder), separators=(",", ":"))
+        assert grant in text, text
+    assert "phase=check" in text and server.app_secret() not in text
+
+
+def test_a_right_removed_after_the_check_fails_before_the_decision(
+    server: SecureS3, folder: str
+) -> None:
+    """``s3:PutObject`` taken away after a passing check (a policy changed while the query
+    runs): the pre-commit fails, before the decision; nothing is visible."""
+    sink = _sink(server, folder)
+    sink.check(SCHEMA, APP)
+    server.set_policy(policy(server.bucket, folder, without=("s3:PutObject",)))
+    with pytest.raises(OSError):
+        _prepare(sink, 1, [range(10)])
+    server.set_policy(server.full_policy())
+    assert _admin_ids(server, folder) == []
 
 
 @pytest.mark.parametrize("ca", ["missing", "another"])

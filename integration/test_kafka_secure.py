@@ -226,14 +226,14 @@ def _rights_params() -> list[Any]:
     ]
 
 
-@pytest.mark.parametrize("removed", _rights_params())
-def test_each_missing_right_is_named_with_its_grant(
-    secure_kafka: SecureKafka, tmp_path: Path, removed: int
-) -> None:
-    kafka = secure_kafka
+SCHEMA = pa.schema([("id", pa.int64()), ("key", pa.string()), ("value", pa.string())])
+
+
+def _replay_sink(kafka: SecureKafka) -> tuple[KafkaSink, str, str]:
+    """A replay-mode sink of the least-privileged principal on a new topic, with its own
+    new marker topic (made by the admin): the sink, its uid and its topic."""
     uid = f"sec{uuid.uuid4().hex[:8]}"
-    topic = f"t-{uid}"
-    marker = f"m-{uid}"
+    topic, marker = f"t-{uid}", f"m-{uid}"
     _topics(kafka, topic, marker, compact=(marker,))
     sink = KafkaSink(
         kafka.bootstrap,
@@ -246,13 +246,21 @@ def test_each_missing_right_is_named_with_its_grant(
         producer_config=kafka.security(kafka.user),
         timeout_s=20.0,
     )
+    return sink, uid, topic
+
+
+@pytest.mark.parametrize("removed", _rights_params())
+def test_each_missing_right_is_named_with_its_grant(
+    secure_kafka: SecureKafka, tmp_path: Path, removed: int
+) -> None:
+    kafka = secure_kafka
+    sink, uid, topic = _replay_sink(kafka)
     acls = required_acls(sink.settings, topic)
     gone = acls.pop(removed)
     create_acls(kafka.admin(), acls, kafka.user)
-    schema = pa.schema([("id", pa.int64()), ("key", pa.string()), ("value", pa.string())])
     try:
         with pytest.raises(ConfigurationError) as caught:
-            sink.check(schema, f"app-{uid}")
+            sink.check(SCHEMA, f"app-{uid}")
     finally:
         delete_acls(kafka.admin(), acls, kafka.user)
     message = str(caught.value)
@@ -260,4 +268,32 @@ def test_each_missing_right_is_named_with_its_grant(
     assert "lacks 1 right(s)" in message, message
     assert kafka.password(kafka.user) not in message
     assert _read_committed(kafka, topic) == []
-    assert _read_committed(kafka, marker) == []
+    assert _read_committed(kafka, sink.settings.marker_topic) == []
+
+
+def test_the_check_lists_the_topics_once(
+    secure_kafka: SecureKafka, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The start-up check (rights, then brokers, topic and marker topic) asks the brokers
+    for their topics once, and passes the answer on: with every right granted it passes,
+    and its admin clients listed the topics one time."""
+    from confluent_kafka import admin as kafka_admin
+
+    kafka = secure_kafka
+    sink, uid, topic = _replay_sink(kafka)
+    listed: list[float] = []
+    original = kafka_admin.AdminClient.list_topics
+
+    def counting(self: Any, *args: Any, **kwargs: Any) -> Any:
+        listed.append(1.0)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(kafka_admin.AdminClient, "list_topics", counting)
+    acls = required_acls(sink.settings, topic)
+    create_acls(kafka.admin(), acls, kafka.user)
+    try:
+        sink.check(SCHEMA, f"app-{uid}")
+    finally:
+        delete_acls(kafka.admin(), acls, kafka.user)
+        sink.release()
+    assert len(listed) == 1, f"the check listed the topics {len(listed)} times"

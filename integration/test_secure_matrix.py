@@ -9,13 +9,14 @@ verifier reads back as the administrators (zero duplicates, zero missing, nothin
 prepared). The runs themselves are ``test_matrix.py``'s (``run_cell``, ``run_kill_driver``)
 and ``txsink.testing.contract``'s checks.
 
-By default: per secured variant, the contract's two cheapest checks (prepare, and commit
-from a new driver; no Spark); and one kill-driver run into every secured variant's target
-at once (one coordinator: the driver SIGKILLed after the decision of epoch 1, restarted by
-the runner). With ``--run-slow``, per secured variant: every contract check, every crash
-point once with ``raise`` (in the shared SparkSession, driver points with the txsink log in
-the target's system where the adapter keeps one), the kill-driver run after the decision,
-and the kill-driver run at every point once.
+By default: per connector, its first secured variant's two cheapest contract checks
+(prepare, and commit from a new driver; no Spark); and one kill-driver run into that
+variant's target of every connector at once (one coordinator: the driver SIGKILLed after
+the decision of epoch 1, restarted by the runner). With ``--run-slow``, per secured variant
+(a connector's others too): every contract check, every crash point once with ``raise`` (in
+the shared SparkSession, driver points with the txsink log in the target's system where the
+adapter keeps one), the kill-driver run after the decision, and the kill-driver run at
+every point once.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 
 import pytest
 from _services.common import ServiceError, real_servers_required, redact
-from _services.resolve import resolve_postgres_secure, resolve_s3_secure
+from _services.resolve import resolve_kafka_secure, resolve_postgres_secure, resolve_s3_secure
 from test_matrix import run_cell, run_kill_driver
 
 from tests.streaming import CRASH_MATRIX
@@ -37,6 +38,7 @@ from txsink.testing.targets import RunTarget
 
 #: How each secured service of the harness is found (started if need be).
 RESOLVE: dict[str, Callable[[], dict[str, str]]] = {
+    "kafka_secure": resolve_kafka_secure,
     "postgres_secure": resolve_postgres_secure,
     "s3_secure": resolve_s3_secure,
 }
@@ -56,6 +58,11 @@ def _secured() -> list[tuple[str, str, list[Any]]]:
         for name, found in adapters().items()
         for variant in found.secure_variants
     ]
+
+
+def _quick(connector: str, variant: str) -> bool:
+    """The connector's first secured variant: its cheapest checks run by default."""
+    return variant == next(iter(adapters()[connector].secure_variants))
 
 
 def _env(connector: str) -> dict[str, str]:
@@ -93,7 +100,14 @@ def _target(request: pytest.FixtureRequest, tmp: Path, connector: str, variant: 
             name,
             variant,
             check,
-            marks=[*marks, *([] if check.__name__ in QUICK_CHECKS else [pytest.mark.slow])],
+            marks=[
+                *marks,
+                *(
+                    []
+                    if check.__name__ in QUICK_CHECKS and _quick(name, variant)
+                    else [pytest.mark.slow]
+                ),
+            ],
             id=f"{name}-{variant}-{check.__name__}",
         )
         for name, variant, marks in _secured()
@@ -177,7 +191,7 @@ def test_secure_kill_driver(
     "secured",
     [
         pytest.param(
-            [(n, v) for n, v, _ in _secured()],
+            [(n, v) for n, v, _ in _secured() if _quick(n, v)],
             marks=[
                 getattr(pytest.mark, service)
                 for service in sorted(
@@ -196,8 +210,10 @@ def test_secure_kill_driver(
 def test_secure_kill_driver_after_the_decision(
     request: pytest.FixtureRequest, tmp_path: Path, secured: list[tuple[str, str]]
 ) -> None:
-    """The default suite's kill-driver cell: every secured target in one query, the driver
-    killed after the decision of epoch 1; the restart commits it in each, exactly once."""
+    """The default suite's kill-driver cell: a secured target of every connector (its first
+    secured variant; the others' kill-driver runs are ``test_secure_kill_driver``'s, with
+    ``--run-slow``) in one query, the driver killed after the decision of epoch 1; the
+    restart commits it in each, exactly once."""
     targets = [_target(request, tmp_path, name, variant) for name, variant in secured]
     run_kill_driver(tmp_path, targets, points=QUICK_KILL)
 

@@ -17,10 +17,12 @@ What the sink and delta-rs do under the table's folder ``s3://<bucket>/<table>/`
   ``_delta_log/``, recovery lists the table's folder for files no decision names;
 * ``s3:DeleteObject``: an aborted transaction's data files (and delta-rs's log clean-up).
 
-Measured on MinIO, one action removed at a time: without ``s3:GetObject`` or
-``s3:ListBucket`` the start-up check cannot open the table; without ``s3:PutObject`` the
-pre-commit fails (before the decision: nothing visible); without ``s3:DeleteObject`` only
-the abort fails (the aborted files stay, invisible to readers, until a ``VACUUM``).
+Measured on MinIO, one action removed at a time, before the start-up probe
+(:mod:`~txsink.connectors.delta.access`) existed: without ``s3:GetObject`` or
+``s3:ListBucket`` the table could not be opened; without ``s3:PutObject`` the pre-commit
+failed (before the decision: nothing visible); without ``s3:DeleteObject`` only the abort
+failed (the aborted files stay, invisible to readers, until a ``VACUUM``). The probe now
+names each of them at the check, with :func:`statement`'s grant.
 ``s3:AbortMultipartUpload`` and ``s3:ListBucketMultipartUploads`` were not needed.
 """
 
@@ -30,7 +32,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["ACTIONS", "Action", "policy"]
+__all__ = ["ACTIONS", "Action", "policy", "statement"]
 
 Scope = Literal["object", "bucket"]
 
@@ -52,11 +54,36 @@ ACTIONS: tuple[Action, ...] = (
 )
 
 
+def _folder(table: str) -> str:
+    return f"{table.strip('/')}/" if table.strip("/") else ""
+
+
+def statement(action: str, bucket: str, table: str) -> dict[str, Any]:
+    """The one IAM statement that allows ``action`` (one of :data:`ACTIONS`) for the table at
+    ``s3://<bucket>/<table>``: what the start-up check names for a refused action."""
+    found = next((a for a in ACTIONS if a.name == action), None)
+    if found is None:
+        raise ValueError(f"{action!r} is not one of the Delta sink's actions")
+    folder = _folder(table)
+    if found.scope == "object":
+        return {
+            "Effect": "Allow",
+            "Action": [action],
+            "Resource": [f"arn:aws:s3:::{bucket}/{folder}*"],
+        }
+    return {
+        "Effect": "Allow",
+        "Action": [action],
+        "Resource": [f"arn:aws:s3:::{bucket}"],
+        "Condition": {"StringLike": {"s3:prefix": [f"{folder}*"]}},
+    }
+
+
 def policy(bucket: str, table: str, *, without: Iterable[str] = ()) -> dict[str, Any]:
     """The least-privilege policy for the Delta table at ``s3://<bucket>/<table>`` (``table``:
     its path in the bucket), less the actions named in ``without``."""
     skip = set(without)
-    folder = f"{table.strip('/')}/" if table.strip("/") else ""
+    folder = _folder(table)
     objects = [a.name for a in ACTIONS if a.scope == "object" and a.name not in skip]
     statements: list[dict[str, Any]] = []
     if objects:
@@ -68,12 +95,5 @@ def policy(bucket: str, table: str, *, without: Iterable[str] = ()) -> dict[str,
             }
         )
     if "s3:ListBucket" not in skip:
-        statements.append(
-            {
-                "Effect": "Allow",
-                "Action": ["s3:ListBucket"],
-                "Resource": [f"arn:aws:s3:::{bucket}"],
-                "Condition": {"StringLike": {"s3:prefix": [f"{folder}*"]}},
-            }
-        )
+        statements.append(statement("s3:ListBucket", bucket, table))
     return {"Version": "2012-10-17", "Statement": statements}

@@ -17,7 +17,8 @@ How the two phases map to Delta::
 
 Package map: ``sink`` (configuration and hooks), ``handles``, ``naming`` (file names and
 partition folders), ``writer`` (a task's open files and statistics), ``commit`` (the epoch's
-commit), ``checks`` (table and schema at start), ``storage`` (local and S3), ``errors``,
+commit), ``checks`` (table and schema at start), ``access`` (the rights on S3, probed at
+start), ``storage`` (local and S3), ``errors``,
 ``testing``, ``plugin``.
 
 Guarantee: exactly-once for every reader of the Delta table (the log is the only way in).
@@ -34,7 +35,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import pyarrow as pa
 from typing_extensions import override
 
-from txsink.connectors.delta import checks, commit, naming, storage
+from txsink.connectors.delta import access, checks, commit, naming, storage
 from txsink.connectors.delta.errors import describe, is_not_found
 from txsink.connectors.delta.handles import DeltaFile, DeltaHandle
 from txsink.connectors.delta.writer import OpenTxn, conform, first_null, groups
@@ -161,6 +162,9 @@ class DeltaSink(TwoPhaseCommitSink[OpenTxn, DeltaHandle]):
     @override
     def check(self, schema: pa.Schema, app_id: str) -> None:
         ctx = self._ctx(phase="check")
+        # Every IAM action, probed and named before the table is read (a missing read right
+        # would otherwise be told only as a table that cannot be opened).
+        access.check_access(self._storage, ctx)
         table = checks.open_or_create(
             self._storage, schema, create=self.create_table, partition_by=self.partition_by, ctx=ctx
         )

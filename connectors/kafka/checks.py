@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
@@ -29,7 +30,15 @@ from txsink.connectors.kafka.records.limits import batch_cap, effective_limit
 from txsink.connectors.kafka.records.topics import TopicInfo, describe_topics
 from txsink.errors import ConfigurationError
 
-__all__ = ["MIN_TXN_TIMEOUT_MS", "check_avro", "check_brokers", "check_columns", "check_topics"]
+__all__ = [
+    "MIN_TXN_TIMEOUT_MS",
+    "Cluster",
+    "check_avro",
+    "check_brokers",
+    "check_columns",
+    "check_topics",
+    "list_cluster",
+]
 
 #: An epoch's commit produces all of a shard's records in one transaction.
 MIN_TXN_TIMEOUT_MS = 10_000
@@ -45,16 +54,41 @@ def check_columns(schema: pa.Schema, fmt: RecordFormat, ctx: dict[str, Any]) -> 
             )
 
 
-def check_brokers(settings: KafkaSettings, topic: str | None, ctx: dict[str, Any]) -> None:
-    """The brokers answer, ``topic`` exists, the transaction timeout fits, the marker
-    topic is there and compacted."""
+@dataclass(frozen=True)
+class Cluster:
+    """An admin client and the cluster's metadata (brokers, topics) it listed: listed once
+    at start, shared by the rights check, :func:`check_brokers` and :func:`check_topics`."""
+
+    admin: Any
+    meta: Any
+
+
+def list_cluster(settings: KafkaSettings) -> Cluster:
+    """List the cluster's brokers and topics (any principal may list the topics it sees):
+    brokers that are down are told as such here, first."""
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
-    doing = "list the topics"
     try:
         admin = AdminClient(settings.client_config())
-        meta = admin.list_topics(timeout=settings.timeout_s)
+        return Cluster(admin, admin.list_topics(timeout=settings.timeout_s))
+    except KafkaException as err:
+        raise check_error(err.args[0] if err.args else err, settings, "list the topics") from err
+    except TimeoutError as err:
+        raise check_error(err, settings, "list the topics") from err
+
+
+def check_brokers(
+    settings: KafkaSettings, topic: str | None, cluster: Cluster, ctx: dict[str, Any]
+) -> Cluster:
+    """``topic`` exists, the transaction timeout fits, the marker topic is there and
+    compacted (``cluster``: :func:`list_cluster`'s answer). Returns ``cluster``, listed
+    again only when this check created the marker topic (the next checks describe it)."""
+    from confluent_kafka import KafkaException
+
+    admin, meta = cluster.admin, cluster.meta
+    doing = "check the topic"
+    try:
         if topic is not None and topic not in meta.topics:
             raise ConfigurationError(
                 f"topic {topic!r} does not exist: create it (txsink does not create data "
@@ -64,38 +98,41 @@ def check_brokers(settings: KafkaSettings, topic: str | None, ctx: dict[str, Any
         doing = "read the brokers' transaction.max.timeout.ms"
         _check_transaction_timeout(admin, meta, settings, ctx)
         doing = f"check the marker topic {settings.marker_topic!r}"
-        ensure_marker_topic(admin, meta, settings, ctx)
+        if ensure_marker_topic(admin, meta, settings, ctx):
+            return replace(cluster, meta=admin.list_topics(timeout=settings.timeout_s))
     except KafkaException as err:
         raise check_error(err.args[0] if err.args else err, settings, doing) from err
     except TimeoutError as err:  # a future's result(timeout=...) that did not come
         raise check_error(err, settings, doing) from err
+    return cluster
 
 
-def check_topics(settings: KafkaSettings, fmt: RecordFormat, ctx: dict[str, Any]) -> int | None:
+def check_topics(
+    settings: KafkaSettings, fmt: RecordFormat, cluster: Cluster, ctx: dict[str, Any]
+) -> int | None:
     """Describe the topics the sink writes: refuse what the brokers would refuse after the
     decision (no WRITE right, an explicit ``max_record_bytes`` above the topic's limit),
     seed ``fmt.topics`` for the tasks, and return the producers' ``batch.size`` cap.
 
     With ``topic_column`` the tasks describe each topic they meet; the cap is then the
     smallest limit of the cluster's topics now (a topic created later with a smaller one
-    is an operator change: docs/reliability.md).
+    is an operator change: docs/reliability.md). ``cluster``: :func:`check_brokers`'s.
     """
     from confluent_kafka import KafkaException
-    from confluent_kafka.admin import AdminClient
 
     lookup = fmt.topics
     if lookup is None:  # pragma: no cover - the sink always gives one
         return None
     doing = "describe the topics"
     try:
-        admin = AdminClient(settings.client_config())
+        admin = cluster.admin
         wanted = [settings.marker_topic] + ([fmt.topic] if fmt.topic is not None else [])
-        found = describe_topics(admin, wanted, settings.timeout_s)
+        found = describe_topics(admin, wanted, settings.timeout_s, meta=cluster.meta)
         for topic, info in found.items():
             _check_writable(topic, info, settings, ctx)
         if fmt.topic is None:
             doing = "read the topics' max.message.bytes"
-            floor = _smallest_limit(admin, settings.timeout_s)
+            floor = _smallest_limit(admin, cluster.meta, settings.timeout_s)
             return None if floor is None else batch_cap(floor, fmt.compressed)
     except KafkaException as err:
         raise check_error(err.args[0], settings, doing) from err
@@ -130,14 +167,13 @@ def _check_writable(
         )
 
 
-def _smallest_limit(admin: Any, timeout_s: float) -> int | None:
+def _smallest_limit(admin: Any, meta: Any, timeout_s: float) -> int | None:
     """The smallest ``max.message.bytes`` of the cluster's topics (internal ones aside)."""
     from confluent_kafka.admin import (  # type: ignore[attr-defined]
         ConfigResource,
         ResourceType,
     )
 
-    meta = admin.list_topics(timeout=timeout_s)
     names = [t for t in meta.topics if not t.startswith("__")]
     if not names:
         return None

@@ -52,11 +52,13 @@ def _quiet() -> logging.Logger:
     return rdkafka_logger("txsink.connectors.kafka.readback.rdkafka", silent=True)
 
 
-def admin_client(bootstrap: str) -> Any:
-    """An ``AdminClient`` for ``bootstrap`` that keeps librdkafka quiet."""
+def admin_client(bootstrap: str, client_config: Mapping[str, Any] | None = None) -> Any:
+    """An ``AdminClient`` for ``bootstrap`` that keeps librdkafka quiet; ``client_config``:
+    the client's own settings (TLS, SASL) on a secured cluster."""
     from confluent_kafka.admin import AdminClient
 
     conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": _quiet()}
+    conf.update(client_config or {})
     return AdminClient(conf)
 
 
@@ -73,6 +75,7 @@ def read_records(
     timeout_s: float = 60.0,
     config: dict[str, Any] | None = None,
     ends: Mapping[int, int] | None = None,
+    client_config: Mapping[str, Any] | None = None,
 ) -> list[KafkaRecord]:
     """Every record of ``topic`` a reader with ``isolation`` sees, all partitions, in order.
 
@@ -80,11 +83,12 @@ def read_records(
     the markers of the transactions committed so far are in every partition:
     :func:`~txsink.connectors.kafka.clients.offsets.settled_ends`), or to ``ends`` (per partition)
     when given; raises TimeoutError if that end is not reached in ``timeout_s``. No
-    consumer group offsets are committed.
+    consumer group offsets are committed. ``client_config`` (TLS, SASL) serves the admin
+    client and the consumer; ``config``, the consumer only.
     """
     from confluent_kafka import Consumer, TopicPartition
 
-    admin = admin_client(bootstrap)
+    admin = admin_client(bootstrap, client_config)
     if ends is not None:
         ends = dict(ends)
     elif isolation == "read_committed":
@@ -104,6 +108,7 @@ def read_records(
         "auto.offset.reset": "earliest",
         "logger": _quiet(),
     }
+    conf.update(client_config or {})
     conf.update(config or {})
     consumer = Consumer(conf)
     try:
@@ -160,16 +165,19 @@ def create_topic(
     partitions: int = 2,
     timeout_s: float = 30.0,
     config: Mapping[str, str] | None = None,
+    *,
+    client_config: Mapping[str, Any] | None = None,
 ) -> None:
     """Create ``topic`` (replication 1, topic ``config``) unless it exists, and wait until
     the brokers' metadata lists it (the controller accepts a topic before every broker
-    knows it, and a sink's start-up check right after would find no such topic)."""
+    knows it, and a sink's start-up check right after would find no such topic).
+    ``client_config``: the admin client's own settings on a secured cluster."""
     import time
 
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
-    admin = admin_client(bootstrap)  # held until the answer: its futures die with it
+    admin = admin_client(bootstrap, client_config)  # held until the answer (its futures)
     future = admin.create_topics([NewTopic(topic, partitions, 1, config=dict(config or {}))])[topic]
     try:
         future.result(timeout=timeout_s)
@@ -185,9 +193,15 @@ def create_topic(
         time.sleep(0.05)
 
 
-def delete_topic(bootstrap: str, topic: str, timeout_s: float = 30.0) -> None:
+def delete_topic(
+    bootstrap: str,
+    topic: str,
+    timeout_s: float = 30.0,
+    *,
+    client_config: Mapping[str, Any] | None = None,
+) -> None:
     """Delete ``topic`` and wait for the answer; an error (a topic already gone, a broker
     that refuses) is raised as confluent-kafka's ``KafkaException``."""
-    admin = admin_client(bootstrap)  # held until the answer: its futures die with it
+    admin = admin_client(bootstrap, client_config)  # held until the answer (its futures)
     future = admin.delete_topics([topic], operation_timeout=timeout_s)[topic]
     future.result(timeout=timeout_s)

@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 from txsink.connectors.kafka.acls import Acl, required_acls
+from txsink.connectors.kafka.checks import Cluster
 from txsink.connectors.kafka.clients.errors import check_error, has_code
 from txsink.connectors.kafka.clients.settings import KafkaSettings
 from txsink.errors import ConfigurationError
@@ -34,22 +35,22 @@ _DENIED = (
 )
 
 
-def check_rights(settings: KafkaSettings, topic: str | None, ctx: dict[str, Any]) -> None:
+def check_rights(
+    settings: KafkaSettings, topic: str | None, cluster: Cluster, ctx: dict[str, Any]
+) -> None:
     """Raise :class:`ConfigurationError` naming every right the sink lacks (none: return).
 
-    Rights on a topic that does not exist are not judged here: the brokers' check says
-    the topic is missing (the marker topic's CREATE is named when creating it fails).
+    ``cluster`` is :func:`~txsink.connectors.kafka.checks.list_cluster`'s answer: the
+    brokers answered it already (brokers that are down are told as such, not as rights
+    that could not be checked). Rights on a topic that does not exist are not judged here:
+    the brokers' check says the topic is missing (the marker topic's CREATE is named when
+    creating it fails).
     """
     from confluent_kafka import KafkaException
-    from confluent_kafka.admin import AdminClient
 
-    # First whether the brokers answer at all (any principal may list the topics it sees):
-    # brokers that are down are told as such, not as rights that could not be checked.
-    doing = "list the topics"
+    doing = "check the sink's rights"
     try:
-        AdminClient(settings.client_config()).list_topics(timeout=settings.timeout_s)
-        doing = "check the sink's rights"
-        missing = missing_rights(settings, topic)
+        missing = missing_rights(settings, topic, cluster)
     except KafkaException as err:
         raise check_error(err.args[0], settings, doing) from err
     except TimeoutError as err:
@@ -70,11 +71,9 @@ def check_rights(settings: KafkaSettings, topic: str | None, ctx: dict[str, Any]
     )
 
 
-def missing_rights(settings: KafkaSettings, topic: str | None) -> list[Acl]:
+def missing_rights(settings: KafkaSettings, topic: str | None, cluster: Cluster) -> list[Acl]:
     """The required ACLs this principal lacks, as the brokers report its rights."""
-    from confluent_kafka.admin import AdminClient
-
-    admin = AdminClient(settings.client_config())
+    admin = cluster.admin
     wanted = required_acls(settings, topic)
     topics = sorted({a.name for a in wanted if a.kind == "Topic"})
     granted: dict[tuple[str, str], set[str] | None] = {}
@@ -82,7 +81,9 @@ def missing_rights(settings: KafkaSettings, topic: str | None) -> list[Acl]:
         granted[("Topic", name)] = ops
     if all(ops is None for ops in granted.values()):
         return []  # no authorizer on the brokers (or no topic yet: the brokers' check says)
-    granted[("Cluster", "kafka-cluster")] = _cluster_operations(admin, settings.timeout_s)
+    granted[("Cluster", "kafka-cluster")] = _cluster_operations(
+        admin, cluster.meta, settings.timeout_s
+    )
     for acl in wanted:
         if acl.kind == "Group":
             granted[("Group", acl.name)] = _group_operations(admin, acl.name, settings.timeout_s)
@@ -150,10 +151,11 @@ def _configs_readable(admin: Any, kind: str, name: str, timeout_s: float) -> set
     return {"DESCRIBE_CONFIGS"}
 
 
-def _cluster_operations(admin: Any, timeout_s: float) -> set[str]:
-    """DESCRIBE_CONFIGS if this principal may read a broker's configs. (The cluster's
-    authorized operations are only told to a principal with DESCRIBE on the cluster.)"""
-    broker = str(next(iter(admin.list_topics(timeout=timeout_s).brokers)))
+def _cluster_operations(admin: Any, meta: Any, timeout_s: float) -> set[str]:
+    """DESCRIBE_CONFIGS if this principal may read a broker's configs (one of ``meta``'s
+    brokers). (The cluster's authorized operations are only told to a principal with
+    DESCRIBE on the cluster.)"""
+    broker = str(next(iter(meta.brokers)))
     return _configs_readable(admin, "BROKER", broker, timeout_s)
 
 

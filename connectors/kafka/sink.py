@@ -316,9 +316,10 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
         checks.check_columns(schema, self.records, ctx)
         if self.mode == "wal":
             self._wal.check(ctx)
-        check_rights(self.settings, self.topic, ctx)  # every missing ACL, named, first
-        checks.check_brokers(self.settings, self.topic, ctx)
-        self._batch_cap = checks.check_topics(self.settings, self.records, ctx)
+        cluster = checks.list_cluster(self.settings)  # once: brokers down are told first
+        check_rights(self.settings, self.topic, cluster, ctx)  # every missing ACL, named
+        cluster = checks.check_brokers(self.settings, self.topic, cluster, ctx)
+        self._batch_cap = checks.check_topics(self.settings, self.records, cluster, ctx)
         checks.check_avro(schema, self.records, ctx)
         # Fence zombies and abort the transactions they left open, so read_committed
         # readers are not held back by a crashed run. Commit tasks produce (their own

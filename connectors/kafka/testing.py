@@ -5,6 +5,9 @@ Registered in :mod:`txsink.connectors.kafka.plugin`. The server comes from
 ``TXSINK_KAFKA_BOOTSTRAP``; the ``wal-s3`` variant keeps its WAL on the S3 server of
 ``TXSINK_S3_ENDPOINT``, ``TXSINK_S3_ACCESS_KEY``, ``TXSINK_S3_SECRET_KEY`` and
 ``TXSINK_S3_REGION`` (what ``integration/services up`` writes), in a bucket of its own.
+The ``secure-*`` variants (:attr:`KafkaTesting.secure_variants`) run on the secured broker
+(``TXSINK_KAFKA_SECURE_*``): made and read back by its administrator, written by its
+least-privileged principal (:mod:`~txsink.connectors.kafka.secure_testing`).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any, ClassVar
 
 from typing_extensions import override
 
-from txsink.connectors.kafka import readback
+from txsink.connectors.kafka import readback, secure_testing
 from txsink.connectors.kafka.clients.offsets import settled_ends, topic_ends
 from txsink.connectors.kafka.clients.producers import fence
 from txsink.connectors.kafka.clients.settings import rdkafka_logger
@@ -98,6 +101,8 @@ class KafkaVerifier:
     topic: str
     expected: Iterable[int]
     wal: str | WalStore | None = None
+    #: The reader's own client settings (TLS, SASL) on a secured cluster; no secret shown.
+    config: Mapping[str, Any] | None = field(default=None, repr=False)
     #: How many incomplete multipart uploads the WAL's bucket holds (a WAL on S3).
     uploads: Callable[[], int] | None = field(default=None, repr=False)
     id_field: str = "id"
@@ -114,7 +119,11 @@ class KafkaVerifier:
     def read_ids(self) -> list[int]:
         stable, _ = self._ends()
         records = readback.read_records(
-            self.bootstrap, self.topic, timeout_s=self.timeout_s, ends=stable
+            self.bootstrap,
+            self.topic,
+            timeout_s=self.timeout_s,
+            ends=stable,
+            client_config=self.config,
         )
         return [int(json.loads(r.value or b"null")[self.id_field]) for r in records]
 
@@ -123,7 +132,7 @@ class KafkaVerifier:
         committed a moment ago may not have its markers everywhere yet: a few seconds for
         them), without waiting again on a transaction already found open: ``read_ids``
         then ``lingering`` wait once, not twice (10 s each while a transaction is open)."""
-        admin = readback.admin_client(self.bootstrap)
+        admin = readback.admin_client(self.bootstrap, self.config)
         if self._open is not None:
             now = (
                 topic_ends(admin, self.topic, "read_committed", self.timeout_s),
@@ -249,15 +258,35 @@ class KafkaTesting(ConnectorTesting):
     #: A topic that takes records of at most 64 KiB: a longer payload must be refused in
     #: the pre-commit (the broker would refuse it at the commit, after the decision).
     poison: ClassVar[tuple[Mapping[str, Any], int] | None] = ({"max_message_bytes": 65536}, 65536)
+    #: On the secured broker: the two ways the marker reaches Kafka (WAL: the markers'
+    #: shared topic; direct: the sink's own, transactions open until the decision). Replay
+    #: needs the same rights as WAL (connectors/kafka/acls.py). Own uids: one query may
+    #: hold both.
+    secure_variants: ClassVar[Mapping[str, Mapping[str, Any]]] = {
+        "secure-wal": {"mode": "wal", "server": "secure", "uid": "ksec-wal"},
+        "secure-direct": {"mode": "direct", "shards": 8, "server": "secure", "uid": "ksec-direct"},
+    }
+    secure_services: ClassVar[tuple[str, ...]] = ("kafka_secure",)
+
+    @staticmethod
+    def _secure(spec: Mapping[str, Any]) -> bool:
+        return spec.get("server") == "secure"
+
+    def _bootstrap(self, spec: Mapping[str, Any], env: Mapping[str, str]) -> str:
+        return env[secure_testing.SECURE_BOOTSTRAP if self._secure(spec) else BOOTSTRAP]
+
+    def _admin(self, spec: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, Any] | None:
+        """The reading and administering client's settings: the secured broker's
+        administrator, or none (a plain broker)."""
+        return secure_testing.security(env, admin=True) if self._secure(spec) else None
 
     @override
     def new_target(
         self, workdir: Path, tag: str, env: Mapping[str, str], **options: Any
     ) -> dict[str, Any]:
+        """A fresh topic; on the secured broker (``server="secure"``) made, with the marker
+        topic and the least-privileged principal's rights, by the administrator."""
         topic = f"txsink-{tag}".replace("_", "-")
-        limit = options.get("max_message_bytes")
-        config = {"max.message.bytes": str(limit)} if limit else None
-        readback.create_topic(env[BOOTSTRAP], topic, partitions=3, config=config)
         wal = str(Path(workdir, f"kafka-wal-{tag}"))
         if options.get("wal_store") == "s3":
             if not env.get(S3_ENDPOINT):
@@ -265,7 +294,7 @@ class KafkaTesting(ConnectorTesting):
             bucket = f"txsink-wal-{tag}".replace("_", "-").lower()[:63]
             _s3_client(env).create_bucket(Bucket=bucket)
             wal = f"s3://{bucket}/wal"
-        return {
+        spec = {
             "kind": self.name,
             "topic": topic,
             "uid": options.get("uid", "kafka"),
@@ -276,11 +305,26 @@ class KafkaTesting(ConnectorTesting):
             # Separate pipelines need their own transactional ids, or they fence each other.
             "transactional_id_prefix": f"txsink-{tag}",
         }
+        if self._secure(options):
+            spec["server"] = "secure"
+            sink = self.build_sink(spec, env)
+            secure_testing.make_topics(sink, env)
+            secure_testing.grant(sink, env)
+            return spec
+        limit = options.get("max_message_bytes")
+        config = {"max.message.bytes": str(limit)} if limit else None
+        readback.create_topic(env[BOOTSTRAP], topic, partitions=3, config=config)
+        return spec
+
+    @override
+    def sink_options(self, spec: Mapping[str, Any]) -> dict[str, Any]:
+        """Without ``server`` (which of the harness's brokers: the adapter's key)."""
+        return {k: v for k, v in super().sink_options(spec).items() if k != "server"}
 
     @override
     def build_sink(self, spec: Mapping[str, Any], env: Mapping[str, str]) -> KafkaSink:
         return KafkaSink(
-            env[BOOTSTRAP],
+            self._bootstrap(spec, env),
             spec["topic"],
             uid=spec.get("uid", "kafka"),
             wal=spec["wal"],
@@ -290,6 +334,8 @@ class KafkaTesting(ConnectorTesting):
             mode=spec.get("mode", "wal"),
             transactional_id_prefix=spec.get("transactional_id_prefix", "txsink"),
             timeout_s=float(spec.get("timeout_s", 30.0)),
+            # The least-privileged principal on the secured broker.
+            producer_config=secure_testing.security(env) if self._secure(spec) else None,
         )
 
     @override
@@ -304,13 +350,21 @@ class KafkaTesting(ConnectorTesting):
         wal = wal_store(spec, env) if spec.get("wal") else None
         bucket = _bucket(spec)
         uploads = None if bucket is None else (lambda: len(_uploads(env, bucket)))
-        return KafkaVerifier(env[BOOTSTRAP], spec["topic"], expected, wal=wal, uploads=uploads)
+        return KafkaVerifier(
+            self._bootstrap(spec, env),
+            spec["topic"],
+            expected,
+            wal=wal,
+            uploads=uploads,
+            config=self._admin(spec, env),
+        )
 
     @override
     def observer_targets(self, spec: Mapping[str, Any], env: Mapping[str, str]) -> list[Target]:
+        bootstrap, admin = self._bootstrap(spec, env), self._admin(spec, env)
         return [
-            KafkaTarget(env[BOOTSTRAP], spec["topic"]),
-            KafkaTarget(env[BOOTSTRAP], spec["topic"], isolation="read_uncommitted"),
+            KafkaTarget(bootstrap, spec["topic"], config=admin),
+            KafkaTarget(bootstrap, spec["topic"], isolation="read_uncommitted", config=admin),
         ]
 
     @override
@@ -322,10 +376,12 @@ class KafkaTesting(ConnectorTesting):
         never committed shard is an open Kafka transaction), then delete the sink's own
         marker topic. Then this process's pooled producers are closed: a test that ran a
         task's code here (the contract suite) leaves them, and only worker processes
-        should keep them."""
+        should keep them. On the secured broker the administrator deletes, and takes the
+        principal's rights back last."""
         from txsink.connectors.kafka import direct
         from txsink.connectors.kafka.clients import pool
 
+        bootstrap, admin = self._bootstrap(spec, env), self._admin(spec, env)
         if spec.get("mode") == "direct":
             sink = self.build_sink(spec, env)
             with contextlib.suppress(Exception):
@@ -336,11 +392,14 @@ class KafkaTesting(ConnectorTesting):
                 )
             if sink.marker_topic != SHARED_MARKER_TOPIC:  # others' markers live there too
                 with contextlib.suppress(Exception):
-                    readback.delete_topic(env[BOOTSTRAP], sink.marker_topic)
+                    readback.delete_topic(bootstrap, sink.marker_topic, client_config=admin)
         pool.clear()
         direct.clear()
         with contextlib.suppress(Exception):
-            readback.delete_topic(env[BOOTSTRAP], spec["topic"])
+            readback.delete_topic(bootstrap, spec["topic"], client_config=admin)
+        if self._secure(spec):
+            with contextlib.suppress(Exception):
+                secure_testing.revoke(self.build_sink(spec, env), env)
         bucket = _bucket(spec)
         if bucket is not None:
             with contextlib.suppress(Exception):
@@ -352,8 +411,16 @@ class KafkaTesting(ConnectorTesting):
 
     @override
     def child_env(self, env: Mapping[str, str]) -> dict[str, str]:
-        """The brokers, and the S3 server of a WAL on S3."""
-        names = (BOOTSTRAP, S3_ENDPOINT, S3_ACCESS_KEY, S3_SECRET_KEY, S3_REGION)
+        """The brokers (and the secured broker's, which name password files, not
+        passwords), and the S3 server of a WAL on S3."""
+        names = (
+            BOOTSTRAP,
+            *secure_testing.SECURE_VARS,
+            S3_ENDPOINT,
+            S3_ACCESS_KEY,
+            S3_SECRET_KEY,
+            S3_REGION,
+        )
         return {var: env[var] for var in names if var in env}
 
 

@@ -80,6 +80,119 @@ POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
 """
 
 
+#: One KRaft node (broker and controller) for tests: every internal topic with one replica,
+#: no topic made by a client's request. Shared with :mod:`.kafka_secure`.
+SINGLE_NODE = {
+    "process.roles": "broker,controller",
+    "node.id": "1",
+    "num.partitions": "1",
+    "default.replication.factor": "1",
+    "min.insync.replicas": "1",
+    "offsets.topic.replication.factor": "1",
+    "offsets.topic.num.partitions": "4",
+    "transaction.state.log.replication.factor": "1",
+    "transaction.state.log.min.isr": "1",
+    "transaction.state.log.num.partitions": "4",
+    "share.coordinator.state.topic.replication.factor": "1",
+    "share.coordinator.state.topic.min.isr": "1",
+    "auto.create.topics.enable": "false",
+    "delete.topic.enable": "true",
+    "group.initial.rebalance.delay.ms": "0",
+}
+
+
+def write_config(
+    properties: Path,
+    props: dict[str, str],
+    log4j: Path,
+    log_file: Path,
+    loggers: dict[str, str],
+) -> None:
+    """The broker's ``server.properties`` (:data:`SINGLE_NODE` with ``props`` over it) and
+    its log4j2 file: everything to ``log_file``, at INFO but for ``loggers`` (name: level)."""
+    properties.parent.mkdir(parents=True, exist_ok=True)
+    merged = {**SINGLE_NODE, **props}
+    properties.write_text("".join(f"{k}={v}\n" for k, v in merged.items()))
+    lines = [
+        "status = warn",
+        "appender.file.type = File",
+        "appender.file.name = file",
+        f"appender.file.fileName = {log_file}",
+        "appender.file.layout.type = PatternLayout",
+        "appender.file.layout.pattern = [%d] %p %m (%c)%n",
+        "rootLogger.level = INFO",
+        "rootLogger.appenderRef.file.ref = file",
+    ]
+    for i, (name, level) in enumerate(loggers.items()):
+        lines += [f"logger.l{i}.name = {name}", f"logger.l{i}.level = {level}"]
+    log4j.write_text("\n".join([*lines, ""]))
+
+
+def java(jars: Path, log4j: Path, main: str, *args: str) -> list[str]:
+    """The command that runs ``main`` from Kafka's jars with the harness's heap and logs."""
+    return [
+        "java",
+        HEAP,
+        "-Xms128m",
+        "-XX:+ExitOnOutOfMemoryError",
+        "-Djava.awt.headless=true",
+        f"-Dlog4j2.configurationFile={log4j}",
+        f"-Dkafka.logs.dir={LOG_DIR}",
+        "-cp",
+        f"{jars}/*",
+        main,
+        *args,
+    ]
+
+
+def format_storage(
+    jars: Path, log4j: Path, properties: Path, *extra: str, log_path: Path | None = None
+) -> None:
+    """Format the data folder of ``properties`` for a new cluster id. ``extra``: more
+    ``kafka-storage format`` arguments (SCRAM users: their command line holds passwords, so
+    give no ``log_path`` with them)."""
+    storage = "kafka.tools.StorageTool"
+    cluster_id = run(java(jars, log4j, storage, "random-uuid")).strip().splitlines()[-1]
+    argv = java(jars, log4j, storage, "format", "-t", cluster_id, "-c", str(properties), *extra)
+    run(argv, timeout=120, log_path=log_path)
+
+
+def java_and_jars(report: StartReport) -> Path:
+    """Java (installed from Debian's packages if missing) and the broker's jars."""
+    if shutil.which("java") is None:
+        apt_install("openjdk-17-jre-headless")
+    return ensure_jars(report)
+
+
+def cluster_answers(conf: dict[str, Any]) -> bool:
+    """Whether the brokers ``conf`` names describe their cluster to its client."""
+    from confluent_kafka.admin import AdminClient
+
+    settings: dict[str, Any] = {**conf, "logger": quiet_logger()}
+    admin = AdminClient(settings)
+    try:
+        cluster = admin.describe_cluster(request_timeout=5).result(timeout=10)
+        return bool(cluster.nodes)
+    except Exception:
+        return False
+
+
+def warm_up_transactions(conf: dict[str, Any]) -> None:
+    """One transaction by ``conf``'s client, so ``__transaction_state`` exists before the
+    first test (its first use costs seconds)."""
+    from confluent_kafka import Producer
+
+    settings: dict[str, Any] = {
+        **conf,
+        "transactional.id": f"txsink-harness-warmup-{uuid.uuid4().hex[:8]}",
+        "logger": quiet_logger(),
+    }
+    producer = Producer(settings)
+    producer.init_transactions(60)
+    producer.begin_transaction()
+    producer.abort_transaction(60)
+
+
 def jars_dir() -> Path:
     return cache_dir() / "kafka" / KAFKA_VERSION / "jars"
 
@@ -136,7 +249,27 @@ def _fetch_jars(target: Path, done: Path, report: StartReport) -> Path:
     return target
 
 
-class Kafka(LocalService):
+class Broker(LocalService):
+    """What the harness's one-node brokers share, plain (:class:`Kafka`) or secured
+    (:class:`~.kafka_secure.KafkaSecure`): start and stop times, the process marker (the
+    broker's ``server.properties``, a class's own), and the listening check."""
+
+    #: The broker's ``server.properties``: in its command line, so its marker.
+    properties: ClassVar[Path]
+    start_timeout = 180.0
+    # SIGTERM runs Kafka's controlled shutdown (flushes logs, closes the quorum cleanly).
+    stop_timeout = 60.0
+
+    def marker(self, state: dict[str, Any]) -> str:
+        return str(self.properties)
+
+    def listening(self, state: dict[str, Any]) -> bool:
+        """The client port of ``state`` takes connections (before any client request)."""
+        port = state.get("port")
+        return isinstance(port, int) and port_open(port)
+
+
+class Kafka(Broker):
     name = "kafka"
     default_ports: ClassVar[dict[str, int]] = {
         "port": DEFAULT_PORT,
@@ -144,29 +277,17 @@ class Kafka(LocalService):
         "proxy_target_port": DEFAULT_PROXY_TARGET_PORT,
         "proxy_listen_port": DEFAULT_PROXY_LISTEN_PORT,
     }
-    start_timeout = 180.0
-    # SIGTERM runs Kafka's controlled shutdown (flushes logs, closes the quorum cleanly).
-    stop_timeout = 60.0
+    properties = PROPERTIES
     logs = ((LOG_FILE, 25), (STDOUT_FILE, 10))
 
-    def marker(self, state: dict[str, Any]) -> str:
-        return str(PROPERTIES)
-
     def healthy(self, state: dict[str, Any]) -> bool:
-        port = state.get("port")
-        if not isinstance(port, int) or not port_open(port):
+        if not self.listening(state):
             return False
         try:
-            from confluent_kafka.admin import AdminClient
+            import confluent_kafka  # noqa: F401
         except ImportError:  # plain python3 without the venv: trust the broker's own log
             return self._started_since(int(state.get("log_offset", 0)))
-        conf: dict[str, Any] = {"bootstrap.servers": f"{LOOPBACK}:{port}", "logger": quiet_logger()}
-        admin = AdminClient(conf)
-        try:
-            cluster = admin.describe_cluster(request_timeout=5).result(timeout=10)
-            return bool(cluster.nodes)
-        except Exception:
-            return False
+        return cluster_answers({"bootstrap.servers": f"{LOOPBACK}:{state['port']}"})
 
     def _started_since(self, offset: int) -> bool:
         try:
@@ -188,8 +309,6 @@ class Kafka(LocalService):
         port, cport = state["port"], state["controller_port"]
         ptarget, plisten = state["proxy_target_port"], state["proxy_listen_port"]
         props = {
-            "process.roles": "broker,controller",
-            "node.id": "1",
             "controller.quorum.voters": f"1@{LOOPBACK}:{cport}",
             "listeners": (
                 f"PLAINTEXT://{LOOPBACK}:{port},CONTROLLER://{LOOPBACK}:{cport},"
@@ -204,57 +323,10 @@ class Kafka(LocalService):
                 "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,PROXIED:PLAINTEXT"
             ),
             "log.dirs": str(DATA_DIR),
-            "num.partitions": "1",
-            "default.replication.factor": "1",
-            "min.insync.replicas": "1",
-            "offsets.topic.replication.factor": "1",
-            "offsets.topic.num.partitions": "4",
-            "transaction.state.log.replication.factor": "1",
-            "transaction.state.log.min.isr": "1",
-            "transaction.state.log.num.partitions": "4",
-            "share.coordinator.state.topic.replication.factor": "1",
-            "share.coordinator.state.topic.min.isr": "1",
-            "auto.create.topics.enable": "false",
-            "delete.topic.enable": "true",
-            "group.initial.rebalance.delay.ms": "0",
             "log.retention.hours": "168",
         }
-        KAFKA_DIR.mkdir(parents=True, exist_ok=True)
-        PROPERTIES.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
-        LOG4J.write_text(
-            "\n".join(
-                [
-                    "status = warn",
-                    "appender.file.type = File",
-                    "appender.file.name = file",
-                    f"appender.file.fileName = {LOG_FILE}",
-                    "appender.file.layout.type = PatternLayout",
-                    "appender.file.layout.pattern = [%d] %p %m (%c)%n",
-                    "rootLogger.level = INFO",
-                    "rootLogger.appenderRef.file.ref = file",
-                    "logger.kafka.name = kafka",
-                    "logger.kafka.level = INFO",
-                    "logger.state.name = state.change.logger",
-                    "logger.state.level = WARN",
-                    "",
-                ]
-            )
-        )
-
-    def _java(self, jars: Path, main: str, *args: str) -> list[str]:
-        return [
-            "java",
-            HEAP,
-            "-Xms128m",
-            "-XX:+ExitOnOutOfMemoryError",
-            "-Djava.awt.headless=true",
-            f"-Dlog4j2.configurationFile={LOG4J}",
-            f"-Dkafka.logs.dir={LOG_DIR}",
-            "-cp",
-            f"{jars}/*",
-            main,
-            *args,
-        ]
+        loggers = {"kafka": "INFO", "state.change.logger": "WARN"}
+        write_config(PROPERTIES, props, LOG4J, LOG_FILE, loggers)
 
     def _format(self, jars: Path, report: StartReport) -> None:
         if (DATA_DIR / "meta.properties").exists():
@@ -262,43 +334,23 @@ class Kafka(LocalService):
         if DATA_DIR.exists():
             shutil.rmtree(DATA_DIR)
         t0 = time.monotonic()
-        cluster_id = (
-            run(self._java(jars, "kafka.tools.StorageTool", "random-uuid")).strip().splitlines()[-1]
-        )
-        run(
-            self._java(
-                jars, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(PROPERTIES)
-            ),
-            timeout=120,
-            log_path=LOG_DIR / "kafka-format.log",
-        )
+        format_storage(jars, LOG4J, PROPERTIES, log_path=LOG_DIR / "kafka-format.log")
         report.notes.append(f"storage formatted {time.monotonic() - t0:.1f}s")
 
     def warm_up(self, state: dict[str, Any]) -> None:
         """Run one transaction so ``__transaction_state`` exists before the first test."""
         try:
-            from confluent_kafka import Producer
+            import confluent_kafka  # noqa: F401
         except ImportError:
             return
-        producer = Producer(
-            {
-                "bootstrap.servers": f"{LOOPBACK}:{state['port']}",
-                "transactional.id": f"txsink-harness-warmup-{uuid.uuid4().hex[:8]}",
-                "logger": quiet_logger(),
-            }
-        )
-        producer.init_transactions(60)
-        producer.begin_transaction()
-        producer.abort_transaction(60)
+        warm_up_transactions({"bootstrap.servers": f"{LOOPBACK}:{state['port']}"})
 
     def start(self, state: dict[str, Any], taken_ports: set[int], report: StartReport) -> None:
-        if shutil.which("java") is None:
-            apt_install("openjdk-17-jre-headless")
-        jars = ensure_jars(report)
+        jars = java_and_jars(report)
         self.assign_ports(state, taken_ports, report)
         self._write_config(state)
         self._format(jars, report)
         state["log_offset"] = LOG_FILE.stat().st_size if LOG_FILE.exists() else 0
         self.launch(
-            self._java(jars, "kafka.Kafka", str(PROPERTIES)), state, STDOUT_FILE, cwd=KAFKA_DIR
+            java(jars, LOG4J, "kafka.Kafka", str(PROPERTIES)), state, STDOUT_FILE, cwd=KAFKA_DIR
         )

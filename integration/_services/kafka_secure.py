@@ -25,22 +25,24 @@ import datetime
 import secrets
 import shutil
 import time
-import uuid
 from pathlib import Path
 from typing import Any, ClassVar
 
-from .base import LocalService
 from .common import (
     LOG_DIR,
     LOOPBACK,
     WORK_DIR,
     StartReport,
-    apt_install,
-    port_open,
-    quiet_logger,
-    run,
 )
-from .kafka import HEAP, ensure_jars
+from .kafka import (
+    Broker,
+    cluster_answers,
+    format_storage,
+    java,
+    java_and_jars,
+    warm_up_transactions,
+    write_config,
+)
 
 DEFAULT_PORT = 59192
 DEFAULT_INTERNAL_PORT = 59193
@@ -168,35 +170,20 @@ def client_config(state: dict[str, Any], user: str) -> dict[str, Any]:
     }
 
 
-class KafkaSecure(LocalService):
+class KafkaSecure(Broker):
     name = "kafka_secure"
     default_ports: ClassVar[dict[str, int]] = {
         "port": DEFAULT_PORT,
         "internal_port": DEFAULT_INTERNAL_PORT,
         "controller_port": DEFAULT_CONTROLLER_PORT,
     }
-    start_timeout = 180.0
-    stop_timeout = 60.0
+    properties = PROPERTIES
     logs = ((LOG_FILE, 25), (STDOUT_FILE, 10))
 
-    def marker(self, state: dict[str, Any]) -> str:
-        return str(PROPERTIES)
-
     def healthy(self, state: dict[str, Any]) -> bool:
-        port = state.get("port")
-        if not isinstance(port, int) or not port_open(port):
+        if not self.listening(state) or not password_file(ADMIN_USER).exists():
             return False
-        if not password_file(ADMIN_USER).exists():
-            return False
-        from confluent_kafka.admin import AdminClient
-
-        conf: dict[str, Any] = {**client_config(state, ADMIN_USER), "logger": quiet_logger()}
-        admin = AdminClient(conf)
-        try:
-            cluster = admin.describe_cluster(request_timeout=5).result(timeout=10)
-            return bool(cluster.nodes)
-        except Exception:
-            return False
+        return cluster_answers(client_config(state, ADMIN_USER))
 
     def env(self, state: dict[str, Any]) -> dict[str, str]:
         return {
@@ -211,8 +198,6 @@ class KafkaSecure(LocalService):
     def _write_config(self, state: dict[str, Any], keystore: Path, ca: Path) -> None:
         port, iport, cport = state["port"], state["internal_port"], state["controller_port"]
         props = {
-            "process.roles": "broker,controller",
-            "node.id": "1",
             "controller.quorum.voters": f"1@{LOOPBACK}:{cport}",
             "listeners": (
                 f"CLIENT://{LOOPBACK}:{port},INTERNAL://{LOOPBACK}:{iport},"
@@ -237,57 +222,11 @@ class KafkaSecure(LocalService):
             "allow.everyone.if.no.acl.found": "false",
             "super.users": f"User:CN={BROKER_CN};User:{ADMIN_USER}",
             "log.dirs": str(DATA_DIR),
-            "num.partitions": "1",
-            "default.replication.factor": "1",
-            "min.insync.replicas": "1",
-            "offsets.topic.replication.factor": "1",
-            "offsets.topic.num.partitions": "4",
-            "transaction.state.log.replication.factor": "1",
-            "transaction.state.log.min.isr": "1",
-            "transaction.state.log.num.partitions": "4",
-            "share.coordinator.state.topic.replication.factor": "1",
-            "share.coordinator.state.topic.min.isr": "1",
-            "auto.create.topics.enable": "false",
-            "delete.topic.enable": "true",
-            "group.initial.rebalance.delay.ms": "0",
         }
-        SECURE_DIR.mkdir(parents=True, exist_ok=True)
-        PROPERTIES.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
-        LOG4J.write_text(
-            "\n".join(
-                [
-                    "status = warn",
-                    "appender.file.type = File",
-                    "appender.file.name = file",
-                    f"appender.file.fileName = {LOG_FILE}",
-                    "appender.file.layout.type = PatternLayout",
-                    "appender.file.layout.pattern = [%d] %p %m (%c)%n",
-                    "rootLogger.level = INFO",
-                    "rootLogger.appenderRef.file.ref = file",
-                    "logger.state.name = state.change.logger",
-                    "logger.state.level = WARN",
-                    # Every refused request is a WARN/INFO line naming principal and resource.
-                    "logger.authorizer.name = kafka.authorizer.logger",
-                    "logger.authorizer.level = INFO",
-                    "",
-                ]
-            )
-        )
-
-    def _java(self, jars: Path, main: str, *args: str) -> list[str]:
-        return [
-            "java",
-            HEAP,
-            "-Xms128m",
-            "-XX:+ExitOnOutOfMemoryError",
-            "-Djava.awt.headless=true",
-            f"-Dlog4j2.configurationFile={LOG4J}",
-            f"-Dkafka.logs.dir={LOG_DIR}",
-            "-cp",
-            f"{jars}/*",
-            main,
-            *args,
-        ]
+        # Every refused request is a WARN/INFO line of the authorizer's naming principal and
+        # resource.
+        loggers = {"state.change.logger": "WARN", "kafka.authorizer.logger": "INFO"}
+        write_config(PROPERTIES, props, LOG4J, LOG_FILE, loggers)
 
     def _format(self, jars: Path, report: StartReport) -> None:
         """Format a fresh data folder with both SCRAM users (new passwords every start).
@@ -302,43 +241,15 @@ class KafkaSecure(LocalService):
             password = secrets.token_urlsafe(24)
             _write_secret(password_file(user), password.encode())
             scram += ["--add-scram", f"{MECHANISM}=[name={user},password={password}]"]
-        cluster_id = (
-            run(self._java(jars, "kafka.tools.StorageTool", "random-uuid")).strip().splitlines()[-1]
-        )
-        run(
-            self._java(
-                jars,
-                "kafka.tools.StorageTool",
-                "format",
-                "-t",
-                cluster_id,
-                "-c",
-                str(PROPERTIES),
-                *scram,
-            ),
-            timeout=120,
-        )
+        format_storage(jars, LOG4J, PROPERTIES, *scram)
         report.notes.append(f"storage formatted {time.monotonic() - t0:.1f}s")
 
     def warm_up(self, state: dict[str, Any]) -> None:
         """One transaction as the admin, so ``__transaction_state`` exists before tests."""
-        from confluent_kafka import Producer
-
-        producer = Producer(
-            {
-                **client_config(state, ADMIN_USER),
-                "transactional.id": f"txsink-harness-warmup-{uuid.uuid4().hex[:8]}",
-                "logger": quiet_logger(),
-            }
-        )
-        producer.init_transactions(60)
-        producer.begin_transaction()
-        producer.abort_transaction(60)
+        warm_up_transactions(client_config(state, ADMIN_USER))
 
     def start(self, state: dict[str, Any], taken_ports: set[int], report: StartReport) -> None:
-        if shutil.which("java") is None:
-            apt_install("openjdk-17-jre-headless")
-        jars = ensure_jars(report)
+        jars = java_and_jars(report)
         self.assign_ports(state, taken_ports, report)
         t0 = time.monotonic()
         ca, keystore = make_tls(TLS_DIR)
@@ -346,5 +257,5 @@ class KafkaSecure(LocalService):
         self._write_config(state, keystore, ca)
         self._format(jars, report)
         self.launch(
-            self._java(jars, "kafka.Kafka", str(PROPERTIES)), state, STDOUT_FILE, cwd=SECURE_DIR
+            java(jars, LOG4J, "kafka.Kafka", str(PROPERTIES)), state, STDOUT_FILE, cwd=SECURE_DIR
         )

@@ -29,12 +29,11 @@ from typing import Any, ClassVar
 
 from .common import LOG_DIR, LOOPBACK, ServiceError, StartReport, run
 from .postgres import DATABASE, MAX_PREPARED, Postgres, _chown_to_server_user, find_bindir
+from .tls import make_server_certificate
 
 SECURE_PORT = 55434
 APP_ROLE = "txsink_app"
 ADMIN_ROLE = "postgres"
-#: Days the throw-away certificates are valid: they are re-made at every start.
-CERT_DAYS = 7
 
 
 def conninfo(port: int, user: str, ca: Path, passfile: Path, db: str = DATABASE) -> str:
@@ -104,84 +103,18 @@ class PostgresSecure(Postgres):
     # -- provisioning -------------------------------------------------------------------
 
     def _make_certificates(self) -> None:
-        """A new CA and server certificate (EC P-256) in the data folder and ``tls/``."""
-        tls = self.tls_dir
-        tls.mkdir(parents=True, exist_ok=True)
-        tls.chmod(0o755)
-        ca_key, csr, ext = tls / "ca.key", tls / "server.csr", tls / "server.ext"
+        """A new CA (in ``tls/``) and server certificate (EC P-256, in the data folder),
+        :func:`~.tls.make_server_certificate`'s; the key readable by the server only."""
+        self.tls_dir.mkdir(parents=True, exist_ok=True)
+        self.tls_dir.chmod(0o755)
         server_crt, server_key = self.data_dir / "server.crt", self.data_dir / "server.key"
-        log_path = LOG_DIR / f"{self.name}-tls.log"
-        curve = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-        run(
-            [
-                "openssl",
-                "req",
-                "-x509",
-                *curve,
-                "-keyout",
-                str(ca_key),
-                "-out",
-                str(self.ca_file),
-                "-days",
-                str(CERT_DAYS),
-                "-subj",
-                "/CN=txsink test CA",
-                "-addext",
-                "basicConstraints=critical,CA:TRUE",
-                "-addext",
-                "keyUsage=critical,keyCertSign,cRLSign",
-            ],
-            timeout=60,
-            log_path=log_path,
+        make_server_certificate(
+            ca_file=self.ca_file,
+            crt=server_crt,
+            key=server_key,
+            label=self.name,
+            log_path=LOG_DIR / f"{self.name}-tls.log",
         )
-        run(
-            [
-                "openssl",
-                "req",
-                *curve,
-                "-keyout",
-                str(server_key),
-                "-out",
-                str(csr),
-                "-subj",
-                f"/CN={LOOPBACK}",
-            ],
-            timeout=60,
-            log_path=log_path,
-        )
-        ext.write_text(
-            f"subjectAltName = IP:{LOOPBACK}, DNS:localhost\n"
-            "basicConstraints = CA:FALSE\n"
-            "keyUsage = critical, digitalSignature, keyEncipherment\n"
-            "extendedKeyUsage = serverAuth\n"
-        )
-        run(
-            [
-                "openssl",
-                "x509",
-                "-req",
-                "-in",
-                str(csr),
-                "-CA",
-                str(self.ca_file),
-                "-CAkey",
-                str(ca_key),
-                "-CAcreateserial",
-                "-out",
-                str(server_crt),
-                "-days",
-                str(CERT_DAYS),
-                "-extfile",
-                str(ext),
-            ],
-            timeout=60,
-            log_path=log_path,
-        )
-        # The CA's key is not needed again (a new CA every start): no signing key lingers.
-        for path in (ca_key, csr, ext, tls / "ca.srl"):
-            path.unlink(missing_ok=True)
-        self.ca_file.chmod(0o644)
-        server_key.chmod(0o600)  # the server refuses a key others can read
         _chown_to_server_user(server_crt, server_key)
 
     def _write_conf(self, port: int) -> None:

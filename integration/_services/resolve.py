@@ -86,6 +86,17 @@ def resolve_s3_secure() -> dict[str, str]:
     return {k: v for k, v in _local("s3_secure").items() if k.startswith("TXSINK_S3_SECURE_")}
 
 
+def resolve_kafka_secure() -> dict[str, str]:
+    """The secured Kafka (SASL_SSL with SCRAM, ACLs on; :mod:`.kafka_secure`): its
+    ``TXSINK_KAFKA_SECURE_*`` variables, from the environment or a local process (its admin
+    principal grants the rights: no Docker variant)."""
+    keys = ("TXSINK_KAFKA_SECURE_BOOTSTRAP", "TXSINK_KAFKA_SECURE_CA")
+    prefix = "TXSINK_KAFKA_SECURE_"
+    if all(os.environ.get(k) for k in keys):
+        return {k: v for k, v in os.environ.items() if k.startswith(prefix)}
+    return {k: v for k, v in _local("kafka_secure").items() if k.startswith(prefix)}
+
+
 def resolve_registry_secure() -> dict[str, str]:
     """The secured Schema Registry (HTTPS, basic auth, a ``developer`` user;
     :mod:`.registry_secure`): its ``TXSINK_REGISTRY_SECURE_*`` variables, from the environment

@@ -114,6 +114,36 @@ def _boto_healthy(port: int) -> bool:
         return False
 
 
+def minio_command(
+    binary: Path, state: dict[str, Any], data: Path, certs: Path | None = None
+) -> list[str]:
+    """MinIO's server on the state's ports, serving ``data`` (``certs``: its TLS folder,
+    ``public.crt`` and ``private.key``; none: plain HTTP). Shared with :mod:`.s3_secure`."""
+    tls = ["--certs-dir", str(certs)] if certs is not None else []
+    return [
+        str(binary),
+        "server",
+        "--quiet",
+        *tls,
+        "--address",
+        f"{LOOPBACK}:{state['port']}",
+        "--console-address",
+        f"{LOOPBACK}:{state['console_port']}",
+        str(data),
+    ]
+
+
+def minio_env(root_user: str, root_password: str) -> dict[str, str]:
+    """MinIO's environment: its root user, no console, no update check, the region."""
+    return {
+        "MINIO_ROOT_USER": root_user,
+        "MINIO_ROOT_PASSWORD": root_password,
+        "MINIO_BROWSER": "off",
+        "MINIO_UPDATE": "off",
+        "MINIO_REGION": REGION,
+    }
+
+
 class S3(LocalService):
     name = "s3"
     default_ports: ClassVar[dict[str, int]] = {
@@ -176,25 +206,10 @@ class S3(LocalService):
     def _start_minio(self, binary: Path, state: dict[str, Any]) -> None:
         DATA_DIR.mkdir(parents=True, exist_ok=True)
         self.launch(
-            [
-                str(binary),
-                "server",
-                "--quiet",
-                "--address",
-                f"{LOOPBACK}:{state['port']}",
-                "--console-address",
-                f"{LOOPBACK}:{state['console_port']}",
-                str(DATA_DIR),
-            ],
+            minio_command(binary, state, DATA_DIR),
             state,
             LOG_FILE,
-            env={
-                "MINIO_ROOT_USER": ACCESS_KEY,
-                "MINIO_ROOT_PASSWORD": SECRET_KEY,
-                "MINIO_BROWSER": "off",
-                "MINIO_UPDATE": "off",
-                "MINIO_REGION": REGION,
-            },
+            env=minio_env(ACCESS_KEY, SECRET_KEY),
             cwd=S3_DIR,
             what="minio",
         )

@@ -39,7 +39,7 @@ from typing import Any, ClassVar
 
 from .base import LocalService
 from .common import LOG_DIR, LOOPBACK, WORK_DIR, ServiceError, StartReport, port_open
-from .s3 import REGION, build_minio
+from .s3 import REGION, build_minio, minio_command, minio_env
 from .tls import make_server_certificate
 
 DEFAULT_PORT = 59100
@@ -206,27 +206,10 @@ class S3Secure(LocalService):
         root_secret = secrets.token_hex(24)
         write_credentials({ROOT_PROFILE: (ROOT_USER, root_secret)})
         self.launch(
-            [
-                str(binary),
-                "server",
-                "--quiet",
-                "--certs-dir",
-                str(CERTS_DIR),
-                "--address",
-                f"{LOOPBACK}:{state['port']}",
-                "--console-address",
-                f"{LOOPBACK}:{state['console_port']}",
-                str(DATA_DIR),
-            ],
+            minio_command(binary, state, DATA_DIR, CERTS_DIR),
             state,
             LOG_FILE,
-            env={
-                "MINIO_ROOT_USER": ROOT_USER,
-                "MINIO_ROOT_PASSWORD": root_secret,
-                "MINIO_BROWSER": "off",
-                "MINIO_UPDATE": "off",
-                "MINIO_REGION": REGION,
-            },
+            env=minio_env(ROOT_USER, root_secret),
             cwd=SECURE_DIR,
             what="minio (s3_secure)",
         )

@@ -1,8 +1,9 @@
 """Throw-away certificates for the secured services: a new CA and one server certificate
 for 127.0.0.1, made with ``openssl`` at every start (nothing in them is worth keeping).
 
-Shared by :mod:`.s3_secure` and :mod:`.registry_secure`: each passes its own paths. The
-CA's signing key is deleted once the server certificate is signed, so none lingers.
+Shared by :mod:`.postgres_secure`, :mod:`.s3_secure` and :mod:`.registry_secure`: each passes
+its own paths. The CA's signing key is deleted once the server certificate is signed, so none
+lingers.
 """
 
 from __future__ import annotations

@@ -180,9 +180,10 @@ class Markers:
 
 def ensure_marker_topic(
     admin: Any, meta: Any, settings: KafkaSettings, ctx: dict[str, Any]
-) -> None:
+) -> bool:
     """Create the marker topic (compacted, one partition) unless it exists; refuse one
-    that is not ``cleanup.policy=compact``: its markers would expire. At start."""
+    that is not ``cleanup.policy=compact``: its markers would expire. At start. True when
+    it created the topic (``meta`` does not list it then)."""
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import (  # type: ignore[attr-defined]
         ConfigResource,
@@ -207,7 +208,7 @@ def ensure_marker_topic(
                     "with cleanup.policy=compact, or grant CREATE",
                     **ctx,
                 ) from err
-        return
+        return True
     res = ConfigResource(ResourceType.TOPIC, name)
     policy = (
         admin.describe_configs([res])[res].result(timeout=settings.timeout_s).get("cleanup.policy")
@@ -219,3 +220,4 @@ def ensure_marker_topic(
             "could be written twice. Use a topic with cleanup.policy=compact only",
             **ctx,
         )
+    return False

@@ -57,8 +57,11 @@ class TopicInfo:
     writable: bool | None = None
 
 
-def describe_topics(admin: Any, topics: list[str], timeout_s: float) -> dict[str, TopicInfo | None]:
-    """``topics`` as the brokers describe them (None: the topic does not exist).
+def describe_topics(
+    admin: Any, topics: list[str], timeout_s: float, *, meta: Any = None
+) -> dict[str, TopicInfo | None]:
+    """``topics`` as the brokers describe them (None: the topic does not exist); ``meta``:
+    the cluster's topics as listed just before (default: listed now).
 
     Raises ``KafkaException`` as the admin client does (the caller classifies it).
     """
@@ -69,7 +72,8 @@ def describe_topics(admin: Any, topics: list[str], timeout_s: float) -> dict[str
         ResourceType,
     )
 
-    meta = admin.list_topics(timeout=timeout_s)
+    if meta is None:
+        meta = admin.list_topics(timeout=timeout_s)
     found: dict[str, TopicInfo | None] = {t: None for t in topics}
     existing = [t for t in topics if t in meta.topics and meta.topics[t].error is None]
     if not existing:

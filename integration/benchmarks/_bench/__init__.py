@@ -10,6 +10,8 @@ package holds the rest:
 
 - ``cpu``: :class:`CpuMeter`, CPU seconds by role (driver, JVM, Python workers and their
   threads, each server, everything else) from ``/proc``;
+- ``epochs``: a streaming query metered epoch by epoch (a listener's CPU snapshot at each
+  epoch's end), for benchmarks that run streams;
 - ``feed``: the session settings every writer of a run gets (``--feed same|defaults``);
 - ``measure``: timing one run (:func:`timed_run`), the order of the repeats (:func:`rotated`,
   :func:`swap_on_odd`), checking an output (:func:`output_problems`) and voiding a run

@@ -30,6 +30,7 @@ ROLES = (*CPU_ROLES, ("driver_workers", "driver-side Python workers"))
 START_ROLES = (("driver", "driver"), ("driver_workers", "driver-side"), ("jvm", "JVM"),
                ("workers", "workers"))  # fmt: skip
 HEADING = "The Data Source path next to foreachBatch (start-up and per-epoch cost)"
+CONNECTORS = {"files": "the files sink", "postgres": "PostgreSQL"}
 
 
 @dataclass
@@ -50,6 +51,20 @@ class Results(_bench.Results):
     epochs: int = 0
     connector: str = "files"
     epoch_rows: int = 0
+
+    @property
+    def section(self) -> str:
+        """``datasource`` (the files sink), ``datasource-postgres``; each with its
+        ``-spark-defaults`` twin for ``--feed defaults``."""
+        name = self.name + ("" if self.connector == "files" else f"-{self.connector}")
+        return name if self.feed == "same" else f"{name}-spark-defaults"
+
+    @property
+    def section_after(self) -> str | None:
+        """The files sink's section first, then PostgreSQL's, each then its defaults twin."""
+        if self.feed != "same":
+            return self.section.removesuffix("-spark-defaults")
+        return None if self.connector == "files" else self.name
 
     def starts(self, writer: str, partitions: int) -> list[float]:
         """Seconds from ``start()`` to the end of the first epoch, one per query."""
@@ -184,7 +199,11 @@ def render(res: Results) -> str:
         "(count, distinct ids) and no prepared transaction left",
     }[res.connector]
     parts = [
-        *_bench.header(res, HEADING, "The load average counts the benchmark itself."),
+        *_bench.header(
+            res,
+            HEADING if res.connector == "files" else f"{HEADING}, {CONNECTORS[res.connector]}",
+            "The load average counts the benchmark itself.",
+        ),
         f"- Versions: PySpark {v.get('pyspark')} (`local[2]`, {mach.get('java')}), Python "
         f"{mach.get('python')}" + (f", psycopg {v['psycopg']}" if "psycopg" in v else "") + ".",
         f"- {_feed_line(res)}",

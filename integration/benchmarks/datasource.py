@@ -198,7 +198,13 @@ def measurement(
 def parser() -> _bench.BenchParser:
     def options(p: _bench.BenchParser) -> None:
         p.add_count("--epochs", 12, "epochs per query, the first one the start-up (default 12)")
-        p.add_argument("--connector", choices=("files", "postgres"), default="files")
+        p.add_argument(
+            "--connector",
+            choices=("files", "postgres"),
+            default="files",
+            help="the sink: files on local disk (default), or PostgreSQL (TXSINK_PG_DSN or "
+            "--dsn; integration/benchmarks/run starts it); each has its own section",
+        )
 
     return _bench.BenchParser(
         Results,

@@ -59,6 +59,33 @@ def test_the_driver_tree_splits_into_driver_jvm_and_workers() -> None:
     }
 
 
+def test_driver_side_workers_are_told_from_task_workers_by_their_module() -> None:
+    table = _table(
+        _line(100, "python", 1, 0),  # the benchmark (driver)
+        _line(101, "java", 100, 0),  # Spark's JVM
+        _line(103, "python3", 101, 0),  # pyspark.daemon pyspark.worker: tasks
+        _line(104, "python3", 103, 0),
+        _line(105, "python3", 101, 0),  # a Data Source's commit runner's daemon
+        _line(106, "python3", 105, 0),  # ... and the worker it forked
+        _line(107, "python3", 101, 0),  # started without a daemon, for planning
+    )
+    cmdlines = {
+        103: "/venv/bin/python -m pyspark.daemon pyspark.worker ",
+        105: "/venv/bin/python -m pyspark.daemon pyspark.sql.worker.python_streaming_sink_runner ",
+        107: "/venv/bin/python -m pyspark.sql.worker.write_into_data_source ",
+    }
+    assert cpu_mod.driver_roles(table, 100, cmdlines) == {
+        100: "driver",
+        101: "jvm",
+        103: "workers",
+        104: "workers",
+        105: "driver_workers",
+        106: "driver_workers",
+        107: "driver_workers",
+    }
+    assert cpu_mod.driver_roles(table, 100)[105] == "workers"  # no command lines: tasks'
+
+
 class _FakeProc:
     """A ``/proc`` folder: processes, their threads and the machine's line."""
 
@@ -136,11 +163,34 @@ def test_cpu_by_role_and_thread_between_two_snapshots(tmp_path: Path) -> None:
             "workers_main": 4.0,  # 105: 1 -> 4, 107: new, 1
             "workers_threads": 1.0,  # 105's own +4 and 107's 1, less the main threads' 4
             "workers_exited": 1.0,
+            "driver_workers": 0.0,  # no worker runs a driver-side module here
             "spark": 17.0,
             "kafka": 2.0,
             "others": 11.0,  # the machine's 30 less the 19 measured
         }
     )
+
+
+def test_the_meter_reads_the_command_lines_of_the_jvms_children(tmp_path: Path) -> None:
+    proc = _FakeProc(tmp_path)
+    meter = _bench.CpuMeter({"spark": 100}, proc=tmp_path)
+    t = TICK
+    procs = {
+        100: ("python", 1, 0, 0),
+        101: ("java", 100, 0, 0),
+        103: ("python3", 101, 0, 0),
+        105: ("python3", 101, 0, 0),
+    }
+    proc.write(procs, {}, busy=10 * t)
+    before = meter.snapshot()
+    proc.write({**procs, 103: ("python3", 101, 2 * t, 0), 105: ("python3", 101, 3 * t, 0)},
+               {}, busy=20 * t)  # fmt: skip
+    (tmp_path / "105" / "cmdline").write_bytes(
+        b"python\0-m\0pyspark.daemon\0pyspark.sql.worker.commit_data_source_write\0"
+    )
+    got = _bench.CpuMeter.delta(before, meter.snapshot())
+    assert (got["workers"], got["driver_workers"], got["spark"]) == (2.0, 3.0, 5.0)
+    assert got["others"] == 5.0  # the machine's 10 less the 5 measured: not counted twice
 
 
 def test_no_proc_no_figures(tmp_path: Path) -> None:

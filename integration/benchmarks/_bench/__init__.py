@@ -10,6 +10,8 @@ package holds the rest:
 
 - ``cpu``: :class:`CpuMeter`, CPU seconds by role (driver, JVM, Python workers and their
   threads, each server, everything else) from ``/proc``;
+- ``epochs``: a streaming query metered epoch by epoch (a listener's CPU snapshot at each
+  epoch's end), for benchmarks that run streams;
 - ``feed``: the session settings every writer of a run gets (``--feed same|defaults``);
 - ``measure``: timing one run (:func:`timed_run`), the order of the repeats (:func:`rotated`,
   :func:`swap_on_odd`), checking an output (:func:`output_problems`) and voiding a run
@@ -77,7 +79,9 @@ from .report import (
     fmt_secs,
     header,
     markdown_table,
+    min_median_max,
     ms,
+    paired_cell,
     phase_table,
     publish,
     ratio_cell,
@@ -130,8 +134,10 @@ __all__ = [
     "maven_copy_dependencies",
     "maven_jar",
     "median",
+    "min_median_max",
     "ms",
     "output_problems",
+    "paired_cell",
     "phase_table",
     "pickle_by_value",
     "publish",

@@ -44,7 +44,8 @@ class Server:
 class BenchParser(argparse.ArgumentParser):
     """The options every benchmark has: ``--rows``, ``--partitions``, ``--repeat``,
     ``--warmup``, ``--feed`` (:mod:`.feed`), ``--writers``, ``--no-extras`` (when it has
-    extras), ``--docs`` / ``--no-docs`` / ``--render`` and the server's address;
+    extras), ``--docs`` / ``--no-docs`` / ``--render`` and the server's address (``server``
+    None: it needs none);
     :meth:`parse` checks them. ``options`` adds the benchmark's own options (after
     ``--writers``, where ``--help`` lists them)."""
 
@@ -54,7 +55,7 @@ class BenchParser(argparse.ArgumentParser):
         doc: str | None,
         *,
         writers: Sequence[str],
-        server: Server,
+        server: Server | None,
         unit: str = "rows",
         rows: int = 1_000_000,
         partitions: str = "partition counts",
@@ -94,9 +95,10 @@ class BenchParser(argparse.ArgumentParser):
         if extras is not None:
             self.add_argument("--no-extras", action="store_true", help=extras)
         add_doc_options(self, results.title)
-        self.add_argument(
-            server.flag, default=os.environ.get(server.env), help=f"default: ${server.env}"
-        )
+        if server is not None:  # None: the benchmark needs no server
+            self.add_argument(
+                server.flag, default=os.environ.get(server.env), help=f"default: ${server.env}"
+            )
 
     def add_count(self, flag: str, default: int, help: str) -> None:
         """An integer option that must be positive (checked with ``--rows`` and others)."""
@@ -112,7 +114,12 @@ class BenchParser(argparse.ArgumentParser):
         if unknown:
             self.error(f"unknown writers {sorted(unknown)}; choose from {list(self.writers)}")
         server = self.server
-        if server.required and not getattr(args, server.dest) and args.render is None:
+        if (
+            server is not None
+            and server.required
+            and not getattr(args, server.dest)
+            and args.render is None
+        ):
             self.error(
                 f"no {server.what}: set {server.env} (integration/benchmarks/run does) "
                 f"or {server.flag}"

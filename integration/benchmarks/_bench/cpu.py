@@ -13,7 +13,12 @@ million records by role next to its rates, from one meter (:class:`CpuMeter`):
                      ``workers_main`` their main threads (the task's Python code),
                      ``workers_threads`` their other threads (librdkafka's ``rdk:*``,
                      Arrow's pool, psycopg's none), exited threads included
-``spark``            driver + jvm + workers
+``driver_workers``   Python workers the JVM starts for the driver's own calls, not for tasks:
+                     a Python Data Source's planning and commit, data source lookup,
+                     UDTF analysis (their daemon runs a ``pyspark.sql.worker.*`` module;
+                     task workers run ``pyspark.worker``). ``foreachBatch`` runs its code
+                     in ``driver`` instead, so a comparison of the two needs this apart
+``spark``            driver + jvm + workers + driver_workers
 ``<server>``         each server's process tree (Postgres' postmaster and backends, the
                      Kafka broker, MinIO), named by the caller
 ``others``           the rest of the machine's busy time (other jobs: noise, not cost)
@@ -128,10 +133,30 @@ def tree(table: Mapping[int, ProcStat], root: int) -> list[int]:
     return out
 
 
-def driver_roles(table: Mapping[int, ProcStat], driver: int) -> dict[int, str]:
+#: In the command line of a Python worker (or its daemon) the JVM starts for a driver-side
+#: call: Spark's driver-side worker modules (``pyspark.sql.worker.plan_data_source_read``,
+#: ``.python_streaming_sink_runner``, ``.commit_data_source_write``, ...).
+DRIVER_WORKER_MODULE = "pyspark.sql.worker."
+
+
+def read_cmdline(pid: int, proc: Path = PROC) -> str:
+    """The process's command line, arguments joined by spaces ("" if gone or unreadable)."""
+    try:
+        return (
+            (proc / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        )
+    except OSError:
+        return ""
+
+
+def driver_roles(
+    table: Mapping[int, ProcStat], driver: int, cmdlines: Mapping[int, str] | None = None
+) -> dict[int, str]:
     """The role of each process in the driver's tree: the driver itself and what it starts
     that is not Java (``driver``), a ``java`` process (``jvm``), and anything under the JVM
-    that is not Java (``workers``: the Python daemon and the workers it forks)."""
+    that is not Java: ``driver_workers`` when the JVM's child runs a driver-side worker
+    module (``cmdlines``, by pid, of the JVM's children; a forked worker inherits its
+    daemon's role), else ``workers`` (the Python daemon and the task workers it forks)."""
     roles: dict[int, str] = {}
     for pid in tree(table, driver):
         stat = table[pid]
@@ -140,9 +165,26 @@ def driver_roles(table: Mapping[int, ProcStat], driver: int) -> dict[int, str]:
             roles[pid] = "driver"
         elif stat.comm.startswith("java"):
             roles[pid] = "jvm"
+        elif parent == "jvm":
+            is_driver_side = DRIVER_WORKER_MODULE in (cmdlines or {}).get(pid, "")
+            roles[pid] = "driver_workers" if is_driver_side else "workers"
         else:
-            roles[pid] = "workers" if parent in ("jvm", "workers") else parent
+            roles[pid] = parent  # a forked worker, or what the driver itself ran
     return roles
+
+
+def jvm_children_cmdlines(
+    table: Mapping[int, ProcStat], driver: int, proc: Path = PROC
+) -> dict[int, str]:
+    """The command lines of the non-Java children of the driver's JVMs (what
+    :func:`driver_roles` needs to tell driver-side workers from task workers)."""
+    pids = tree(table, driver)
+    jvms = {p for p in pids if table[p].comm.startswith("java")}
+    return {
+        p: read_cmdline(p, proc)
+        for p in pids
+        if table[p].ppid in jvms and not table[p].comm.startswith("java")
+    }
 
 
 #: A snapshot: role -> seconds, plus per-thread tick counters keyed by (role, pid, tid).
@@ -183,8 +225,8 @@ class CpuMeter:
             if name != "spark":
                 snap[name] = sum(table[p].total for p in tree(table, root)) / TICK
                 continue
-            roles = driver_roles(table, root)
-            for role in ("driver", "jvm", "workers"):
+            roles = driver_roles(table, root, jvm_children_cmdlines(table, root, self.proc))
+            for role in ("driver", "jvm", "workers", "driver_workers"):
                 snap[role] = 0.0
             for pid, role in roles.items():
                 snap[role] += table[pid].total / TICK
@@ -220,7 +262,9 @@ class CpuMeter:
             out["workers_exited"] = max(0.0, out["workers"] - own)
             out["jvm_jit"] = threads.get("jvm_jit", 0.0)
             out["jvm_gc"] = threads.get("jvm_gc", 0.0)
-            out["spark"] = out["driver"] + out["jvm"] + out["workers"]
+            out["spark"] = (
+                out["driver"] + out["jvm"] + out["workers"] + out.get("driver_workers", 0.0)
+            )
         measured = sum(v for k, v in out.items() if k in _TOP_LEVEL or k not in _PARTS)
         machine = after["machine"] - before["machine"]
         out["others"] = max(0.0, machine - measured)
@@ -231,7 +275,7 @@ class CpuMeter:
 _PARTS = frozenset(
     {"spark", "workers_main", "workers_threads", "workers_exited", "jvm_jit", "jvm_gc"}
 )
-_TOP_LEVEL = frozenset({"driver", "jvm", "workers"})
+_TOP_LEVEL = frozenset({"driver", "jvm", "workers", "driver_workers"})
 
 
 def server_pids(names: Iterable[str]) -> dict[str, int]:

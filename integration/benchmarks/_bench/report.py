@@ -201,6 +201,27 @@ def ratio_range_cell(res: Results, writer: str, partitions: int, over: str | Non
     )
 
 
+def paired_cell(mine: Sequence[float], theirs: Sequence[float], digits: int = 2) -> str:
+    """``1.05x (0.97-1.12)``: the median of ``mine[i] / theirs[i]`` (values of runs that ran
+    back to back, e.g. one repeat of each of two writers), with their min-max; ``-`` for
+    no pair (pairs with a zero or nan denominator are left out)."""
+    ratios = [m / t for m, t in zip(mine, theirs, strict=False) if t and t == t and m == m]
+    if not ratios:
+        return "-"
+    mid = f"{median(ratios):.{digits}f}x"
+    return mid if len(ratios) == 1 else f"{mid} ({min(ratios):.{digits}f}-{max(ratios):.{digits}f})"
+
+
+def min_median_max(values: Sequence[float], *, scale: float = 1.0, digits: int = 2) -> str:
+    """``0.31 (0.29-0.36)``: the median of ``values`` (times ``scale``) with their min-max;
+    ``-`` for none."""
+    if not values:
+        return "-"
+    mid = f"{median(values) * scale:.{digits}f}"
+    low, high = min(values) * scale, max(values) * scale
+    return mid if len(values) == 1 else f"{mid} ({low:.{digits}f}-{high:.{digits}f})"
+
+
 def cpu_table(
     res: Results,
     labels: Mapping[str, str],
@@ -209,22 +230,29 @@ def cpu_table(
     over: str | None = None,
     servers: Sequence[tuple[str, str]] = (),
     rate_header: str = "records/s (median)",
+    roles: Sequence[tuple[str, str]] = CPU_ROLES,
+    per: tuple[str, float] = ("per 1M", 1.0),
 ) -> str:
     """Per partition count and writer: the median rate, the rate over ``over``'s (default
     the baseline's: median of the paired ratios, min-max), and CPU-seconds per million
     records by role (median over the runs): the total of the measured roles, each role of
-    :data:`CPU_ROLES`, each server of ``servers`` (role, header), then ``others`` (the rest of
-    the machine: noise from other jobs, not in the total). A role the meter did not see (a
-    server elsewhere) shows ``-``."""
+    ``roles`` (default :data:`CPU_ROLES`), each server of ``servers`` (role, header), then
+    ``others`` (the rest of the machine: noise from other jobs, not in the total). A role the
+    meter did not see (a server elsewhere) shows ``-``. ``per``: the unit's name and its
+    size in millions of records, e.g. ``("per epoch", 200 / 1e6)`` for epochs of 200."""
     base = over or res.baseline
-    roles = [*CPU_ROLES, *servers]
+    unit, millions = per
+    roles = [*roles, *servers]
     rows: list[list[str]] = []
     for p in res.partitions:
         for writer in shown:
             runs = res.of(writer, p)
             if not runs:
                 continue
-            per_m = {role: cpu_per_row(runs, role) for role in ("spark", "others", *dict(roles))}
+            per_m = {
+                role: cpu_per_row(runs, role) * millions
+                for role in ("spark", "others", *dict(roles))
+            }
             total = per_m["spark"] + sum(v for role, _ in servers if (v := per_m[role]) == v)
             rows.append(
                 [
@@ -242,7 +270,7 @@ def cpu_table(
         "writer",
         rate_header,
         f"rate vs {labels.get(base, base)}: median (min-max)",
-        "CPU-s per 1M: total",
+        f"CPU-s {unit}: total",
         *(h for _, h in roles),
         "others (not ours)",
     ]

@@ -1,22 +1,19 @@
 """One streaming query per writer, run to its end, metered epoch by epoch.
 
-A ``StreamingQueryListener`` takes a CPU snapshot and the time at each epoch's progress
-event (Spark posts it right after the epoch's batch ends); the measured window runs from the
-end of epoch ``skip - 1`` to the end of the last epoch, so the first epochs (JIT, imports,
-producers, txsink's once-per-run checks) stay out of it. The listener's own cost (a ``/proc``
-scan per epoch, in the driver) is the same for every writer.
+The listener of :mod:`benchmarks._bench.epochs` takes a CPU snapshot and the time at each
+epoch's progress event; the measured window runs from the end of epoch ``skip - 1`` to the
+end of the last epoch, so the first epochs (JIT, imports, producers, txsink's once-per-run
+checks) stay out of it.
 """
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks import _bench
+from benchmarks._bench.epochs import Epoch, Meter, listener
 from benchmarks.kafka.producer import write_producer
 from benchmarks.kafka.records import run_feed
 from benchmarks.kafka.spark_sink import SPARK_KAFKA_OPTIONS
@@ -25,70 +22,10 @@ from benchmarks.kafka.txsink_writer import mode_options
 from txsink import Coordinator
 from txsink.connectors.kafka.sink import KafkaSink
 
+__all__ = ["TXSINK_MODES", "WRITERS", "Epoch", "Meter", "Target", "listener", "run_query", "start"]
+
 WRITERS = ("spark", "producer", "direct", "wal", "replay")
 TXSINK_MODES = ("direct", "wal", "replay")
-
-
-@dataclass
-class Epoch:
-    """One epoch's progress event: its records, Spark's own duration, when the listener
-    saw it and the CPU snapshot it took."""
-
-    batch: int
-    rows: int
-    trigger_s: float
-    at: float
-    cpu: dict[str, float]
-
-
-@dataclass
-class Meter:
-    """The epochs of one query, filled by the listener (Spark's listener thread)."""
-
-    name: str
-    epochs: dict[int, Epoch] = field(default_factory=dict)
-    seen: threading.Condition = field(default_factory=threading.Condition)
-
-    def wait_for(self, batch: int, timeout_s: float = 60.0) -> bool:
-        """Wait until the progress event of ``batch`` arrived (events come asynchronously)."""
-        with self.seen:
-            return self.seen.wait_for(lambda: batch in self.epochs, timeout_s)
-
-
-def listener(cpu: _bench.CpuMeter, meters: dict[str, Meter]) -> Any:
-    """A listener that records every epoch of the queries in ``meters`` (by query name,
-    known before the query starts, so no epoch's event can come before its meter)."""
-    from pyspark.sql.streaming.listener import StreamingQueryListener
-
-    class EpochListener(StreamingQueryListener):
-        def onQueryStarted(self, event: Any) -> None:
-            pass
-
-        def onQueryProgress(self, event: Any) -> None:
-            snap = cpu.snapshot()  # first: as close to the epoch's end as we get
-            at = time.perf_counter()
-            progress = event.progress
-            meter = meters.get(str(progress.name))
-            if meter is None or progress.numInputRows == 0:
-                return
-            epoch = Epoch(
-                int(progress.batchId),
-                int(progress.numInputRows),
-                float(progress.durationMs.get("triggerExecution", 0)) / 1000,
-                at,
-                snap,
-            )
-            with meter.seen:
-                meter.epochs[epoch.batch] = epoch
-                meter.seen.notify_all()
-
-        def onQueryIdle(self, event: Any) -> None:
-            pass
-
-        def onQueryTerminated(self, event: Any) -> None:
-            pass
-
-    return EpochListener()
 
 
 @dataclass(frozen=True)

@@ -191,14 +191,16 @@ CPU_ROLES = (
 
 def ratio_range_cell(res: Results, writer: str, partitions: int, over: str | None = None) -> str:
     """``0.85x (0.79-1.01)``: the median of the paired run-by-run ratios, their range."""
-    low, mid, high = res.ratio_range(writer, partitions, over)
-    if mid != mid:
-        return ""
-    return (
-        f"{mid:.2f}x ({low:.2f}-{high:.2f})"
-        if len(res.paired(writer, partitions, over)) > 1
-        else f"{mid:.2f}x"
-    )
+    return _ratios_text(res.paired(writer, partitions, over)) or ""
+
+
+def _ratios_text(ratios: Sequence[float], digits: int = 2) -> str | None:
+    """``1.05x (0.97-1.12)``: the median of ``ratios`` and their min-max (``1.05x`` for one;
+    ``None`` for none)."""
+    if not ratios:
+        return None
+    mid = f"{median(ratios):.{digits}f}x"
+    return mid if len(ratios) == 1 else f"{mid} ({min(ratios):.{digits}f}-{max(ratios):.{digits}f})"
 
 
 def paired_cell(mine: Sequence[float], theirs: Sequence[float], digits: int = 2) -> str:
@@ -206,10 +208,7 @@ def paired_cell(mine: Sequence[float], theirs: Sequence[float], digits: int = 2)
     back to back, e.g. one repeat of each of two writers), with their min-max; ``-`` for
     no pair (pairs with a zero or nan denominator are left out)."""
     ratios = [m / t for m, t in zip(mine, theirs, strict=False) if t and t == t and m == m]
-    if not ratios:
-        return "-"
-    mid = f"{median(ratios):.{digits}f}x"
-    return mid if len(ratios) == 1 else f"{mid} ({min(ratios):.{digits}f}-{max(ratios):.{digits}f})"
+    return _ratios_text(ratios, digits) or "-"
 
 
 def min_median_max(values: Sequence[float], *, scale: float = 1.0, digits: int = 2) -> str:

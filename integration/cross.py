@@ -19,7 +19,7 @@ from txsink.protocol.faults import FaultPlan
 from txsink.testing.observer import Observer, ObserverReport
 from txsink.testing.targets import RunTarget, child_env, new_targets
 from txsink.testing.verifiers import verify
-from txsink.verify import Verdict
+from txsink.testing.verifiers import Verdict
 
 ROWS, FILES = 600, 4
 

@@ -255,7 +255,7 @@ def test_restart_with_another_partition_count_commits_the_s3_wal(
     from tests.streaming import prepare_input, start_query
     from txsink import Coordinator
     from txsink.protocol.faults import FaultPlan
-    from txsink.verify import count_ids
+    from txsink.testing.verifiers import count_ids
 
     topic = kafka.new_topic(2)
     bucket = s3.new_bucket("wal")

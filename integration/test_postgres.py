@@ -20,7 +20,7 @@ from txsink.protocol.faults import FaultPlan
 from txsink.rowref import RowRef
 from txsink.sink import Partitioning
 from txsink.txid import TxnId
-from txsink.verify import Verdict, count_ids
+from txsink.testing.verifiers import Verdict, count_ids
 
 pytestmark = pytest.mark.postgres
 SCHEMA = pa.schema(

@@ -21,7 +21,7 @@ from txsink.errors import CommitError, ConfigurationError, EpochAbortedError, Wr
 from txsink.handles import dump_handle, load_handle
 from txsink.protocol.faults import FaultPlan
 from txsink.txid import TxnId
-from txsink.verify import Verdict, count_ids
+from txsink.testing.verifiers import Verdict, count_ids
 
 pytestmark = pytest.mark.s3
 SCHEMA = pa.schema(

@@ -243,9 +243,9 @@ def test_log_of_a_newer_format_is_refused(capsys: pytest.CaptureFixture[str]) ->
 
 
 def test_record_of_a_newer_version_is_refused() -> None:
-    log = open_log(GOLDEN / "incompatible" / "record-v2")
+    log = open_log(GOLDEN / "incompatible" / "record-v3")
     with pytest.raises(LogError) as info:
         log.states()
     text = str(info.value)
-    assert "committed.json" in text and "record version 2" in text
-    assert "1 to 1" in text and "newer txsink" in text
+    assert "committed.json" in text and "record version 3" in text
+    assert "1 to 2" in text and "newer txsink" in text

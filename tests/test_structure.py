@@ -258,7 +258,7 @@ ROOMS: dict[str, set[str]] = {
 #: The base API: top-level modules that import only each other.
 BASE = {
     "txsink.contract", "txsink.errors", "txsink.handles", "txsink.txid", "txsink.rowref",
-    "txsink.registry", "txsink.store", "txsink.metrics", "txsink.verify", "txsink._version",
+    "txsink.registry", "txsink.store", "txsink.metrics", "txsink.schema", "txsink._version",
 }  # fmt: skip
 #: The faces: top-level modules (and the Data Source package) that may import any room.
 FACES = {"txsink", "txsink.coordinator", "txsink.sink", "txsink.runner", "txsink._moved"}

@@ -91,6 +91,8 @@ MOVED: dict[str, str] = {
     "txsink._dsoptions": "txsink.datasource.options",
     # the command line
     "txsink._pipeline": "txsink.cli.pipeline",
+    # testing (issue #41 made room for txsink.schema in the base)
+    "txsink.verify": "txsink.testing.verifiers",
 }
 
 

@@ -19,6 +19,14 @@ re-implements the protocol. Who calls what, and where::
     driver    list_prepared(app_id)            recovery: every prepared transaction of ours
     driver    migrate_uid(old, app_id)         ``txsink state rename-uid``: the target side
 
+Schema evolution (:mod:`txsink.schema`; only for sinks whose policy is ``add-columns``)::
+
+    driver    target_schema(app_id)            the target's schema, when an epoch's differs
+    driver    evolution_support()              the kinds of change it takes in one commit
+    driver    prepare_evolution(change, app_id)  will the target take it? Must not write
+    driver    commit_epoch(request)            request.schema_change: apply it in the
+                                               commit that makes the epoch visible
+
 The contracts, one line each (Flink's words where they fit):
 
 * after ``prepare`` returns, committing its handle must always succeed, on any
@@ -55,6 +63,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, ClassVar, Generic, Protocol, TypeVar
 
 from txsink.handles import Handle
+from txsink.schema import Policy, SchemaChange, check_policy
 from txsink.txid import TxnId, check_name
 
 if TYPE_CHECKING:
@@ -180,6 +189,7 @@ class EpochCommit(Generic[H]):
     on_timeout_ratio: Callable[[float], None] | None = dataclasses.field(
         default=None, repr=False, compare=False
     )
+    schema_change: SchemaChange | None = None
 
     def committed(self, handles: Sequence[H]) -> None:
         """Report that ``handles`` are now visible (committed now or verified as before)."""
@@ -216,8 +226,10 @@ class SinkContract(abc.ABC, Generic[T, H]):
     #: The handle type written by this sink (for loading decided handles).
     handle_type: ClassVar[type[Handle]] = Handle
 
-    def __init__(self, uid: str) -> None:
+    def __init__(self, uid: str, *, schema_evolution: Policy = "strict") -> None:
         self.uid = check_name("sink uid", uid)
+        #: ``strict`` (the default) or ``add-columns``: :mod:`txsink.schema`.
+        self.schema_evolution: Policy = check_policy(schema_evolution)
 
     # -- driver side: start -------------------------------------------------------
 
@@ -390,6 +402,42 @@ class SinkContract(abc.ABC, Generic[T, H]):
         query's ``foreachBatch`` function stays in py4j's proxy pool until the JVM has
         collected the ended query, so connections would outlive the query by an
         unbounded time (each restart of a query in one driver would add one).
+        """
+
+    # -- driver side: schema evolution (txsink.schema) ----------------------------------
+
+    def target_schema(self, app_id: str) -> pa.Schema | None:
+        """The target's schema as Arrow types, or ``None`` when it has none to compare
+        yet (no table, no committed output) or keeps none (the default: the sink's
+        :meth:`check` alone judges the schema, as before evolution).
+
+        Asked on the driver when an epoch's schema differs from the last one checked, and
+        again after recovery changed the target. A sink that implements it has the core
+        compare the schemas (:func:`txsink.schema.diff`): under ``strict`` any change
+        stops the query before anything is written; under ``add-columns`` the change is
+        planned for the epoch. :meth:`check` is then called with the part of the epoch's
+        schema the target already has (its columns, in the target's types), and the rest
+        goes to :meth:`prepare_evolution`.
+        """
+        return None
+
+    def evolution_support(self) -> frozenset[str]:
+        """The kinds of :mod:`txsink.schema` this target takes in one commit, with the
+        epoch's rows (default: none). A change of another kind is refused before the
+        epoch, naming the column."""
+        return frozenset()
+
+    def prepare_evolution(self, change: SchemaChange, app_id: str) -> None:
+        """Check that the target will take ``change`` at this epoch's commit, and get
+        ready for it; raise :class:`~txsink.schema.SchemaEvolutionError` naming the column
+        and the fix when it will not (rights, a name the target cannot hold, a view on
+        the table). Must not write: the epoch may still abort, and an aborted epoch leaves
+        no schema change behind.
+
+        Called on the driver before the epoch's pre-commit, after every sink's change was
+        compared (the core asks no sink while another refuses). What the sink keeps on
+        itself here travels with it into the epoch's tasks (they write rows of the new
+        schema); the commit gets the change again as :attr:`EpochCommit.schema_change`.
         """
 
     # -- operator side: upgrades ----------------------------------------------------

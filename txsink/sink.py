@@ -17,6 +17,7 @@ from txsink.coordinator import Coordinator
 from txsink.errors import ConfigurationError
 from txsink.handles import Handle
 from txsink.observe.logs import failures_logged, get_logger
+from txsink.schema import Policy
 from txsink.spark.remote import location_of
 
 if TYPE_CHECKING:
@@ -44,12 +45,20 @@ class TwoPhaseCommitSink(SinkContract[T, H]):
     The hooks are :class:`~txsink.contract.SinkContract`'s. Given ``log=``, a sink is
     also usable on its own as ``writeStream.foreachBatch(sink)``: it builds a one-sink
     :class:`~txsink.Coordinator` (with ``coordinator_options``) on first use.
+
+    ``schema_evolution``: ``"strict"`` (the default: an epoch whose schema differs from
+    the target's stops before writing) or ``"add-columns"`` (docs/schema-evolution.md).
     """
 
     def __init__(
-        self, uid: str, *, log: str | LogStore | None = None, **coordinator_options: Any
+        self,
+        uid: str,
+        *,
+        log: str | LogStore | None = None,
+        schema_evolution: Policy = "strict",
+        **coordinator_options: Any,
     ) -> None:
-        super().__init__(uid)
+        super().__init__(uid, schema_evolution=schema_evolution)
         self._log_location = log
         self._coordinator_options = coordinator_options
         self._coordinator: Coordinator | None = None

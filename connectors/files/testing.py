@@ -16,8 +16,7 @@ from txsink.connectors.files.readers import read_committed, read_manifests
 from txsink.connectors.files.sink import MANIFESTS, STAGING, FilesSink
 from txsink.testing.adapter import ConnectorTesting
 from txsink.testing.observer import Snapshot, Target, by_epoch
-from txsink.testing.verifiers import SinkVerifier, verify
-from txsink.verify import Verdict
+from txsink.testing.verifiers import SinkVerifier, Verdict, verify
 
 __all__ = ["ADAPTER", "FilesManifestTarget", "FilesTesting", "FilesVerifier", "verify_files"]
 

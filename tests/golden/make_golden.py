@@ -166,15 +166,15 @@ def write_incompatible(folder: Path) -> None:
     TxLog(FileStore(meta_v2)).bind_app(APP)
     _rewrite(meta_v2 / "meta.json", lambda d: {**d, "version": 2})
     _stabilise(meta_v2)
-    # A committed record of version 2 in a v1 log.
-    record_v2 = folder / "record-v2"
-    log = TxLog(FileStore(record_v2))
+    # A committed record of version 3 (this txsink reads record versions 1 and 2).
+    record_v3 = folder / "record-v3"
+    log = TxLog(FileStore(record_v3))
     log.bind_app(APP)
     r = log.claim_round(0)
     log.decide(0, r, {"pg": [dump_handle(pg_handle(0, r, 0))]}, {"rows": {"pg": 3}})
     log.mark_committed(0, r)
-    _rewrite(record_v2 / "epochs" / f"{0:020d}" / "committed.json", lambda d: {**d, "version": 2})
-    _stabilise(record_v2)
+    _rewrite(record_v3 / "epochs" / f"{0:020d}" / "committed.json", lambda d: {**d, "version": 3})
+    _stabilise(record_v3)
 
 
 def _rewrite(path: Path, change: Any) -> None:

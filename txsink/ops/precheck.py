@@ -34,7 +34,14 @@ from txsink.errors import CheckpointMismatchError, ConfigurationError, LogError,
 from txsink.protocol.epoch import checkpoint_reset_error
 from txsink.spark import layout as _layout
 from txsink.spark import stability as _stability
-from txsink.spark.checks import arrow_schema, check_columns, check_sink, check_sinks, no_app_error
+from txsink.spark.checks import (
+    arrow_schema,
+    check_columns,
+    check_sink,
+    check_sinks,
+    no_app_error,
+    plan_changes,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -138,9 +145,24 @@ def run_checks(
     run("partitioning", lambda: _partitioning(sinks, arrow))
     if any(s.commits_from_data for s in sinks):
         run("replay", lambda: _replay_stable(df, sinks))
+    # Shown only when the first epoch would change a target's schema (or cannot).
+    shown = len(results)
+    seen = run("schema changes", lambda: _changes(sinks, arrow, as_app)) or {}
+    if results[shown].detail == "none":
+        del results[shown]
     for sink in sinks:
-        run(f"sink {sink.uid}", functools.partial(_sink, sink, arrow, as_app))
+        run(f"sink {sink.uid}", functools.partial(_sink, sink, seen.get(sink.uid, arrow), as_app))
     return results
+
+
+def _changes(
+    sinks: Sequence[SinkContract[Any, Any]], arrow: pa.Schema, app_id: str
+) -> tuple[dict[str, pa.Schema], str]:
+    """The schema changes the first epoch would make (:func:`plan_changes`); a sink's own
+    check then judges the columns its target has."""
+    changes, seen = plan_changes(sinks, arrow, app_id)
+    told = [f"{uid}: {c.describe()}" for uid, c in changes.items()]
+    return seen, "; ".join(told) or "none"
 
 
 def _schema(df: DataFrame) -> tuple[pa.Schema, str]:

@@ -22,6 +22,7 @@ from txsink.handles import Handle
 from txsink.observe.logs import EpochLogger
 from txsink.protocol.rounds import OutageBound, retry_transient
 from txsink.protocol.taskerror import describe, from_task
+from txsink.schema import SchemaChange
 
 if TYPE_CHECKING:
     from txsink.observe.metering import Meter
@@ -42,8 +43,10 @@ def commit_share(
     recovering: bool = False,
     log: TxLog | None = None,
     round_: int = 0,
+    schema_change: SchemaChange | None = None,
 ) -> None:
-    """``sink.commit_epoch`` for ``handles`` (its decided handles of ``epoch``).
+    """``sink.commit_epoch`` for ``handles`` (its decided handles of ``epoch``), with the
+    ``schema_change`` the decision records for the sink.
 
     A commit the target refuses for good (:class:`~txsink.errors.EpochBlockedError`) is
     recorded in ``log`` as a *blocked* attempt of round ``round_`` (reason, shard, fix),
@@ -83,7 +86,7 @@ def commit_share(
                 connector=sink.connector,
             )
     rows = data if sink.commits_from_data else None
-    request = EpochCommit(epoch, tuple(handles), rows, notify, tasks, ratio)
+    request = EpochCommit(epoch, tuple(handles), rows, notify, tasks, ratio, schema_change)
     ctx: dict[str, Any] = {
         "sink_uid": sink.uid,
         "epoch": epoch,
@@ -208,6 +211,7 @@ def commit_decided(
     logger: EpochLogger,
     log: TxLog | None = None,
     round_: int = 0,
+    schema: Mapping[str, SchemaChange] | None = None,
 ) -> None:
     """The coordinator's step 5: each sink's share of the decided ``handles``, in order.
 
@@ -235,7 +239,7 @@ def commit_decided(
         def share(sink: SinkContract[Any, Any] = sink, mine: list[Handle] = mine) -> None:
             commit_share(
                 sink, epoch, mine, data=data, on_committed=committed, tasks=tasks, meter=meter,
-                log=log, round_=round_,
+                log=log, round_=round_, schema_change=(schema or {}).get(sink.uid),
             )  # fmt: skip
 
         what = f"the commit of sink {sink.uid}'s share of epoch {epoch} failed"

@@ -18,6 +18,7 @@ from txsink.observe.logs import EpochLogger
 from txsink.observe.metering import Meter
 from txsink.protocol.commit import abort_one
 from txsink.protocol.log import TxLog
+from txsink.schema import SchemaChange
 
 __all__ = ["decide_epoch"]
 
@@ -33,8 +34,10 @@ def decide_epoch(
     seconds: Mapping[str, float] | None = None,
     logger: EpochLogger,
     meter: Meter | None = None,
+    schema: Mapping[str, SchemaChange] | None = None,
 ) -> None:
-    """Void the epoch's earlier rounds, then create round ``round_``'s decision.
+    """Void the epoch's earlier rounds, then create round ``round_``'s decision (with
+    ``schema``: the schema change each sink applies in this epoch's commit).
 
     Raises :class:`~txsink.errors.FencedError`, after aborting ``handles``, when another
     driver decided an earlier round or voided this one: its decision stands.
@@ -54,7 +57,8 @@ def decide_epoch(
     stats: dict[str, Any] = {"rows": dict(rows)}
     if seconds:
         stats["seconds"] = {k: round(v, 6) for k, v in seconds.items()}
-    if not log.decide(epoch, round_, docs, stats):
+    changes = {uid: change.to_json() for uid, change in (schema or {}).items()}
+    if not log.decide(epoch, round_, docs, stats, changes):
         _lost(
             sinks,
             epoch,

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, final
 
 from txsink.contract import EpochData, SinkContract, TaskRunner
-from txsink.errors import CheckpointMismatchError, EpochAbortedError, FencedError
+from txsink.errors import EpochAbortedError, FencedError
 from txsink.handles import Handle
 from txsink.metrics import Metrics
 from txsink.observe.logs import EpochLogger, committed_text, get_logger
@@ -52,6 +52,7 @@ from txsink.protocol.lease import (
     default_lease_s,
 )
 from txsink.protocol.log import LogStore, TxLog, open_log
+from txsink.protocol.plan import checkpoint_reset_error
 from txsink.protocol.recovery import Recovery
 from txsink.protocol.singlepass import (
     SinglePassJob,
@@ -61,6 +62,7 @@ from txsink.protocol.singlepass import (
 )
 from txsink.protocol.task import Precommit, TaskPlan, collect_acks
 from txsink.protocol.taskerror import describe
+from txsink.schema import SchemaChange
 from txsink.txid import check_name
 
 __all__ = ["AnySink", "EpochProtocol", "EpochResult", "checkpoint_reset_error"]
@@ -132,6 +134,9 @@ class EpochProtocol:
         self._lease: LeaseKeeper | None = None
         self._log = get_logger(logger, uid="+".join(uids))
         self._recovery = self._new_recovery()
+        #: sink uid -> the schema change the next epoch applies (:mod:`txsink.schema`);
+        #: planned by the caller before :meth:`run_epoch`, recorded in the decision.
+        self.schema_plan: dict[str, SchemaChange] = {}
 
     def _new_recovery(self) -> Recovery:
         return Recovery(
@@ -212,6 +217,7 @@ class EpochProtocol:
         tasks_round: int | None = None,
         tasks_seconds: float | None = None,
         replay: bool = True,
+        replan: Callable[[], None] | None = None,
     ) -> EpochResult:
         """Run the protocol for one epoch. ``precommit`` runs the partition tasks; a
         :class:`~txsink.protocol.singlepass.SinglePassJob` runs steps 3 to 5 in one job for sinks
@@ -225,6 +231,8 @@ class EpochProtocol:
         out rather than show the collection's ~0 ms.
         ``replay``: an already committed epoch is Spark's replay of its batch (a query);
         False for :meth:`write`, where it is the caller running a committed epoch again.
+        ``replan``: plans :attr:`schema_plan` again once recovery changed the targets (a
+        decided epoch it finished may have evolved a schema the plan compared against).
 
         1. Recover: commit a decided-but-uncommitted epoch; abort every prepared
            transaction no decision names (on the first call and after failures).
@@ -244,6 +252,8 @@ class EpochProtocol:
         t0 = time.monotonic()
         recovered = tasks_round is None and self._recover_if_needed(app_id, data, epoch)
         timings["recover"] = time.monotonic() - t0
+        if recovered and replan is not None:
+            replan()
         # Step 2
         if self._already_committed(epoch):
             self._log.bind(epoch=epoch).info(
@@ -289,6 +299,7 @@ class EpochProtocol:
                 app_id, epoch, keep={str(h.txn) for hs in handles.values() for h in hs}
             )
             self._last_committed = epoch
+            self.schema_plan = {}  # applied: the targets have the new schema now
             self.log.prune(self.retain_epochs)
         except BaseException:
             # Whatever failed, the next call must look at the log and the targets
@@ -394,8 +405,9 @@ class EpochProtocol:
 
     def _plan(self, app_id: str, epoch: int, round_: int) -> TaskPlan:
         return TaskPlan(
-            app_id, epoch, round_, self.sinks, self.faults, os.getpid(), socket.gethostname()
-        )
+            app_id, epoch, round_, self.sinks, self.faults, os.getpid(), socket.gethostname(),
+            dict(self.schema_plan),
+        )  # fmt: skip
 
     # -- step 4: decide ----------------------------------------------------------------
 
@@ -418,6 +430,7 @@ class EpochProtocol:
                 seconds=seconds,
                 logger=self._log,
                 meter=self._meter,
+                schema=self.schema_plan,
             )
         except FencedError:
             self._needs_recovery = True
@@ -442,7 +455,7 @@ class EpochProtocol:
                 first_visible=lambda: self._fire(CrashPoint.DURING_COMMIT, epoch),
                 tasks=self._recovery.tasks, meter=self._meter,
                 bound=_rounds.OutageBound(self.outage_s), logger=self._log.bind(epoch=epoch),
-                log=self.log, round_=round_,
+                log=self.log, round_=round_, schema=self.schema_plan,
             )  # fmt: skip
             self._fire(CrashPoint.AFTER_COMMIT_BEFORE_MARK, epoch)
             self.log.mark_committed(epoch, round_)
@@ -481,16 +494,3 @@ class EpochProtocol:
         """Acquire or renew this driver's lease (:class:`~txsink.errors.DriverLeaseError`
         while another live driver holds it; ``FencedError`` once it was taken over)."""
         self._keeper().hold()
-
-
-def checkpoint_reset_error(location: str, epoch: int, last: int) -> CheckpointMismatchError:
-    """Epoch ``epoch`` asked for (Spark's next batch) below the log's last committed."""
-    return CheckpointMismatchError(
-        f"epoch {epoch} was asked for, but the txsink log at {location} has "
-        f"already committed epoch {last}: the Spark checkpoint was reset or restored "
-        "from an older copy while the txsink log was kept (or write() was given an "
-        "epoch lower than the log's last), so epoch numbers no longer name the same "
-        "rows. Restore the matching checkpoint, or start the query with a new "
-        "checkpoint AND a new txsink log (and a new output folder or sink uid)",
-        epoch=epoch,
-    )

@@ -51,6 +51,7 @@ from txsink.errors import CheckpointMismatchError, LogError
 from txsink.kit.jsonrows import dumps_record
 from txsink.protocol.blocks import BLOCK as _BLOCK
 from txsink.protocol.blocks import EpochBlock, block_doc, summarize
+from txsink.schema import SchemaChange
 from txsink.store import FileStore, LogStore, open_store
 
 __all__ = [
@@ -67,9 +68,11 @@ __all__ = [
 ]
 
 LOG_FORMAT_VERSION = 1
-#: The version of the claim, decision, void and committed records this txsink writes;
-#: it reads every version from 1 up to this one.
-RECORD_VERSION = 1
+#: The newest version of the claim, decision, void and committed records this txsink
+#: reads (it reads every version from 1 up to this one). It writes version 1, but for a
+#: decision that changes a target's schema (issue #41): version 2, so an older txsink
+#: refuses that one record rather than commit its rows without the change.
+RECORD_VERSION = 2
 _EPOCHS = "epochs/"
 _KINDS = ("decision", "void")
 
@@ -105,9 +108,16 @@ class EpochDecision:
     handles: dict[str, list[dict[str, Any]]]
     decided_at: float = 0.0
     stats: dict[str, Any] = field(default_factory=dict)
+    #: sink uid -> the schema change this epoch applies (JSON: :class:`SchemaChange`).
+    schema: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def txn_names(self) -> set[str]:
         return {doc["data"]["txn"] for docs in self.handles.values() for doc in docs}
+
+    def schema_change(self, uid: str) -> SchemaChange | None:
+        """The change this decision records for sink ``uid`` (``None``: none)."""
+        doc = self.schema.get(uid)
+        return None if doc is None else SchemaChange.from_json(uid, doc)
 
 
 @dataclass(frozen=True)
@@ -199,7 +209,7 @@ class TxLog:
         info = {"epoch": epoch, "host": socket.gethostname(), "pid": os.getpid(), "at": time.time()}
         while True:
             key = f"{_epoch_prefix(epoch)}claim-{nxt:06d}.json"
-            doc = {"version": RECORD_VERSION, "round": nxt, **info}
+            doc = {"version": 1, "round": nxt, **info}
             if self.store.create(key, dumps_record(doc)):
                 return nxt
             nxt += 1
@@ -208,7 +218,7 @@ class TxLog:
         """Claim round ``round_`` of ``epoch`` exactly (tasks that already prepared under
         it: the Data Source path); False if it was claimed before."""
         info = {"epoch": epoch, "host": socket.gethostname(), "pid": os.getpid(), "at": time.time()}
-        doc = {"version": RECORD_VERSION, "round": round_, **info}
+        doc = {"version": 1, "round": round_, **info}
         return self.store.create(
             f"{_epoch_prefix(epoch)}claim-{round_:06d}.json", dumps_record(doc)
         )
@@ -219,10 +229,12 @@ class TxLog:
         round_: int,
         handles: dict[str, list[dict[str, Any]]],
         stats: dict[str, Any] | None = None,
+        schema: dict[str, dict[str, Any]] | None = None,
     ) -> bool:
-        """Create round ``round_``'s decision; False if that round was voided first."""
-        doc = {
-            "version": RECORD_VERSION,
+        """Create round ``round_``'s decision; False if that round was voided first.
+        ``schema``: sink uid -> the schema change the epoch applies (version 2)."""
+        doc: dict[str, Any] = {
+            "version": 2 if schema else 1,
             "kind": "decision",
             "epoch": epoch,
             "round": round_,
@@ -230,6 +242,8 @@ class TxLog:
             "handles": handles,
             "stats": stats or {},
         }
+        if schema:
+            doc["schema"] = schema
         return self.store.create(self._decision_key(epoch, round_), dumps_record(doc))
 
     def void(self, epoch: int, round_: int, reason: str) -> EpochDecision | None:
@@ -238,7 +252,7 @@ class TxLog:
         Returns that round's decision if it was decided first (the void lost).
         """
         doc = {
-            "version": RECORD_VERSION,
+            "version": 1,
             "kind": "void",
             "epoch": epoch,
             "round": round_,
@@ -274,7 +288,7 @@ class TxLog:
 
     def mark_committed(self, epoch: int, round_: int, not_restored: tuple[str, ...] = ()) -> None:
         doc = {
-            "version": RECORD_VERSION,
+            "version": 1,
             "epoch": epoch,
             "round": round_,
             "committed_at": time.time(),
@@ -300,7 +314,7 @@ class TxLog:
                 reason=reason,
                 fix=fix,
             )
-            doc["version"] = RECORD_VERSION
+            doc["version"] = 1
             if self.store.create(f"{prefix}{_BLOCK}{attempt:06d}.json", dumps_record(doc)):
                 return attempt
 
@@ -423,6 +437,7 @@ class TxLog:
             handles={uid: list(docs) for uid, docs in doc["handles"].items()},
             decided_at=float(doc.get("decided_at", 0.0)),
             stats=dict(doc.get("stats", {})),
+            schema=dict(doc.get("schema", {})),
         )
 
     def _record(self, key: str, raw: bytes) -> dict[str, Any]:

@@ -31,8 +31,17 @@ from txsink.errors import CheckpointMismatchError, NonRestoredStateError, StateE
 from txsink.handles import Handle, load_handle
 from txsink.observe.metering import Meter
 from txsink.protocol.log import EpochDecision, TxLog
+from txsink.schema import SchemaChange
 
-__all__ = ["ABORTS", "ActionKind", "RecoveryAction", "RecoveryPlanner", "decided", "on_handle"]
+__all__ = [
+    "ABORTS",
+    "ActionKind",
+    "RecoveryAction",
+    "RecoveryPlanner",
+    "checkpoint_reset_error",
+    "decided",
+    "on_handle",
+]
 
 AnySink = SinkContract[Any, Any]
 
@@ -82,6 +91,8 @@ class RecoveryAction:
     reason: str = ""
     handles: tuple[Handle, ...] = ()
     not_restored: tuple[str, ...] = ()
+    #: A commit's schema change, as its epoch's decision records it (:mod:`txsink.schema`).
+    schema_change: SchemaChange | None = None
 
     def describe(self, *, done: bool, names: bool = True) -> str:
         """One line: ``would abort pg txsink.app.pg.e3.r0.p1.a7: epoch 3 round 0 is ...``.
@@ -232,7 +243,14 @@ class RecoveryPlanner:
         why = f"decided epoch {epoch} round {round_}"
         actions = [
             RecoveryAction(
-                ActionKind.COMMIT, epoch, round_, s.uid, None, why, decided(decision, s.uid)
+                ActionKind.COMMIT,
+                epoch,
+                round_,
+                s.uid,
+                None,
+                why,
+                decided(decision, s.uid),
+                schema_change=decision.schema_change(s.uid),
             )
             for s in self.sinks
         ]
@@ -330,6 +348,7 @@ class RecoveryPlanner:
                             None,
                             f"committed epoch {txn.epoch}, {name} still prepared",
                             decided(decision, sink.uid),
+                            schema_change=decision.schema_change(sink.uid),
                         )
                     )
         return actions
@@ -344,3 +363,16 @@ class RecoveryPlanner:
     def _given_up(self, epoch: int, uid: str) -> bool:
         record = self.log.committed(epoch)
         return record is not None and uid in record.not_restored
+
+
+def checkpoint_reset_error(location: str, epoch: int, last: int) -> CheckpointMismatchError:
+    """Epoch ``epoch`` asked for (Spark's next batch) below the log's last committed."""
+    return CheckpointMismatchError(
+        f"epoch {epoch} was asked for, but the txsink log at {location} has "
+        f"already committed epoch {last}: the Spark checkpoint was reset or restored "
+        "from an older copy while the txsink log was kept (or write() was given an "
+        "epoch lower than the log's last), so epoch numbers no longer name the same "
+        "rows. Restore the matching checkpoint, or start the query with a new "
+        "checkpoint AND a new txsink log (and a new output folder or sink uid)",
+        epoch=epoch,
+    )

@@ -228,6 +228,7 @@ class Recovery(RecoveryPlanner):
                 recovering=True,
                 log=self.log,
                 round_=action.round or 0,
+                schema_change=action.schema_change,
             )
             run.committed.add((sink.uid, epoch))
             if epoch in run.finishing:

@@ -163,6 +163,7 @@ def run_single_pass(
             rows=outcome.rows,
             seconds=dict(outcome.seconds),
             logger=logger,
+            schema=plan.schema,
         )
         outcome.decided = True
         outcome.seconds["decide"] = time.monotonic() - t0

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -20,6 +20,7 @@ from txsink.contract import EpochData, SinkContract, TaskInfo
 from txsink.errors import EpochAbortedError, InjectedFault, RetryableError, TxsinkError
 from txsink.handles import Handle, dump_handle, load_handle
 from txsink.protocol.faults import CrashPoint, FaultPlan
+from txsink.schema import SchemaChange
 from txsink.txid import TxnId
 
 __all__ = [
@@ -44,6 +45,8 @@ class TaskPlan:
     faults: FaultPlan | None
     driver_pid: int
     driver_host: str | None = None
+    #: sink uid -> the schema change this epoch applies (recorded in its decision).
+    schema: Mapping[str, SchemaChange] = field(default_factory=dict)
 
     def fire(self, point: CrashPoint, partition: int) -> None:
         if self.faults is not None:

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from txsink.errors import ConfigurationError, InternalError, TxsinkError, spark_condition
+from txsink.schema import SchemaChange
+from txsink.spark import evolve as _evolve
 from txsink.spark import versions as _versions
 
 if TYPE_CHECKING:
@@ -24,7 +26,7 @@ if TYPE_CHECKING:
     from txsink.contract import Partitioning, SinkContract
     from txsink.protocol.log import TxLog
 
-__all__ = ["arrow_schema", "check_sink", "check_sinks", "no_app_error"]
+__all__ = ["arrow_schema", "check_sink", "check_sinks", "no_app_error", "plan_changes"]
 
 
 def no_app_error(*, connect: bool = False) -> ConfigurationError:
@@ -94,14 +96,35 @@ def check_sinks(
     part: Partitioning | None,
     *,
     log: TxLog | None = None,
-) -> None:
-    """What the first batch of a query run checks: the partitioning's columns (``part``),
-    then each sink's hook; on a ``log`` that holds no epoch, that no target remembers epochs
-    of ``app_id``."""
+) -> dict[str, SchemaChange]:
+    """What the first batch of a query run checks (and an epoch whose schema changed):
+    the partitioning's columns (``part``), the schema changes the sinks' targets need
+    (:func:`plan_changes`), then each sink's hook; on a ``log`` that holds no epoch, that
+    no target remembers epochs of ``app_id``. Returns the planned changes by sink uid."""
     check_columns(part, schema.names)
+    changes, seen = plan_changes(sinks, schema, app_id)
     fresh = log is not None and not log.epochs()
     for sink in sinks:
-        check_sink(sink, schema, app_id, log if fresh else None)
+        check_sink(sink, seen.get(sink.uid, schema), app_id, log if fresh else None)
+    return changes
+
+
+def plan_changes(
+    sinks: Sequence[SinkContract[Any, Any]], schema: pa.Schema, app_id: str
+) -> tuple[dict[str, SchemaChange], dict[str, pa.Schema]]:
+    """The schema change each sink's target needs for an epoch of ``schema``: every sink
+    evolves, or the epoch stops before anything is written (:mod:`txsink.schema`).
+
+    Every sink's difference is compared first, and only then does any sink get ready for
+    its change (``prepare_evolution``): a refusal of one sink never follows another's
+    acceptance. Returns the changes by sink uid, and for each sink with a change the
+    schema its own ``check`` is to see (the columns its target already has).
+    """
+    planned = _evolve.compare(sinks, schema, app_id)
+    for sink, change in planned:
+        _evolve.prepare(sink, change, app_id)
+    changes = {sink.uid: change for sink, change in planned}
+    return changes, {uid: _evolve.as_target_has(schema, c) for uid, c in changes.items()}
 
 
 def _check_not_recorded(sink: SinkContract[Any, Any], app_id: str, log: TxLog) -> None:

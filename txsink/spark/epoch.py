@@ -88,13 +88,17 @@ class SparkEpochs:
         epoch = protocol.begin_write(app_id, epoch)
         return self.run(epoch, df, app_id, connect=is_connect(df), replay=False)
 
-    def check_schema(self, df: DataFrame, app_id: str) -> None:
+    def check_schema(self, df: DataFrame, app_id: str, *, again: bool = False) -> None:
         """The sinks' checks (:func:`~txsink.spark.checks.check_sinks`), again only when
-        the epoch's schema changed."""
+        the epoch's schema changed (or ``again``: recovery changed the targets); the schema
+        changes they plan go to the protocol, for the epoch's decision."""
         schema = arrow_schema(df)
-        if self.checked_schema is not None and schema.equals(self.checked_schema):
+        if not again and self.checked_schema is not None and schema.equals(self.checked_schema):
             return
-        check_sinks(self.protocol.sinks, schema, app_id, self.partitioning, log=self.protocol.log)
+        self.checked_schema = None  # until the checks passed
+        protocol = self.protocol
+        plan = check_sinks(protocol.sinks, schema, app_id, self.partitioning, log=protocol.log)
+        protocol.schema_plan = plan
         self.checked_schema = schema
 
     def run(
@@ -104,6 +108,10 @@ class SparkEpochs:
         (``connect``: ``df`` is a Spark Connect DataFrame)."""
         protocol = self.protocol
         sinks = protocol.sinks
+
+        def replan() -> None:  # recovery changed the targets: compare their schemas again
+            self.check_schema(df, app_id, again=True)
+
         data = _layout.laid_out(df, self.partitioning, self.max_tasks)
         in_task = "+".join(s.uid for s in sinks if s.commits_in_task)
         log = protocol.epoch_logger(epoch)
@@ -115,7 +123,9 @@ class SparkEpochs:
             job = _spark.single_pass_job(df, data, parts, in_task, tasks, probe=self.probe_votes)
             self.probe_votes = False
             protocol.use_tasks(tasks)
-            return protocol.run_epoch(epoch, job, app_id=app_id, data=job.data, replay=replay)
+            return protocol.run_epoch(
+                epoch, job, app_id=app_id, data=job.data, replay=replay, replan=replan
+            )
         # A commit that reads the rows again keeps this epoch's rows instead of recomputing
         # them (a recomputation after a crash is what the checksums catch).
         again = any(s.commits_from_data for s in sinks)
@@ -126,7 +136,7 @@ class SparkEpochs:
             protocol.use_tasks(tasks)
             return protocol.run_epoch(
                 epoch, precommit_job(rows), app_id=app_id, data=rows if again else None,
-                replay=replay,
+                replay=replay, replan=replan,
             )  # fmt: skip
         finally:
             if again:

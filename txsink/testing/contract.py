@@ -56,8 +56,8 @@ from txsink.contract import EpochCommit, SinkContract, TaskInfo
 from txsink.errors import CommitError
 from txsink.handles import Handle, dump_handle, load_handle
 from txsink.testing.adapter import ConnectorTesting
+from txsink.testing.verifiers import count_ids
 from txsink.txid import TxnId
-from txsink.verify import count_ids
 
 __all__ = [
     "CHECKS",

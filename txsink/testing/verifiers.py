@@ -9,20 +9,61 @@ reader would (never from txsink's own log):
   (staged files, prepared transactions, open multipart uploads, open Kafka transactions).
 
 Implement the protocol for your own sink; :func:`verify` turns it into a
-:class:`~txsink.verify.Verdict`. Each connector ships its own in its testing module
+:class:`Verdict`. Each connector ships its own in its testing module
 (``txsink.connectors.<name>.testing``: ``FilesVerifier``, ``PostgresVerifier``,
 ``KafkaVerifier``, ``S3Verifier``), and its adapter builds it from a target's spec.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from txsink.verify import Verdict, count_ids
+__all__ = ["IdsVerifier", "SinkVerifier", "Verdict", "count_ids", "verify"]
 
-__all__ = ["IdsVerifier", "SinkVerifier", "verify"]
+
+@dataclass(frozen=True)
+class Verdict:
+    """The exactly-once verdict for one sink."""
+
+    rows_expected: int
+    rows_written: int
+    duplicates: int
+    missing: int
+    unexpected: int
+    lingering: int
+    epochs: int
+
+    @property
+    def ok(self) -> bool:
+        return (
+            self.duplicates == 0
+            and self.missing == 0
+            and self.unexpected == 0
+            and self.lingering == 0
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "ok": self.ok}
+
+
+def count_ids(
+    expected: Iterable[int], written: Iterable[int], *, lingering: int = 0, epochs: int = 0
+) -> Verdict:
+    """Compare written ids with the expected set (each expected exactly once)."""
+    want = set(expected)
+    seen = Counter(written)
+    return Verdict(
+        rows_expected=len(want),
+        rows_written=sum(seen.values()),
+        duplicates=sum(n - 1 for n in seen.values() if n > 1),
+        missing=len(want - seen.keys()),
+        unexpected=len(seen.keys() - want),
+        lingering=lingering,
+        epochs=epochs,
+    )
 
 
 @runtime_checkable

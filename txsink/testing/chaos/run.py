@@ -10,7 +10,7 @@ would. Afterwards:
 - recovery time, per crash: from the crash to the first epoch the txsink log marks
   committed after it (``committed.json``'s ``committed_at``), i.e. until the pipeline made
   progress again. Both clocks are the wall clock of this machine;
-- one :class:`~txsink.verify.Verdict` per sink from its verifier.
+- one :class:`~txsink.testing.verifiers.Verdict` per sink from its verifier.
 
 Given ``targets``, a :class:`~txsink.testing.chaos.targetcrash.TargetCrashes` serves the plan's
 ``kill-target`` faults (and ``kill_target_after``, a kill at a moment of the clock): the
@@ -42,8 +42,7 @@ from txsink.testing.chaos.targetcrash import TargetControl, TargetCrashes
 from txsink.testing.disturb import Disturbed, Poison, SecondDriver
 from txsink.testing.observer import Observer, Target
 from txsink.testing.tables import format_table
-from txsink.testing.verifiers import SinkVerifier, verify
-from txsink.verify import Verdict
+from txsink.testing.verifiers import SinkVerifier, Verdict, verify
 
 __all__ = ["ChaosReport", "run_chaos"]
 

@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from txsink.kit.text import when
+from txsink.ops.schemas import schema_history
 from txsink.protocol.lease import DriverLease, current_lease
 from txsink.protocol.log import EpochState, open_log
 
@@ -72,6 +73,7 @@ def status_command(args: argparse.Namespace) -> int:
     states = log.states()
     docs = [_state_doc(s) for s in states]
     lease = _lease_doc(current_lease(log), time.time())
+    history = schema_history(log)
     if args.json:
         print(
             json.dumps(
@@ -81,6 +83,7 @@ def status_command(args: argparse.Namespace) -> int:
                     "format_version": meta["version"],
                     "epochs": docs,
                     "lease": lease,
+                    "schema_changes": [e.as_dict() for e in history],
                 },
                 indent=1,
             )
@@ -113,6 +116,10 @@ def status_command(args: argparse.Namespace) -> int:
             )
             if block["fix"]:
                 print(f"{'':>8}  fix: {block['fix']}; then run `txsink recover` or restart")
+    if history:
+        print("schema changes (docs/schema-evolution.md):")
+        for event in history:
+            print(f"{'':>8}  {event.line()}")
     print(_summary([d["status"] for d in docs]))
     return 0
 

@@ -57,6 +57,7 @@ from txsink.store import FileStore, LogStore, open_store
 __all__ = [
     "LOG_FORMAT_VERSION",
     "RECORD_VERSION",
+    "SCHEMA_PREFIX",
     "CommitRecord",
     "EpochBlock",
     "EpochDecision",
@@ -74,6 +75,8 @@ LOG_FORMAT_VERSION = 1
 #: refuses that one record rather than commit its rows without the change.
 RECORD_VERSION = 2
 _EPOCHS = "epochs/"
+#: The schema changes of pruned epochs, one record each: the history outlives the epochs.
+SCHEMA_PREFIX = "schema/"
 _KINDS = ("decision", "void")
 
 
@@ -397,6 +400,10 @@ class TxLog:
             state = self.state(epoch)
             if state.status not in ("committed", "aborted"):
                 continue  # keep anything recovery may still need
+            if state.decision is not None and state.decision.schema:  # the schema history
+                doc = {"version": 1, "epoch": epoch, "decided_at": state.decision.decided_at}
+                doc["schema"] = state.decision.schema
+                self.store.create(f"{SCHEMA_PREFIX}{epoch:020d}.json", dumps_record(doc))
             for key in self.store.list(_epoch_prefix(epoch)):
                 self.store.delete(key)
             removed.append(epoch)

@@ -10,6 +10,7 @@ recording each change (a version-2 decision only where a change is).
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -162,31 +163,33 @@ class World:
         first = Crasher(at=crash_at)
         crashes = [first, Crasher(at=then_crash_at)]
         for attempt in range(20):
-            crasher = crashes[attempt] if attempt < len(crashes) else Crasher()
-            self.store.crasher = crasher
-            sinks = [
-                EvoSink(u, self.targets[u], crasher, schema_evolution="add-columns") for u in UIDS
-            ]
-            coord = Coordinator(sinks, log=TxLog(self.store), app_id=APP, faults=None)
-            checked: list[pa.Schema] = []  # as SparkEpochs: plan again only on a new schema
             try:
-                for epoch in range(len(SCHEMAS)):
-                    if epoch in self.spark_done:
-                        continue
-
-                    def plan(epoch: int = epoch) -> None:  # SparkEpochs.check_schema's part
-                        coord.schema_plan = check_sinks(sinks, SCHEMAS[epoch], APP, None)
-                        checked[:] = [SCHEMAS[epoch]]
-
-                    if not checked or not checked[0].equals(SCHEMAS[epoch]):
-                        plan()
-                    coord.run_epoch(epoch, _precommit(epoch, attempt * 10), app_id=APP, replan=plan)
-                    crasher.tick(f"spark commit log {epoch}")
-                    self.spark_done.add(epoch)
+                self._attempt(crashes[attempt] if attempt < len(crashes) else Crasher(), attempt)
                 return first
             except Crash:
                 continue
         raise AssertionError("did not finish")
+
+    def _attempt(self, crasher: Crasher, attempt: int) -> None:
+        """One driver process: Spark's replay from the first epoch not in its commit log."""
+        self.store.crasher = crasher
+        sinks = [EvoSink(u, self.targets[u], crasher, schema_evolution="add-columns") for u in UIDS]
+        coord = Coordinator(sinks, log=TxLog(self.store), app_id=APP, faults=None)
+        checked: list[pa.Schema] = []  # as SparkEpochs: plan again only on a new schema
+
+        def plan(epoch: int) -> None:  # SparkEpochs.check_schema's part
+            coord.schema_plan = check_sinks(sinks, SCHEMAS[epoch], APP, None)
+            checked[:] = [SCHEMAS[epoch]]
+
+        for epoch in range(len(SCHEMAS)):
+            if epoch in self.spark_done:
+                continue
+            if not checked or not checked[0].equals(SCHEMAS[epoch]):
+                plan(epoch)
+            replan = functools.partial(plan, epoch)
+            coord.run_epoch(epoch, _precommit(epoch, attempt * 10), app_id=APP, replan=replan)
+            crasher.tick(f"spark commit log {epoch}")
+            self.spark_done.add(epoch)
 
     def check(self) -> None:
         for uid, target in self.targets.items():

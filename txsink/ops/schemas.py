@@ -63,10 +63,10 @@ def schema_history(log: TxLog) -> list[SchemaEvent]:
         decision = state.decision
         if decision is None or not decision.schema:
             continue
-        for uid in decision.schema:
-            change = decision.schema_change(uid)
-            assert change is not None
+        for uid, doc in decision.schema.items():
+            change = SchemaChange.from_json(uid, doc)
+            done = state.committed is not None
             events[(state.epoch, uid)] = SchemaEvent(
-                state.epoch, uid, change, decision.decided_at, state.committed is not None
+                state.epoch, uid, change, decision.decided_at, done
             )
     return [events[k] for k in sorted(events)]

@@ -401,8 +401,13 @@ class TxLog:
             if state.status not in ("committed", "aborted"):
                 continue  # keep anything recovery may still need
             if state.decision is not None and state.decision.schema:  # the schema history
-                doc = {"version": 1, "epoch": epoch, "decided_at": state.decision.decided_at}
-                doc["schema"] = state.decision.schema
+                dec = state.decision
+                doc = {
+                    "version": 1,
+                    "epoch": epoch,
+                    "decided_at": dec.decided_at,
+                    "schema": dec.schema,
+                }
                 self.store.create(f"{SCHEMA_PREFIX}{epoch:020d}.json", dumps_record(doc))
             for key in self.store.list(_epoch_prefix(epoch)):
                 self.store.delete(key)

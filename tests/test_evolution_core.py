@@ -25,8 +25,9 @@ from txsink import Coordinator
 from txsink.contract import EpochCommit
 from txsink.errors import CommitError
 from txsink.handles import Handle, register_handle
+from txsink.ops.savepoint import create_savepoint, restore_savepoint
 from txsink.ops.schemas import schema_history
-from txsink.protocol.log import TxLog
+from txsink.protocol.log import TxLog, open_log
 from txsink.protocol.task import Ack, TaskPlan, run_partition
 from txsink.schema import ADD, WIDEN_INT, SchemaChange, SchemaEvolutionError
 from txsink.sink import TwoPhaseCommitSink
@@ -272,3 +273,20 @@ def test_the_change_is_recorded_with_old_and_new_schema() -> None:
     recorded = change.schema_change("left")
     assert isinstance(recorded, SchemaChange)
     assert recorded.old.equals(S0) and recorded.new.equals(S1)
+
+
+def test_the_history_outlives_pruning_and_travels_in_a_savepoint(tmp_path: Any) -> None:
+    world = World()
+    world.run()
+    log = TxLog(world.store)
+    assert log.prune(1) == [0, 1, 2, 3]  # every evolved epoch's records are gone ...
+    told = [(e.epoch, e.sink, e.change.describe()) for e in schema_history(log)]
+    assert told[0] == (1, "left", "adds note (string)") and len(told) == 4  # ... not its history
+    world.store.crasher = Crasher()
+    create_savepoint(log, tmp_path / "sp")
+    restore_savepoint(tmp_path / "sp", tmp_path / "restored")
+    restored = [
+        (e.epoch, e.sink, e.change.describe())
+        for e in schema_history(open_log(tmp_path / "restored"))
+    ]
+    assert restored == told

@@ -16,7 +16,7 @@ from typing import Any
 
 from txsink.errors import SavepointError
 from txsink.ops.savepoint_manifest import CHECKPOINT_PREFIX, MANIFEST, RESTORED_MARKER, sha
-from txsink.protocol.log import FileStore, TxLog
+from txsink.protocol.log import SCHEMA_PREFIX, FileStore, TxLog
 from txsink.store import LogStore
 
 __all__ = [
@@ -29,7 +29,7 @@ __all__ = [
 ]
 
 #: Key prefixes a txsink log (or a savepoint) may hold; FileStore.list needs a prefix.
-_PREFIXES = ("epochs/", "upgrades/", CHECKPOINT_PREFIX)
+_PREFIXES = ("epochs/", "upgrades/", SCHEMA_PREFIX, CHECKPOINT_PREFIX)
 _ROOT_KEYS = ("meta.json", MANIFEST, RESTORED_MARKER)
 
 
@@ -75,6 +75,10 @@ def canonical_records(
                     f"txsink log record {key} at {log.location} vanished while the savepoint "
                     "was taken: is a query (or a prune) running? Stop it and try again"
                 )
+            records.append((key, data))
+    for key in log.store.list(SCHEMA_PREFIX):  # the schema history of pruned epochs
+        data = log.store.read(key)
+        if data is not None:
             records.append((key, data))
     if decided:
         raise SavepointError(
@@ -129,6 +133,8 @@ def restore_order(
     def rank(key: str) -> tuple[int, int, int, str]:
         if key == "meta.json":
             return (0, 0, 0, key)
+        if key.startswith(SCHEMA_PREFIX):
+            return (2, 0, 0, key)
         epoch = int(key.split("/")[1])
         name = key.rsplit("/", 1)[1]
         kind = 0 if name == "committed.json" else 1 if name.startswith("claim-") else 2

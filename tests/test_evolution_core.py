@@ -22,9 +22,12 @@ from typing_extensions import override
 
 from tests.memsink import Crash, Crasher, MemStore
 from txsink import Coordinator
+from txsink.cli import main as cli_main
 from txsink.contract import EpochCommit
 from txsink.errors import CommitError
 from txsink.handles import Handle, register_handle
+from txsink.ops.inspect import epoch_table
+from txsink.ops.report import render_report
 from txsink.ops.savepoint import create_savepoint, restore_savepoint
 from txsink.ops.schemas import schema_history
 from txsink.protocol.log import TxLog, open_log
@@ -290,3 +293,26 @@ def test_the_history_outlives_pruning_and_travels_in_a_savepoint(tmp_path: Any) 
         for e in schema_history(open_log(tmp_path / "restored"))
     ]
     assert restored == told
+
+
+def test_status_inspect_and_the_report_show_the_changes(tmp_path: Any, capsys: Any) -> None:
+    world = World()
+    world.run()
+    world.store.crasher = Crasher()
+    create_savepoint(TxLog(world.store), tmp_path / "sp")
+    restore_savepoint(tmp_path / "sp", tmp_path / "log")
+    location = str(tmp_path / "log")
+    assert cli_main(["status", "--log", location]) == 0
+    text = capsys.readouterr().out
+    assert "epoch 3 sink right: widens amount int32 -> int64" in text
+    assert cli_main(["status", "--log", location, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [(c["epoch"], c["sink"]) for c in doc["schema_changes"]][:2] == [
+        (1, "left"),
+        (1, "right"),
+    ]
+    assert doc["schema_changes"][0]["new"]["note"] == "string"
+    table = epoch_table(location).set_index("epoch")["schema_changes"]
+    assert table[1] == "left: adds note (string); right: adds note (string)"
+    assert table.isna().tolist() == [True, False, True, False, True]
+    assert "<h2>Schema changes</h2>" in render_report(location)

@@ -29,6 +29,7 @@ import pandas as pd
 from txsink.errors import LogError
 from txsink.protocol.blocks import BLOCK, EpochBlock, summarize
 from txsink.protocol.log import CommitRecord, EpochDecision, EpochState, TxLog, open_log
+from txsink.schema import SchemaChange
 from txsink.store import LogStore
 from txsink.txid import TxnId
 
@@ -98,6 +99,7 @@ EPOCH_COLUMNS: dict[str, str] = {
     "blocked_since": "ts",
     "blocked_attempts": "Int64",
     "blocked_reason": "object",
+    "schema_changes": "object",
 }
 
 
@@ -422,9 +424,16 @@ def _epoch_records(snap: LogSnapshot) -> list[dict[str, Any]]:
                 "blocked_since": None if state.blocked is None else state.blocked.first_seen,
                 "blocked_attempts": None if state.blocked is None else state.blocked.attempts,
                 "blocked_reason": None if state.blocked is None else _block_text(state.blocked),
+                "schema_changes": _schema_text(dec.get("schema") or {}),
             }
         )
     return out
+
+
+def _schema_text(docs: dict[str, Any]) -> str | None:
+    """``pg: adds note (string); s3: ...`` for an epoch whose decision changed schemas."""
+    told = [f"{uid}: {SchemaChange.from_json(uid, doc).describe()}" for uid, doc in docs.items()]
+    return "; ".join(told) or None
 
 
 def _block_text(block: EpochBlock) -> str:

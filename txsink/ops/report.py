@@ -62,6 +62,7 @@ def render_report(
             timeline_section(epochs, rows),
             latency_section(epochs),
             _blocked(epochs),
+            _schema_changes(epochs),
             _pending(rows, snap.read_at),
             _voided(rows),
             _lingering(lingering, rows),
@@ -181,6 +182,31 @@ def _blocked(epochs: pd.DataFrame) -> str:
                     r["blocked_reason"],
                 ]
                 for r in blocked.to_dict("records")
+            ],
+        )
+        + "</section>"
+    )
+
+
+def _schema_changes(epochs: pd.DataFrame) -> str:
+    """The epochs that changed a target's schema, in the log (none: no section)."""
+    changed = epochs[epochs["schema_changes"].notna()]
+    if changed.empty:
+        return ""
+    return (
+        '<section id="schema">\n<h2>Schema changes</h2>\n<p class="hint">Each change became '
+        "visible in its target with the epoch's rows (docs/schema-evolution.md); "
+        "<code>txsink status</code> lists those of pruned epochs too.</p>\n"
+        + table(
+            ["epoch", "status", "decided", "sink: change"],
+            [
+                [
+                    r["epoch"],
+                    r["status"],
+                    fmt.when(fmt.as_number(r["decided_at"])),
+                    r["schema_changes"],
+                ]
+                for r in changed.to_dict("records")
             ],
         )
         + "</section>"

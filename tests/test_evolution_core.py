@@ -30,6 +30,7 @@ from txsink.ops.inspect import epoch_table
 from txsink.ops.report import render_report
 from txsink.ops.savepoint import create_savepoint, restore_savepoint
 from txsink.ops.schemas import schema_history
+from txsink.ops.state import rename_uid
 from txsink.protocol.log import TxLog, open_log
 from txsink.protocol.task import Ack, TaskPlan, run_partition
 from txsink.schema import ADD, WIDEN_INT, SchemaChange, SchemaEvolutionError
@@ -316,3 +317,12 @@ def test_status_inspect_and_the_report_show_the_changes(tmp_path: Any, capsys: A
     assert table[1] == "left: adds note (string); right: adds note (string)"
     assert table.isna().tolist() == [True, False, True, False, True]
     assert "<h2>Schema changes</h2>" in render_report(location)
+
+
+def test_rename_uid_renames_the_schema_changes_too() -> None:
+    world = World()
+    world.run()
+    world.store.crasher = Crasher()
+    rename_uid(TxLog(world.store), "left", "leftie")
+    sinks = {e.sink for e in schema_history(TxLog(world.store))}
+    assert sinks == {"leftie", "right"}

@@ -261,6 +261,8 @@ def _renamed(doc: dict[str, Any], old: str, new: str) -> bytes:
     if isinstance(stats.get("rows"), dict):
         stats["rows"] = {(new if u == old else u): n for u, n in stats["rows"].items()}
     out["stats"] = stats
+    if isinstance(doc.get("schema"), dict):  # the schema changes (issue #41) are by uid too
+        out["schema"] = {(new if u == old else u): c for u, c in doc["schema"].items()}
     out["renamed_uids"] = [*doc.get("renamed_uids", []), {"from": old, "to": new}]
     return dumps_record(out)
 

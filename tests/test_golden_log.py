@@ -25,6 +25,7 @@ from txsink.connectors.postgres import PgHandle
 from txsink.connectors.s3 import S3Handle
 from txsink.errors import HandleFormatError, LogError
 from txsink.handles import Handle, load_handle
+from txsink.ops.schemas import schema_history
 from txsink.protocol.log import open_log
 from txsink.protocol.recovery import ActionKind
 from txsink.sink import TwoPhaseCommitSink
@@ -191,6 +192,27 @@ def test_recovery_plan_over_every_golden_log(golden: tuple[str, Path]) -> None:
     ]
     assert [str(h.txn) for h in plan[0].handles] == decided
     assert open_log(path).pending() != [], "planning changed the log"
+
+
+def test_the_first_version_2_record_reads_and_recovers_with_its_change(tmp_path: Path) -> None:
+    """``schema-v2/`` (issue #41): epoch 1 added a column and committed; epoch 2 widened
+    one and is decided: recovery commits it with the change its decision recorded."""
+    path = tmp_path / "log"
+    shutil.copytree(GOLDEN / "schema-v2", path)
+    versions = [json.loads(p.read_text())["version"] for p in sorted(path.rglob("decision-*.json"))]
+    assert versions == [1, 2, 2]
+    told = [
+        (e.epoch, e.sink, e.change.describe(), e.committed) for e in schema_history(open_log(path))
+    ]
+    assert told == [
+        (1, "out", "adds note (string)", True),
+        (2, "out", "widens amount int32 -> int64", False),
+    ]
+    plan = Coordinator([ListedSink("out", [], False)], log=path).recovery_plan()
+    commit = plan[0]
+    assert (commit.kind, commit.epoch) == (ActionKind.COMMIT, 2)
+    assert commit.schema_change is not None
+    assert commit.schema_change.new.field("amount").type == pa.int64()
 
 
 # -- incompatible logs --------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
     ./.venv/bin/python tests/golden/make_golden.py            # refuses if log-v1/ exists
     ./.venv/bin/python tests/golden/make_golden.py --out DIR  # a fresh copy elsewhere
+    ./.venv/bin/python tests/golden/make_golden.py --schema-v2  # schema-v2/ only (#41)
 
 A RELEASED FORMAT'S GOLDEN FILES ARE NEVER REGENERATED: they are what that release
 wrote, and every later txsink must read them (tests/test_golden_log.py). When the log
@@ -32,12 +33,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+
 from txsink.connectors.files import FileEntry, FilesHandle
 from txsink.connectors.kafka import KafkaReplayHandle, KafkaWalHandle
 from txsink.connectors.postgres import PgHandle
 from txsink.connectors.s3 import S3Handle, S3Object, S3Part
 from txsink.handles import Handle, dump_handle
 from txsink.protocol.log import FileStore, TxLog
+from txsink.schema import SchemaChange, diff
 from txsink.txid import TxnId
 
 APP = "golden-app"
@@ -151,6 +155,28 @@ def write_log(folder: Path, uid: str, make: Any, *, replay_v1: bool = False) -> 
     _stabilise(folder)
 
 
+def write_schema_v2(folder: Path) -> None:
+    """``schema-v2/``: the first record version 2 (issue #41), a files log whose epoch 1
+    added a column (decided and committed) and epoch 2 widened one (decided, not
+    committed: recovery must apply the change with the rows)."""
+    log = TxLog(FileStore(folder))
+    log.bind_app(APP)
+    s0 = pa.schema([("id", pa.int64()), ("amount", pa.int32())])
+    s1 = s0.append(pa.field("note", pa.string()))
+    s2 = s1.set(1, pa.field("amount", pa.int64()))
+    stats = {"rows": {"out": 6}, "seconds": {"precommit": 0.5}}
+    for epoch, (old, new) in enumerate([(s0, s0), (s0, s1), (s1, s2)]):
+        found = diff(old, new)
+        change = SchemaChange("out", old, found.merged, found.changes)
+        schema = {"out": change.to_json()} if found.changes else None
+        r = log.claim_round(epoch)
+        handles = {"out": [dump_handle(files_handle(epoch, r, p)) for p in (0, 1)]}
+        log.decide(epoch, r, handles, stats, schema)
+        if epoch < 2:
+            log.mark_committed(epoch, r)
+    _stabilise(folder)
+
+
 def write_incompatible(folder: Path) -> None:
     """Logs a release-1 txsink must refuse, with the clear errors the tests check."""
     # A handle of version 99 of a known serializer (written by a "newer" txsink).
@@ -193,8 +219,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--out", type=Path, default=HERE, help="folder for log-v1/ and incompatible/"
     )
+    parser.add_argument(
+        "--schema-v2", action="store_true", help="write only schema-v2/ (record version 2)"
+    )
     args = parser.parse_args(argv)
     out: Path = args.out
+    if args.schema_v2:
+        if (out / "schema-v2").exists():
+            print(f"{out / 'schema-v2'} exists: never regenerated", file=sys.stderr)
+            return 1
+        write_schema_v2(out / "schema-v2")
+        return 0
     for name in ("log-v1", "incompatible"):
         if (out / name).exists():
             print(

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from txsink import registry
+from txsink.schema import check_policy
 
 if TYPE_CHECKING:
     from txsink.contract import SinkContract
@@ -161,5 +162,12 @@ def adapter(name: str) -> ConnectorTesting:
 
 
 def build_sink(spec: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Any:
-    """The sink a spec describes, through its connector's adapter."""
-    return adapter(str(spec["kind"])).build_sink(spec, os.environ if env is None else env)
+    """The sink a spec describes, through its connector's adapter. A spec's
+    ``schema_evolution`` (every connector takes it: :mod:`txsink.schema`) is set here, so
+    no adapter needs to know it."""
+    policy = spec.get("schema_evolution")
+    own = {k: v for k, v in spec.items() if k != "schema_evolution"}
+    sink = adapter(str(spec["kind"])).build_sink(own, os.environ if env is None else env)
+    if policy is not None:
+        sink.schema_evolution = check_policy(policy)
+    return sink

@@ -51,8 +51,13 @@ def run_stream(
     lease_s: float | None = None,
     hooks: dict[str, Any] | None = None,
     factory: str | None = None,
+    transform: str | None = None,
 ) -> None:
     """Stream ``workdir/input`` (one file per epoch) into the sinks until the input is done.
+
+    ``transform``: ``module:function`` or ``file.py:function`` taking ``(df, batch_id)`` and
+    returning the epoch's DataFrame: a stream whose schema changes between epochs, say
+    (docs/schema-evolution.md).
 
     ``factory``: ``module:function`` or ``file.py:function`` returning more sinks, built in
     this process (after those of ``sinks``): for sinks whose settings no spec can carry,
@@ -98,9 +103,15 @@ def run_stream(
     spark = local_spark(master or f"local[{partitions}]", "txsink-pipeline")
     failures: list[Exception] = []
 
+    shape: Any = None
+    if transform is not None:
+        from txsink.runner import load_callable
+
+        shape = load_callable(transform)
+
     def epoch(df: Any, batch_id: int) -> None:
         try:
-            coordinator(df, batch_id)
+            coordinator(df if shape is None else shape(df, batch_id), batch_id)
         except Exception as err:  # remembered for the failure line; Spark gets it as is
             failures.append(err)
             raise

@@ -12,20 +12,18 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 import pyarrow as pa
 import pytest
 from typing_extensions import override
 
-from tests.memsink import Crash, Crasher, MemStore
+from tests.memsink import Crash, Crasher, MemHandle, MemSink, MemStore, MemTarget
 from txsink import Coordinator
 from txsink.cli import main as cli_main
 from txsink.contract import EpochCommit
 from txsink.errors import CommitError
-from txsink.handles import Handle, register_handle
 from txsink.ops.inspect import epoch_table
 from txsink.ops.report import render_report
 from txsink.ops.savepoint import create_savepoint, restore_savepoint
@@ -34,9 +32,7 @@ from txsink.ops.state import rename_uid
 from txsink.protocol.log import TxLog, open_log
 from txsink.protocol.task import Ack, TaskPlan, run_partition
 from txsink.schema import ADD, WIDEN_INT, SchemaChange, SchemaEvolutionError
-from txsink.sink import TwoPhaseCommitSink
 from txsink.spark.checks import check_sinks
-from txsink.txid import TxnId
 
 APP = "app-evo"
 UIDS = ("left", "right")
@@ -48,64 +44,36 @@ SCHEMAS = [S0, S1, S1, S2, S2]
 
 
 @dataclass
-class EvoTarget:
-    """A target with a schema: prepared rows, and per committed epoch its rows and the
-    schema they became visible under."""
+class EvoTarget(MemTarget):
+    """A target with a schema: per committed epoch, its rows and the schema they became
+    visible under, and the changes applied (``prepared`` is :class:`MemTarget`'s)."""
 
     schema: pa.Schema = S0
-    prepared: dict[str, list[int]] = field(default_factory=dict)
     epochs: dict[int, tuple[list[int], pa.Schema]] = field(default_factory=dict)
     changes: list[str] = field(default_factory=list)
 
 
-@register_handle
-@dataclass(frozen=True)
-class EvoHandle(Handle):
-    serializer: ClassVar[str] = "tests.evolution"
-    version: ClassVar[int] = 1
-
-
-@dataclass
-class _Open:
-    txn: TxnId
-    rows: list[int] = field(default_factory=list)
-
-
-class EvoSink(TwoPhaseCommitSink[_Open, EvoHandle]):
-    connector: ClassVar[str] = "memory"
-    handle_type: ClassVar[type[Handle]] = EvoHandle
+class EvoSink(MemSink):
+    """:class:`MemSink` whose commit is one atomic step per epoch, schema change included."""
 
     def __init__(self, uid: str, target: EvoTarget, crasher: Crasher, **options: Any) -> None:
-        super().__init__(uid, **options)
-        self.target, self.crasher = target, crasher
+        super().__init__(uid, target, crasher)
+        self.evo = target
+        self.schema_evolution = options.get("schema_evolution", "strict")
 
     @override
     def target_schema(self, app_id: str) -> pa.Schema:
-        return self.target.schema
+        return self.evo.schema
 
     @override
     def evolution_support(self) -> frozenset[str]:
         return frozenset({ADD, WIDEN_INT})
 
     @override
-    def begin(self, txn: TxnId, schema: pa.Schema) -> _Open:
-        return _Open(txn)
-
-    @override
-    def write(self, txn: _Open, batch: pa.RecordBatch) -> None:
-        txn.rows.extend(batch.column("id").to_pylist())
-
-    @override
-    def prepare(self, txn: _Open) -> EvoHandle:
-        self.crasher.tick(f"{self.uid} prepare {txn.txn}")
-        self.target.prepared[str(txn.txn)] = list(txn.rows)
-        return EvoHandle(txn=txn.txn)
-
-    @override
-    def commit_epoch(self, request: EpochCommit[EvoHandle]) -> None:
+    def commit_epoch(self, request: EpochCommit[MemHandle]) -> None:
         """One atomic step: the change (if any) and every row of the epoch, like one
         target transaction; again after a crash, it finds the epoch there."""
-        epoch, target = request.epoch, self.target
+        epoch, target = request.epoch, self.evo
         self.crasher.tick(f"{self.uid} commit {epoch} (before)")
         if epoch in target.epochs:
             return
@@ -123,18 +91,6 @@ class EvoSink(TwoPhaseCommitSink[_Open, EvoHandle]):
         target.epochs[epoch] = (rows, target.schema)
         request.committed(request.handles)
         self.crasher.tick(f"{self.uid} commit {epoch} (after)")
-
-    @override
-    def abort(self, handle: EvoHandle) -> None:
-        self.crasher.tick(f"{self.uid} abort {handle.txn}")
-        self.target.prepared.pop(str(handle.txn), None)
-
-    @override
-    def list_prepared(self, app_id: str) -> Iterator[EvoHandle]:
-        for name in sorted(self.target.prepared):
-            txn = TxnId.parse(name)
-            if txn.belongs_to(app_id, self.uid):
-                yield EvoHandle(txn=txn)
 
 
 def _batches(epoch: int) -> list[list[pa.RecordBatch]]:

@@ -189,3 +189,11 @@ def test_a_refusal_in_prepare_names_the_sink() -> None:
     with pytest.raises(SchemaEvolutionError) as info:
         _plan(a)
     assert info.value.context["sink_uid"] == "a" and info.value.context["phase"] == "check"
+
+
+def test_the_data_source_path_refuses_any_change_saying_which_path_evolves() -> None:
+    a = _Sink("a", OLD, "add-columns", ALL)
+    with pytest.raises(SchemaEvolutionError) as info:
+        check_sinks([a], NEW, "app", None, path="format('txsink')")
+    assert "format('txsink') does not evolve schemas" in str(info.value)
+    assert "foreachBatch(txsink.Coordinator(...))" in str(info.value) and a.prepared == []

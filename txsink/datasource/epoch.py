@@ -36,7 +36,6 @@ from txsink.protocol.commit import abort_one
 from txsink.protocol.faults import CrashPoint, FaultPlan
 from txsink.protocol.recovery import Recovery
 from txsink.protocol.task import Ack
-from txsink.schema import SchemaChange, SchemaEvolutionError
 from txsink.spark.checks import check_sinks
 
 if TYPE_CHECKING:
@@ -167,9 +166,9 @@ def plan_tasks(
         log.bind_app(app_id)  # the log's own checks come before the sink's
         checked = (log.location, config.sink.uid, app_id, schema.to_string())
         if checked not in _CHECKED:  # once per query and schema while this worker lives
-            changes = check_sinks(coord.sinks, schema, app_id, None, log=log)  # no partitioning
-            if changes:
-                raise evolution_unsupported(changes)
+            # No partitioning (options), and no schema change: its tasks are not this
+            # process's, so nothing planned here could reach them (docs/datasource.md).
+            check_sinks(coord.sinks, schema, app_id, None, log=log, path="format('txsink')")
             _CHECKED.add(checked)
         # The Spark driver's lease, renewed at each planning (which may run in another
         # Python worker each batch): a second live driver refuses here, before recovery.
@@ -189,22 +188,6 @@ def plan_tasks(
         if state.decision is not None:
             seen.append(state.decision.round)
     return coord, TaskSetup(app_id, max(seen) + 1, last, epoch)
-
-
-def evolution_unsupported(changes: dict[str, SchemaChange]) -> SchemaEvolutionError:
-    """The Data Source path does not evolve schemas (yet): its epochs are planned in a
-    Python worker per batch, which cannot carry the plan to Spark's commit."""
-    uid, change = next(iter(changes.items()))
-    return SchemaEvolutionError(
-        f"the epoch's schema differs from sink {uid!r}'s target: it {change.describe()}, "
-        "and writeStream.format('txsink') does not evolve schemas. Run the query through "
-        "foreachBatch(txsink.Coordinator(...)) with schema_evolution='add-columns' to evolve "
-        "the targets in the epoch (docs/schema-evolution.md), or cast the columns to the "
-        "target's schema before the sink",
-        sink_uid=uid,
-        column=change.columns[0].column,
-        phase="check",
-    )
 
 
 def _acks(messages: Sequence[Any]) -> tuple[str | None, list[Ack]]:

@@ -96,13 +96,15 @@ def check_sinks(
     part: Partitioning | None,
     *,
     log: TxLog | None = None,
+    path: str | None = None,
 ) -> dict[str, SchemaChange]:
     """What the first batch of a query run checks (and an epoch whose schema changed):
     the partitioning's columns (``part``), the schema changes the sinks' targets need
     (:func:`plan_changes`), then each sink's hook; on a ``log`` that holds no epoch, that
-    no target remembers epochs of ``app_id``. Returns the planned changes by sink uid."""
+    no target remembers epochs of ``app_id``. Returns the planned changes by sink uid.
+    ``path``: a path that does not evolve schemas (:func:`~txsink.spark.evolve.compare`)."""
     check_columns(part, schema.names)
-    changes, seen = plan_changes(sinks, schema, app_id)
+    changes, seen = plan_changes(sinks, schema, app_id, path=path)
     fresh = log is not None and not log.epochs()
     for sink in sinks:
         check_sink(sink, seen.get(sink.uid, schema), app_id, log if fresh else None)
@@ -110,7 +112,11 @@ def check_sinks(
 
 
 def plan_changes(
-    sinks: Sequence[SinkContract[Any, Any]], schema: pa.Schema, app_id: str
+    sinks: Sequence[SinkContract[Any, Any]],
+    schema: pa.Schema,
+    app_id: str,
+    *,
+    path: str | None = None,
 ) -> tuple[dict[str, SchemaChange], dict[str, pa.Schema]]:
     """The schema change each sink's target needs for an epoch of ``schema``: every sink
     evolves, or the epoch stops before anything is written (:mod:`txsink.schema`).
@@ -120,7 +126,7 @@ def plan_changes(
     acceptance. Returns the changes by sink uid, and for each sink with a change the
     schema its own ``check`` is to see (the columns its target already has).
     """
-    planned = _evolve.compare(sinks, schema, app_id)
+    planned = _evolve.compare(sinks, schema, app_id, path=path)
     for sink, change in planned:
         _evolve.prepare(sink, change, app_id)
     changes = {sink.uid: change for sink, change in planned}

@@ -27,10 +27,16 @@ _DOCS = "docs/schema-evolution.md"
 
 
 def compare(
-    sinks: Sequence[SinkContract[Any, Any]], schema: pa.Schema, app_id: str
+    sinks: Sequence[SinkContract[Any, Any]],
+    schema: pa.Schema,
+    app_id: str,
+    *,
+    path: str | None = None,
 ) -> list[tuple[SinkContract[Any, Any], SchemaChange]]:
     """Each sink whose target's schema differs from ``schema``, with its change; raises
-    :class:`~txsink.schema.SchemaEvolutionError` for the first sink that will not take it."""
+    :class:`~txsink.schema.SchemaEvolutionError` for the first sink that will not take it.
+    ``path``: the name of a path that cannot evolve schemas (the Data Source's
+    ``format('txsink')``): any change is refused there, saying which path evolves."""
     planned = []
     for sink in sinks:
         target = _asked(sink, "reading its target's schema", _target_of(sink, app_id))
@@ -42,6 +48,8 @@ def compare(
         if not found.changes:
             continue
         change = SchemaChange(sink.uid, target, found.merged, found.changes)
+        if path is not None:
+            raise _not_here(sink, change, path)
         if sink.schema_evolution == "strict":
             raise _strict(sink, change)
         support = sink.evolution_support()
@@ -102,6 +110,20 @@ def _strict(sink: SinkContract[Any, Any], change: SchemaChange) -> SchemaEvoluti
         "evolve the targets in the epoch that brings the change, pass "
         "schema_evolution='add-columns' to every sink of the coordinator "
         f"({_DOCS}); or select and cast the columns to the target's schema before the sink",
+    )
+
+
+def _not_here(
+    sink: SinkContract[Any, Any], change: SchemaChange, path: str
+) -> SchemaEvolutionError:
+    return _error(
+        sink,
+        change.columns[0].column,
+        f"the epoch's schema differs from sink {sink.uid!r}'s target: it {change.describe()}, "
+        f"and {path} does not evolve schemas. Nothing of the epoch was written. Run the "
+        "query through foreachBatch(txsink.Coordinator(...)) with "
+        f"schema_evolution='add-columns' to evolve the targets in the epoch ({_DOCS}), or "
+        "cast the columns to the target's schema before the sink",
     )
 
 

@@ -174,6 +174,7 @@ def kill_driver_at_every_point(
     on_line: Callable[[str], None] | None = None,
     single_pass: bool = False,
     points: str = EVERY_POINT_ONCE,
+    transform: str | None = None,
 ) -> Any:
     """Run ``txsink.testing.pipelines:run_stream`` in child processes under ``points``
     (EVERY_POINT_ONCE; ``single_pass``: and a kill-driver at ``before_task_commit`` of
@@ -183,7 +184,8 @@ def kill_driver_at_every_point(
     (``rows`` in 6 files, one per epoch) is done; returns its report. ``env``
     adds to the environment (server addresses for the pipelines' sinks); ``log``
     is the txsink log's location (default ``workdir/txlog``); ``on_line`` sees
-    every line the children print.
+    every line the children print; ``transform`` reshapes each epoch
+    (:func:`txsink.testing.pipelines.run_stream`).
     """
     from txsink.runner import run_until_done as run_child
     from txsink.testing.inputs import make_input
@@ -198,6 +200,8 @@ def kill_driver_at_every_point(
     args: dict[str, Any] = {"workdir": str(workdir), "sinks": sinks}
     if log is not None:
         args["log"] = log
+    if transform is not None:
+        args["transform"] = transform
     command = [
         sys.executable,
         "-m",

@@ -36,6 +36,9 @@ from txsink.testing.verifiers import SinkVerifier
 __all__ = ["ADAPTER", "KafkaTarget", "KafkaTesting", "KafkaVerifier"]
 
 BOOTSTRAP = "TXSINK_KAFKA_BOOTSTRAP"
+#: The Schema Registry of the harness (``integration/services up registry``): a target made
+#: with ``value_format="avro"`` writes Confluent Avro values through it.
+REGISTRY = "TXSINK_SCHEMA_REGISTRY_URL"
 S3_ENDPOINT, S3_ACCESS_KEY, S3_SECRET_KEY, S3_REGION = (
     "TXSINK_S3_ENDPOINT",
     "TXSINK_S3_ACCESS_KEY",
@@ -107,6 +110,9 @@ class KafkaVerifier:
     uploads: Callable[[], int] | None = field(default=None, repr=False)
     id_field: str = "id"
     timeout_s: float = 60.0
+    #: Avro values: the registry's URL; each value is read with confluent-kafka's own
+    #: ``AvroDeserializer`` (the writer's schema by its id), not txsink's code.
+    registry: str | None = None
     #: The offsets (last stable, high) a wait for settled ends gave up on: a transaction
     #: open then. The same offsets read again are the same open transaction.
     _open: tuple[dict[int, int], dict[int, int]] | None = field(
@@ -125,7 +131,19 @@ class KafkaVerifier:
             ends=stable,
             client_config=self.config,
         )
-        return [int(json.loads(r.value or b"null")[self.id_field]) for r in records]
+        return [int(v[self.id_field]) for v in self.values([r.value for r in records])]
+
+    def values(self, raw: list[bytes | None]) -> list[dict[str, Any]]:
+        """The values as a downstream reader decodes them (JSON, or Avro by the registry)."""
+        if self.registry is None:
+            return [json.loads(v or b"null") for v in raw]
+        from confluent_kafka.schema_registry import SchemaRegistryClient
+        from confluent_kafka.schema_registry.avro import AvroDeserializer
+        from confluent_kafka.serialization import MessageField, SerializationContext
+
+        decode = AvroDeserializer(SchemaRegistryClient({"url": self.registry}))
+        where = SerializationContext(self.topic, MessageField.VALUE)
+        return [decode(v, where) for v in raw]
 
     def _ends(self) -> tuple[dict[int, int], dict[int, int]]:
         """The last stable offsets and high watermarks once they agree (a transaction
@@ -305,6 +323,8 @@ class KafkaTesting(ConnectorTesting):
             # Separate pipelines need their own transactional ids, or they fence each other.
             "transactional_id_prefix": f"txsink-{tag}",
         }
+        if options.get("value_format") == "avro":  # no variant: it needs the registry too
+            spec["value_format"] = "avro"
         if self._secure(options):
             spec["server"] = "secure"
             sink = self.build_sink(spec, env)
@@ -336,7 +356,17 @@ class KafkaTesting(ConnectorTesting):
             timeout_s=float(spec.get("timeout_s", 30.0)),
             # The least-privileged principal on the secured broker.
             producer_config=secure_testing.security(env) if self._secure(spec) else None,
+            **self._avro(spec, env),
         )
+
+    @staticmethod
+    def _avro(spec: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+        """Avro values through the harness's registry, for a spec of ``value_format="avro"``."""
+        if spec.get("value_format") != "avro":
+            return {}
+        if not env.get(REGISTRY):
+            raise LookupError(f"an Avro target needs the Schema Registry: set {REGISTRY}")
+        return {"value_format": "avro", "schema_registry": {"url": env[REGISTRY]}}
 
     @override
     def verifier(
@@ -357,6 +387,7 @@ class KafkaTesting(ConnectorTesting):
             wal=wal,
             uploads=uploads,
             config=self._admin(spec, env),
+            registry=env.get(REGISTRY) if spec.get("value_format") == "avro" else None,
         )
 
     @override

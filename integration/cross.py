@@ -18,8 +18,7 @@ from typing import Any
 from txsink.protocol.faults import FaultPlan
 from txsink.testing.observer import Observer, ObserverReport
 from txsink.testing.targets import RunTarget, child_env, new_targets
-from txsink.testing.verifiers import verify
-from txsink.testing.verifiers import Verdict
+from txsink.testing.verifiers import Verdict, verify
 
 ROWS, FILES = 600, 4
 

@@ -33,8 +33,7 @@ from txsink.testing.adapter import adapters
 from txsink.testing.hooks import PointHooks
 from txsink.testing.inputs import append_input, make_input
 from txsink.testing.targets import new_targets
-from txsink.testing.verifiers import verify
-from txsink.testing.verifiers import Verdict
+from txsink.testing.verifiers import Verdict, verify
 
 # Starts Spark drivers in child processes: the session builds the CDS archive first.
 pytestmark = pytest.mark.spark

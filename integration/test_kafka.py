@@ -20,8 +20,8 @@ from txsink.contract import EpochCommit
 from txsink.errors import CommitError, ConfigurationError, FencedError, WriteError
 from txsink.handles import dump_handle, load_handle
 from txsink.protocol.faults import FaultPlan
-from txsink.txid import TxnId
 from txsink.testing.verifiers import Verdict, count_ids
+from txsink.txid import TxnId
 
 pytestmark = pytest.mark.kafka
 SCHEMA = pa.schema(

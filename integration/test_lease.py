@@ -39,8 +39,7 @@ from txsink.runner import FAILED_LINE
 from txsink.testing.hooks import PointHooks
 from txsink.testing.inputs import append_input, make_input
 from txsink.testing.targets import RunTarget, child_env, new_targets
-from txsink.testing.verifiers import verify
-from txsink.testing.verifiers import count_ids
+from txsink.testing.verifiers import count_ids, verify
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 APP = "lease-app"

@@ -30,8 +30,8 @@ from txsink.cli.operate import (
 )
 from txsink.protocol.faults import FaultPlan
 from txsink.protocol.log import open_log
-from txsink.txid import TxnId
 from txsink.testing.verifiers import Verdict
+from txsink.txid import TxnId
 
 pytestmark = [pytest.mark.kafka, pytest.mark.postgres, pytest.mark.s3, pytest.mark.spark]
 

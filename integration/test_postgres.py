@@ -19,8 +19,8 @@ from txsink.errors import ConfigurationError, EpochAbortedError, WriteError
 from txsink.protocol.faults import FaultPlan
 from txsink.rowref import RowRef
 from txsink.sink import Partitioning
-from txsink.txid import TxnId
 from txsink.testing.verifiers import Verdict, count_ids
+from txsink.txid import TxnId
 
 pytestmark = pytest.mark.postgres
 SCHEMA = pa.schema(

@@ -20,8 +20,8 @@ from txsink.connectors.s3 import S3Handle, S3Sink, markers, read_committed, read
 from txsink.errors import CommitError, ConfigurationError, EpochAbortedError, WriteError
 from txsink.handles import dump_handle, load_handle
 from txsink.protocol.faults import FaultPlan
-from txsink.txid import TxnId
 from txsink.testing.verifiers import Verdict, count_ids
+from txsink.txid import TxnId
 
 pytestmark = pytest.mark.s3
 SCHEMA = pa.schema(

@@ -123,6 +123,10 @@ class KafkaVerifier:
         return list(self.expected)
 
     def read_ids(self) -> list[int]:
+        return [int(v[self.id_field]) for v in self.read_values()]
+
+    def read_values(self) -> list[dict[str, Any]]:
+        """Every committed record's value, decoded as a downstream reader would."""
         stable, _ = self._ends()
         records = readback.read_records(
             self.bootstrap,
@@ -131,7 +135,7 @@ class KafkaVerifier:
             ends=stable,
             client_config=self.config,
         )
-        return [int(v[self.id_field]) for v in self.values([r.value for r in records])]
+        return self.values([r.value for r in records])
 
     def values(self, raw: list[bytes | None]) -> list[dict[str, Any]]:
         """The values as a downstream reader decodes them (JSON, or Avro by the registry)."""

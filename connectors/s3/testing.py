@@ -143,10 +143,16 @@ class S3Verifier:
         return list(self.expected)
 
     def read_ids(self) -> list[int]:
-        table = read_committed(self.url, self.uid, client_options=self.client_options)
+        table = self.read_table()
         if self.id_column not in table.column_names:
             return []
         return [int(v) for v in table.column(self.id_column).to_pylist()]
+
+    def read_table(self, columns: list[str] | None = None) -> Any:
+        """The committed objects (those the manifests name), read with pyarrow; the
+        ``columns`` wanted (default: all)."""
+        table = read_committed(self.url, self.uid, client_options=self.client_options)
+        return table if columns is None else table.select(columns)
 
     def epochs(self) -> int:
         return len(read_manifests(self.url, self.uid, self.client_options))

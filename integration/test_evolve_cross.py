@@ -1,0 +1,146 @@
+"""Schema evolution in the atomic move (issue #41, point 5): one coordinator over
+PostgreSQL, Kafka (Avro values through the Schema Registry), S3, Iceberg and Delta, with
+``schema_evolution="add-columns"``; the stream gains a column ``note`` at epoch 2
+(``integration/evolving.py``), and the driver is SIGKILLed at the evolving epoch's crash
+points (a child process restarted each time, as a supervisor would).
+
+Afterwards, read with clients that are not txsink's (psycopg, confluent-kafka's
+``AvroDeserializer``, pyiceberg, deltalake; S3 through its manifests): every target holds
+every row once and nothing lingers (the verifiers), no target showed an epoch another did
+not (the observer), and in every target the rows of the epochs before 2 have no ``note``
+and those from 2 on have theirs: the new column arrived with the epoch that brought it, in
+all five, and the log recorded one change per sink, in epoch 2.
+
+The per-connector details (strict, refusals, each crash point raised in-process, what each
+reader sees) are each connector's ``test_evolve_<name>.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cross import Cross, observed
+from evolving import ADDED_AT, note_of
+
+from conftest import services_for
+from tests.streaming import kill_driver_at_every_point
+from txsink.ops.schemas import schema_history
+from txsink.protocol.log import open_log
+from txsink.testing.inputs import input_epochs, make_input
+
+pytestmark = [
+    pytest.mark.chaos,
+    pytest.mark.kafka,
+    pytest.mark.postgres,
+    pytest.mark.s3,
+    pytest.mark.registry,
+]
+
+CONNECTORS = ("postgres", "kafka", "s3", "iceberg", "delta")
+#: The evolving epoch's driver points: before its decision (nothing may change), after it
+#: (recovery applies every change with the rows), and during that recovery's commit.
+POINTS = ",".join(
+    f"{p}:kill-driver@{ADDED_AT}" for p in ("before_decision", "after_decision", "during_recovery")
+)
+TRANSFORM = f"{Path(__file__).resolve().parent / 'evolving.py'}:gains_a_column"
+ROWS = 600
+
+
+@pytest.fixture
+def evolving(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cross]:
+    services = services_for(request, CONNECTORS)
+    services["registry"] = request.getfixturevalue("schema_registry")
+    made = Cross.create(CONNECTORS, services, tmp_path, {"kafka": {"value_format": "avro"}})
+    for target in made.targets.values():
+        target.spec["schema_evolution"] = "add-columns"
+    yield made
+    made.drop()
+
+
+def test_five_targets_gain_a_column_in_one_epoch_under_driver_kills(evolving: Cross) -> None:
+    make_input(evolving.tmp / "input", ROWS, 6)  # the files the runner's helper writes
+    expected = input_epochs(evolving.tmp / "input")
+    ended: list[Any] = []
+
+    def run() -> None:
+        ended.append(
+            kill_driver_at_every_point(
+                evolving.tmp,
+                evolving.specs(),
+                evolving.child_env(),
+                rows=ROWS,
+                points=POINTS,
+                transform=TRANSFORM,
+            )
+        )
+
+    report = observed(evolving, run, expected=expected)
+    evolving.assert_exactly_once(ROWS, report)
+    history = schema_history(open_log(evolving.log))
+    assert sorted((e.epoch, e.sink, e.change.describe()) for e in history) == sorted(
+        (ADDED_AT, uid, "adds note (string)") for uid in evolving.uids.values()
+    )
+    epoch_of = {i: e for e, ids in expected.items() for i in ids}
+    for name, read in READERS.items():
+        notes = read(evolving, name)
+        assert sorted(notes) == list(range(ROWS)), f"{name}: not every row read back"
+        wrong = {
+            i: n for i, n in notes.items() if n != (note_of(i) if epoch_of[i] >= ADDED_AT else None)
+        }
+        assert not wrong, f"{name}: rows whose note does not match their epoch: {wrong}"
+
+
+# -- readers that are not txsink's: id -> note ---------------------------------------------
+
+
+def _postgres(cross: Cross, name: str) -> dict[int, Any]:
+    import psycopg
+    from psycopg import sql
+
+    verifier = cross.targets[name].verifier([], log=cross.log)
+    query = sql.SQL("SELECT id, note FROM {}").format(sql.Identifier(*verifier.table.split(".")))
+    with psycopg.connect(verifier.dsn, autocommit=True) as conn:
+        return {int(i): n for i, n in conn.execute(query).fetchall()}
+
+
+def _kafka(cross: Cross, name: str) -> dict[int, Any]:
+    verifier = cross.targets[name].verifier([], log=cross.log)
+    return {int(v["id"]): v.get("note") for v in verifier.read_values()}
+
+
+def _s3(cross: Cross, name: str) -> dict[int, Any]:
+    verifier = cross.targets[name].verifier([], log=cross.log)
+    table = verifier.read_table(["id", "note"])
+    return dict(zip(table["id"].to_pylist(), table["note"].to_pylist(), strict=True))
+
+
+def _iceberg(cross: Cross, name: str) -> dict[int, Any]:
+    from txsink.connectors.iceberg import catalog as cat
+    from txsink.connectors.iceberg.testing import catalog_properties
+
+    target = cross.targets[name]
+    props = catalog_properties(target.spec, target.env)
+    table = cat.load_catalog(target.spec["catalog_name"], props).load_table(target.spec["table"])
+    data = table.scan(selected_fields=("id", "note")).to_arrow()
+    return dict(zip(data["id"].to_pylist(), data["note"].to_pylist(), strict=True))
+
+
+def _delta(cross: Cross, name: str) -> dict[int, Any]:
+    from deltalake import DeltaTable
+
+    verifier = cross.targets[name].verifier([], log=cross.log)
+    data = DeltaTable(verifier.table, storage_options=dict(verifier.options) or None)
+    table = data.to_pyarrow_table(columns=["id", "note"])
+    return dict(zip(table["id"].to_pylist(), table["note"].to_pylist(), strict=True))
+
+
+READERS: dict[str, Callable[[Cross, str], dict[int, Any]]] = {
+    "postgres": _postgres,
+    "kafka": _kafka,
+    "s3": _s3,
+    "iceberg": _iceberg,
+    "delta": _delta,
+}

@@ -100,19 +100,19 @@ def _postgres(cross: Cross, name: str) -> dict[int, Any]:
     import psycopg
     from psycopg import sql
 
-    verifier = cross.targets[name].verifier([], log=cross.log)
+    verifier: Any = cross.targets[name].verifier([], log=cross.log)
     query = sql.SQL("SELECT id, note FROM {}").format(sql.Identifier(*verifier.table.split(".")))
     with psycopg.connect(verifier.dsn, autocommit=True) as conn:
         return {int(i): n for i, n in conn.execute(query).fetchall()}
 
 
 def _kafka(cross: Cross, name: str) -> dict[int, Any]:
-    verifier = cross.targets[name].verifier([], log=cross.log)
+    verifier: Any = cross.targets[name].verifier([], log=cross.log)
     return {int(v["id"]): v.get("note") for v in verifier.read_values()}
 
 
 def _s3(cross: Cross, name: str) -> dict[int, Any]:
-    verifier = cross.targets[name].verifier([], log=cross.log)
+    verifier: Any = cross.targets[name].verifier([], log=cross.log)
     table = verifier.read_table(["id", "note"])
     return dict(zip(table["id"].to_pylist(), table["note"].to_pylist(), strict=True))
 
@@ -131,7 +131,7 @@ def _iceberg(cross: Cross, name: str) -> dict[int, Any]:
 def _delta(cross: Cross, name: str) -> dict[int, Any]:
     from deltalake import DeltaTable
 
-    verifier = cross.targets[name].verifier([], log=cross.log)
+    verifier: Any = cross.targets[name].verifier([], log=cross.log)
     data = DeltaTable(verifier.table, storage_options=dict(verifier.options) or None)
     table = data.to_pyarrow_table(columns=["id", "note"])
     return dict(zip(table["id"].to_pylist(), table["note"].to_pylist(), strict=True))

@@ -136,7 +136,11 @@ ALL = {ADD, ADD_FIELD, WIDEN_INT, WIDEN_FLOAT, WIDEN_DECIMAL}
 
 
 def _plan(*sinks: Any) -> dict[str, SchemaChange]:
-    return check_sinks(sinks, NEW, "app", None)
+    return _plan_for(sinks, NEW)
+
+
+def _plan_for(sinks: Any, schema: pa.Schema, **options: Any) -> dict[str, SchemaChange]:
+    return check_sinks(sinks, schema, "app", None, **options)
 
 
 def test_every_sink_evolves_and_checks_what_its_target_has() -> None:
@@ -175,7 +179,7 @@ def test_a_kind_the_target_cannot_take_is_refused_by_column() -> None:
 def test_a_change_without_promotion_is_refused_whatever_the_policy() -> None:
     a = _Sink("a", OLD, "add-columns", ALL)
     with pytest.raises(SchemaEvolutionError) as info:
-        check_sinks([a], _with(OLD, "price", pa.decimal128(10, 4)), "app", None)
+        _plan_for([a], _with(OLD, "price", pa.decimal128(10, 4)))
     assert info.value.context["column"] == "price" and "cannot be promoted" in str(info.value)
 
 
@@ -194,6 +198,6 @@ def test_a_refusal_in_prepare_names_the_sink() -> None:
 def test_the_data_source_path_refuses_any_change_saying_which_path_evolves() -> None:
     a = _Sink("a", OLD, "add-columns", ALL)
     with pytest.raises(SchemaEvolutionError) as info:
-        check_sinks([a], NEW, "app", None, path="format('txsink')")
+        _plan_for([a], NEW, path="format('txsink')")
     assert "format('txsink') does not evolve schemas" in str(info.value)
     assert "foreachBatch(txsink.Coordinator(...))" in str(info.value) and a.prepared == []

@@ -146,7 +146,7 @@ def test_a_dataframe_accepted_before_compares_as_no_change(postgres: Any) -> Non
     table's Arrow schema leaves them to the sink's own check, as before evolution."""
     table = _table(
         postgres,
-        "id bigint, amount numeric(10,2), ratio double precision, name text, "
+        "id bigint NOT NULL, amount numeric(10,2), ratio double precision, name text NOT NULL, "
         "at timestamptz, day date, tags text[], doc jsonb, code varchar(8)",
     )
     sink = _sink(postgres, table)
@@ -282,3 +282,53 @@ def test_a_crash_on_the_evolving_epoch(
     _assert_evolved(postgres, table, range(0, 10), range(10, 20))
     again.write(_new(spark, range(20, 22)), epoch=2)
     assert [r[0] for r in _rows(postgres, table)] == list(range(22))
+
+
+_DRIVER = """
+import sys
+from decimal import Decimal
+
+from txsink import Coordinator
+from txsink.connectors.postgres import PostgresSink
+from txsink.protocol.faults import FaultPlan
+from txsink.spark.localspark import local_spark
+
+dsn, table, log, state, commit = sys.argv[1:]
+spark = local_spark("local[2,2]", "evo-driver")
+sink = PostgresSink(dsn, table, uid="evo", commit=commit, schema_evolution="add-columns")
+plan = FaultPlan.parse("after_decision:kill-driver@1", state)
+coordinator = Coordinator([sink], log=log, app_id="evo", faults=plan)
+old = [(i, Decimal(i) / 4, f"n{i}") for i in range(0, 10)]
+coordinator.write(spark.createDataFrame(old, OLD_SCHEMA), epoch=0)
+new = [(i, Decimal(i) / 4, f"n{i}", f"note {i}") for i in range(10, 20)]
+coordinator.write(spark.createDataFrame(new, NEW_SCHEMA), epoch=1)
+print("the driver survived its kill")
+"""
+
+
+@pytest.mark.parametrize("commit", ["2pc", pytest.param("staging", marks=pytest.mark.slow)])
+def test_a_driver_killed_after_the_decision_of_the_evolving_epoch(
+    spark: Any, postgres: Any, tmp_path: Path, commit: str
+) -> None:
+    """SIGKILL of the driver process between the decision and the commit of the epoch that
+    adds the column: the table has neither; the next driver's recovery adds both, once."""
+    import subprocess
+    import sys
+
+    table = _table(postgres)
+    script = tmp_path / "driver.py"
+    script.write_text(_DRIVER.replace("OLD_SCHEMA", repr(OLD)).replace("NEW_SCHEMA", repr(NEW)))
+    log, state = str(tmp_path / "txlog"), str(tmp_path / "faults")
+    done = subprocess.run(
+        [sys.executable, str(script), postgres.dsn, table, log, state, commit],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == -9, done.stderr[-3000:]
+    assert ("note", "text") not in _columns(postgres, table)
+    assert [r[0] for r in _rows(postgres, table)] == list(range(10))
+    again = _coordinator(postgres, table, tmp_path, commit=commit)
+    again.write(_new(spark, range(10, 20)), epoch=1)
+    _assert_evolved(postgres, table, range(0, 10), range(10, 20))

@@ -99,17 +99,13 @@ def pg_schema(conn: psycopg.Connection[Any], tables: Tables) -> pa.Schema | None
     columns = table_columns(conn, tables)
     if columns is None:
         return None
-    return pa.schema(
-        [
-            pa.field(
-                name,
-                arrow_type_of(pg_type),
-                nullable=not required,
-                metadata={"postgres_type": pg_type},
-            )
-            for name, (pg_type, required) in columns.items()
-        ]
-    )
+    fields = []
+    for name, (pg_type, required) in columns.items():
+        arrow = arrow_type_of(pg_type)
+        # Arrow's null type is nullable by definition (and the comparison reads no flag).
+        nullable = not required or pa.types.is_null(arrow)
+        fields.append(pa.field(name, arrow, nullable, metadata={"postgres_type": pg_type}))
+    return pa.schema(fields)
 
 
 def added_plans(change: SchemaChange | None) -> list[ColumnPlan]:

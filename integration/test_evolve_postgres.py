@@ -332,3 +332,96 @@ def test_a_driver_killed_after_the_decision_of_the_evolving_epoch(
     again = _coordinator(postgres, table, tmp_path, commit=commit)
     again.write(_new(spark, range(10, 20)), epoch=1)
     _assert_evolved(postgres, table, range(0, 10), range(10, 20))
+
+
+# -- a streaming query whose batches gain a column ---------------------------------------
+
+ROWS, FILES, GAINS_AT = 400, 4, 2  # file i is epoch i; epochs from GAINS_AT have a note
+
+
+def _gaining(coordinator: Coordinator) -> Any:
+    """foreachBatch: the coordinator, with ``note`` from epoch GAINS_AT on (by batch id, so
+    a replay of an epoch has its schema)."""
+    from pyspark.sql import functions as F
+
+    def batch(df: Any, batch_id: int) -> None:
+        if batch_id >= GAINS_AT:
+            df = df.withColumn("note", F.concat(F.lit("n"), F.col("id").cast("string")))
+        coordinator(df, batch_id)
+
+    return batch
+
+
+def _assert_gained(conn: Any, table: str) -> None:
+    got = [tuple(r) for r in conn.execute(f"SELECT id, note FROM {table} ORDER BY id")]
+    per = ROWS // FILES
+    assert [r[0] for r in got] == list(range(ROWS))
+    assert [r[1] for r in got] == [None] * (per * GAINS_AT) + [
+        f"n{i}" for i in range(per * GAINS_AT, ROWS)
+    ]
+
+
+def test_a_streaming_query_gains_a_column_mid_stream_under_a_crash(
+    spark: Any, postgres: Any, tmp_path: Path
+) -> None:
+    """No manual step: the table is created from the first batch, gains ``note`` in the
+    epoch that brings it (which fails once after its decision), exactly-once."""
+    from tests.streaming import prepare_input, run_until_done
+
+    schema = postgres.new_schema("evs")
+    table = f"{schema}.events"
+    prepare_input(tmp_path, ROWS, FILES)
+    plan = FaultPlan.parse(f"after_decision:raise@{GAINS_AT}", str(tmp_path / "faults"))
+
+    def make() -> Any:
+        sink = _sink(postgres, table, create_table=True)
+        return _gaining(Coordinator([sink], log=str(tmp_path / "txlog"), faults=plan))
+
+    restarts, _ = run_until_done(spark, tmp_path, make)
+    assert restarts == 1
+    with postgres.connect() as conn:
+        _assert_gained(conn, table)
+    assert _leftovers(postgres, table) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", ["after_decision", "during_commit"])
+def test_the_server_killed_on_the_evolving_epoch(spark: Any, tmp_path: Path, point: str) -> None:
+    """The PostgreSQL server SIGKILLed at ``point`` of the epoch that adds the column, and
+    started again before the restart: its crash recovery keeps the staged rows (a logged
+    table), and txsink's recovery adds the column with them, once."""
+    import psycopg
+    from crashable_targets import CrashablePostgres
+
+    from tests.streaming import prepare_input, run_until_done
+    from txsink.testing.hooks import PointHooks
+
+    server = CrashablePostgres.create(max_prepared=50)
+    try:
+        prepare_input(tmp_path, ROWS, FILES)
+        hooks = PointHooks(tmp_path / "hooks")
+        hooks.at(point, server.kill, epoch=GAINS_AT)
+
+        def make() -> Any:
+            if not server.running():
+                server.start()
+            sink = PostgresSink(
+                server.dsn,
+                "public.events",
+                uid="evo",
+                create_table=True,
+                stall_timeout_s=8,
+                schema_evolution="add-columns",
+            )
+            log = str(tmp_path / "txlog")
+            return _gaining(Coordinator([sink], log=log, faults=hooks.plan(), outage_s=0))
+
+        with hooks:
+            restarts, _ = run_until_done(spark, tmp_path, make)
+        assert server.kills == 1 and restarts >= 1
+        with psycopg.connect(server.dsn, autocommit=True) as conn:
+            _assert_gained(conn, "public.events")
+            assert staged_names(conn, "public.events", "txsink.") == []
+            assert conn.execute("SELECT gid FROM pg_prepared_xacts").fetchall() == []
+    finally:
+        server.stop()

@@ -222,6 +222,26 @@ def test_prepare_evolution_refuses_what_alter_table_would(postgres: Any) -> None
     sink.release()
 
 
+def test_the_staging_table_takes_the_new_columns_and_the_target_waits(postgres: Any) -> None:
+    """Before the epoch only the staging table changes; a column an aborted epoch brought as
+    another type is made again (the staging table is empty)."""
+    table = _table(postgres)
+    sink = _sink(postgres, table, commit="2pc")
+    base = [("id", pa.int64()), ("amount", pa.decimal128(10, 2)), ("name", pa.string())]
+    for arrow, pg_type in ((pa.string(), "text"), (pa.int64(), "bigint")):
+        sink.prepare_evolution(_change(sink, pa.schema([*base, ("note", arrow)])), APP)
+        sink.check(pa.schema(base), APP)
+        with postgres.connect() as conn:
+            row = conn.execute(
+                "SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = "
+                "to_regclass(%s) AND attname = 'note' AND NOT attisdropped",
+                (sink.staging.regclass,),
+            ).fetchone()
+        assert row == (pg_type,)
+        assert [c for c, _ in _columns(postgres, table)] == ["id", "amount", "name"]
+    sink.release()
+
+
 def test_a_two_phase_commit_sink_on_a_table_with_a_unique_index_is_refused(
     postgres: Any,
 ) -> None:

@@ -131,15 +131,37 @@ def apply_change(conn: psycopg.Connection[Any], tables: Tables, change: SchemaCh
 
 def stage_columns(conn: psycopg.Connection[Any], staging: Staging, change: SchemaChange) -> None:
     """Give the staging table the change's columns, before the epoch's tasks COPY into it.
-    Only the staging table changes (nothing a reader of the target sees); an aborted epoch
-    leaves the columns there, empty, and a later check re-creates the table when empty."""
+    Only the staging table changes (nothing a reader of the target sees). An aborted epoch
+    leaves the columns there, empty; one left with another type (an aborted epoch brought
+    the column as another type) is made again with this one when the staging table is
+    empty, and refused when it holds rows (a decided epoch's, not yet recovered: this
+    check runs before recovery)."""
     from psycopg import sql
 
-    for column in change.added():
+    have = dict(
         conn.execute(
-            sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} {}").format(
-                staging.ident, sql.Identifier(column.column), sql.SQL(arrow_to_pg_type(column.new))
-            )
+            "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
+            "WHERE attrelid = to_regclass(%s) AND attnum > 0 AND NOT attisdropped",
+            (staging.regclass,),
+        ).fetchall()
+    )
+    for column in change.added():
+        name, pg_type = sql.Identifier(column.column), arrow_to_pg_type(column.new)
+        if have.get(column.column) == pg_type:
+            continue
+        if column.column in have:
+            held = conn.execute(sql.SQL("SELECT EXISTS (SELECT FROM {})").format(staging.ident))
+            if (row := held.fetchone()) is not None and row[0]:
+                raise ConfigurationError(
+                    f"the staging table {staging.qualified} holds rows staged with column "
+                    f"{column.column!r} as {have[column.column]}, and this epoch brings it as "
+                    f"{pg_type}: run the query once more as it was (its recovery commits or "
+                    "aborts those rows), then change the column's type",
+                    column=column.column,
+                )
+            conn.execute(sql.SQL("ALTER TABLE {} DROP COLUMN {}").format(staging.ident, name))
+        conn.execute(
+            sql.SQL("ALTER TABLE {} ADD COLUMN {} {}").format(staging.ident, name, sql.SQL(pg_type))
         )
 
 

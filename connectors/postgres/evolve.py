@@ -218,8 +218,7 @@ class Evolving(Connections):
             for column in change.added():
                 self._check_column(conn, column.column, column.new)
             protocol = self.protocol or choose_protocol(conn, self.commit_option)[0]
-            if protocol == "2pc":
-                self._check_staging(conn, change)
+            self._check_staging(conn, change, two_phase=protocol == "2pc")
         self._evolution = change
 
     def _refuse(self, column: str, message: str) -> SchemaEvolutionError:
@@ -304,13 +303,16 @@ class Evolving(Connections):
                 "mapping, or add the column by hand with the query stopped.",
             ) from err
 
-    def _check_staging(self, conn: psycopg.Connection[Any], change: SchemaChange) -> None:
-        """A two-phase-commit sink stages the evolving epoch: what the staging commit needs
-        (checked at start only for ``commit='staging'``)."""
+    def _check_staging(
+        self, conn: psycopg.Connection[Any], change: SchemaChange, *, two_phase: bool
+    ) -> None:
+        """The staging table, if there, must take the new columns (the role owns it); and a
+        two-phase-commit sink, which stages the evolving epoch, needs what the staging
+        commit needs (checked at start only for ``commit='staging'``)."""
         first = change.added()[0].column
         table = self.tables.qualified
         refused = refusals(conn, self.tables, self.mode, self.key, change.new.names)
-        if refused:
+        if refused and two_phase:
             raise self._refuse(
                 first,
                 f"the epoch {change.describe()}; a two-phase-commit sink commits such an "
@@ -345,7 +347,7 @@ class Evolving(Connections):
                 )
             return
         lacking = [r for r in grants.missing(conn, needed) if r.kind == "schema"]
-        if lacking:
+        if lacking and two_phase:
             lines = "; ".join(f"{r.privilege} on {r.on}" for r in lacking)
             raise self._refuse(
                 first,

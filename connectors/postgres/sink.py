@@ -32,7 +32,8 @@ other modules: :mod:`~txsink.connectors.postgres.checks` (start), ``copy`` and
 timeouts), ``connections`` (the task's and the driver's), ``progress`` (the
 committed-transaction record), ``prepared`` (the server's prepared transactions and their
 handle), ``staging`` (the staging commit and its table), ``stagerows`` (its rows) and
-``stagecommit`` (its driver side), ``errors``, ``types`` and ``tables``.
+``stagecommit`` (its driver side), ``evolve`` (schema evolution), ``errors``, ``types``
+and ``tables``.
 """
 
 from __future__ import annotations
@@ -47,9 +48,9 @@ from typing_extensions import override
 
 from txsink.connectors.postgres.casts import ColumnPlan
 from txsink.connectors.postgres.checks import StartCheck, choose_protocol, plans_for
-from txsink.connectors.postgres.connections import Connections
 from txsink.connectors.postgres.copy import OpenTxn, start_copy
 from txsink.connectors.postgres.errors import check_error, redact_dsn
+from txsink.connectors.postgres.evolve import Evolving, added_plans, stage_columns
 from txsink.connectors.postgres.prepared import (
     PgHandle,
     commit_prepared,
@@ -92,7 +93,7 @@ _BUSY_TRIES = 5
 _BUSY_STEP_S = 0.2
 
 
-class PostgresSink(Connections, TwoPhaseCommitSink[OpenTxn, Handle]):
+class PostgresSink(Evolving, TwoPhaseCommitSink[OpenTxn, Handle]):
     """Exactly-once rows into a PostgreSQL table.
 
     Args:
@@ -193,8 +194,10 @@ class PostgresSink(Connections, TwoPhaseCommitSink[OpenTxn, Handle]):
         #: The columns that name a rejected row: ``key``, else the table's primary key
         #: (read at the check; the executors get it with the pickled sink).
         self._row_key: tuple[str, ...] = self.key
+        self._evolution = None  # the epoch's planned schema change (evolve.py)
 
     @property
+    @override
     def tables(self) -> Tables:
         """The target, progress and stage tables, quoted (the schema as resolved so far:
         :meth:`check` fills in the server's current schema when the table names none)."""
@@ -206,6 +209,7 @@ class PostgresSink(Connections, TwoPhaseCommitSink[OpenTxn, Handle]):
         return self.tables.qualified
 
     @property
+    @override
     def staging(self) -> Staging:
         """The sink's staging table (the target's schema must be resolved)."""
         return Staging.of(self.tables, self.uid, self.staging_schema)
@@ -250,9 +254,11 @@ class PostgresSink(Connections, TwoPhaseCommitSink[OpenTxn, Handle]):
                     server=redact_dsn(self.dsn),
                     prepared_age_warning_s=self.prepared_age_warning_s,
                     protocol=self.protocol,
-                    staging=self.staging if self.protocol == "staging" else None,
+                    staging=self.staging if self._stages else None,
                     app_id=app_id,
                 ).run(schema)
+                if self._evolution is not None:  # its tasks stage, with the new columns
+                    stage_columns(conn, self.staging, self._evolution)
                 self._row_key = self.key or primary_key(conn, self.tables)
         except (psycopg.Error, TxsinkError) as err:
             if isinstance(err, (psycopg.OperationalError, RetryableError)):
@@ -281,15 +287,16 @@ class PostgresSink(Connections, TwoPhaseCommitSink[OpenTxn, Handle]):
             with stall.guard("begin"):
                 if self.protocol is None:  # hooks driven without the check
                     self.protocol = "staging" if self._staged(conn) else "2pc"
-                if self.protocol == "staging":
+                if self._stages:
                     self._resolve_schema(conn)
                     begin_staged(conn, str(txn))
                 else:
                     conn.tpc_begin(str(txn))
                 self.timeouts.set_local(conn)
-                plans = plans_for(conn, self.tables, self._plans, schema, sink_uid=self.uid)
+                planned = [*(self._plans or ()), *added_plans(self._evolution)]
+                plans = plans_for(conn, self.tables, planned, schema, sink_uid=self.uid)
                 target = self.tables.ident()
-                if self.protocol == "staging":
+                if self._stages:
                     target = self.staging.ident
                 elif self.mode == "upsert":
                     target = create_stage(conn, self.tables, txn, schema.names)
@@ -298,12 +305,6 @@ class PostgresSink(Connections, TwoPhaseCommitSink[OpenTxn, Handle]):
         except Exception as err:
             conn.close()
             raise self._map(err, txn, phase="begin") from err
-
-    def _resolve_schema(self, conn: psycopg.Connection[Any]) -> None:
-        """Fill in the server's current schema when the table names none (the check does
-        it on the driver; hooks driven without it need it for the staging table's name)."""
-        if self.schema is None:
-            self.schema = str(conn.execute("SELECT current_schema()").fetchone()[0])  # type: ignore[index]
 
     def _staged(self, conn: psycopg.Connection[Any]) -> bool:
         """Whether ``auto`` means staging on this server (a task's own answer)."""
@@ -320,7 +321,7 @@ class PostgresSink(Connections, TwoPhaseCommitSink[OpenTxn, Handle]):
     @override
     def prepare(self, txn: OpenTxn) -> Handle:
         conn = txn.conn
-        staged = self.protocol == "staging"
+        staged = self._stages
         try:
             txn.end_copy()
             with txn.stall.guard("prepare"):
@@ -355,15 +356,18 @@ class PostgresSink(Connections, TwoPhaseCommitSink[OpenTxn, Handle]):
 
     @override
     def commit_epoch(self, request: EpochCommit[Handle]) -> None:
-        """Staged handles in one local transaction, prepared ones one by one; then the
-        progress table's pruning. A log may hold both kinds (``auto`` chose another
-        protocol after a server change): each handle is committed the way it was made."""
+        """Staged handles in one local transaction, with the epoch's schema change if any;
+        prepared ones one by one; then the progress table's pruning. A log may hold both
+        kinds (``auto`` chose another protocol after a server change): each handle is
+        committed the way it was made. An evolving epoch's tasks staged (evolve.py)."""
         staged = [h for h in request.handles if isinstance(h, StagedHandle)]
-        if staged:
+        change = request.schema_change
+        if staged or change is not None:
             rows = sum(h.rows for h in staged)
-            with self._on_driver(staged[0].txn, "commit", rows=rows) as conn:
+            txn = staged[0].txn if staged else None
+            with self._on_driver(txn, "commit", rows=rows) as conn:
                 self._resolve_schema(conn)
-                lost = self._stage_commit().commit(conn, staged)
+                lost = self._stage_commit().commit(conn, staged, change)
             if lost:
                 raise lost
             request.committed(staged)
@@ -371,6 +375,9 @@ class PostgresSink(Connections, TwoPhaseCommitSink[OpenTxn, Handle]):
             if not isinstance(handle, StagedHandle):
                 self.commit(handle)
                 request.committed([handle])
+        if change is not None:
+            self._plans = [*(self._plans or ()), *added_plans(change)]
+            self._evolution = None
         self.finish_epoch(request.epoch, request.handles)
 
     @override

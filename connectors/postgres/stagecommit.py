@@ -25,8 +25,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
+from txsink.connectors.postgres.evolve import apply_change
 from txsink.connectors.postgres.stagerows import drop_staged, move_staged, staged_counts
-from txsink.connectors.postgres.staging import Staging, exists
+from txsink.connectors.postgres.staging import Staging, exists, stamp
 from txsink.errors import CommitError
 from txsink.handles import Handle, register_handle
 from txsink.txid import TxnId
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     import psycopg
 
     from txsink.connectors.postgres.tables import Tables
+    from txsink.schema import SchemaChange
 
 __all__ = ["StageCommit", "StagedHandle"]
 
@@ -82,11 +84,21 @@ class StageCommit:
     key: tuple[str, ...] = ()
 
     def commit(
-        self, conn: psycopg.Connection[Any], handles: Sequence[StagedHandle]
+        self,
+        conn: psycopg.Connection[Any],
+        handles: Sequence[StagedHandle],
+        change: SchemaChange | None = None,
     ) -> CommitError | None:
         """Outcomes 1-3 of the module's list, in one transaction on ``conn`` (autocommit);
         a lost transaction is returned (the transaction rolled back), not raised, so that
-        the caller's error mapping does not take it for a server error."""
+        the caller's error mapping does not take it for a server error.
+
+        ``change``: the epoch's schema change, applied in the same transaction before the
+        move (:mod:`~txsink.connectors.postgres.evolve`), so the new columns appear with
+        the rows; not again when every name has its progress row (outcome 2: they
+        committed together). An epoch without rows applies it alone (idempotent: ``IF
+        NOT EXISTS``). The staging table's fingerprint then names the new definition, so
+        the next start keeps it (and its rows of later epochs)."""
         groups: dict[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]], list[Any]] = {}
         for handle in handles:
             where = handle.staging or (self.staging.schema, self.staging.name)
@@ -98,6 +110,8 @@ class StageCommit:
                     (f"txsink.commit|{self.tables.regclass()}|{self.uid}",),
                 )
                 done = self._committed(conn, [str(h.txn) for h in handles])
+                if change is not None and (not handles or len(done) < len(handles)):
+                    apply_change(conn, self.tables, change)
                 for (where, columns, key), group in groups.items():
                     todo = [h for h in group if str(h.txn) not in done]
                     if not todo:
@@ -117,6 +131,8 @@ class StageCommit:
                     if lost is not None:
                         raise _Rollback(lost)  # outcome 3: nothing of the epoch moves
                     self._record(conn, todo)
+                    if change is not None:
+                        stamp(conn, self.tables, staging, columns, "upsert" if key else "append")
         except _Rollback as rollback:
             return rollback.lost
         return None

@@ -84,6 +84,7 @@ __all__ = [
     "ensure_staging",
     "exists",
     "refusals",
+    "stamp",
     "triggers",
 ]
 
@@ -236,7 +237,7 @@ def ensure_staging(
     from psycopg import sql
 
     wanted = fingerprint(conn, tables, columns, mode)
-    comment = f"txsink staging of {tables.qualified} ({mode}); fingerprint {wanted}"
+    comment = _comment(tables, mode, wanted)
     with conn.transaction():
         # Two drivers starting at once must not both create it.
         conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (staging.regclass,))
@@ -270,6 +271,30 @@ def ensure_staging(
         except psycopg.errors.InsufficientPrivilege as err:
             raise _no_create(staging, tables, ctx) from err
     return True
+
+
+def _comment(tables: Tables, mode: str, wanted: str) -> str:
+    return f"txsink staging of {tables.qualified} ({mode}); fingerprint {wanted}"
+
+
+def stamp(
+    conn: psycopg.Connection[Any],
+    tables: Tables,
+    staging: Staging,
+    columns: Sequence[str],
+    mode: str,
+) -> None:
+    """Name the target's current definition in ``staging``'s fingerprint (in the caller's
+    transaction): after a schema change committed with an epoch, the staging table (which
+    was given the new columns) matches the changed target."""
+    from psycopg import sql
+
+    wanted = fingerprint(conn, tables, columns, mode)
+    conn.execute(
+        sql.SQL("COMMENT ON TABLE {} IS {}").format(
+            staging.ident, sql.Literal(_comment(tables, mode, wanted))
+        )
+    )
 
 
 def _create(

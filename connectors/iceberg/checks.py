@@ -47,6 +47,17 @@ def _allowed(source: pa.DataType, target: pa.DataType) -> bool:
         return True
     if pa.types.is_decimal(source) and pa.types.is_decimal(target):
         return bool(source.scale == target.scale and source.precision <= target.precision)
+    if pa.types.is_struct(source) and pa.types.is_struct(target):
+        # By name, as Arrow casts structs: a field the stream lacks is written as nulls.
+        have = {f.name: f for f in source}
+        return all(
+            (f.name in have and _allowed(have[f.name].type, f.type))
+            or (f.name not in have and f.nullable)
+            for f in target
+        ) and all(target.get_field_index(name) >= 0 for name in have)
+    lists = (pa.types.is_list, pa.types.is_large_list)
+    if any(f(source) for f in lists) and any(f(target) for f in lists):
+        return _allowed(source.value_type, target.value_type)
     return False
 
 

@@ -32,6 +32,7 @@ from txsink.txid import TxnId
 
 if TYPE_CHECKING:
     from pyiceberg.io.fileformat import FileFormatWriter
+    from pyiceberg.schema import Schema
     from pyiceberg.table import Table
 
 __all__ = ["FLUSH_BYTES", "FLUSH_ROWS", "PreparedWriter"]
@@ -61,6 +62,9 @@ class PreparedWriter:
     connector: str
     #: Name a rejected row by its column names and a hash of its values only.
     redact_rows: bool = False
+    #: The schema to write (default: the table's current one); an epoch that evolves the
+    #: table writes the schema its commit gives it, with its new field ids (:mod:`.evolve`).
+    schema: Schema | None = None
     _pending: list[pa.RecordBatch] = field(default_factory=list)
     _gathered: int = 0  # rows handed to the encoding thread so far
     _pending_rows: int = 0
@@ -80,7 +84,7 @@ class PreparedWriter:
         from pyiceberg.utils.properties import property_as_int
 
         metadata = self.table.metadata
-        self._schema = metadata.schema()
+        self._schema = metadata.schema() if self.schema is None else self.schema
         # A rejected row is named by the table's identifier fields (its key), if it has some.
         keys = [self._schema.find_column_name(i) for i in self._schema.identifier_field_ids]
         self._naming = RowNaming(

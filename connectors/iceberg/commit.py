@@ -228,8 +228,9 @@ def _ids_differ(differs: FileIdsDiffer, uid: str, epoch: int, connector: str) ->
     return _blocked(
         f"cannot commit decided epoch {epoch}: its data file {name} and the table disagree "
         f"on a column's field id ({differs.detail})",
-        "restore the table's schema as it was when the epoch was planned (drop the columns "
-        "another writer added meanwhile)",
+        "undo the other writer's schema change by making the table's metadata file from "
+        "before it current again (e.g. register_table with that file: Iceberg never reuses "
+        "a field id, so dropping the other writer's column is not enough)",
         differs.detail.split(":", 1)[0],
         uid=uid,
         epoch=epoch,

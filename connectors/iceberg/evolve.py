@@ -139,29 +139,27 @@ _ADD_FIX = "rename the column in the query, or add it to the table by hand with 
 def _iceberg_type(column: str, arrow: pa.DataType | None, format_version: int) -> IcebergType:
     """The Iceberg type of an Arrow type, as the sink's ``create=True`` converts it."""
     from pyiceberg.catalog import Catalog
-    from pyiceberg.types import DecimalType
 
     if arrow is None:  # pragma: no cover - the core's change always holds its types
         raise Refused(column, "the recorded change has no type for it", "restart the query")
+    if pa.types.is_decimal(arrow) and arrow.precision > MAX_PRECISION:
+        raise Refused(
+            column,
+            f"Iceberg decimals hold at most {MAX_PRECISION} digits, not {arrow.precision}",
+            f"cast the column to a decimal of at most {MAX_PRECISION} digits before the sink",
+        )
     try:
         found = Catalog._convert_schema_if_needed(
             pa.schema([pa.field("c", arrow)]),
             format_version=format_version,  # type: ignore[arg-type]
         )
-    except (TypeError, ValueError) as exc:
+    except Exception as exc:  # pyiceberg's UnsupportedPyArrowTypeException, TypeError...
         raise Refused(
             column,
-            f"{arrow} has no Iceberg type ({exc})",
+            f"{arrow} has no Iceberg type ({type(exc).__name__})",
             "cast the column to a type Iceberg holds before the sink",
         ) from None
-    kind = found.fields[0].field_type
-    if isinstance(kind, DecimalType) and kind.precision > MAX_PRECISION:
-        raise Refused(
-            column,
-            f"Iceberg decimals hold at most {MAX_PRECISION} digits, not {kind.precision}",
-            f"cast the column to a decimal of at most {MAX_PRECISION} digits before the sink",
-        )
-    return kind
+    return found.fields[0].field_type
 
 
 def _same(have: IcebergType, want: IcebergType) -> bool:

@@ -1,0 +1,347 @@
+"""Schema evolution into an Iceberg table (issue #41), on a local SQL catalog (SQLite) and a
+local warehouse: no server. Read back with pyiceberg's own catalog and scan, never the
+sink's objects.
+
+Epoch 0 writes ``(id long, amount int, price decimal(10,2), payload struct<a string>)``;
+epoch 1 adds ``note string`` and ``payload.b``, widens ``amount`` to long and ``price`` to
+decimal(12,2). The protocol runs as the Spark path runs it (the core's ``check_sinks``
+before each epoch, recovery's ``replan``), its tasks in this process on a pickled copy of
+the plan (as Spark ships the sink); the streaming cells run a real query.
+
+Every metadata version of the table is read back (:func:`versions`): the new schema is
+current in exactly the versions that hold epoch 1's snapshot, before and after every crash.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable, Iterator
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from tests.memsink import memory_precommit
+from txsink import Coordinator
+from txsink.connectors.iceberg import IcebergSink
+from txsink.connectors.iceberg.commit import epoch_key
+from txsink.errors import EpochBlockedError, InjectedFault
+from txsink.protocol.faults import FaultPlan
+from txsink.protocol.task import TaskPlan
+from txsink.schema import SchemaEvolutionError
+from txsink.spark.checks import check_sinks
+
+pytest.importorskip("pyiceberg")
+
+APP, UID, TABLE, CATALOG = "evo", "ice", "ns.evo", "txsink"
+
+OLD = pa.schema(
+    [
+        ("id", pa.int64()),
+        ("amount", pa.int32()),
+        ("price", pa.decimal128(10, 2)),
+        ("payload", pa.struct([("a", pa.string())])),
+    ]
+)
+NEW = pa.schema(
+    [
+        ("id", pa.int64()),
+        ("amount", pa.int64()),
+        ("price", pa.decimal128(12, 2)),
+        ("payload", pa.struct([("a", pa.string()), ("b", pa.int32())])),
+        ("note", pa.string()),
+    ]
+)
+BIG = 2**40  # an amount only a long holds
+WIDE = Decimal("1234567890.12")  # a price only decimal(12, 2) holds
+
+
+def old_rows(ids: range) -> list[dict[str, Any]]:
+    return [{"id": i, "amount": i, "price": Decimal(i) / 4, "payload": {"a": f"a{i}"}} for i in ids]
+
+
+def new_rows(ids: range) -> list[dict[str, Any]]:
+    return [
+        {
+            "id": i,
+            "amount": BIG + i,
+            "price": WIDE,
+            "payload": {"a": f"a{i}", "b": i},
+            "note": f"n{i}",
+        }
+        for i in ids
+    ]
+
+
+# -- the target, read as another reader would -------------------------------------------
+
+
+def properties(tmp_path: Path) -> dict[str, str]:
+    return {
+        "type": "sql",
+        "uri": f"sqlite:///{tmp_path}/catalog.db",
+        "warehouse": tmp_path.as_uri(),
+    }
+
+
+def table(tmp_path: Path) -> Any:
+    """The table from a fresh pyiceberg catalog of its own (not the sink's)."""
+    from pyiceberg.catalog import load_catalog
+
+    catalog = load_catalog(CATALOG, **properties(tmp_path))
+    try:
+        return catalog.load_table(TABLE)
+    finally:
+        catalog.close()
+
+
+def rows_by_id(tmp_path: Path) -> dict[int, dict[str, Any]]:
+    found = table(tmp_path).scan().to_arrow().to_pylist()
+    ids = [r["id"] for r in found]
+    assert len(ids) == len(set(ids)), "a row was written twice"
+    return {r["id"]: r for r in found}
+
+
+def epochs(t: Any) -> list[int]:
+    """The txsink epochs of the table's snapshots, in commit order."""
+    return [int(s.summary["txsink.epoch"]) for s in t.snapshots() if s.summary is not None]
+
+
+def versions(tmp_path: Path) -> Iterator[tuple[bool, list[int]]]:
+    """Every metadata version the table went through: (whether its current schema has the
+    new column ``note``, the txsink epochs of its snapshots)."""
+    from pyiceberg.serializers import FromInputFile
+
+    t = table(tmp_path)
+    paths = [entry.metadata_file for entry in t.metadata.metadata_log] + [t.metadata_location]
+    for path in paths:
+        meta = FromInputFile.table_metadata(t.io.new_input(path))
+        has = any(f.name == "note" for f in meta.schema().fields)
+        ids = [int(s.summary["txsink.epoch"]) for s in meta.snapshots if s.summary is not None]
+        yield has, ids
+
+
+def assert_evolved_with_epoch_1(tmp_path: Path, old: range, new: range) -> None:
+    """The table after epoch 1: its schema, its rows, one snapshot per epoch, and the new
+    schema in exactly the metadata versions that hold epoch 1."""
+    from pyiceberg.types import DecimalType, IntegerType, LongType, StringType, StructType
+
+    t = table(tmp_path)
+    schema = t.schema()
+    assert schema.find_field("amount").field_type == LongType()
+    assert schema.find_field("price").field_type == DecimalType(12, 2)
+    payload = schema.find_field("payload").field_type
+    assert isinstance(payload, StructType)
+    assert payload.field_by_name("b") is not None
+    assert payload.field_by_name("b").field_type == IntegerType()  # type: ignore[union-attr]
+    note = schema.find_field("note")
+    assert note.field_type == StringType() and not note.required
+    assert epochs(t) == [0, 1]  # exactly one snapshot per epoch
+    assert t.properties[epoch_key(APP, UID)] == "1"
+    seen = rows_by_id(tmp_path)
+    assert sorted(seen) == [*old, *new]
+    for i in old:  # written before the change: null in what it added, promoted in the rest
+        assert seen[i]["note"] is None and seen[i]["payload"] == {"a": f"a{i}", "b": None}
+        assert seen[i]["amount"] == i and seen[i]["price"] == Decimal(i) / 4
+    for i in new:
+        assert seen[i]["note"] == f"n{i}" and seen[i]["payload"] == {"a": f"a{i}", "b": i}
+        assert seen[i]["amount"] == BIG + i and seen[i]["price"] == WIDE
+    for has, ids in versions(tmp_path):
+        assert has == (1 in ids), (has, ids)
+
+
+def assert_not_evolved(tmp_path: Path, rows: int) -> None:
+    from pyiceberg.types import IntegerType
+
+    t = table(tmp_path)
+    assert t.schema().find_field("amount").field_type == IntegerType()
+    assert "note" not in t.schema().column_names
+    assert epochs(t) == [0]
+    assert len(rows_by_id(tmp_path)) == rows
+    assert all(not has for has, _ in versions(tmp_path))
+
+
+# -- the protocol as the Spark path runs it, tasks in this process --------------------------
+
+
+def sink(tmp_path: Path, policy: str = "add-columns") -> IcebergSink:
+    return IcebergSink(properties(tmp_path), TABLE, uid=UID, create=True, schema_evolution=policy)
+
+
+def coordinator(tmp_path: Path, policy: str = "add-columns", faults: str = "") -> Coordinator:
+    plan = FaultPlan.parse(faults, str(tmp_path / "faults")) if faults else None
+    return Coordinator(
+        [sink(tmp_path, policy)], log=str(tmp_path / "txlog"), app_id=APP, faults=plan
+    )
+
+
+def shipped(batches: list[list[pa.RecordBatch]]) -> Callable[[TaskPlan], Any]:
+    """The partition tasks, run on a pickled copy of the plan (as Spark ships its sinks)."""
+    run = memory_precommit(batches)
+    return lambda plan: run(pickle.loads(pickle.dumps(plan)))
+
+
+def run_epoch(coord: Coordinator, epoch: int, schema: pa.Schema, ids: range) -> Any:
+    """One epoch as ``Coordinator(df, epoch)`` runs it: the sinks' checks plan the schema
+    change, then the protocol (recovery first, planning again if it changed the table)."""
+    make = new_rows if schema is NEW else old_rows
+    half = len(ids) // 2
+    parts = [ids[:half], ids[half:]]
+    batches = [[pa.RecordBatch.from_pylist(make(p), schema=schema)] for p in parts]
+
+    def plan() -> None:
+        coord.schema_plan = check_sinks(coord.sinks, schema, APP, None, log=coord.log)
+
+    plan()
+    return coord.run_epoch(epoch, shipped(batches), app_id=APP, replan=plan)
+
+
+OLD_IDS, NEW_IDS = range(0, 6), range(100, 106)
+
+
+def two_epochs(tmp_path: Path, coord: Coordinator) -> None:
+    run_epoch(coord, 0, OLD, OLD_IDS)
+    run_epoch(coord, 1, NEW, NEW_IDS)
+
+
+def test_an_epoch_that_adds_and_widens_evolves_the_table_in_its_own_commit(
+    tmp_path: Path,
+) -> None:
+    coord = coordinator(tmp_path)
+    two_epochs(tmp_path, coord)
+    assert_evolved_with_epoch_1(tmp_path, OLD_IDS, NEW_IDS)
+    # The next epoch of the same schema plans nothing and writes the new schema as is.
+    run_epoch(coord, 2, NEW, range(200, 202))
+    assert coord.schema_plan == {}
+    assert rows_by_id(tmp_path)[201]["note"] == "n201"
+    assert epochs(table(tmp_path)) == [0, 1, 2]
+    coord.close()
+
+
+def test_strict_refuses_before_writing_and_names_the_column_and_the_option(
+    tmp_path: Path,
+) -> None:
+    coord = coordinator(tmp_path, policy="strict")
+    run_epoch(coord, 0, OLD, OLD_IDS)
+    files = sorted(p.name for p in tmp_path.rglob("*.parquet"))
+    with pytest.raises(SchemaEvolutionError) as err:
+        run_epoch(coord, 1, NEW, NEW_IDS)
+    assert err.value.sink_uid == UID and err.value.column == "amount"
+    assert "schema_evolution='add-columns'" in str(err.value) and "adds note" in str(err.value)
+    assert_not_evolved(tmp_path, len(OLD_IDS))
+    assert sorted(p.name for p in tmp_path.rglob("*.parquet")) == files  # no data file
+    coord.close()
+
+
+@pytest.mark.parametrize(
+    ("stream", "column", "match"),
+    [
+        (pa.schema([*OLD, ("Amount", pa.int64())]), "Amount", "only by case"),
+        (
+            pa.schema([*list(OLD)[:2], ("price", pa.decimal256(40, 2)), OLD.field("payload")]),
+            "price",
+            "at most 38 digits",
+        ),
+    ],
+    ids=["case-collision", "decimal-over-38"],
+)
+def test_a_change_iceberg_will_not_take_stops_the_epoch_before_anything_is_written(
+    tmp_path: Path, stream: pa.Schema, column: str, match: str
+) -> None:
+    coord = coordinator(tmp_path)
+    run_epoch(coord, 0, OLD, OLD_IDS)
+    with pytest.raises(SchemaEvolutionError, match=match) as err:
+        coord.schema_plan = check_sinks(coord.sinks, stream, APP, None, log=coord.log)
+    assert err.value.column == column and err.value.sink_uid == UID
+    assert TABLE in str(err.value) and "Fix:" in str(err.value)
+    assert_not_evolved(tmp_path, len(OLD_IDS))
+    coord.close()
+
+
+# -- crash points on the evolving epoch ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("point", ["before_decision", "after_decision", "during_commit"])
+def test_a_crash_on_the_evolving_epoch_leaves_schema_and_rows_together(
+    tmp_path: Path, point: str
+) -> None:
+    """The driver raises at ``point`` of epoch 1; a new driver (a restart) runs epoch 1
+    again: before the decision it is written anew, after it recovery commits the recorded
+    change with the rows, once."""
+    first = coordinator(tmp_path, faults=f"{point}:raise@1")
+    run_epoch(first, 0, OLD, OLD_IDS)
+    with pytest.raises(InjectedFault):
+        run_epoch(first, 1, NEW, NEW_IDS)
+    first.close()
+    if point == "before_decision":
+        assert_not_evolved(tmp_path, len(OLD_IDS))  # aborted: no schema change behind
+    else:
+        assert all(has == (1 in ids) for has, ids in versions(tmp_path))
+    again = coordinator(tmp_path, faults=f"{point}:raise@1")  # fired: it does not again
+    result = run_epoch(again, 1, NEW, NEW_IDS)
+    assert result.status == ("committed" if point == "before_decision" else "skipped")
+    assert_evolved_with_epoch_1(tmp_path, OLD_IDS, NEW_IDS)
+    again.close()
+
+
+@pytest.mark.parametrize("landed", [True, False], ids=["landed-then-lost", "lost-before"])
+def test_a_target_failure_in_the_evolving_commit_is_read_back_and_applied_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, landed: bool
+) -> None:
+    """The catalog fails the commit of epoch 1 (the answer lost after it landed, or the
+    call cut before): the sink reads the table back, and commits the change and the rows
+    once."""
+    from pyiceberg.table import Transaction
+
+    real = Transaction.commit_transaction
+    calls: list[int] = []
+
+    def flaky(self: Transaction) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            if landed:
+                real(self)
+            raise OSError("connection reset by the catalog")
+        return real(self)
+
+    coord = coordinator(tmp_path)
+    run_epoch(coord, 0, OLD, OLD_IDS)
+    monkeypatch.setattr(Transaction, "commit_transaction", flaky)
+    run_epoch(coord, 1, NEW, NEW_IDS)
+    monkeypatch.undo()
+    assert len(calls) == (1 if landed else 2)
+    assert_evolved_with_epoch_1(tmp_path, OLD_IDS, NEW_IDS)
+    coord.close()
+
+
+def test_a_schema_changed_by_another_writer_after_the_decision_blocks_the_epoch(
+    tmp_path: Path,
+) -> None:
+    """Another writer adds a column between epoch 1's decision and its commit: the ids the
+    tasks wrote would land on the other writer's column, so the commit refuses (blocked,
+    nothing visible) and names the fix; once the column is dropped, recovery commits."""
+    from pyiceberg.types import StringType
+
+    first = coordinator(tmp_path, faults="after_decision:raise@1")
+    run_epoch(first, 0, OLD, OLD_IDS)
+    with pytest.raises(InjectedFault):
+        run_epoch(first, 1, NEW, NEW_IDS)
+    first.close()
+    with table(tmp_path).update_schema() as update:
+        update.add_column("other", StringType())
+    again = coordinator(tmp_path)
+    with pytest.raises(EpochBlockedError) as err:
+        run_epoch(again, 1, NEW, NEW_IDS)
+    assert err.value.column == "payload.b" and "field id" in str(err.value)
+    assert "another writer" in str(err.value) and err.value.fix
+    assert epochs(table(tmp_path)) == [0]
+    again.close()
+    with table(tmp_path).update_schema() as update:
+        update.delete_column("other")
+    # Iceberg never reuses a field id: dropping the column does not free its id, and the
+    # epoch stays blocked rather than show one column's values under another
+    with pytest.raises(EpochBlockedError):
+        run_epoch(coordinator(tmp_path), 1, NEW, NEW_IDS)
+    assert epochs(table(tmp_path)) == [0]

@@ -22,10 +22,10 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from evolving_stream import BIG, CATALOG, TABLE, UID, catalog_properties, iceberg_sink
 
 from tests.memsink import memory_precommit
 from txsink import Coordinator
-from txsink.connectors.iceberg import IcebergSink
 from txsink.connectors.iceberg.commit import epoch_key
 from txsink.errors import EpochBlockedError, InjectedFault
 from txsink.protocol.faults import FaultPlan
@@ -35,7 +35,7 @@ from txsink.spark.checks import check_sinks
 
 pytest.importorskip("pyiceberg")
 
-APP, UID, TABLE, CATALOG = "evo", "ice", "ns.evo", "txsink"
+APP = "evo"
 
 OLD = pa.schema(
     [
@@ -54,7 +54,6 @@ NEW = pa.schema(
         ("note", pa.string()),
     ]
 )
-BIG = 2**40  # an amount only a long holds
 WIDE = Decimal("1234567890.12")  # a price only decimal(12, 2) holds
 
 
@@ -78,19 +77,11 @@ def new_rows(ids: range) -> list[dict[str, Any]]:
 # -- the target, read as another reader would -------------------------------------------
 
 
-def properties(tmp_path: Path) -> dict[str, str]:
-    return {
-        "type": "sql",
-        "uri": f"sqlite:///{tmp_path}/catalog.db",
-        "warehouse": tmp_path.as_uri(),
-    }
-
-
 def table(tmp_path: Path) -> Any:
     """The table from a fresh pyiceberg catalog of its own (not the sink's)."""
     from pyiceberg.catalog import load_catalog
 
-    catalog = load_catalog(CATALOG, **properties(tmp_path))
+    catalog = load_catalog(CATALOG, **catalog_properties(tmp_path))
     try:
         return catalog.load_table(TABLE)
     finally:
@@ -166,14 +157,10 @@ def assert_not_evolved(tmp_path: Path, rows: int) -> None:
 # -- the protocol as the Spark path runs it, tasks in this process --------------------------
 
 
-def sink(tmp_path: Path, policy: str = "add-columns") -> IcebergSink:
-    return IcebergSink(properties(tmp_path), TABLE, uid=UID, create=True, schema_evolution=policy)
-
-
 def coordinator(tmp_path: Path, policy: str = "add-columns", faults: str = "") -> Coordinator:
     plan = FaultPlan.parse(faults, str(tmp_path / "faults")) if faults else None
     return Coordinator(
-        [sink(tmp_path, policy)], log=str(tmp_path / "txlog"), app_id=APP, faults=plan
+        [iceberg_sink(tmp_path, policy)], log=str(tmp_path / "txlog"), app_id=APP, faults=plan
     )
 
 
@@ -345,3 +332,125 @@ def test_a_schema_changed_by_another_writer_after_the_decision_blocks_the_epoch(
     with pytest.raises(EpochBlockedError):
         run_epoch(coordinator(tmp_path), 1, NEW, NEW_IDS)
     assert epochs(table(tmp_path)) == [0]
+
+
+# -- a streaming query whose input changes shape mid-stream ---------------------------------
+
+ROWS, FILES = 300, 3  # one file per epoch; epoch 1 brings the change
+
+
+def assert_stream_evolved(tmp_path: Path) -> None:
+    """Every input id once; epoch 0's rows null in what epoch 1 added; the new schema in
+    exactly the metadata versions that hold epoch 1."""
+    from pyiceberg.types import LongType
+
+    from txsink.testing.inputs import input_epochs
+
+    first = set(input_epochs(tmp_path / "input")[0])
+    seen = rows_by_id(tmp_path)
+    assert sorted(seen) == list(range(ROWS))
+    for i, row in seen.items():
+        if i in first:
+            assert row["note"] is None and row["payload"]["b"] is None and row["amount"] < BIG
+        else:
+            assert row["note"] == f"n{i}" and row["payload"]["b"] == i % 7
+            assert row["amount"] >= BIG
+    t = table(tmp_path)
+    assert t.schema().find_field("amount").field_type == LongType()
+    assert epochs(t) == list(range(FILES))
+    for has, ids in versions(tmp_path):
+        assert has == (1 in ids), (has, ids)
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize(
+    ("point", "mode"),
+    [
+        # the default suite runs a streaming query through the kill-driver cell below
+        pytest.param("during_commit", "raise", marks=pytest.mark.slow),
+        pytest.param("before_decision", "raise", marks=pytest.mark.slow),
+        pytest.param("after_precommit", "kill-worker", marks=pytest.mark.slow),
+    ],
+)
+def test_a_query_whose_input_gains_a_column_and_widens_another_runs_through(
+    spark: Any, tmp_path: Path, point: str, mode: str
+) -> None:
+    """``schema_evolution="add-columns"``, no manual step: a fault on the evolving epoch,
+    the query restarted as a supervisor would, every row once."""
+    from evolving_stream import Evolving, start
+
+    from txsink.testing.inputs import make_input
+
+    make_input(tmp_path / "input", ROWS, FILES)
+    spec = f"{point}:{mode}@1" + ("#1" if mode == "kill-worker" else "")
+    plan = FaultPlan.parse(spec, str(tmp_path / "faults"))
+    runs = 0
+    for _ in range(4):
+        runs += 1
+        coord = Coordinator([iceberg_sink(tmp_path)], log=str(tmp_path / "txlog"), faults=plan)
+        batch = Evolving(coord)
+        try:
+            start(spark, tmp_path, batch).awaitTermination()
+            break
+        except Exception:  # the injected fault stops the query: restart it
+            continue
+        finally:
+            batch.close()
+    assert plan.fired(), "the fault never fired: test is void"
+    assert runs <= 2
+    assert_stream_evolved(tmp_path)
+
+
+@pytest.mark.spark
+def test_strict_stops_the_query_before_writing_anything(spark: Any, tmp_path: Path) -> None:
+    from evolving_stream import Evolving, start
+    from pyspark.errors import StreamingQueryException
+
+    from txsink.testing.inputs import make_input
+
+    make_input(tmp_path / "input", ROWS, FILES)
+    batch = Evolving(Coordinator([iceberg_sink(tmp_path, "strict")], log=str(tmp_path / "txlog")))
+    with pytest.raises(StreamingQueryException) as err:
+        start(spark, tmp_path, batch).awaitTermination()
+    batch.close()
+    text = str(err.value)
+    assert "schema_evolution='add-columns'" in text and "adds note" in text, text[-2000:]
+    t = table(tmp_path)
+    assert epochs(t) == [0] and "note" not in t.schema().column_names
+    assert all(not has for has, _ in versions(tmp_path))
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize(
+    "point",
+    [
+        "after_decision",
+        pytest.param("before_decision", marks=pytest.mark.slow),
+        pytest.param("during_commit", marks=pytest.mark.slow),
+    ],
+)
+def test_the_driver_killed_on_the_evolving_epoch(tmp_path: Path, point: str) -> None:
+    """The driver process SIGKILLed at ``point`` of the evolving epoch, restarted by the
+    runner until the input is done: schema and rows together, every row once."""
+    import json
+    import os
+    import sys
+
+    from txsink.runner import run_until_done
+    from txsink.testing.inputs import make_input
+
+    make_input(tmp_path / "input", ROWS, FILES)
+    pipeline = Path(__file__).with_name("evolving_stream.py")
+    env = dict(
+        os.environ,
+        TXSINK_FAULT=f"{point}:kill-driver@1",
+        TXSINK_FAULT_STATE=str(tmp_path / "faults"),
+    )
+    report = run_until_done(
+        [sys.executable, "-m", "txsink.runner", f"{pipeline}:run",
+         json.dumps({"workdir": str(tmp_path)})],
+        env=env,
+        max_runs=4,
+    )  # fmt: skip
+    assert report.finished and report.restarts == 1, report
+    assert_stream_evolved(tmp_path)

@@ -34,12 +34,23 @@ def catalog_properties(workdir: str | Path) -> dict[str, str]:
     }
 
 
-def iceberg_sink(workdir: str | Path, policy: str = "add-columns") -> Any:
+def iceberg_sink(
+    workdir: str | Path,
+    policy: str = "add-columns",
+    *,
+    catalog: dict[str, str] | None = None,
+    catalog_name: str = CATALOG,
+    table: str = TABLE,
+) -> Any:
+    """The sink, creating ``table`` from the first epoch's schema; on the local catalog
+    under ``workdir`` unless given another ``catalog`` (pyiceberg properties)."""
     from txsink.connectors.iceberg import IcebergSink
 
-    Path(workdir, "warehouse").mkdir(parents=True, exist_ok=True)
+    if catalog is None:
+        Path(workdir, "warehouse").mkdir(parents=True, exist_ok=True)
+        catalog = catalog_properties(workdir)
     return IcebergSink(
-        catalog_properties(workdir), TABLE, uid=UID, create=True, schema_evolution=policy
+        catalog, table, uid=UID, catalog_name=catalog_name, create=True, schema_evolution=policy
     )
 
 

@@ -454,3 +454,81 @@ def test_the_driver_killed_on_the_evolving_epoch(tmp_path: Path, point: str) -> 
     )  # fmt: skip
     assert report.finished and report.restarts == 1, report
     assert_stream_evolved(tmp_path)
+
+
+# -- a second reader: Spark with Apache Iceberg's own runtime ------------------------------
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.postgres
+@pytest.mark.s3
+def test_spark_with_icebergs_runtime_reads_old_and_new_rows(
+    spark: Any,
+    request: pytest.FixtureRequest,
+    record_property: Callable[[str, object], None],
+    tmp_path: Path,
+) -> None:
+    """The evolving stream into a table of the SQL catalog on PostgreSQL with its warehouse
+    on S3, read back by Spark with Iceberg's runtime (``integration/iceberg_spark_reader.py``
+    in a child process, as ``integration/test_iceberg_second_reader.py`` runs it): epoch
+    0's rows null in the added column and field, the others with their values, the
+    widened column promoted."""
+    import json
+    import os
+    import subprocess
+
+    import spark_jars
+    from evolving_stream import Evolving, start
+
+    from conftest import variant_target
+    from txsink.connectors.iceberg.testing import catalog_properties as target_catalog
+    from txsink.testing.inputs import input_epochs, make_input
+
+    reader = spark_jars.iceberg_reader()
+    if isinstance(reader, str):
+        pytest.skip(reader)
+    if reader.elsewhere:
+        record_property("matrix_note", reader.elsewhere)
+    target = variant_target(request, tmp_path, "iceberg", "sql-s3", tag="evo2r")
+    spec, name = target.spec, f"{target.spec['table']}_evolved"
+    make_input(tmp_path / "input", ROWS, FILES)
+    batch = Evolving(
+        Coordinator(
+            [
+                iceberg_sink(
+                    tmp_path,
+                    catalog=target_catalog(spec, target.env),
+                    catalog_name=spec["catalog_name"],
+                    table=name,
+                )
+            ],
+            log=str(tmp_path / "txlog"),
+        )
+    )
+    try:
+        start(spark, tmp_path, batch).awaitTermination()
+    finally:
+        batch.close()
+    script = Path(__file__).with_name("iceberg_spark_reader.py")
+    args = [spec["catalog_name"], name, spec["warehouse"], "id", "id,amount,note,payload"]
+    done = subprocess.run(
+        [reader.python, str(script), *args],
+        capture_output=True,
+        text=True,
+        timeout=540,
+        check=False,
+        env={**os.environ, **reader.env},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    rows = {int(r["id"]): r for r in seen["rows"]}
+    assert sorted(rows) == list(range(ROWS)) and len(seen["rows"]) == ROWS
+    first = set(input_epochs(tmp_path / "input")[0])
+    for i, row in rows.items():
+        if i in first:
+            assert row["note"] is None and row["payload"]["b"] is None and row["amount"] < BIG
+        else:
+            assert row["note"] == f"n{i}" and row["payload"]["b"] == i % 7
+            assert row["amount"] >= BIG
+    assert sorted(int(s["summary"]["txsink.epoch"]) for s in seen["snapshots"]) == [0, 1, 2]

@@ -100,16 +100,16 @@ def epochs(t: Any) -> list[int]:
     return [int(s.summary["txsink.epoch"]) for s in t.snapshots() if s.summary is not None]
 
 
-def versions(tmp_path: Path) -> Iterator[tuple[bool, list[int]]]:
+def versions(tmp_path: Path, column: str = "note") -> Iterator[tuple[bool, list[int]]]:
     """Every metadata version the table went through: (whether its current schema has the
-    new column ``note``, the txsink epochs of its snapshots)."""
+    added ``column``, the txsink epochs of its snapshots)."""
     from pyiceberg.serializers import FromInputFile
 
     t = table(tmp_path)
     paths = [entry.metadata_file for entry in t.metadata.metadata_log] + [t.metadata_location]
     for path in paths:
         meta = FromInputFile.table_metadata(t.io.new_input(path))
-        has = any(f.name == "note" for f in meta.schema().fields)
+        has = column in meta.schema().column_names
         ids = [int(s.summary["txsink.epoch"]) for s in meta.snapshots if s.summary is not None]
         yield has, ids
 
@@ -170,10 +170,17 @@ def shipped(batches: list[list[pa.RecordBatch]]) -> Callable[[TaskPlan], Any]:
     return lambda plan: run(pickle.loads(pickle.dumps(plan)))
 
 
-def run_epoch(coord: Coordinator, epoch: int, schema: pa.Schema, ids: range) -> Any:
+def run_epoch(
+    coord: Coordinator,
+    epoch: int,
+    schema: pa.Schema,
+    ids: range,
+    make: Callable[[range], list[dict[str, Any]]] | None = None,
+) -> Any:
     """One epoch as ``Coordinator(df, epoch)`` runs it: the sinks' checks plan the schema
-    change, then the protocol (recovery first, planning again if it changed the table)."""
-    make = new_rows if schema is NEW else old_rows
+    change, then the protocol (recovery first, planning again if it changed the table).
+    ``make``: the rows of some ids (default: OLD's or NEW's)."""
+    make = make or (new_rows if schema is NEW else old_rows)
     half = len(ids) // 2
     parts = [ids[:half], ids[half:]]
     batches = [[pa.RecordBatch.from_pylist(make(p), schema=schema)] for p in parts]
@@ -245,6 +252,68 @@ def test_a_change_iceberg_will_not_take_stops_the_epoch_before_anything_is_writt
     assert TABLE in str(err.value) and "Fix:" in str(err.value)
     assert_not_evolved(tmp_path, len(OLD_IDS))
     coord.close()
+
+
+def test_a_partitioned_table_evolves_a_nested_field_a_float_and_its_partition_source(
+    tmp_path: Path,
+) -> None:
+    """Partitioned by ``amount`` (identity, widened to long) and a bucket of ``id``: the
+    tasks split rows by the evolved spec's values; a field added two structs deep and a
+    float widened to double."""
+    from pyiceberg.catalog import load_catalog
+    from pyiceberg.partitioning import PartitionField, PartitionSpec
+    from pyiceberg.schema import Schema
+    from pyiceberg.transforms import BucketTransform, IdentityTransform
+    from pyiceberg.types import DoubleType, FloatType, IntegerType, LongType, NestedField
+    from pyiceberg.types import StructType as Struct
+
+    (tmp_path / "warehouse").mkdir()
+    catalog = load_catalog(CATALOG, **catalog_properties(tmp_path))
+    catalog.create_namespace("ns")
+    inner = Struct(NestedField(5, "x", IntegerType(), required=False))
+    catalog.create_table(
+        TABLE,
+        schema=Schema(
+            NestedField(1, "id", LongType(), required=False),
+            NestedField(2, "amount", IntegerType(), required=False),
+            NestedField(3, "s", Struct(NestedField(4, "inner", inner, required=False))),
+            NestedField(6, "f", FloatType(), required=False),
+        ),
+        partition_spec=PartitionSpec(
+            PartitionField(2, 1000, IdentityTransform(), "amount"),
+            PartitionField(1, 1001, BucketTransform(4), "id_bucket"),
+        ),
+    )
+    catalog.close()
+    deep = pa.struct([("inner", pa.struct([("x", pa.int32()), ("y", pa.string())]))])
+    before = pa.schema([("id", pa.int64()), ("amount", pa.int32()), ("f", pa.float32())])
+    after = pa.schema(
+        [("id", pa.int64()), ("amount", pa.int64()), ("s", deep), ("f", pa.float64())]
+    )
+
+    def rows_after(ids: range) -> list[dict[str, Any]]:
+        return [
+            {"id": i, "amount": BIG + i % 3, "s": {"inner": {"x": i, "y": f"y{i}"}}, "f": i / 3}
+            for i in ids
+        ]
+
+    coord = coordinator(tmp_path)
+    run_epoch(coord, 0, before, range(8), lambda ids: [
+        {"id": i, "amount": i % 2, "f": 0.5} for i in ids
+    ])  # fmt: skip
+    run_epoch(coord, 1, after, range(100, 108), rows_after)
+    coord.close()
+    t = table(tmp_path)
+    assert t.schema().find_field("amount").field_type == LongType()
+    assert t.schema().find_field("f").field_type == DoubleType()
+    assert t.schema().find_field("s.inner.y").field_id == 7  # after the table's last id, 6
+    seen = rows_by_id(tmp_path)
+    assert seen[1]["s"] is None and seen[1]["amount"] == 1 and seen[1]["f"] == 0.5
+    assert seen[104] == {"id": 104, **rows_after(range(104, 105))[0]}
+    assert t.scan(row_filter=f"amount = {BIG + 1}").to_arrow().num_rows == 3  # pruned by spec
+    assert epochs(t) == [0, 1]
+    for has, ids in versions(tmp_path, "s.inner.y"):
+        assert has == (1 in ids), (has, ids)
 
 
 # -- crash points on the evolving epoch ---------------------------------------------------------

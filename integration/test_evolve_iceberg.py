@@ -139,7 +139,7 @@ def assert_evolved_with_epoch_1(tmp_path: Path, old: range, new: range) -> None:
     for i in new:
         assert seen[i]["note"] == f"n{i}" and seen[i]["payload"] == {"a": f"a{i}", "b": i}
         assert seen[i]["amount"] == BIG + i and seen[i]["price"] == WIDE
-    for has, ids in versions(tmp_path):
+    for has, ids in versions(tmp_path, "payload.b"):  # only epoch 1's commit adds it
         assert has == (1 in ids), (has, ids)
 
 
@@ -397,12 +397,23 @@ def test_a_target_failure_in_the_evolving_commit_is_read_back_and_applied_once(
     coord.close()
 
 
-def test_a_schema_changed_by_another_writer_after_the_decision_blocks_the_epoch(
+def lingering(tmp_path: Path) -> list[str]:
+    """Transaction-named data files no snapshot references."""
+    from txsink.connectors.iceberg import catalog as cat
+    from txsink.connectors.iceberg.naming import txn_of
+
+    t = table(tmp_path)
+    referenced = cat.referenced(t)
+    return [k for k in cat.list_files(t) if txn_of(k) is not None and k not in referenced]
+
+
+def test_another_writers_schema_change_after_the_decision_is_committed_with_the_right_ids(
     tmp_path: Path,
 ) -> None:
-    """Another writer adds a column between epoch 1's decision and its commit: the ids the
-    tasks wrote would land on the other writer's column, so the commit refuses (blocked,
-    nothing visible) and names the fix; once the column is dropped, recovery commits."""
+    """Another writer adds a column between epoch 1's decision and its commit: the field
+    ids the tasks wrote now name its column (Iceberg never reuses an id), so the commit
+    writes the epoch's files again with the table's ids, and every value lands in its own
+    column."""
     from pyiceberg.types import StringType
 
     first = coordinator(tmp_path, faults="after_decision:raise@1")
@@ -411,21 +422,49 @@ def test_a_schema_changed_by_another_writer_after_the_decision_blocks_the_epoch(
         run_epoch(first, 1, NEW, NEW_IDS)
     first.close()
     with table(tmp_path).update_schema() as update:
-        update.add_column("other", StringType())
+        update.add_column("other", StringType())  # takes the id epoch 1 planned for payload.b
     again = coordinator(tmp_path)
-    with pytest.raises(EpochBlockedError) as err:
-        run_epoch(again, 1, NEW, NEW_IDS)
-    assert err.value.column == "payload.b" and "field id" in str(err.value)
-    assert "another writer" in str(err.value) and err.value.fix
-    assert epochs(table(tmp_path)) == [0]
+    assert run_epoch(again, 1, NEW, NEW_IDS).status == "skipped"  # recovery committed it
     again.close()
+    assert_evolved_with_epoch_1(tmp_path, OLD_IDS, NEW_IDS)
+    assert all(r["other"] is None for r in rows_by_id(tmp_path).values())
+    assert lingering(tmp_path) == []  # the tasks' own files, rewritten, are gone
+
+
+def test_a_column_another_writer_gave_another_type_blocks_the_epoch_until_fixed(
+    tmp_path: Path,
+) -> None:
+    """Another writer adds ``note`` as an int between the decision and the commit: the
+    restarted query refuses the stream before anything (its ``note`` is a string), and
+    ``txsink recover`` finds the recorded change no longer applies: the epoch is blocked
+    (nothing visible) naming the column and the fix. Once the column is dropped, the
+    query's recovery commits it."""
+    from pyiceberg.types import IntegerType
+
+    first = coordinator(tmp_path, faults="after_decision:raise@1")
+    run_epoch(first, 0, OLD, OLD_IDS)
+    with pytest.raises(InjectedFault):
+        run_epoch(first, 1, NEW, NEW_IDS)
+    first.close()
     with table(tmp_path).update_schema() as update:
-        update.delete_column("other")
-    # Iceberg never reuses a field id: dropping the column does not free its id, and the
-    # epoch stays blocked rather than show one column's values under another
-    with pytest.raises(EpochBlockedError):
-        run_epoch(coordinator(tmp_path), 1, NEW, NEW_IDS)
+        update.add_column("note", IntegerType())
+    again = coordinator(tmp_path)
+    with pytest.raises(SchemaEvolutionError, match="cannot be promoted") as refused:
+        run_epoch(again, 1, NEW, NEW_IDS)
+    assert refused.value.column == "note"
+    with pytest.raises(EpochBlockedError) as err:
+        again.recover()
+    again.close()
+    assert err.value.column == "note" and "another writer" in str(err.value)
+    assert err.value.fix and "Fix:" in str(err.value)
     assert epochs(table(tmp_path)) == [0]
+    with table(tmp_path).update_schema() as update:
+        update.delete_column("note")
+    fixed = coordinator(tmp_path)
+    assert run_epoch(fixed, 1, NEW, NEW_IDS).status == "skipped"
+    fixed.close()
+    assert_evolved_with_epoch_1(tmp_path, OLD_IDS, NEW_IDS)
+    assert lingering(tmp_path) == []
 
 
 # -- a streaming query whose input changes shape mid-stream ---------------------------------

@@ -10,6 +10,7 @@ conflict) is retried on the refreshed table.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -19,10 +20,12 @@ from txsink.connectors.iceberg.evolve import Refused, stage
 from txsink.connectors.iceberg.files import FileIdsDiffer, data_file
 from txsink.connectors.iceberg.handles import IcebergHandle
 from txsink.connectors.iceberg.naming import SUMMARY_APP, SUMMARY_EPOCH, SUMMARY_UID
+from txsink.connectors.iceberg.writer import rewrite
 from txsink.errors import CommitError, EpochBlockedError, RetryableError
 from txsink.observe.logs import get_logger
 
 if TYPE_CHECKING:
+    from pyiceberg.manifest import DataFile
     from pyiceberg.schema import Schema
     from pyiceberg.table import Table, Transaction
 
@@ -93,14 +96,19 @@ def commit_files(
             return
         tx = table.transaction()
         schema = table.schema() if change is None else _staged(tx, change, uid, epoch, connector)
-        files = []
+        files: list[DataFile] = []
+        replaced: list[str] = []
         for handle in handles:
-            for prepared in handle.files:
+            for position, prepared in enumerate(handle.files):
                 try:
-                    entry = data_file(table, prepared, schema, ids=change is not None)
-                except FileIdsDiffer as differs:
-                    raise _ids_differ(differs, uid, epoch, connector) from None
-                if entry is None:
+                    entries = [data_file(table, prepared, schema, ids=change is not None)]
+                except FileIdsDiffer as differs:  # another writer's schema change meanwhile
+                    entries = _rewritten(
+                        table, handle, position, schema, differs, uid=uid, epoch=epoch,
+                        connector=connector,
+                    )  # fmt: skip
+                    replaced.append(prepared[0])
+                if entries[0] is None:
                     name = prepared[0].rsplit("/", 1)[-1]
                     raise CommitError(
                         f"cannot commit {handle.txn}: its data file {name} "
@@ -113,7 +121,7 @@ def commit_files(
                         connector=connector,
                         phase="commit",
                     )
-                files.append(entry)
+                files.extend(e for e in entries if e is not None)
         summary = {SUMMARY_APP: app, SUMMARY_UID: uid, SUMMARY_EPOCH: str(epoch)}
         try:
             tx.set_properties({epoch_key(app, uid): str(epoch)})
@@ -145,6 +153,9 @@ def commit_files(
             continue
         evolved = f"; evolved the schema: {change.describe()}" if change is not None else ""
         log.info("committed %d data file(s) as one snapshot%s", len(files), evolved)
+        for path in replaced:  # rewritten: the task's own file is referenced by nothing
+            with contextlib.suppress(Exception):
+                table.io.delete(path)
         return
     raise RetryableError(
         f"the Iceberg commit did not go through in {ATTEMPTS} attempts (other writers kept "
@@ -180,6 +191,39 @@ def commit_schema(
         connector=connector,
         phase="commit",
     )
+
+
+def _rewritten(
+    table: Table,
+    handle: IcebergHandle,
+    position: int,
+    schema: Schema,
+    differs: FileIdsDiffer,
+    *,
+    uid: str,
+    epoch: int,
+    connector: str,
+) -> list[DataFile | None]:
+    """A decided file whose field ids another writer's schema change made wrong, written
+    again with the committed schema's ids (:func:`.writer.rewrite`); blocked when its
+    columns cannot be told apart by name."""
+    name = differs.path.rsplit("/", 1)[-1]
+    again = rewrite(
+        table, handle.files[position], handle.txn, schema, position, uid=uid, connector=connector
+    )
+    if again is None:
+        raise _ids_differ(differs, uid, epoch, connector)
+    _log.bind(uid=uid, epoch=epoch).warning(
+        "the table's schema was changed by another writer after epoch %d was planned: data "
+        "file %s written again with the table's field ids (%s)",
+        epoch,
+        name,
+        differs.detail,
+    )
+    try:
+        return [data_file(table, f, schema, ids=True) for f in again]
+    except FileIdsDiffer as still:  # pragma: no cover - rewrite() writes the schema's ids
+        raise _ids_differ(still, uid, epoch, connector) from None
 
 
 _CHANGED = (

@@ -17,9 +17,11 @@ calls, in the change's own order; ``UpdateSchema`` numbers new fields from the t
 transaction that is never committed (:func:`plan`): the schema it yields is the one the
 tasks write. At the commit (and at recovery's commit, in another process) it is staged
 again on the table as it is then: the same base gives the same ids, and
-:func:`check_file_ids` verifies every data file's footer against the committed schema, so
-a schema another writer changed in between blocks the epoch instead of mislabelling
-columns.
+:func:`check_file_ids` verifies every data file's footer against the committed schema. If
+another writer changed the schema in between (the ids moved on: Iceberg never reuses one),
+the commit writes that file again with the committed ids
+(:func:`~txsink.connectors.iceberg.writer.rewrite`) rather than show one column's values
+under another.
 """
 
 from __future__ import annotations

@@ -6,6 +6,9 @@
                       references them)
     commit   (driver) one table transaction per epoch: append every file of the epoch and
                       set ``txsink.<app>.<uid>.committed-epoch`` (:mod:`.commit`)
+    evolve   (driver) ``schema_evolution="add-columns"``: new columns and struct fields,
+                      Iceberg's promotions, planned with their field ids before the epoch
+                      and committed in the epoch's own table transaction (:mod:`.evolve`)
     abort             delete the handle's files
     recover           ``list_prepared`` lists the data location for transaction-named files
                       of this app and sink that no snapshot references

@@ -4,7 +4,9 @@ Refused (each a :class:`~txsink.errors.ConfigurationError` naming the column and
 a stream column the table lacks, a required table column the stream lacks, a type the
 table's column cannot take, nullable data for a required column. Allowed and cast in
 Arrow, as Iceberg's own type promotion allows: int8/16/32 -> int/long, float -> double,
-string/binary of any offset width, timestamps of any unit (truncated to microseconds).
+string/binary of any offset width, timestamps of any unit (truncated to microseconds),
+structs field by field (by name: a field the stream lacks is written as nulls), lists and
+maps by their elements.
 """
 
 from __future__ import annotations
@@ -58,6 +60,10 @@ def _allowed(source: pa.DataType, target: pa.DataType) -> bool:
     lists = (pa.types.is_list, pa.types.is_large_list)
     if any(f(source) for f in lists) and any(f(target) for f in lists):
         return _allowed(source.value_type, target.value_type)
+    if pa.types.is_map(source) and pa.types.is_map(target):
+        return _allowed(source.key_type, target.key_type) and _allowed(
+            source.item_type, target.item_type
+        )
     return False
 
 

@@ -482,6 +482,30 @@ def test_another_writers_schema_change_after_the_decision_is_committed_with_the_
     assert lingering(tmp_path) == []  # the tasks' own files, rewritten, are gone
 
 
+def test_files_that_cannot_be_written_again_by_name_block_the_epoch(tmp_path: Path) -> None:
+    """As above, on a table with a column name Parquet must escape (``odd-name``): names
+    alone cannot map the file's columns back, so the epoch is blocked, nothing visible,
+    naming the column whose id moved and the fix."""
+    from pyiceberg.types import StringType
+
+    first = coordinator(tmp_path, faults="after_decision:raise@1")
+    run_epoch(first, 0, OLD, OLD_IDS)
+    with table(tmp_path).update_schema() as update:
+        update.add_column("odd-name", StringType())  # the stream never writes it: nulls
+    with pytest.raises(InjectedFault):
+        run_epoch(first, 1, NEW, NEW_IDS)
+    first.close()
+    with table(tmp_path).update_schema() as update:
+        update.add_column("other", StringType())
+    again = coordinator(tmp_path)
+    with pytest.raises(EpochBlockedError) as err:
+        run_epoch(again, 1, NEW, NEW_IDS)
+    again.close()
+    assert err.value.column == "payload.b" and "field id" in str(err.value)
+    assert "register_table" in (err.value.fix or "")
+    assert epochs(table(tmp_path)) == [0]
+
+
 def test_a_column_another_writer_gave_another_type_blocks_the_epoch_until_fixed(
     tmp_path: Path,
 ) -> None:

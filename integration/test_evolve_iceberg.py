@@ -214,6 +214,25 @@ def test_an_epoch_that_adds_and_widens_evolves_the_table_in_its_own_commit(
     coord.close()
 
 
+def test_an_evolving_epoch_without_rows_commits_its_change_alone(tmp_path: Path) -> None:
+    """An evolving epoch whose tasks wrote nothing still takes its change (the next
+    epochs' tasks write the new schema, planned against it): with its committed epoch
+    when a handle names the app, idempotently without one."""
+    from txsink.contract import EpochCommit
+
+    coord = coordinator(tmp_path)
+    run_epoch(coord, 0, OLD, OLD_IDS)
+    changes = check_sinks(coord.sinks, NEW, APP, None, log=coord.log)
+    sink = iceberg_sink(tmp_path)
+    for _ in range(2):  # recovery's second call finds it applied
+        sink.commit_epoch(EpochCommit(1, (), None, lambda _h: None, schema_change=changes[UID]))
+    coord.close()
+    t = table(tmp_path)
+    assert "note" in t.schema().column_names and epochs(t) == [0]
+    assert t.metadata.last_column_id == 7  # payload.b and note, once
+    assert list(versions(tmp_path)) == [(False, []), (False, [0]), (True, [0])]
+
+
 def test_strict_refuses_before_writing_and_names_the_column_and_the_option(
     tmp_path: Path,
 ) -> None:

@@ -12,6 +12,9 @@ Prints one JSON line: the table's ids, its snapshots (with their summaries) and 
 properties::
 
     .venv-iceberg-spark/bin/python integration/iceberg_spark_reader.py CATALOG NS.TABLE WAREHOUSE
+
+Optional ``ID`` (the id column, ``id``) and ``COLUMNS`` (comma-separated: also print those
+columns of every row, as ``rows``) follow.
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ def _jdbc(dsn: str) -> tuple[str, str, str]:
     return url, unquote(parts.username or ""), unquote(parts.password or "")
 
 
-def main(catalog: str, table: str, warehouse: str, id_column: str = "id") -> int:
+def main(catalog: str, table: str, warehouse: str, id_column: str = "id", columns: str = "") -> int:
+    """``columns`` (comma-separated): also print those columns of every row, as ``rows``."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
@@ -75,6 +79,12 @@ def main(catalog: str, table: str, warehouse: str, id_column: str = "id") -> int
     name = f"{catalog}.{table}"
     try:
         ids = [r[0] for r in spark.table(name).select(id_column).collect()]
+        wanted = [c for c in columns.split(",") if c]
+        rows = (
+            [r.asDict(recursive=True) for r in spark.table(name).select(*wanted).collect()]
+            if wanted
+            else []
+        )
         snapshots = [
             {"snapshot_id": r.snapshot_id, "operation": r.operation, "summary": dict(r.summary)}
             for r in spark.sql(
@@ -85,7 +95,10 @@ def main(catalog: str, table: str, warehouse: str, id_column: str = "id") -> int
         properties = {r.key: r.value for r in spark.sql(f"SHOW TBLPROPERTIES {name}").collect()}
     finally:
         spark.stop()
-    print(json.dumps({"ids": ids, "snapshots": snapshots, "properties": properties}))
+    seen = {"ids": ids, "snapshots": snapshots, "properties": properties}
+    if rows:
+        seen["rows"] = rows
+    print(json.dumps(seen, default=str))  # decimals as text
     return 0
 
 

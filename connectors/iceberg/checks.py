@@ -4,7 +4,9 @@ Refused (each a :class:`~txsink.errors.ConfigurationError` naming the column and
 a stream column the table lacks, a required table column the stream lacks, a type the
 table's column cannot take, nullable data for a required column. Allowed and cast in
 Arrow, as Iceberg's own type promotion allows: int8/16/32 -> int/long, float -> double,
-string/binary of any offset width, timestamps of any unit (truncated to microseconds).
+string/binary of any offset width, timestamps of any unit (truncated to microseconds),
+structs field by field (by name: a field the stream lacks is written as nulls), lists and
+maps by their elements.
 """
 
 from __future__ import annotations
@@ -47,6 +49,21 @@ def _allowed(source: pa.DataType, target: pa.DataType) -> bool:
         return True
     if pa.types.is_decimal(source) and pa.types.is_decimal(target):
         return bool(source.scale == target.scale and source.precision <= target.precision)
+    if pa.types.is_struct(source) and pa.types.is_struct(target):
+        # By name, as Arrow casts structs: a field the stream lacks is written as nulls.
+        have = {f.name: f for f in source}
+        return all(
+            (f.name in have and _allowed(have[f.name].type, f.type))
+            or (f.name not in have and f.nullable)
+            for f in target
+        ) and all(target.get_field_index(name) >= 0 for name in have)
+    lists = (pa.types.is_list, pa.types.is_large_list)
+    if any(f(source) for f in lists) and any(f(target) for f in lists):
+        return _allowed(source.value_type, target.value_type)
+    if pa.types.is_map(source) and pa.types.is_map(target):
+        return _allowed(source.key_type, target.key_type) and _allowed(
+            source.item_type, target.item_type
+        )
     return False
 
 

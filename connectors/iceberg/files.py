@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from pyiceberg.table import Table
     from pyiceberg.typedef import Record
 
-__all__ = ["data_file", "encode_partition"]
+__all__ = ["FileIdsDiffer", "data_file", "encode_partition"]
 
 _NAMESPACE = uuid.UUID("6f1c3f0e-6a0b-4b7e-9d51-2f9c1b7d8e01")
 
@@ -49,8 +49,23 @@ def _decode(spec: PartitionSpec, schema: Schema, values: Sequence[str | None]) -
     )
 
 
-def data_file(table: Table, prepared: IcebergFile) -> DataFile | None:
-    """The ``DataFile`` entry of a prepared file, from its footer; None if it is gone."""
+class FileIdsDiffer(Exception):
+    """A data file's field ids are not the schema's (:func:`data_file` with ``ids``)."""
+
+    def __init__(self, path: str, detail: str) -> None:
+        super().__init__(f"{path}: {detail}")
+        self.path, self.detail = path, detail
+
+
+def data_file(
+    table: Table, prepared: IcebergFile, schema: Schema | None = None, *, ids: bool = False
+) -> DataFile | None:
+    """The ``DataFile`` entry of a prepared file, from its footer; None if it is gone.
+
+    ``schema``: the schema the commit gives the table (default: its current one), for the
+    column statistics and the partition tuple. ``ids``: also verify that the file's field
+    ids are that schema's (a commit that evolves the schema: :mod:`.evolve`), else raise
+    :class:`FileIdsDiffer`."""
     import pyarrow.parquet as pq
     from pyiceberg.io.pyarrow import (
         compute_statistics_plan,
@@ -61,13 +76,19 @@ def data_file(table: Table, prepared: IcebergFile) -> DataFile | None:
 
     path, _rows, spec_id, values = prepared
     metadata = table.metadata
-    schema = metadata.schema()
+    schema = metadata.schema() if schema is None else schema
     spec = metadata.specs()[spec_id]
     source = table.io.new_input(path)
     if not source.exists():
         return None
     with source.open() as stream:
         footer = pq.read_metadata(stream)
+    if ids:
+        from txsink.connectors.iceberg.evolve import check_file_ids
+
+        differs = check_file_ids(schema, footer)
+        if differs is not None:
+            raise FileIdsDiffer(path, differs)
     statistics = data_file_statistics_from_parquet_metadata(
         parquet_metadata=footer,
         stats_columns=compute_statistics_plan(schema, metadata.properties),

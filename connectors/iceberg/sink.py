@@ -6,6 +6,9 @@
                       references them)
     commit   (driver) one table transaction per epoch: append every file of the epoch and
                       set ``txsink.<app>.<uid>.committed-epoch`` (:mod:`.commit`)
+    evolve   (driver) ``schema_evolution="add-columns"``: new columns and struct fields,
+                      Iceberg's promotions, planned with their field ids before the epoch
+                      and committed in the epoch's own table transaction (:mod:`.evolve`)
     abort             delete the handle's files
     recover           ``list_prepared`` lists the data location for transaction-named files
                       of this app and sink that no snapshot references
@@ -28,15 +31,17 @@ from typing_extensions import override
 
 from txsink import Handle, TwoPhaseCommitSink, TxnId
 from txsink.connectors.iceberg import catalog as cat
+from txsink.connectors.iceberg import evolve
 from txsink.connectors.iceberg.checks import check_schema, target_arrow_schema
-from txsink.connectors.iceberg.commit import commit_files, committed_epoch
+from txsink.connectors.iceberg.commit import commit_files, commit_schema, committed_epoch
 from txsink.connectors.iceberg.handles import IcebergHandle
 from txsink.connectors.iceberg.naming import txn_of
 from txsink.connectors.iceberg.rights import check_catalog_rights, refused_read
 from txsink.connectors.iceberg.writer import PreparedWriter
 from txsink.contract import EpochCommit
-from txsink.errors import ConfigurationError, UnreachableError
+from txsink.errors import ConfigurationError, RetryableError, UnreachableError
 from txsink.observe.logs import get_logger
+from txsink.schema import SchemaChange, SchemaEvolutionError
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -71,6 +76,8 @@ class IcebergSink(TwoPhaseCommitSink[PreparedWriter, IcebergHandle]):
         self.catalog_name = catalog_name
         self.create = create
         self._catalog: Catalog | None = None
+        #: The schema the epoch's planned change gives the table (:meth:`prepare_evolution`).
+        self._planned: evolve.Planned | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -109,21 +116,16 @@ class IcebergSink(TwoPhaseCommitSink[PreparedWriter, IcebergHandle]):
     def _load(self) -> Table:
         return cat.load_table(self._cat(), self.table, uid=self.uid, connector=self.connector)
 
-    @override
-    def check(self, schema: pa.Schema, app_id: str) -> None:
+    def _find(self) -> Table | None:
+        """The table, or None when it does not exist; a catalog that cannot be read is an
+        :class:`UnreachableError` (or the right it lacks, named)."""
         from pyiceberg.exceptions import NoSuchTableError
 
         catalog = self._cat()
         try:
-            table = catalog.load_table(self.table)
+            return catalog.load_table(self.table)
         except NoSuchTableError:
-            if not self.create:
-                table = self._load()  # raises the ConfigurationError
-            else:
-                namespace = self.table.rsplit(".", 1)[0]
-                catalog.create_namespace_if_not_exists(namespace)
-                table = catalog.create_table_if_not_exists(self.table, schema=schema)
-                _log.bind(uid=self.uid).info("created Iceberg table %s", self.table)
+            return None
         except Exception as exc:
             if refused_read(exc):  # the server answered: a right is missing, not the server
                 check_catalog_rights(
@@ -135,6 +137,19 @@ class IcebergSink(TwoPhaseCommitSink[PreparedWriter, IcebergHandle]):
                 sink_uid=self.uid,
                 connector=self.connector,
             ) from None
+
+    @override
+    def check(self, schema: pa.Schema, app_id: str) -> None:
+        catalog = self._cat()
+        table = self._find()
+        if table is None:
+            if not self.create:
+                table = self._load()  # raises the ConfigurationError
+            else:
+                namespace = self.table.rsplit(".", 1)[0]
+                catalog.create_namespace_if_not_exists(namespace)
+                table = catalog.create_table_if_not_exists(self.table, schema=schema)
+                _log.bind(uid=self.uid).info("created Iceberg table %s", self.table)
         check_catalog_rights(catalog, uid=self.uid, connector=self.connector, table=self.table)
         check_schema(
             schema,
@@ -144,9 +159,65 @@ class IcebergSink(TwoPhaseCommitSink[PreparedWriter, IcebergHandle]):
             name=self.table,
         )
 
+    # -- schema evolution (:mod:`.evolve`) -----------------------------------------------
+
+    @override
+    def target_schema(self, app_id: str) -> pa.Schema | None:
+        """The table's current schema as Arrow (Iceberg ``string`` as ``large_string``,
+        ``timestamptz`` as UTC microseconds: the core holds those the same as Spark's);
+        None when the table does not exist yet (``check`` creates it, or refuses).
+
+        Asked first whenever the core plans an epoch's schema: a plan made for an earlier
+        schema is dropped here, so tasks never write a change the core no longer plans."""
+        self._planned = None
+        table = self._find()
+        return None if table is None else target_arrow_schema(table.schema())
+
+    @override
+    def evolution_support(self) -> frozenset[str]:
+        """New optional columns and struct fields, ``int`` -> ``long``, ``float`` ->
+        ``double``, a decimal's precision up: Iceberg takes each in table metadata alone."""
+        return evolve.SUPPORTED
+
+    @override
+    def prepare_evolution(self, change: SchemaChange, app_id: str) -> None:
+        """Stage ``change`` in a transaction that is never committed: what Iceberg refuses
+        is a :class:`SchemaEvolutionError` naming the column and the fix; the schema it
+        yields (its new field ids) is kept for the epoch's tasks. Writes nothing."""
+        table = self._load()
+        try:
+            self._planned = evolve.plan(table, change)
+        except evolve.Refused as refused:
+            raise SchemaEvolutionError(
+                f"Iceberg table {self.table!r} cannot take the epoch's change of column "
+                f"{refused.column!r}: {refused.why}. Nothing of the epoch was written. Fix: "
+                f"{refused.fix}",
+                sink_uid=self.uid,
+                column=refused.column,
+                connector=self.connector,
+                phase="check",
+            ) from None
+
     @override
     def begin(self, txn: TxnId, schema: pa.Schema) -> PreparedWriter:
-        return PreparedWriter(self._load(), txn, self.uid, self.connector, self.redact_rows)
+        """Data files of the table's schema, or of the schema the epoch's change gives it
+        (planned on the driver, while the table is still where the plan started)."""
+        table = self._load()
+        planned = self._planned
+        writes = planned.schema if planned is not None and planned.applies_to(table) else None
+        have = (writes or table.schema()).as_struct()
+        missing = [n for n in schema.names if have.field_by_name(n) is None]
+        if missing:  # conform() would drop the column: never write a row without its values
+            raise RetryableError(
+                f"Iceberg table {self.table!r} has no column {missing[0]!r} of the epoch: "
+                "its schema changed after the epoch was planned; the epoch aborts and the "
+                "query's next run compares the schemas again",
+                sink_uid=self.uid,
+                connector=self.connector,
+                column=missing[0],
+                phase="prepare",
+            )
+        return PreparedWriter(table, txn, self.uid, self.connector, self.redact_rows, schema=writes)
 
     @override
     def write(self, txn: PreparedWriter, batch: pa.RecordBatch) -> None:
@@ -163,9 +234,17 @@ class IcebergSink(TwoPhaseCommitSink[PreparedWriter, IcebergHandle]):
 
     @override
     def commit_epoch(self, request: EpochCommit[IcebergHandle]) -> None:
+        """One table commit: the epoch's files, its committed epoch and, when the decision
+        records one, its schema change (:func:`.commit.commit_files`)."""
         handles = [h for h in request.handles if h.files]
-        if handles:
-            commit_files(self._load, request.epoch, handles, uid=self.uid, connector=self.connector)
+        change, app = request.schema_change, request.app_id
+        if app is not None and (handles or change is not None):
+            commit_files(
+                self._load, request.epoch, handles, app=app, uid=self.uid,
+                connector=self.connector, change=change,
+            )  # fmt: skip
+        elif change is not None:  # no handle at all, so no app to record: the change alone
+            commit_schema(self._load, request.epoch, change, uid=self.uid, connector=self.connector)
         request.committed(request.handles)
 
     def _in_table(self, table: Table, app: str, epochs: set[int]) -> set[str]:

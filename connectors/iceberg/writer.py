@@ -32,9 +32,10 @@ from txsink.txid import TxnId
 
 if TYPE_CHECKING:
     from pyiceberg.io.fileformat import FileFormatWriter
+    from pyiceberg.schema import Schema
     from pyiceberg.table import Table
 
-__all__ = ["FLUSH_BYTES", "FLUSH_ROWS", "PreparedWriter"]
+__all__ = ["FLUSH_BYTES", "FLUSH_ROWS", "PreparedWriter", "rewrite"]
 
 #: The most rows gathered into one row group, whatever the table says.
 FLUSH_ROWS = 1_048_576
@@ -61,6 +62,11 @@ class PreparedWriter:
     connector: str
     #: Name a rejected row by its column names and a hash of its values only.
     redact_rows: bool = False
+    #: The schema to write (default: the table's current one); an epoch that evolves the
+    #: table writes the schema its commit gives it, with its new field ids (:mod:`.evolve`).
+    schema: Schema | None = None
+    #: The number of this writer's first file (:func:`rewrite` numbers its files apart).
+    first_file: int = 0
     _pending: list[pa.RecordBatch] = field(default_factory=list)
     _gathered: int = 0  # rows handed to the encoding thread so far
     _pending_rows: int = 0
@@ -80,7 +86,7 @@ class PreparedWriter:
         from pyiceberg.utils.properties import property_as_int
 
         metadata = self.table.metadata
-        self._schema = metadata.schema()
+        self._schema = metadata.schema() if self.schema is None else self.schema
         # A rejected row is named by the table's identifier fields (its key), if it has some.
         keys = [self._schema.find_column_name(i) for i in self._schema.identifier_field_ids]
         self._naming = RowNaming(
@@ -190,7 +196,7 @@ class PreparedWriter:
         slot = "" if key is None else key.to_path()
         file = self._files.get(slot)
         if file is None:
-            name = data_file_name(self.txn, len(self._files))
+            name = data_file_name(self.txn, self.first_file + len(self._files))
             path = self._locations.new_data_location(data_file_name=name, partition_key=key)
             writer = self._format.create_writer(
                 self.table.io.new_output(path), self._file_schema, self.table.metadata.properties
@@ -213,3 +219,40 @@ class PreparedWriter:
         ]
         file.writer.write(pa.Table.from_batches(batches))
         file.rows += data.num_rows
+
+
+#: Rewritten files are numbered from this many times (the schema id + 1): apart from the
+#: task's own (one per partition value) and from another schema's rewrite.
+REWRITE_BASE = 1_000_000
+
+
+def rewrite(
+    table: Table, prepared: IcebergFile, txn: TxnId, schema: Schema, position: int, *, uid: str,
+    connector: str,
+) -> tuple[IcebergFile, ...] | None:  # fmt: skip
+    """A decided epoch's data file again, with the field ids ``schema`` gives its columns
+    (by name), as new transaction-named files of ``txn``; None when names alone cannot say
+    which column is which (a name Parquet needs sanitized).
+
+    Why: another writer changed the table's schema between the epoch's plan and its
+    commit, so the ids the task wrote now name other columns, and Iceberg never reuses an
+    id. The epoch is decided: its rows must be committed, under the right ids. Read on the
+    driver, a file at a time (a rare path). Deterministic names: a commit run again after
+    a crash writes the same files."""
+    import pyarrow.parquet as pq
+    from pyiceberg.schema import sanitize_column_names
+
+    if sanitize_column_names(schema) != schema:
+        return None
+    path = prepared[0]
+    with table.io.new_input(path).open() as stream:
+        data = pq.read_table(stream)
+    first = REWRITE_BASE * (schema.schema_id + 1) + position
+    writer = PreparedWriter(table, txn, uid, connector, schema=schema, first_file=first)
+    try:
+        for batch in data.to_batches():
+            writer.add(batch)
+        return writer.finish()
+    except BaseException:
+        writer.discard()
+        raise

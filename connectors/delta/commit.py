@@ -76,8 +76,8 @@ def commit_epoch(
         # Step 2
         _check_files(handles, storage.size, epoch, ctx)
         # Step 3
+        evolved = _evolved(table, request, ctx)
         try:
-            evolved = _evolved(table, request)
             if evolved is None:
                 _commit(table, handles, app_txn_id(app, uid), epoch, uid)
             else:
@@ -139,15 +139,31 @@ def _check_files(
                 )
 
 
-def _evolved(table: DeltaTable, request: EpochCommit[DeltaHandle]) -> dict[str, Any] | None:
+def _evolved(
+    table: DeltaTable, request: EpochCommit[DeltaHandle], ctx: Mapping[str, Any]
+) -> dict[str, Any] | None:
     """The table's schema JSON after the epoch's change; None when there is no change or
-    the table already has all of it (then a commit without ``metaData`` does)."""
+    the table already has all of it (then a commit without ``metaData`` does). A table
+    that took a feature txsink does not honour since the epoch was planned is a
+    :class:`CommitError`: the decision stands, the operator adds the columns by hand."""
     change = request.schema_change
     if change is None:
         return None
     current = json.loads(table.schema().to_json())
     merged = evolve.merged_json(current, change)
-    return None if merged == current else merged
+    if merged == current:
+        return None
+    blocked = evolve.unwritable(table, change, "the Delta table")
+    if blocked is not None:
+        raise CommitError(
+            f"cannot commit epoch {request.epoch}, which evolves the schema: {blocked} (the "
+            "table changed since the epoch was planned). The decision stands: stop the "
+            f"query, add the column(s) by hand (ALTER TABLE ... ADD COLUMNS: "
+            f"{change.describe()}), then start it again; the commit then adds the rows only",
+            epoch=request.epoch,
+            **ctx,
+        )
+    return merged
 
 
 def _checkpoint(open_table: Callable[[], DeltaTable], version: int, log: EpochLogger) -> None:

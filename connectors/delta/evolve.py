@@ -45,7 +45,14 @@ if TYPE_CHECKING:
 
     from txsink.connectors.delta.storage import Storage
 
-__all__ = ["SUPPORTED", "LogEntryExists", "commit_with_schema", "merged_json", "plan"]
+__all__ = [
+    "SUPPORTED",
+    "LogEntryExists",
+    "commit_with_schema",
+    "merged_json",
+    "plan",
+    "unwritable",
+]
 
 #: The kinds of :mod:`txsink.schema` a Delta table takes in one commit.
 SUPPORTED = frozenset({ADD, ADD_FIELD})
@@ -102,6 +109,25 @@ def writer_features(table: DeltaTable) -> set[str]:
     return found
 
 
+def unwritable(table: DeltaTable, change: SchemaChange, where: str) -> str | None:
+    """Why txsink cannot write the log entry of ``change`` into ``table`` itself (None: it
+    can): column mapping, or a writer feature whose commits need more than ``add`` actions.
+    Asked before the epoch, and again at the commit (the table may have changed since)."""
+    mode = table.metadata().configuration.get("delta.columnMapping.mode") or "none"
+    if mode != "none":
+        return (
+            f"{where} uses column mapping (delta.columnMapping.mode={mode}): txsink does not "
+            "assign the physical names and ids a new column needs there"
+        )
+    unsafe = sorted(writer_features(table) - _SAFE_FEATURES - {"columnMapping"})
+    if unsafe:
+        return (
+            f"{where} has the writer feature(s) {unsafe}, which txsink does not honour in the "
+            f"commit that adds a column ({change.describe()})"
+        )
+    return None
+
+
 def plan(table: DeltaTable, change: SchemaChange, uri: str, ctx: Mapping[str, Any]) -> pa.Schema:
     """Check that ``table`` takes ``change`` in a commit with the epoch's rows, and return
     the table's schema after it (Arrow, as delta-rs will read it): the schema the epoch's
@@ -111,23 +137,10 @@ def plan(table: DeltaTable, change: SchemaChange, uri: str, ctx: Mapping[str, An
 
     first = change.columns[0].column
     where = f"the Delta table at {uri}"
-    mode = table.metadata().configuration.get("delta.columnMapping.mode") or "none"
     features = writer_features(table)
-    if mode != "none":
-        raise _refuse(
-            first,
-            f"{where} uses column mapping (delta.columnMapping.mode={mode}): txsink does not "
-            f"assign the physical names and ids a new column needs there. {_FIX}",
-            ctx,
-        )
-    unsafe = sorted(features - _SAFE_FEATURES - {"columnMapping"})
-    if unsafe:
-        raise _refuse(
-            first,
-            f"{where} has the writer feature(s) {unsafe}, which txsink does not honour in the "
-            f"commit that adds a column ({change.describe()}). {_FIX}",
-            ctx,
-        )
+    blocked = unwritable(table, change, where)
+    if blocked is not None:
+        raise _refuse(first, f"{blocked}. {_FIX}", ctx)
     current = json.loads(table.schema().to_json())
     for col in change.columns:
         if col.kind not in SUPPORTED:

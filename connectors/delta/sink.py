@@ -313,6 +313,8 @@ class DeltaSink(TwoPhaseCommitSink[OpenTxn, DeltaHandle]):
             log=self._log(request.epoch),
             ctx=self._ctx(phase="commit"),
         )
+        if request.schema_change is not None:
+            self._evolved = None  # applied: the table has the schema now
 
     @override
     def abort(self, handle: DeltaHandle) -> None:

@@ -147,6 +147,33 @@ def test_an_epoch_that_adds_a_column_and_a_field_commits_them_with_its_rows(
     assert _table(table, options).to_pyarrow_table().num_rows == 8
 
 
+def test_a_partitioned_table_evolves_with_escaped_partition_folders(tmp_path: Path) -> None:
+    """The hand-written add actions name the files as delta-rs does (a partition value with
+    a space and a colon is escaped twice: in the folder, then in the log)."""
+    table = str(tmp_path / "t")
+    sink = _sink(table, schema_evolution="add-columns", partition_by=["name"])
+    check_sinks([sink], OLD, "app", None)
+    open_ = sink.begin(TxnId("app", "d", 0, 0, 0, 1), OLD)
+    sink.write(
+        open_, pa.RecordBatch.from_pylist([{"id": 0, "name": "a b:c", "payload": None}], OLD)
+    )
+    sink.commit_epoch(EpochCommit(0, (sink.prepare(open_),)))
+    change = _evolve(sink)
+    open_ = sink.begin(TxnId("app", "d", 1, 0, 0, 1), NEW)
+    rows = [{"id": 1, "name": "a b:c", "payload": None, "note": "x"},
+            {"id": 2, "name": "d%e", "payload": {"a": "1", "b": "2"}, "note": None}]  # fmt: skip
+    sink.write(open_, pa.RecordBatch.from_pylist(rows, NEW))
+    sink.commit_epoch(EpochCommit(1, (sink.prepare(open_),), schema_change=change))
+    t = _table(table)
+    got = sorted(t.to_pyarrow_table().to_pylist(), key=lambda r: r["id"])
+    assert [(r["id"], r["name"], r["note"]) for r in got] == [
+        (0, "a b:c", None), (1, "a b:c", "x"), (2, "d%e", None)
+    ]  # fmt: skip
+    assert got[2]["payload"] == {"a": "1", "b": "2"}
+    assert t.metadata().partition_columns == ["name"]
+    assert sink.recorded_epoch("app") == 1 and list(sink.list_prepared("app")) == []
+
+
 def test_a_version_taken_by_a_concurrent_commit_is_retried_from_the_log(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -502,6 +502,7 @@ def test_spark_with_deltas_jar_reads_old_and_new_rows(
         assert done.returncode == 0, done.stderr[-3000:]
         seen = json.loads(done.stdout.strip().splitlines()[-1])
         assert sorted(seen["ids"], key=lambda v: (v is not None, v)) == expected
+        assert [op for _, op in seen["operations"]].count("WRITE") == FILES  # one per epoch
 
 
 if __name__ == "__main__":

@@ -205,6 +205,20 @@ def test_a_version_taken_by_a_concurrent_commit_is_retried_from_the_log(
     assert not [p for p in (tmp_path / "t" / "_delta_log").iterdir() if p.name.endswith(".tmp")]
 
 
+def test_a_log_entry_is_created_only_if_absent(where: tuple[str, Any]) -> None:
+    """The guard of the hand-written entry, on each storage: the second writer of a version
+    is told so (locally a hard link, on S3 a conditional PUT answered 412) and changes
+    nothing."""
+    table, options = where
+    _first_epoch(_sink(table, storage_options=options))
+    store = delta_storage.Storage(table, options or {})
+    name = f"{2:020d}.json"
+    first = json.dumps({"commitInfo": {"timestamp": 1, "operation": "WRITE"}}) + "\n"
+    assert store.create_log_entry(name, first.encode()) is True
+    assert store.create_log_entry(name, b"{}\n") is False
+    assert _log_entry(table, 2, options) == [json.loads(first)]
+
+
 def test_strict_stops_before_writing_naming_the_column_and_the_option(tmp_path: Path) -> None:
     table = str(tmp_path / "t")
     sink = _sink(table)

@@ -212,3 +212,36 @@ def test_an_untrusted_server_is_refused_at_the_check(
     with pytest.raises(UnreachableError, match="certificate") as info:
         sink.check(SCHEMA, APP)
     assert "UnknownIssuer" in str(info.value), str(info.value)
+
+
+def test_an_evolving_epoch_through_the_least_privileged_user(server: SecureS3, folder: str) -> None:
+    """The epoch that adds a column writes its own log entry (boto3's conditional PUT, with
+    the sink's CA and the profile's credentials): the documented policy is enough, and the
+    administrator reads the new column in the rows of that epoch only."""
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    from txsink.contract import EpochCommit
+    from txsink.spark.checks import check_sinks
+
+    sink = DeltaSink(
+        f"s3://{server.bucket}/{folder}",
+        uid="sec",
+        storage_options=app_options(server),
+        schema_evolution="add-columns",
+    )
+    check_sinks([sink], SCHEMA, APP, None)
+    commit(sink, 0, _prepare(sink, 0, [range(0, 5)]))
+    wider = SCHEMA.append(pa.field("note", pa.string()))
+    change = check_sinks([sink], wider, APP, None)["sec"]
+    txn = sink.begin(TxnId(APP, sink.uid, 1, 0, 0, 1), wider)
+    batch = rows(range(5, 10))
+    sink.write(txn, batch.append_column("note", pa.array([f"n{i}" for i in range(5, 10)])))
+    sink.commit_epoch(EpochCommit(1, (sink.prepare(txn),), schema_change=change))
+    table = DeltaTable(f"s3://{server.bucket}/{folder}", storage_options=admin_options(server))
+    notes = dict(
+        zip(*table.to_pyarrow_table(columns=["id", "note"]).to_pydict().values(), strict=True)
+    )
+    assert sorted(notes) == list(range(10))
+    assert [notes[i] for i in range(10)] == [None] * 5 + [f"n{i}" for i in range(5, 10)]
+    assert table.version() == 2 and sink.recorded_epoch(APP) == 1

@@ -123,8 +123,9 @@ def check_schema(schema: pa.Schema, table: pa.Schema, ctx: Mapping[str, Any]) ->
     if extra:
         raise ConfigurationError(
             f"column {extra[0]!r} is not in the Delta table (its columns: {table.names}): "
-            "drop it before the sink, or add it to the table first (ALTER TABLE ... ADD "
-            "COLUMNS; txsink does not evolve schemas)",
+            "drop it before the sink, add it to the table first (ALTER TABLE ... ADD "
+            "COLUMNS), or pass schema_evolution='add-columns' to the sink to add it in the "
+            "epoch's commit",
             column=extra[0],
             **ctx,
         )

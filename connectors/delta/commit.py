@@ -8,7 +8,9 @@ Steps (each attempt starts again at step 1, on a freshly read table):
    does not enforce the version, txsink checks it here.
 2. Check every file of the decided handles is there with its size; a file gone means the
    epoch's rows are lost: :class:`~txsink.errors.CommitError`, never a partial commit.
-3. Commit ``add`` actions + ``txn`` + commit info (app, uid, epoch). delta-rs retries a
+3. Commit ``add`` actions + ``txn`` + commit info (app, uid, epoch); with the epoch's
+   schema change, when the table lacks part of it, the ``metaData`` action too, in the
+   same log entry, written by :mod:`~txsink.connectors.delta.evolve`. delta-rs retries a
    commit that only races plain appends; a conflict it cannot reconcile (a concurrent commit
    of the same app id, a metadata change) or an error that leaves the outcome unknown (the
    log entry's PUT timed out) sends us back to step 1, which decides from the log.
@@ -16,11 +18,14 @@ Steps (each attempt starts again at step 1, on a freshly read table):
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from txsink.connectors.delta import evolve
 from txsink.connectors.delta.errors import describe, is_conflict
 from txsink.connectors.delta.handles import DeltaHandle
+from txsink.connectors.delta.storage import Storage
 from txsink.contract import EpochCommit
 from txsink.errors import CommitError
 from txsink.observe.logs import EpochLogger
@@ -50,7 +55,7 @@ def commit_epoch(
     *,
     uid: str,
     open_table: Callable[[], DeltaTable],
-    size_of: Callable[[str], int | None],
+    storage: Storage,
     log: EpochLogger,
     ctx: Mapping[str, Any],
 ) -> None:
@@ -69,13 +74,23 @@ def commit_epoch(
             request.committed(handles)
             return
         # Step 2
-        _check_files(handles, size_of, epoch, ctx)
+        _check_files(handles, storage.size, epoch, ctx)
         # Step 3
+        evolved = _evolved(table, request, ctx)
         try:
-            _commit(table, handles, app_txn_id(app, uid), epoch, uid)
+            if evolved is None:
+                _commit(table, handles, app_txn_id(app, uid), epoch, uid)
+            else:
+                version = evolve.commit_with_schema(
+                    table, storage, evolved, handles, app_id=app_txn_id(app, uid),
+                    epoch=epoch, info=_info(handles, uid, epoch),
+                )  # fmt: skip
+                log.info("epoch %d evolved the table's schema in version %d", epoch, version)
+                _checkpoint(open_table, version, log)
         except Exception as err:
             last = err
-            what = "conflicts with a concurrent commit" if is_conflict(err) else "failed"
+            conflict = is_conflict(err) or isinstance(err, evolve.LogEntryExists)
+            what = "conflicts with a concurrent commit" if conflict else "failed"
             log.warning(
                 "Delta commit attempt %d/%d %s (%s); re-reading the log to decide",
                 attempt,
@@ -124,6 +139,57 @@ def _check_files(
                 )
 
 
+def _evolved(
+    table: DeltaTable, request: EpochCommit[DeltaHandle], ctx: Mapping[str, Any]
+) -> dict[str, Any] | None:
+    """The table's schema JSON after the epoch's change; None when there is no change or
+    the table already has all of it (then a commit without ``metaData`` does). A table
+    that took a feature txsink does not honour since the epoch was planned is a
+    :class:`CommitError`: the decision stands, the operator adds the columns by hand."""
+    change = request.schema_change
+    if change is None:
+        return None
+    current = json.loads(table.schema().to_json())
+    merged = evolve.merged_json(current, change)
+    if merged == current:
+        return None
+    blocked = evolve.unwritable(table, change, "the Delta table")
+    if blocked is not None:
+        raise CommitError(
+            f"cannot commit epoch {request.epoch}, which evolves the schema: {blocked} (the "
+            "table changed since the epoch was planned). The decision stands: stop the "
+            f"query, add the column(s) by hand (ALTER TABLE ... ADD COLUMNS: "
+            f"{change.describe()}), then start it again; the commit then adds the rows only",
+            epoch=request.epoch,
+            **ctx,
+        )
+    return merged
+
+
+def _checkpoint(open_table: Callable[[], DeltaTable], version: int, log: EpochLogger) -> None:
+    """The checkpoint delta-rs writes after its own commits at the table's interval (a
+    hand-written entry skips delta-rs' post-commit hook). Best effort: a missing checkpoint
+    only makes readers replay more of the log."""
+    try:
+        table = open_table()
+        interval = int(table.metadata().configuration.get("delta.checkpointInterval") or 100)
+        if version % interval == 0:
+            table.create_checkpoint()
+    except Exception as err:
+        log.warning(
+            "no checkpoint at version %d (%s): readers replay the log", version, describe(err)
+        )
+
+
+def _info(handles: tuple[DeltaHandle, ...], uid: str, epoch: int) -> dict[str, Any]:
+    return {
+        "txsink.app": handles[0].txn.app,
+        "txsink.uid": uid,
+        "txsink.epoch": epoch,
+        "txsink.rows": sum(h.rows for h in handles),
+    }
+
+
 def _commit(
     table: DeltaTable, handles: tuple[DeltaHandle, ...], app_id: str, epoch: int, uid: str
 ) -> None:
@@ -148,12 +214,7 @@ def _commit(
         table.schema(),
         partition_by=list(table.metadata().partition_columns) or None,
         commit_properties=CommitProperties(
-            custom_metadata={
-                "txsink.app": handles[0].txn.app,
-                "txsink.uid": uid,
-                "txsink.epoch": epoch,
-                "txsink.rows": sum(h.rows for h in handles),
-            },
+            custom_metadata=_info(handles, uid, epoch),
             app_transactions=[Transaction(app_id, epoch)],
         ),
     )

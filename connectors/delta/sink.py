@@ -9,7 +9,8 @@ How the two phases map to Delta::
              values, row count and the add action's statistics. No log entry names them:
              readers of the table do not see them
     commit   one Delta commit per epoch (commit_epoch): add actions for every file of the
-             epoch + txn(appId=txsink.<app>.<uid>, version=epoch) + commit info; skipped when
+             epoch + txn(appId=txsink.<app>.<uid>, version=epoch) + commit info (+ the new
+             schema's metaData, when the epoch evolves it: ``evolve``); skipped when
              the table already records the epoch (:mod:`~txsink.connectors.delta.commit`)
     abort    delete the transaction's files
     recover  list the table's folder for files named after this app and uid that the table
@@ -17,9 +18,9 @@ How the two phases map to Delta::
 
 Package map: ``sink`` (configuration and hooks), ``handles``, ``naming`` (file names and
 partition folders), ``writer`` (a task's open files and statistics), ``commit`` (the epoch's
-commit), ``checks`` (table and schema at start), ``access`` (the rights on S3, probed at
-start), ``storage`` (local and S3), ``errors``,
-``testing``, ``plugin``.
+commit), ``checks`` (table and schema at start), ``evolve`` (schema evolution in the
+epoch's commit), ``access`` (the rights on S3, probed at start), ``storage`` (local and
+S3), ``errors``, ``testing``, ``plugin``.
 
 Guarantee: exactly-once for every reader of the Delta table (the log is the only way in).
 The txn record lives in the log and its checkpoints, so ``VACUUM`` and log cleanup do not
@@ -35,15 +36,22 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import pyarrow as pa
 from typing_extensions import override
 
-from txsink.connectors.delta import access, checks, commit, naming, storage
+from txsink.connectors.delta import access, checks, commit, evolve, naming, storage
 from txsink.connectors.delta.errors import describe, is_not_found
 from txsink.connectors.delta.handles import DeltaFile, DeltaHandle
 from txsink.connectors.delta.writer import OpenTxn, conform, first_null, groups
 from txsink.contract import EpochCommit
-from txsink.errors import CommitError, ConfigurationError, RetryableError, WriteError
+from txsink.errors import (
+    CommitError,
+    ConfigurationError,
+    RetryableError,
+    UnreachableError,
+    WriteError,
+)
 from txsink.handles import Handle
 from txsink.observe.logs import EpochLogger, get_logger
 from txsink.rowref import RowNaming
+from txsink.schema import SchemaChange
 from txsink.sink import TwoPhaseCommitSink
 from txsink.store import LogStore
 from txsink.txid import TxnId
@@ -75,6 +83,10 @@ class DeltaSink(TwoPhaseCommitSink[OpenTxn, DeltaHandle]):
         redact_rows: name a rejected row in errors by its column names and a hash of its
             values only (for sensitive data; default: the first columns' values).
         log: the txsink log, to use the sink alone as ``foreachBatch(sink)``.
+        schema_evolution: ``"strict"`` (default: an epoch whose columns differ from the
+            table's stops the query before writing) or ``"add-columns"`` (new nullable
+            columns and struct fields join the table's schema in the epoch's own commit;
+            docs/connectors/delta.md#schema-evolution).
     """
 
     connector: ClassVar[str] = "delta"
@@ -109,6 +121,8 @@ class DeltaSink(TwoPhaseCommitSink[OpenTxn, DeltaHandle]):
         # Filled by check() on the driver, shipped to the tasks with the sink.
         self._schema: pa.Schema | None = None
         self._partitions: tuple[str, ...] | None = None
+        # The table's schema after the epoch's change (prepare_evolution), for check().
+        self._evolved: pa.Schema | None = None
 
     @override
     def __repr__(self) -> str:
@@ -191,7 +205,44 @@ class DeltaSink(TwoPhaseCommitSink[OpenTxn, DeltaHandle]):
                 name,
                 name,
             )
-        self._schema, self._partitions = table_schema, partitions
+        # With a change planned for the epoch, its files hold the table's schema after it.
+        self._schema, self._partitions = self._evolved or table_schema, partitions
+
+    # -- driver: schema evolution -----------------------------------------------------------
+
+    @override
+    def target_schema(self, app_id: str) -> pa.Schema | None:
+        """The table's schema (None: no table yet; check() creates it or refuses)."""
+        from deltalake import DeltaTable
+
+        self._evolved = None  # a new comparison: the last plan is void
+        target = self._storage
+        try:
+            table = DeltaTable(target.uri, storage_options=target.delta_options())
+        except Exception as err:
+            if is_not_found(err):
+                return None
+            ctx = self._ctx(phase="check")
+            access.check_access(target, ctx)  # a refused right, named (else unreachable)
+            raise UnreachableError(
+                f"cannot read the Delta table at {self.table}: {describe(err)}. Check the "
+                "URI, that the storage is reachable and the credentials in storage_options",
+                **ctx,
+            ) from None
+        return checks.table_schema(table)
+
+    @override
+    def evolution_support(self) -> frozenset[str]:
+        """New nullable columns and struct fields (:mod:`~txsink.connectors.delta.evolve`;
+        widenings need a protocol upgrade delta-rs does not write with data)."""
+        return evolve.SUPPORTED
+
+    @override
+    def prepare_evolution(self, change: SchemaChange, app_id: str) -> None:
+        """Check the table takes ``change`` (reads only); the tasks then write the epoch's
+        files in the table's schema after it."""
+        table = self._open("check")
+        self._evolved = evolve.plan(table, change, self.table, self._ctx(phase="check"))
 
     def _layout(self) -> tuple[pa.Schema, tuple[str, ...]]:
         if self._schema is None or self._partitions is None:
@@ -258,10 +309,12 @@ class DeltaSink(TwoPhaseCommitSink[OpenTxn, DeltaHandle]):
             request,
             uid=self.uid,
             open_table=lambda: self._open("commit", request.epoch),
-            size_of=target.size,
+            storage=target,
             log=self._log(request.epoch),
             ctx=self._ctx(phase="commit"),
         )
+        if request.schema_change is not None:
+            self._evolved = None  # applied: the table has the schema now
 
     @override
     def abort(self, handle: DeltaHandle) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 import urllib.parse
+import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -199,6 +200,54 @@ class Storage:
         finally:
             os.close(fd)
         fsync_dir(full.parent)
+
+    def create_log_entry(self, name: str, data: bytes) -> bool:
+        """Create ``_delta_log/<name>`` holding ``data`` if it does not exist; False when it
+        does (another commit took that version). The guards delta-rs commits with: a hard
+        link of a synced temporary file locally, a conditional PUT (``If-None-Match: *``) on
+        S3 (:mod:`~txsink.connectors.delta.evolve` writes a log entry itself)."""
+        if self.is_s3:
+            return self._put_if_absent(f"{LOG_FOLDER}/{name}", data)
+        folder = Path(self.uri, LOG_FOLDER)
+        temp = folder / f".{name}.{uuid.uuid4().hex}.tmp"
+        with open(temp, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        try:
+            os.link(temp, folder / name)
+        except FileExistsError:
+            return False
+        finally:
+            temp.unlink()
+        fsync_dir(folder)
+        return True
+
+    def _put_if_absent(self, key: str, data: bytes) -> bool:
+        import boto3
+        from botocore.exceptions import ClientError
+
+        opts = self.delta_options() or {}
+        bucket, _, root = self.uri.removeprefix("s3://").partition("/")
+        client = boto3.client(
+            "s3",
+            endpoint_url=opts.get("AWS_ENDPOINT_URL") or None,
+            aws_access_key_id=opts.get("AWS_ACCESS_KEY_ID") or None,
+            aws_secret_access_key=opts.get("AWS_SECRET_ACCESS_KEY") or None,
+            aws_session_token=opts.get("AWS_SESSION_TOKEN") or None,
+            region_name=opts.get("AWS_REGION") or "us-east-1",
+            verify=self.ca_file if self.ca_file is not None else True,
+        )
+        try:
+            client.put_object(
+                Bucket=bucket, Key=f"{root}/{key}" if root else key, Body=data, IfNoneMatch="*"
+            )
+        except ClientError as err:
+            status = err.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if status in (409, 412):  # exists, or a concurrent conditional PUT won
+                return False
+            raise
+        return True
 
     def open_output(self, path: str) -> Any:
         """A writable stream for a new file under the root (folders made as needed)."""

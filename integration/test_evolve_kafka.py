@@ -44,7 +44,7 @@ OLD = pa.schema([("id", pa.int64()), ("amount", pa.int32()), ("name", pa.string(
 NEW = pa.schema(
     [("id", pa.int64()), ("amount", pa.int64()), ("name", pa.string()), ("note", pa.string())]
 )
-ROWS, FILES = 400, 3  # the streaming cells: epochs 0 (old schema), 1 and 2 (new schema)
+ROWS, FILES = 200, 2  # the streaming cells: epoch 0 (the old schema), epoch 1 (the new one)
 
 
 def _uid() -> str:

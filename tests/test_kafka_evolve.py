@@ -100,3 +100,19 @@ def test_only_a_derived_avro_value_of_payload_columns_evolves() -> None:
     for sink in others:
         assert sink.evolution_support() == frozenset()
         assert sink.target_schema("app") is None  # nothing asked of any server
+
+
+def test_the_tasks_write_batches_of_the_checked_shape_with_the_checked_schema() -> None:
+    from txsink.connectors.kafka.records.avro import AvroEncoder
+
+    encoder = AvroEncoder("value", {"url": "http://127.0.0.1:1"}, None, None, topic="orders")
+    checked = pa.struct([("id", pa.int64()), ("at", pa.timestamp("us", tz="UTC"))])
+    text = encoder.resolve_schema(checked, "orders")
+    assert json.loads(text)["name"] == "orders_value"
+    # A batch whose time zone differs holds the same values: the checked schema.
+    assert encoder.schema_for(pa.struct([("id", pa.int64()), ("at", pa.timestamp("us"))])) == text
+    # An evolving epoch's batch (the check saw the columns the subject has): derived anew.
+    wider = pa.struct(
+        [("id", pa.int64()), ("at", pa.timestamp("us", tz="UTC")), ("n", pa.string())]
+    )
+    assert [f["name"] for f in json.loads(encoder.schema_for(wider))["fields"]] == ["id", "at", "n"]

@@ -233,6 +233,7 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
             max_record_bytes=max_record_bytes or producer_max,
             redact_rows=redact_rows,
             avro=avro_encoders(
+                topic=topic,
                 key=key,
                 key_format=key_format,
                 value_format=value_format,

@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 
-from txsink.connectors.kafka.records.fromavro import planned, record_fields
+from txsink.connectors.kafka.records.fromavro import planned, record_fields, same_shape
 from txsink.errors import ConfigurationError, RetryableError, WriteError
 
 __all__ = ["AvroEncoder", "avro_schema"]
@@ -216,6 +216,8 @@ class AvroEncoder:
         registry_config: Mapping[str, Any],
         schema: str | None,
         serializer_config: Mapping[str, Any] | None,
+        *,
+        topic: str | None = None,
     ) -> None:
         if field not in ("key", "value"):
             raise ValueError(f"field must be 'key' or 'value', not {field!r}")
@@ -228,8 +230,12 @@ class AvroEncoder:
         self.schema = schema
         self.given = schema is not None
         self.serializer_config = dict(serializer_config or {})
-        #: The Avro record's name for a derived schema (set by :meth:`resolve_schema`).
-        self.name = record_name(None, field)
+        #: The Avro record's name for a derived schema: the sink's topic's (the driver's
+        #: compatibility test and the tasks derive one name, before any check ran too).
+        self.name = record_name(topic, field)
+        #: The Arrow type the check derived the schema for, and the schema: the tasks write
+        #: batches of the same values with it (a time zone may differ, say).
+        self.fixed: tuple[pa.DataType, str] | None = None
         #: The subject's latest version as Arrow fields, read on the driver at the check;
         #: a derived schema keeps it where the columns fit (None: the columns as they are).
         self.latest: pa.Schema | None = None
@@ -258,11 +264,14 @@ class AvroEncoder:
         """The Avro schema for columns of ``arrow_type`` (the user's, or derived after the
         subject's ``latest`` version); driver, at the check. What it fixes here travels into
         the tasks. Raises ``ValueError`` naming a type Avro cannot hold."""
-        if not self.given:
-            self.name = record_name(topic, self.field)
-            self.latest = latest
-            self._derived.clear()
-        return self.schema_for(arrow_type)
+        if self.given:
+            return str(self.schema)
+        self.name = record_name(topic, self.field)
+        self.latest, self.fixed = latest, None
+        self._derived.clear()
+        text = self.schema_for(arrow_type)
+        self.fixed = (arrow_type, text)
+        return text
 
     def schema_for(self, arrow_type: pa.DataType) -> str:
         """The schema records of ``arrow_type`` are written with: the user's, or derived
@@ -270,6 +279,8 @@ class AvroEncoder:
         function of the two, so every task of an epoch, and its replay, derive one text."""
         if self.given:
             return str(self.schema)
+        if self.fixed is not None and same_shape(self.fixed[0], arrow_type):
+            return self.fixed[1]
         text = self._derived.get(arrow_type)
         if text is None:
             shape = planned(self.latest, arrow_type)

@@ -46,6 +46,7 @@ _HEADERS = RECORD_SCHEMA.field("headers").type
 
 def avro_encoders(
     *,
+    topic: str | None = None,
     key: str | None,
     key_format: str,
     value_format: str,
@@ -70,7 +71,9 @@ def avro_encoders(
                 )
             if column is None:
                 raise ValueError("KafkaSink(key_format='avro') needs key=<column>")
-            encoders[field_] = AvroEncoder(field_, schema_registry, schema_, avro_config)
+            encoders[field_] = AvroEncoder(
+                field_, schema_registry, schema_, avro_config, topic=topic
+            )
     return encoders
 
 

@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from txsink.schema import same_values
 
-__all__ = ["Unsupported", "arrow_type", "planned", "record_fields"]
+__all__ = ["Unsupported", "arrow_type", "planned", "record_fields", "same_shape"]
 
 _PRIMITIVES = {
     "boolean": pa.bool_(),
@@ -136,3 +136,14 @@ def _one(have: pa.Field, want: pa.Field) -> pa.Field:
     if pa.types.is_decimal(old) and pa.types.is_decimal(new) and old.scale == new.scale:
         return want if new.precision > old.precision else have
     return want  # another kind: the column's own; the registry judges the version
+
+
+def same_shape(a: pa.DataType, b: pa.DataType) -> bool:
+    """Whether records of ``a`` and ``b`` derive one Avro schema for sure: the same fields
+    in the same order, each holding the same values (:func:`~txsink.schema.same_values`:
+    a time zone or a string's width may differ)."""
+    if pa.types.is_struct(a) and pa.types.is_struct(b):
+        return [f.name for f in a] == [f.name for f in b] and all(
+            same_shape(x.type, y.type) for x, y in zip(a, b, strict=True)
+        )
+    return same_values(a, b)

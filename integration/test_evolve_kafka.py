@@ -242,6 +242,33 @@ def test_a_change_the_subject_refuses_stops_before_the_decision(
     assert _versions(schema_registry, subject) == [1, 2]
 
 
+def test_transitive_levels_and_registration_by_hand(
+    kafka: Any, schema_registry: Any, tmp_path: Path
+) -> None:
+    """A *_TRANSITIVE level is tested against every version; with auto.register.schemas=False
+    the new version must be registered by hand first, and the error gives the schema."""
+    from confluent_kafka.schema_registry import Schema
+
+    topic = kafka.new_topic(1)
+    subject = schema_registry.topic_subject(topic)
+    sink = _sink(kafka, schema_registry, topic, tmp_path)
+    _run(sink, 0, OLD, [range(10)])
+    schema_registry.client().set_compatibility(subject, "FULL_TRANSITIVE")
+    with pytest.raises(SchemaEvolutionError, match=r"\(compatibility FULL_TRANSITIVE\)"):
+        check_sinks([sink], NEW, "app", None)
+    schema_registry.client().set_compatibility(subject, "BACKWARD")
+    by_hand = _sink(kafka, schema_registry, topic, tmp_path, uid=sink.uid,
+                    avro_config={"auto.register.schemas": False})  # fmt: skip
+    with pytest.raises(SchemaEvolutionError, match=r"auto\.register\.schemas=False") as info:
+        check_sinks([by_hand], NEW, "app", None)
+    assert _versions(schema_registry, subject) == [1]
+    wanted = str(info.value).split("with this schema: ", 1)[1].split("), or let", 1)[0]
+    schema_registry.client().register_schema(subject, Schema(wanted, "AVRO"))
+    _run(by_hand, 1, NEW, [range(10, 20)])
+    assert _versions(schema_registry, subject) == [1, 2]
+    _check_values(read_values(kafka.bootstrap, schema_registry.url, topic), range(10), 20)
+
+
 def test_an_aborted_epochs_version_is_harmless(
     kafka: Any, schema_registry: Any, tmp_path: Path
 ) -> None:

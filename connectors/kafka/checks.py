@@ -218,9 +218,12 @@ def _check_transaction_timeout(
 def check_avro(schema: pa.Schema, fmt: RecordFormat, ctx: dict[str, Any]) -> None:
     """Fix and register the Avro schemas now: a bad one fails at start, not in a task.
 
-    Fixing mutates the encoders of ``fmt``: the sink pickled into the tasks afterwards
-    carries the resolved schemas.
+    Fixing mutates the encoders of ``fmt`` (the record's name, the subject's latest version a
+    derived value schema keeps): the sink pickled into the tasks afterwards carries them.
+    Under schema evolution this check sees the columns the subject already has, so it
+    registers its latest version again (a no-op); the epoch's tasks register the new one.
     """
+    evolving = fmt.evolving_value()
     for field_, encoder in fmt.avro.items():
         column = fmt.key if field_ == "key" else fmt.value
         arrow_type = (
@@ -228,8 +231,12 @@ def check_avro(schema: pa.Schema, fmt: RecordFormat, ctx: dict[str, Any]) -> Non
             if column is not None
             else pa.struct([schema.field(n) for n in fmt.payload_columns(schema.names)])
         )
+        latest = None
+        if encoder is evolving and fmt.topic is not None:
+            found = encoder.latest_fields(fmt.topic, ctx)
+            latest = found[1] if found is not None else None
         try:
-            encoder.resolve_schema(arrow_type, fmt.topic)
+            text = encoder.resolve_schema(arrow_type, fmt.topic, latest)
         except ValueError as err:
             raise ConfigurationError(
                 f"cannot derive an Avro {field_} schema from column "
@@ -239,4 +246,4 @@ def check_avro(schema: pa.Schema, fmt: RecordFormat, ctx: dict[str, Any]) -> Non
                 **ctx,
             ) from err
         if fmt.topic is not None:  # with topic_column, tasks register per topic
-            encoder.register(fmt.topic, ctx)
+            encoder.register(fmt.topic, ctx, text)

@@ -57,7 +57,7 @@ from typing import Any, ClassVar, Literal, TypeAlias
 import pyarrow as pa
 from typing_extensions import override
 
-from txsink.connectors.kafka import checks, direct, replay
+from txsink.connectors.kafka import checks, direct, evolve, replay
 from txsink.connectors.kafka.clients.markers import Markers
 from txsink.connectors.kafka.clients.producers import ShardProducers, fence
 from txsink.connectors.kafka.clients.settings import ENFORCED, KafkaSettings
@@ -70,6 +70,7 @@ from txsink.connectors.kafka.rights import check_rights
 from txsink.connectors.kafka.wal import KafkaWalHandle, OpenWal, WriteAheadLog
 from txsink.connectors.kafka.wal.store import WalStore
 from txsink.handles import Handle
+from txsink.schema import SchemaChange
 from txsink.sink import EpochCommit, Partitioning, TwoPhaseCommitSink
 from txsink.store import LogStore
 from txsink.txid import TxnId
@@ -232,6 +233,7 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
             max_record_bytes=max_record_bytes or producer_max,
             redact_rows=redact_rows,
             avro=avro_encoders(
+                topic=topic,
                 key=key,
                 key_format=key_format,
                 value_format=value_format,
@@ -328,6 +330,21 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
         self._producers.init_all(phase="check")
         self.release()
         self._generation = uuid.uuid4().hex
+
+    # -- driver: schema evolution (Avro values only; see evolve.py) -----------------------
+
+    @override
+    def target_schema(self, app_id: str) -> pa.Schema | None:
+        return evolve.target_schema(self.records, self.settings.context("check"))
+
+    @override
+    def evolution_support(self) -> frozenset[str]:
+        return evolve.SUPPORTED if self.records.evolving_value() is not None else frozenset()
+
+    @override
+    def prepare_evolution(self, change: SchemaChange, app_id: str) -> None:
+        # Tests the new version with the registry; the tasks register it as they encode.
+        evolve.prepare(change, self.records, self.uid, self.settings.context("check"))
 
     # -- executor: write and prepare -----------------------------------------------
 

@@ -10,6 +10,13 @@ unreachable registry or an incompatible schema fails before anything is
 written; tasks then encode in pre-commit, and the encoded bytes are what the
 WAL keeps and the replay checksum covers.
 
+A derived value schema keeps the subject's latest version where the columns still fit it
+(:func:`~txsink.connectors.kafka.records.fromavro.planned`): its fields in its order and
+types, then the new columns. The tasks derive it from the epoch's own columns and the
+latest version the driver read at the check, so an epoch that adds a column registers
+the new version in its tasks, before the decision, and a replay of an epoch derives the
+same schema (and the same schema id) again (:mod:`~txsink.connectors.kafka.evolve`).
+
 The registry config (``url``, ``basic.auth.user.info``, TLS files ...) goes to
 ``SchemaRegistryClient`` untouched and is never logged; errors name the URL only, without
 any ``user:password@`` in it. A registry that refuses the credentials (HTTP 401) or the
@@ -22,15 +29,17 @@ from __future__ import annotations
 import json
 import re
 import ssl
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import pyarrow as pa
 
+from txsink.connectors.kafka.records.fromavro import planned, record_fields, same_shape
 from txsink.errors import ConfigurationError, RetryableError, WriteError
 
 __all__ = ["AvroEncoder", "avro_schema"]
 
+R = TypeVar("R")
 _SECRET_KEYS = ("basic.auth.user.info", "bearer.auth.token", "bearer.auth.client.secret")
 _USERINFO = re.compile(r"(?<=://)[^/@\s]*@")
 
@@ -207,6 +216,8 @@ class AvroEncoder:
         registry_config: Mapping[str, Any],
         schema: str | None,
         serializer_config: Mapping[str, Any] | None,
+        *,
+        topic: str | None = None,
     ) -> None:
         if field not in ("key", "value"):
             raise ValueError(f"field must be 'key' or 'value', not {field!r}")
@@ -214,9 +225,22 @@ class AvroEncoder:
             raise ValueError("schema_registry needs at least {'url': 'http://host:8081'}")
         self.field = field
         self.registry_config = dict(registry_config)
+        #: The user's schema (``key_schema``/``value_schema``); without one, the schema is
+        #: derived from the columns' Arrow type (:meth:`schema_for`), in the tasks too.
         self.schema = schema
+        self.given = schema is not None
         self.serializer_config = dict(serializer_config or {})
-        self._serializer: Any = None
+        #: The Avro record's name for a derived schema: the sink's topic's (the driver's
+        #: compatibility test and the tasks derive one name, before any check ran too).
+        self.name = record_name(topic, field)
+        #: The Arrow type the check derived the schema for, and the schema: the tasks write
+        #: batches of the same values with it (a time zone may differ, say).
+        self.fixed: tuple[pa.DataType, str] | None = None
+        #: The subject's latest version as Arrow fields, read on the driver at the check;
+        #: a derived schema keeps it where the columns fit (None: the columns as they are).
+        self.latest: pa.Schema | None = None
+        self._serializers: dict[str, Any] = {}
+        self._derived: dict[pa.DataType, str] = {}
         self._client: Any = None
 
     @property
@@ -229,38 +253,80 @@ class AvroEncoder:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_serializer"] = None
+        state["_serializers"] = {}
+        state["_derived"] = {}
         state["_client"] = None
         return state
 
-    def resolve_schema(self, arrow_type: pa.DataType, topic: str | None) -> None:
-        """Fix the Avro schema (derive it from ``arrow_type`` unless given); driver, at start."""
-        if self.schema is None:
-            schema = avro_schema(arrow_type, record_name(topic, self.field), nullable=False)
-            self.schema = json.dumps(schema)
+    def resolve_schema(
+        self, arrow_type: pa.DataType, topic: str | None, latest: pa.Schema | None = None
+    ) -> str:
+        """The Avro schema for columns of ``arrow_type`` (the user's, or derived after the
+        subject's ``latest`` version); driver, at the check. What it fixes here travels into
+        the tasks. Raises ``ValueError`` naming a type Avro cannot hold."""
+        if self.given:
+            return str(self.schema)
+        self.name = record_name(topic, self.field)
+        self.latest, self.fixed = latest, None
+        self._derived.clear()
+        text = self.schema_for(arrow_type)
+        self.fixed = (arrow_type, text)
+        return text
 
-    def register(self, topic: str, ctx: dict[str, Any]) -> int:
-        """Register (or look up) the schema under the topic's subject; the schema id."""
-        from confluent_kafka.schema_registry import Schema, topic_subject_name_strategy
-        from confluent_kafka.schema_registry.error import SchemaRegistryError
+    def schema_for(self, arrow_type: pa.DataType) -> str:
+        """The schema records of ``arrow_type`` are written with: the user's, or derived
+        from the subject's latest version and the columns (:func:`planned`). A pure
+        function of the two, so every task of an epoch, and its replay, derive one text."""
+        if self.given:
+            return str(self.schema)
+        if self.fixed is not None and same_shape(self.fixed[0], arrow_type):
+            return self.fixed[1]
+        text = self._derived.get(arrow_type)
+        if text is None:
+            shape = planned(self.latest, arrow_type)
+            text = json.dumps(avro_schema(shape, self.name, nullable=False))
+            self._derived[arrow_type] = text
+        return text
+
+    def subject(self, topic: str, schema: str) -> str:
+        """The subject ``schema`` goes under for ``topic`` (the serializer's strategy)."""
+        from confluent_kafka.schema_registry import topic_subject_name_strategy
         from confluent_kafka.serialization import MessageField, SerializationContext
 
+        strategy = self.serializer_config.get("subject.name.strategy")
+        strategy = strategy or topic_subject_name_strategy
+        field = MessageField.VALUE if self.field == "value" else MessageField.KEY
+        return str(strategy(SerializationContext(topic, field), _full_name(schema)))
+
+    def client(self) -> Any:
+        """This process's ``SchemaRegistryClient`` (made on first use)."""
+        if self._client is None:
+            from confluent_kafka.schema_registry import SchemaRegistryClient
+
+            self._client = SchemaRegistryClient(dict(self.registry_config))
+        return self._client
+
+    def register(self, topic: str, ctx: dict[str, Any], text: str | None = None) -> int:
+        """Register (or look up) ``text`` (default: the user's schema) under the topic's
+        subject; the schema id."""
+        from confluent_kafka.schema_registry import Schema
+        from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+        text = text if text is not None else str(self.schema)
+        subject, schema = self.subject(topic, text), Schema(text, "AVRO")
+        register = self.serializer_config.get("auto.register.schemas", True)
         try:
-            self._get()
-            strategy = self.serializer_config.get("subject.name.strategy")
-            strategy = strategy or topic_subject_name_strategy
-            field = MessageField.VALUE if self.field == "value" else MessageField.KEY
-            subject = strategy(SerializationContext(topic, field), _full_name(self.schema))
-            schema = Schema(self.schema, "AVRO")
-            if self.serializer_config.get("auto.register.schemas", True):
-                return int(self._client.register_schema(subject, schema))
-            return int(self._client.lookup_schema(subject, schema).schema_id)
-        except SchemaRegistryError as err:
-            refused = access_refused(
-                self.url, err.http_status_code, f"registering the {self.field} schema of {topic!r}"
+            return self.ask(
+                topic,
+                ctx,
+                f"registering the {self.field} schema of {topic!r}",
+                lambda client: (
+                    int(client.register_schema(subject, schema))
+                    if register
+                    else int(client.lookup_schema(subject, schema).schema_id)
+                ),
             )
-            if refused is not None:
-                raise ConfigurationError(refused + "; nothing was written", **ctx) from err
+        except SchemaRegistryError as err:
             raise ConfigurationError(
                 f"Schema Registry at {self.url} refused the {self.field} schema for topic "
                 f"{topic!r} (HTTP {err.http_status_code}, error {err.error_code}): "
@@ -268,6 +334,21 @@ class AvroEncoder:
                 "compatibly (add fields with defaults) or change the subject's compatibility",
                 **ctx,
             ) from err
+
+    def ask(self, topic: str, ctx: dict[str, Any], doing: str, call: Callable[[Any], R]) -> R:
+        """``call(client)``, on the driver. A registry that refuses the credentials or the
+        rights (:func:`access_refused`), or cannot be reached, is a
+        :class:`~txsink.errors.ConfigurationError` naming what to fix; any other answer of
+        the registry (``SchemaRegistryError``) is the caller's to tell."""
+        from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+        try:
+            return call(self.client())
+        except SchemaRegistryError as err:
+            refused = access_refused(self.url, err.http_status_code, doing)
+            if refused is not None:
+                raise ConfigurationError(refused + "; nothing was written", **ctx) from err
+            raise
         except Exception as err:  # unreachable (the HTTP client's own types), bad schema
             hint = ""
             if _caused_by(err, ssl.SSLCertVerificationError):
@@ -282,6 +363,33 @@ class AvroEncoder:
                 **ctx,
             ) from err
 
+    def latest_fields(self, topic: str, ctx: dict[str, Any]) -> tuple[str, pa.Schema] | None:
+        """The subject's latest version (its text) and its record's fields as Arrow, for a
+        derived schema; None when the subject has no version, or its latest is not a record
+        txsink could have derived (then nothing is compared, as before evolution existed)."""
+        from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+        subject = self.subject(topic, json.dumps({"name": record_name(topic, self.field)}))
+
+        def latest(client: Any) -> str:
+            client.clear_latest_caches()  # the client keeps a latest version for a while
+            return str(client.get_latest_version(subject).schema.schema_str)
+
+        try:
+            text = self.ask(topic, ctx, f"reading the latest {self.field} schema of {subject!r}",
+                            latest)  # fmt: skip
+        except SchemaRegistryError as err:
+            if err.http_status_code == 404:  # no such subject (40401), or no version (40402)
+                return None
+            raise ConfigurationError(
+                f"Schema Registry at {self.url} did not give the latest version of subject "
+                f"{subject!r} (HTTP {err.http_status_code}, error {err.error_code}): "
+                f"{err.error_message}. Check the registry and the sink's user's rights",
+                **ctx,
+            ) from err
+        fields = record_fields(text)
+        return None if fields is None else (text, fields)
+
     def encode(
         self,
         column: pa.Array,
@@ -293,7 +401,16 @@ class AvroEncoder:
         """Encode every row of ``column`` (a struct column for records) for its topic."""
         from confluent_kafka.serialization import MessageField, SerializationContext
 
-        serializer = self._get()
+        try:
+            serializer = self._get(self.schema_for(column.type))
+        except ValueError as err:  # a type Avro cannot hold (the check tells it first)
+            raise WriteError(
+                f"cannot derive an Avro {self.field} schema: {err}. Cast the column or pass "
+                f"{self.field}_schema=",
+                row=first_row,
+                column=column_name,
+                **ctx,
+            ) from err
         mf = MessageField.VALUE if self.field == "value" else MessageField.KEY
         rows = column.to_pylist()
         if _has_map(column.type):
@@ -338,13 +455,15 @@ class AvroEncoder:
                 ) from err
         return pa.array(out, pa.binary())
 
-    def _get(self) -> Any:
-        if self._serializer is None:
-            from confluent_kafka.schema_registry import SchemaRegistryClient
+    def _get(self, text: str) -> Any:
+        """The serializer of schema ``text`` (one per schema: an epoch that evolved the
+        schema writes with the new one, the serializer registers it on first use)."""
+        serializer = self._serializers.get(text)
+        if serializer is None:
             from confluent_kafka.schema_registry.avro import AvroSerializer
 
-            self._client = SchemaRegistryClient(dict(self.registry_config))
-            self._serializer = AvroSerializer(
-                self._client, self.schema, conf=dict(self.serializer_config) or None
+            serializer = AvroSerializer(
+                self.client(), text, conf=dict(self.serializer_config) or None
             )
-        return self._serializer
+            self._serializers[text] = serializer
+        return serializer

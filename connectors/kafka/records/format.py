@@ -46,6 +46,7 @@ _HEADERS = RECORD_SCHEMA.field("headers").type
 
 def avro_encoders(
     *,
+    topic: str | None = None,
     key: str | None,
     key_format: str,
     value_format: str,
@@ -70,7 +71,9 @@ def avro_encoders(
                 )
             if column is None:
                 raise ValueError("KafkaSink(key_format='avro') needs key=<column>")
-            encoders[field_] = AvroEncoder(field_, schema_registry, schema_, avro_config)
+            encoders[field_] = AvroEncoder(
+                field_, schema_registry, schema_, avro_config, topic=topic
+            )
     return encoders
 
 
@@ -108,13 +111,28 @@ class RecordFormat:
             "partition_column": self.partition_column,
         }
 
-    def payload_columns(self, names: Sequence[str]) -> list[str]:
-        """The columns a value without ``value=`` is made of."""
-        special = {
+    def evolving_value(self) -> AvroEncoder | None:
+        """The value's Avro encoder when its schema follows the subject's versions: derived
+        (no ``value_schema``) from the payload columns (no ``value=``) of one ``topic``. Only
+        then does the sink compare and evolve schemas (:mod:`~txsink.connectors.kafka.evolve`):
+        a given schema is the user's, a ``value=`` column leaves the other columns out of the
+        record, and with ``topic_column`` each topic has a subject of its own."""
+        encoder = self.avro.get("value")
+        if encoder is None or encoder.given or self.value is not None or self.topic is None:
+            return None
+        return encoder
+
+    def special_columns(self) -> list[str]:
+        """The columns that are not in a value built from the payload columns."""
+        return [
             c
             for c in (self.key, self.headers, self.topic_column, self.partition_column)
             if c is not None
-        }
+        ]
+
+    def payload_columns(self, names: Sequence[str]) -> list[str]:
+        """The columns a value without ``value=`` is made of."""
+        special = set(self.special_columns())
         return [c for c in names if c not in special]
 
     def encode(self, batch: pa.RecordBatch, partition: int, first_row: int) -> pa.RecordBatch:

@@ -210,3 +210,27 @@ def test_an_empty_first_epoch_records_no_schema(tmp_path: Path) -> None:
     assert sink.target_schema("app") is None
     shutil.rmtree(tmp_path / "_manifests")
     assert sink.target_schema("app") is None
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_spark_reads_the_evolved_output(spark: Any, tmp_path: Path) -> None:
+    """Spark's own Parquet reader, as docs/connectors/files.md says: ``mergeSchema``
+    joins added columns and struct fields; a widened column needs the newest schema
+    given (Spark's schema merge refuses int and bigint in one column)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    coordinator = _coordinator(tmp_path)
+    coordinator(_old(spark, range(10)), 0)
+    adds = "id long, amount int, payload struct<a:string,b:string>, note string"
+    coordinator(spark.createDataFrame([(10, 10, {"a": "a", "b": "b"}, "n")], adds), 1)
+    out = str(tmp_path / "out")
+    merged = spark.read.option("mergeSchema", "true").parquet(out)
+    rows = {r["id"]: r for r in merged.collect()}
+    assert len(rows) == 11 and rows[3]["note"] is None and rows[10]["payload"]["b"] == "b"
+    coordinator(_new(spark, range(11, 20)), 2)
+    schema = committed_schema(out)
+    assert schema is not None and schema.field("amount").type == pa.int64()
+    rows = {r["id"]: r for r in spark.read.schema(from_arrow_schema(schema)).parquet(out).collect()}
+    assert len(rows) == 20 and rows[3]["amount"] == 3 and rows[13]["amount"] == 13 * 10**10
+    assert rows[3]["payload"]["b"] is None and rows[13]["note"] == "n13"

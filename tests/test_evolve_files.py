@@ -124,15 +124,20 @@ def test_strict_stops_before_writing(spark: Any, tmp_path: Path) -> None:
 
 @pytest.mark.spark
 @pytest.mark.chaos
-@pytest.mark.parametrize("point", ["before_decision", "after_decision", "during_commit"])
+@pytest.mark.parametrize(
+    "point", ["after_precommit", "before_decision", "after_decision", "during_commit"]
+)
 def test_a_crash_on_the_evolving_epoch(spark: Any, tmp_path: Path, point: str) -> None:
     """Raise at ``point`` of the evolving epoch; a new coordinator replays the epoch (as a
     restarted query does): the epoch is visible once, with its schema, or (before the
-    decision) not at all until the replay writes it."""
+    decision) not at all until the replay writes it. ``after_precommit``: the task's
+    Python worker is killed twice (Spark's one retry does not absorb it), the epoch fails."""
     _coordinator(tmp_path)(_old(spark, range(10)), 0)
-    crashing = _coordinator(tmp_path, faults=f"{point}:raise@1")
-    with pytest.raises(InjectedFault):
+    spec = f"{point}:kill-worker@1#1*2" if point == "after_precommit" else f"{point}:raise@1"
+    crashing = _coordinator(tmp_path, faults=spec)
+    with pytest.raises(Exception) as caught:
         crashing(_new(spark, range(10, 20)), 1)
+    assert point == "after_precommit" or isinstance(caught.value, InjectedFault)
     if point != "during_commit":
         assert _manifest(tmp_path, 1) is None  # the schema has not changed: no epoch 1 yet
         assert committed_schema(tmp_path / "out") == _schema_of(OLD_DDL)

@@ -10,6 +10,9 @@ Writing (:func:`write`) is create-if-absent, and an existing manifest is compare
 identical one (everything but ``committed_at``) is a recovery re-run and is accepted, any
 other one is another writer's epoch of the same uid and is refused with a
 :class:`~txsink.errors.CommitError`, never silently kept or replaced.
+
+A manifest also records the output's schema after its epoch (``"schema"``; which one, and
+reading epochs of different schemas: :mod:`txsink.kit.evolving`).
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ The files version, with every driver crash point, is tests/test_evolve_files.py.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -23,10 +24,12 @@ import pytest
 
 from txsink import Coordinator
 from txsink.connectors.s3 import S3Sink, committed_schema, read_committed
+from txsink.contract import EpochCommit
 from txsink.errors import InjectedFault
 from txsink.kit import manifests
 from txsink.protocol.faults import FaultPlan
 from txsink.schema import SchemaEvolutionError, schema_from_json
+from txsink.txid import TxnId
 
 pytestmark = [pytest.mark.s3, pytest.mark.spark]
 
@@ -178,3 +181,34 @@ def test_a_driver_killed_after_the_evolving_decision(s3: Any, tmp_path: Path) ->
     )
     assert second.returncode == 0 and "CHILD DONE" in second.stdout, second.stderr[-2000:]
     _assert_evolved(s3, bucket)
+
+
+def test_an_old_manifest_without_a_schema_is_read_from_its_footer(s3: Any) -> None:
+    """An output an older txsink wrote (version-1 handles, manifests without a schema):
+    the target's schema comes from the first object's Parquet footer (a ranged GET) and
+    the manifest's partition types; the next epoch's manifest records it."""
+    bucket = s3.new_bucket()
+    sink = S3Sink(
+        f"s3://{bucket}/out", UID, partition_by=["region"], client_options=_options(s3),
+        schema_evolution="add-columns",
+    )  # fmt: skip
+    schema = pa.schema([("id", pa.int64()), ("region", pa.string()), ("amount", pa.int32())])
+    sink.check(schema, "app")
+    txn = sink.begin(TxnId("app", UID, 0, 0, 0, 1), schema)
+    sink.write(
+        txn, pa.record_batch([[1, 2], ["r0", "r1"], pa.array([1, 2], pa.int32())], schema=schema)
+    )
+    handle = dataclasses.replace(sink.prepare(txn), schema="")  # as a version-1 handle
+    sink.commit_epoch(EpochCommit(0, (handle,)))
+    doc = _manifest(s3, bucket, 0)
+    assert doc is not None and "schema" not in doc
+    legacy = pa.schema([("id", pa.int64()), ("amount", pa.int32()), ("region", pa.string())])
+    assert sink.target_schema("app") == legacy
+    # The next epoch, with no change, records the old epochs' schema.
+    txn = sink.begin(TxnId("app", UID, 1, 0, 0, 2), schema)
+    sink.write(txn, pa.record_batch([[3], ["r0"], pa.array([3], pa.int32())], schema=schema))
+    sink.commit_epoch(EpochCommit(1, (sink.prepare(txn),)))
+    doc = _manifest(s3, bucket, 1)
+    assert doc is not None and schema_from_json(doc["schema"]) == legacy
+    table = read_committed(f"s3://{bucket}/out", client_options=_options(s3))
+    assert sorted(table.column("id").to_pylist()) == [1, 2, 3]

@@ -239,3 +239,22 @@ def test_spark_reads_the_evolved_output(spark: Any, tmp_path: Path) -> None:
     rows = {r["id"]: r for r in spark.read.schema(from_arrow_schema(schema)).parquet(out).collect()}
     assert len(rows) == 20 and rows[3]["amount"] == 3 and rows[13]["amount"] == 13 * 10**10
     assert rows[3]["payload"]["b"] is None and rows[13]["note"] == "n13"
+
+
+def test_json_lines_epochs_of_two_schemas_read_back(tmp_path: Path) -> None:
+    """JSON lines carry no types: the manifest records them, and read_committed joins the
+    epochs with their inferred types (a column added later is null in older rows)."""
+    sink = FilesSink(tmp_path, "out", format="jsonl", schema_evolution="add-columns")
+    old = pa.table({"id": [1], "amount": pa.array([1], pa.int32())})
+    sink.check(old.schema, "app")
+    sink.commit_epoch(EpochCommit(0, (_write_epoch(sink, 0, old),)))
+    assert sink.target_schema("app") == old.schema
+    new = pa.table({"id": [2], "amount": [2**40], "note": ["n"]})
+    found = diff(old.schema, new.schema)
+    change = SchemaChange("out", old.schema, found.merged, found.changes)
+    sink.prepare_evolution(change, "app")
+    sink.commit_epoch(EpochCommit(1, (_write_epoch(sink, 1, new),), schema_change=change))
+    assert sink.target_schema("app") == found.merged
+    table = read_committed(tmp_path)
+    assert table.column("note").to_pylist() == [None, "n"]
+    assert table.column("amount").to_pylist() == [1, 2**40]

@@ -258,3 +258,20 @@ def test_json_lines_epochs_of_two_schemas_read_back(tmp_path: Path) -> None:
     table = read_committed(tmp_path)
     assert table.column("note").to_pylist() == [None, "n"]
     assert table.column("amount").to_pylist() == [1, 2**40]
+
+
+def test_a_uid_that_prefixes_another_reads_its_own_schema(tmp_path: Path) -> None:
+    """Uid ``out`` lists ``_manifests/out-2-...`` of uid ``out-2`` too: never its schema."""
+    schema = pa.schema([("id", pa.int64())])
+    mine, other = FilesSink(tmp_path, "out"), FilesSink(tmp_path, "out-2")
+    for sink in (mine, other):
+        sink.check(schema, "app")
+    mine.commit_epoch(EpochCommit(0, (_write_epoch(mine, 0, pa.table({"id": [1]})),)))
+    wide = pa.table({"id": [1], "x": ["x"]})
+    for epoch in range(12):
+        other.commit_epoch(EpochCommit(epoch, (_write_epoch(other, epoch, wide),)))
+    assert mine.target_schema("app") == schema
+    assert other.target_schema("app") == wide.schema
+    os.remove(tmp_path / manifests.key("out", 0))  # the fast path finds nothing: listing
+    mine.commit_epoch(EpochCommit(1, (_write_epoch(mine, 1, pa.table({"id": [2]})),)))
+    assert mine.target_schema("app") == schema

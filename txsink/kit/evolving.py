@@ -121,9 +121,11 @@ def _newest_first(store: LogStore, uid: str, below: int | None) -> Iterator[Mapp
         if doc.get("uid") == uid and (_says(doc) or doc.get("rows")):
             yield doc
             return
-    names = [n for n in store.list(f"{manifests.FOLDER}/{uid}-") if n.endswith(".json")]
+    prefix = f"{manifests.FOLDER}/{uid}-"
+    # Only this uid's keys (a uid "out" lists "out-2-..." of uid "out-2" too).
+    names = [n for n in store.list(prefix) if _epoch_of(n[len(prefix) :]) >= 0]
     if below is not None:
-        names = [n for n in names if -1 < _epoch_of(n) < below]
+        names = [n for n in names if _epoch_of(n[len(prefix) :]) < below]
     for name in sorted(names, reverse=True)[:_LOOKBACK]:
         raw = store.read(name)
         doc = json.loads(raw) if raw is not None else {}
@@ -135,10 +137,11 @@ def _says(doc: Mapping[str, Any]) -> bool:
     return isinstance(doc.get(FIELD), Mapping)
 
 
-def _epoch_of(name: str) -> int:
-    """The epoch a manifest's key names (``key``); -1 for a key of another shape."""
-    digits = name.removesuffix(".json").rsplit("-", 1)[-1]
-    return int(digits) if digits.isdigit() else -1
+def _epoch_of(rest: str) -> int:
+    """The epoch of a manifest key's part after ``<uid>-`` (``<epoch:020d>.json``); -1 for
+    a key of another shape."""
+    digits = rest.removesuffix(".json")
+    return int(digits) if len(digits) == 20 and digits.isdigit() and rest.endswith(".json") else -1
 
 
 def check_change(

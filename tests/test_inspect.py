@@ -22,6 +22,7 @@ import pytest
 
 from tests.streaming import files_coordinator, prepare_input, run_until_done
 from txsink.cli import inspect as cli_inspect
+from txsink.connectors.files import FilesHandle
 from txsink.errors import LogError
 from txsink.ops.inspect import (
     EPOCH_COLUMNS,
@@ -131,7 +132,7 @@ def test_log_table_of_a_real_run(real_log: Path) -> None:
     handles = df[df["sink_uid"].notna()]
     assert set(handles["sink_uid"]) == {"out"}
     assert set(handles["serializer"]) == {"files.staged"}
-    assert set(handles["handle_version"]) == {1}
+    assert set(handles["handle_version"]) == {FilesHandle.version}
     assert set(handles["round_status"]) == {"decided"}
     assert set(df["epoch_status"]) == {"committed"}
     assert int(handles["rows"].sum()) == ROWS

@@ -5,7 +5,12 @@ docs/connectors/files.md.
 """
 
 from txsink.connectors.files.handles import FileEntry, FilesHandle
-from txsink.connectors.files.readers import iter_final_files, read_committed, read_manifests
+from txsink.connectors.files.readers import (
+    committed_schema,
+    iter_final_files,
+    read_committed,
+    read_manifests,
+)
 from txsink.connectors.files.sink import MANIFESTS, STAGING, FilesSink
 
 __all__ = [
@@ -14,6 +19,7 @@ __all__ = [
     "FileEntry",
     "FilesHandle",
     "FilesSink",
+    "committed_schema",
     "iter_final_files",
     "read_committed",
     "read_manifests",

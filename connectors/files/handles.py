@@ -1,6 +1,7 @@
 """The files connector's handle: a transaction's staged files, as the txsink log stores it.
 
-Serializer ``files.staged`` version 1 (golden files in tests/golden pin the JSON form).
+Serializer ``files.staged`` version 2 (golden files in tests/golden pin the JSON form of
+version 1, which is still read: its handles carry no schema).
 """
 
 from __future__ import annotations
@@ -30,9 +31,13 @@ class FileEntry:
 @dataclass(frozen=True)
 class FilesHandle(Handle):
     serializer: ClassVar[str] = "files.staged"
-    version: ClassVar[int] = 1
+    #: 2: ``schema``, the epoch's schema as the task wrote it, so the manifest can record
+    #: it on any driver (:mod:`txsink.kit.evolving`); an older txsink refuses such a
+    #: handle by its version rather than meet a field it does not know.
+    version: ClassVar[int] = 2
 
     files: tuple[FileEntry, ...] = ()
+    schema: str = ""  # txsink.kit.evolving.encode_schema; "" in a version-1 handle
 
     @override
     def encode(self) -> dict[str, Any]:
@@ -45,4 +50,6 @@ class FilesHandle(Handle):
     def decode(cls, version: int, data: dict[str, Any]) -> FilesHandle:
         fields = dict(data)
         fields["files"] = tuple(FileEntry(**f) for f in fields.get("files", ()))
+        if version == 1:  # decided by an older txsink: no schema
+            return super().decode(cls.version, fields)
         return super().decode(version, fields)

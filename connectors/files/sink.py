@@ -16,6 +16,12 @@ the folder may see an epoch's files before its manifest exists: during the
 commit step (milliseconds), or until the restart's recovery if the driver
 died in the middle of it.
 
+Schema evolution (``schema_evolution="add-columns"``): every kind of :mod:`txsink.schema`,
+with no rewrite: files of different epochs have different schemas, and each epoch's
+manifest records the target's schema after it (:mod:`txsink.kit.evolving`), so the schema
+changes exactly when the epoch's files become visible; :func:`read_committed` reads every
+epoch into the newest (widest) schema.
+
 Guarantee: exactly-once, provided ``path`` is on one filesystem shared by the
 driver and every executor (local mode, NFS, a FUSE mount with POSIX rename
 and hard links).
@@ -28,20 +34,23 @@ import hashlib
 import os
 import shutil
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, ClassVar
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 from typing_extensions import override
 
 from txsink.connectors.files.handles import FileEntry, FilesHandle
+from txsink.contract import EpochCommit
 from txsink.errors import CommitError, ConfigurationError
 from txsink.handles import Handle
-from txsink.kit import formats, manifests
+from txsink.kit import evolving, formats, manifests
 from txsink.kit.formats import Format, FormatWriter
 from txsink.rowref import RowNaming
+from txsink.schema import KINDS, SchemaChange
 from txsink.sink import TwoPhaseCommitSink
 from txsink.store import FileStore, LogStore, fsync_dir
 from txsink.txid import TxnId
@@ -79,6 +88,8 @@ class FilesSink(TwoPhaseCommitSink[_OpenFiles, FilesHandle]):
         redact_rows: name a rejected row in errors by its column names and a hash of its
             values only (for sensitive data; default: the first columns' values).
         log: the txsink log, to use the sink alone as ``foreachBatch(sink)``.
+        schema_evolution: ``strict`` (default: an epoch whose schema differs from the
+            output's stops the query before writing) or ``add-columns``.
     """
 
     connector: ClassVar[str] = "files"
@@ -149,6 +160,31 @@ class FilesSink(TwoPhaseCommitSink[_OpenFiles, FilesHandle]):
                 **self._ctx(),
             )
 
+    # -- driver: schema evolution (txsink.kit.evolving) -----------------------------------
+
+    @override
+    def target_schema(self, app_id: str) -> pa.Schema | None:
+        """The schema the newest epoch's manifest records (its files' for an older
+        manifest); None when no epoch is committed here."""
+        return evolving.newest_schema(self._store, self.uid, self._legacy_schema)
+
+    @override
+    def evolution_support(self) -> frozenset[str]:
+        return frozenset(KINDS)
+
+    @override
+    def prepare_evolution(self, change: SchemaChange, app_id: str) -> None:
+        """Only the format can refuse (CSV holds no struct or binary column). Writes
+        nothing: the epoch's manifest carries the new schema."""
+        evolving.check_change(change, self.format, self.compression, self._ctx(phase="check"))
+
+    def _legacy_schema(self, doc: Mapping[str, Any]) -> pa.Schema | None:
+        """An old manifest's schema, from the footer of its first Parquet file."""
+        files = doc.get("files") or []
+        if doc.get("format") != "parquet" or not files:
+            return None
+        return pq.read_schema(Path(self.path, str(files[0]["path"])))
+
     # -- executor: write and prepare ------------------------------------------------
 
     @override
@@ -192,6 +228,7 @@ class FilesSink(TwoPhaseCommitSink[_OpenFiles, FilesHandle]):
             rows=sum(e.rows for e in entries),
             nbytes=sum(e.nbytes for e in entries),
             files=tuple(entries),
+            schema=evolving.encode_schema(txn.schema),
         )
 
     @override
@@ -245,8 +282,25 @@ class FilesSink(TwoPhaseCommitSink[_OpenFiles, FilesHandle]):
             )
 
     @override
+    def commit_epoch(self, request: EpochCommit[FilesHandle]) -> None:
+        """As the default (each handle, then the manifest), with the epoch's schema change
+        in the manifest: nothing else of the output changes with the schema."""
+        for handle in request.handles:
+            self.commit(handle)
+            request.committed([handle])
+        self._write_manifest(request.epoch, request.handles, request.schema_change)
+
+    @override
     def finish_epoch(self, epoch: int, handles: Sequence[FilesHandle]) -> None:
         """Write the epoch's manifest last; refuse another writer's manifest of this epoch."""
+        self._write_manifest(epoch, handles, None)
+
+    def _write_manifest(
+        self, epoch: int, handles: Sequence[FilesHandle], change: SchemaChange | None
+    ) -> None:
+        before = None
+        if change is None:
+            before = evolving.newest_schema(self._store, self.uid, self._legacy_schema, below=epoch)
         doc = manifests.document(
             uid=self.uid,
             epoch=epoch,
@@ -259,6 +313,7 @@ class FilesSink(TwoPhaseCommitSink[_OpenFiles, FilesHandle]):
                 for e in h.files
             ),
             sort_by="path",
+            schema=evolving.epoch_schema(before, change, (h.schema for h in handles)),
             committed_at=time.time(),
         )
         manifests.write(

@@ -5,7 +5,7 @@ See :mod:`txsink.connectors.s3.sink`, docs/connectors/s3.md and docs/log-on-s3.m
 
 from txsink.connectors.s3.handles import S3Handle, S3Object, S3Part
 from txsink.connectors.s3.log_store import S3Store
-from txsink.connectors.s3.readers import read_committed, read_manifests
+from txsink.connectors.s3.readers import committed_schema, read_committed, read_manifests
 from txsink.connectors.s3.sink import S3Sink
 
 __all__ = [
@@ -14,6 +14,7 @@ __all__ = [
     "S3Part",
     "S3Sink",
     "S3Store",
+    "committed_schema",
     "read_committed",
     "read_manifests",
 ]

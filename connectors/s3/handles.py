@@ -1,6 +1,7 @@
 """The S3 connector's handle: a transaction's multipart uploads, as the txsink log stores it.
 
-Serializer ``s3.multipart`` version 1 (golden files in tests/golden pin the JSON form).
+Serializer ``s3.multipart`` version 2 (golden files in tests/golden pin the JSON form of
+version 1, which is still read: its handles carry no schema).
 """
 
 from __future__ import annotations
@@ -74,7 +75,9 @@ class S3Handle(Handle):
     """
 
     serializer: ClassVar[str] = "s3.multipart"
-    version: ClassVar[int] = 1
+    #: 2: ``schema``, the epoch's schema as the task wrote it (partition columns included),
+    #: so the manifest can record it on any driver (:mod:`txsink.kit.evolving`).
+    version: ClassVar[int] = 2
 
     bucket: str = ""
     marker: str = ""
@@ -82,6 +85,7 @@ class S3Handle(Handle):
     format: str = ""  # how the objects are encoded (the manifest says so, not today's options)
     compression: str | None = None
     partition_schema: tuple[tuple[str, str], ...] = ()  # (column, Arrow type) of partition_by
+    schema: str = ""  # txsink.kit.evolving.encode_schema; "" in a version-1 handle
 
     @override
     def encode(self) -> dict[str, Any]:
@@ -98,4 +102,6 @@ class S3Handle(Handle):
         fields["partition_schema"] = tuple(
             (str(c), str(t)) for c, t in fields.get("partition_schema", ())
         )
+        if version == 1:  # decided by an older txsink: no schema
+            return super().decode(cls.version, fields)
         return super().decode(version, fields)

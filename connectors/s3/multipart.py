@@ -113,6 +113,7 @@ class OpenUploads:
     seq: int = 0
     rows: int = 0
     uploader: ThreadPoolExecutor | None = None  # part uploads overlap the encoding
+    schema: str = ""  # the epoch's schema, partition columns included (encoded, for the handle)
 
 
 # -- write side ------------------------------------------------------------------------------

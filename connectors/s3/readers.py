@@ -6,14 +6,15 @@ from collections.abc import Mapping
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from txsink.connectors.s3.client import make_client, parse_s3_url
 from txsink.connectors.s3.hive import partition_types
 from txsink.connectors.s3.store import S3Objects
 from txsink.errors import TxsinkError
-from txsink.kit import formats, manifests
+from txsink.kit import evolving, formats, manifests
 
-__all__ = ["read_committed", "read_manifests"]
+__all__ = ["committed_schema", "legacy_schema", "read_committed", "read_manifests"]
 
 
 def _as_it_is(op: str, where: str, err: Exception) -> Exception:
@@ -39,6 +40,9 @@ def read_committed(
 
     Adds the ``partition_by`` columns back (typed as written) and an ``_epoch`` column.
     JSON lines come back as JSON types (strings for timestamps, decimals and binary).
+    Parquet epochs of different schemas come back in the widest one, the newest
+    manifest's (:func:`txsink.kit.evolving.widest`): rows of older epochs null in columns
+    added since, widened columns cast up.
     """
     store = _store(url, client_options)
     types = partition_types()
@@ -63,4 +67,45 @@ def read_committed(
             )
         return table
 
-    return manifests.read_committed(read_manifests(url, uid, client_options), read, "objects")
+    docs = read_manifests(url, uid, client_options)
+    return evolving.widest(manifests.read_committed(docs, read, "objects"), docs)
+
+
+def committed_schema(
+    url: str, uid: str | None = None, client_options: Mapping[str, Any] | None = None
+) -> pa.Schema | None:
+    """The widest schema the manifests record (the newest epoch's, for one sink uid),
+    partition columns included: what to give another reader of the Parquet objects, e.g.
+    Spark's ``spark.read.schema(from_arrow_schema(...))`` (docs/connectors/s3.md). None
+    when no manifest records one."""
+    return evolving.widest_recorded(read_manifests(url, uid, client_options))
+
+
+def legacy_schema(
+    client: Any, bucket: str, prefix: str, doc: Mapping[str, Any]
+) -> pa.Schema | None:
+    """The schema of an epoch whose manifest records none (written before schemas were):
+    its first object's Parquet footer (one ranged GET, two for a footer over 64 KiB), then
+    the partition columns as the manifest types them. None for JSON lines and CSV, which
+    carry no types."""
+    objects = doc.get("objects") or []
+    if doc.get("format") != "parquet" or not objects:
+        return None
+    key = f"{prefix}{objects[0]['key']}"
+    tail = _tail(client, bucket, key, 64 * 1024)
+    need = int.from_bytes(tail[-8:-4], "little") + 8
+    if need > len(tail):
+        tail = _tail(client, bucket, key, need)
+    schema = pq.read_schema(pa.BufferReader(tail[-need:]))
+    types, kinds = partition_types(), doc.get("partition_types", {})
+    for col in doc.get("partition_by", []):
+        schema = schema.append(pa.field(col, types.get(str(kinds.get(col)), pa.string())))
+    return schema
+
+
+def _tail(client: Any, bucket: str, key: str, size: int) -> bytes:
+    body = client.get_object(Bucket=bucket, Key=key, Range=f"bytes=-{size}")["Body"]
+    try:
+        return bytes(body.read())
+    finally:
+        body.close()

@@ -31,6 +31,10 @@ Package map: ``sink`` (configuration and hooks), ``handles``, ``hive``, ``multip
 ``client`` (URLs, client cache, safe options), ``errors`` (one S3 error classification),
 ``store`` (conditional PUT), ``log_store`` (the txsink log on S3), ``testing``, ``plugin``.
 
+Schema evolution (``schema_evolution="add-columns"``): every kind of :mod:`txsink.schema`,
+with no rewrite, as for files: each epoch's manifest records the target's schema after it
+(partition columns included; :mod:`txsink.kit.evolving`).
+
 Guarantee: exactly-once for readers that follow the manifests
 (:func:`~txsink.connectors.s3.readers.read_committed`). A reader that lists the prefix may
 see an epoch's objects before its manifest: during the commit step, or until the restart's
@@ -60,12 +64,15 @@ from txsink.connectors.s3.multipart import (
     MIN_PART_BYTES,
     MiB,
 )
+from txsink.connectors.s3.readers import legacy_schema
 from txsink.connectors.s3.target import S3Target
+from txsink.contract import EpochCommit
 from txsink.errors import ConfigurationError, TxsinkError, WriteError
 from txsink.handles import Handle
-from txsink.kit import formats, manifests
+from txsink.kit import evolving, formats, manifests
 from txsink.kit.formats import Format
 from txsink.rowref import RowNaming, RowRef
+from txsink.schema import KINDS, SchemaChange, SchemaEvolutionError
 from txsink.sink import TwoPhaseCommitSink
 from txsink.store import LogStore
 from txsink.txid import TxnId
@@ -99,6 +106,8 @@ class S3Sink(TwoPhaseCommitSink[multipart.OpenUploads, S3Handle]):
         redact_rows: name a rejected row in errors by its column names and a hash of its
             values only (for sensitive data; default: the first columns' values).
         log: the txsink log, to use the sink alone as ``foreachBatch(sink)``.
+        schema_evolution: ``strict`` (default: an epoch whose schema differs from the
+            output's stops the query before writing) or ``add-columns``.
     """
 
     connector: ClassVar[str] = "s3"
@@ -229,6 +238,41 @@ class S3Sink(TwoPhaseCommitSink[multipart.OpenUploads, S3Handle]):
                 **ctx,
             )
 
+    # -- driver: schema evolution (txsink.kit.evolving) -------------------------------------
+
+    @override
+    def target_schema(self, app_id: str) -> pa.Schema | None:
+        """The schema the newest epoch's manifest records (its first object's Parquet
+        footer for an older manifest); None when no epoch is committed here."""
+        store = self._target.objects("the manifests", phase="check")
+        return evolving.newest_schema(store, self.uid, self._legacy_schema)
+
+    @override
+    def evolution_support(self) -> frozenset[str]:
+        return frozenset(KINDS)
+
+    @override
+    def prepare_evolution(self, change: SchemaChange, app_id: str) -> None:
+        """Only the format (CSV holds no struct or binary column) and Hive folders (a
+        partition column's new type) can refuse. Writes nothing: the epoch's manifest
+        carries the new schema."""
+        ctx = self._target.ctx(phase="check")
+        try:
+            hive.check_partition_by(change.new, self.partition_by, ctx)
+        except ConfigurationError as err:
+            raise SchemaEvolutionError(err.message, **{**ctx, "column": err.column}) from err
+        evolving.check_change(change, self.format, self.compression, ctx, drop=self.partition_by)
+
+    def _legacy_schema(self, doc: Mapping[str, Any]) -> pa.Schema | None:
+        target = self._target
+        try:
+            return legacy_schema(target.client, self.bucket, self.prefix, doc)
+        except Exception as err:
+            where = f"{self.prefix}{manifests.key(self.uid, int(doc['epoch']))}"
+            raise target.error(
+                err, "read the schema of the epoch of", where, phase="check"
+            ) from err
+
     # -- executor: write and prepare --------------------------------------------------------
 
     @override
@@ -240,6 +284,7 @@ class S3Sink(TwoPhaseCommitSink[multipart.OpenUploads, S3Handle]):
             marker=markers.key(self._target, txn),
             part_bytes=self.part_bytes,
             upload_threads=self.upload_threads,
+            schema=evolving.encode_schema(schema),
         )
 
     @override
@@ -288,6 +333,7 @@ class S3Sink(TwoPhaseCommitSink[multipart.OpenUploads, S3Handle]):
             format=self.format,
             compression=self.compression,
             partition_schema=txn.partition_schema,
+            schema=txn.schema,
         )
 
     @override
@@ -311,8 +357,27 @@ class S3Sink(TwoPhaseCommitSink[multipart.OpenUploads, S3Handle]):
             )
 
     @override
+    def commit_epoch(self, request: EpochCommit[S3Handle]) -> None:
+        """As the default (each handle, then the manifest), with the epoch's schema change
+        in the manifest: nothing else of the output changes with the schema."""
+        for handle in request.handles:
+            self.commit(handle)
+            request.committed([handle])
+        self._write_manifest(request.epoch, request.handles, request.schema_change)
+
+    @override
     def finish_epoch(self, epoch: int, handles: Sequence[S3Handle]) -> None:
         """Write the epoch's manifest last (If-None-Match); refuse another writer's."""
+        self._write_manifest(epoch, handles, None)
+
+    def _write_manifest(
+        self, epoch: int, handles: Sequence[S3Handle], change: SchemaChange | None
+    ) -> None:
+        target = self._target
+        store = target.objects("the manifest", phase="commit", epoch=epoch)
+        before = None
+        if change is None:
+            before = evolving.newest_schema(store, self.uid, self._legacy_schema, below=epoch)
         first = handles[0] if handles else None
         partition_schema = first.partition_schema if first else self._partition_schema
         doc = manifests.document(
@@ -339,11 +404,11 @@ class S3Sink(TwoPhaseCommitSink[multipart.OpenUploads, S3Handle]):
                 for o in h.objects
             ),
             sort_by="key",
+            schema=evolving.epoch_schema(before, change, (h.schema for h in handles)),
             committed_at=time.time(),
         )
-        target = self._target
         manifests.write(
-            target.objects("the manifest", phase="commit", epoch=epoch),
+            store,
             doc,
             where=f"{self.url}{manifests.key(self.uid, epoch)}",
             place="prefix",

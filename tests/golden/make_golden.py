@@ -21,6 +21,10 @@ of this release, with handles dumped by the connectors' own handle classes
 ``kafka-replay`` decided epoch 0 with a version-1 handle (written as txsink <= 0.1
 wrote it: no ``checksum_version``) and epoch 1 with a version-2 handle.
 
+``files`` and ``s3`` hold version-1 handles (as txsink <= 0.1 wrote them: no ``schema``);
+``files-v2`` and ``s3-v2`` the same story with version-2 handles, which carry the epoch's
+schema (issue #41, schema evolution).
+
 Machine-specific values that do not matter are replaced by stable ones (times, host,
 pid); handles hold fake but well-formed paths, buckets, keys and upload ids. No secret.
 """
@@ -40,11 +44,16 @@ from txsink.connectors.kafka import KafkaReplayHandle, KafkaWalHandle
 from txsink.connectors.postgres import PgHandle
 from txsink.connectors.s3 import S3Handle, S3Object, S3Part
 from txsink.handles import Handle, dump_handle
+from txsink.kit.evolving import encode_schema
 from txsink.protocol.log import FileStore, TxLog
 from txsink.schema import SchemaChange, diff
 from txsink.txid import TxnId
 
 APP = "golden-app"
+#: The epoch's schema the version-2 files and S3 handles carry.
+SCHEMA = encode_schema(
+    pa.schema([("id", pa.int64()), ("amount", pa.int64()), ("note", pa.string())])
+)
 HERE = Path(__file__).resolve().parent
 #: Stable stand-ins for the values a real run gets from the clock and the machine.
 STABLE = {
@@ -70,7 +79,7 @@ def files_handle(epoch: int, round_: int, partition: int) -> FilesHandle:
         nbytes=1024 + partition,
         sha256=f"{epoch:02x}{partition:02x}" + "ab" * 30,
     )
-    return FilesHandle(txn=txn, rows=3, nbytes=entry.nbytes, files=(entry,))
+    return FilesHandle(txn=txn, rows=3, nbytes=entry.nbytes, files=(entry,), schema=SCHEMA)
 
 
 def pg_handle(epoch: int, round_: int, partition: int) -> PgHandle:
@@ -108,6 +117,7 @@ def s3_handle(epoch: int, round_: int, partition: int) -> S3Handle:
         marker=f"out/_txsink/uploads/s3/{txn}.json",
         objects=(obj,),
         format="parquet",
+        schema=SCHEMA,
     )
 
 
@@ -119,13 +129,24 @@ def replay_v1_doc(handle: KafkaReplayHandle) -> dict[str, Any]:
     return {"serializer": "kafka.replay", "version": 1, "data": data}
 
 
+def v1_doc(handle: Handle) -> dict[str, Any]:
+    """A files or S3 handle as txsink <= 0.1 wrote it: version 1, no schema."""
+    doc = dump_handle(handle)
+    data = {k: v for k, v in doc["data"].items() if k != "schema"}
+    return {"serializer": doc["serializer"], "version": 1, "data": data}
+
+
 CONNECTORS: dict[str, tuple[str, Any]] = {
     "files": ("out", files_handle),
     "postgres": ("pg", pg_handle),
     "kafka-wal": ("kafka", wal_handle),
     "kafka-replay": ("kafka", replay_handle),
     "s3": ("s3", s3_handle),
+    "files-v2": ("out", files_handle),
+    "s3-v2": ("s3", s3_handle),
 }
+#: The folders whose handles are all written as version 1 (:func:`v1_doc`).
+V1_FOLDERS = ("files", "s3")
 
 
 def write_log(folder: Path, uid: str, make: Any, *, replay_v1: bool = False) -> None:
@@ -137,6 +158,8 @@ def write_log(folder: Path, uid: str, make: Any, *, replay_v1: bool = False) -> 
         handles: list[Handle] = [make(epoch, round_, p) for p in (0, 1)]
         if replay_v1 and epoch == 0:
             return [replay_v1_doc(h) for h in handles if isinstance(h, KafkaReplayHandle)]
+        if folder.name in V1_FOLDERS:
+            return [v1_doc(h) for h in handles]
         return [dump_handle(h) for h in handles]
 
     stats = {"rows": {uid: 6}, "seconds": {"precommit": 0.5}}
@@ -222,6 +245,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--schema-v2", action="store_true", help="write only schema-v2/ (record version 2)"
     )
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        help="write only these connector folders into an existing log-v1/ (a new handle "
+        "version's folders: files-v2 s3-v2); refuses a folder that exists",
+    )
     args = parser.parse_args(argv)
     out: Path = args.out
     if args.schema_v2:
@@ -229,6 +258,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{out / 'schema-v2'} exists: never regenerated", file=sys.stderr)
             return 1
         write_schema_v2(out / "schema-v2")
+        return 0
+    if args.only:
+        for name in args.only:
+            if (out / "log-v1" / name).exists():
+                print(f"{out / 'log-v1' / name} exists: never regenerated", file=sys.stderr)
+                return 1
+            uid, make = CONNECTORS[name]
+            write_log(out / "log-v1" / name, uid, make)
+        print(f"golden logs {args.only} written under {out / 'log-v1'}")
         return 0
     for name in ("log-v1", "incompatible"):
         if (out / name).exists():

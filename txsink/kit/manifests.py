@@ -10,6 +10,9 @@ Writing (:func:`write`) is create-if-absent, and an existing manifest is compare
 identical one (everything but ``committed_at``) is a recovery re-run and is accepted, any
 other one is another writer's epoch of the same uid and is refused with a
 :class:`~txsink.errors.CommitError`, never silently kept or replaced.
+
+A manifest also records the output's schema after its epoch (``"schema"``; which one, and
+reading epochs of different schemas: :mod:`txsink.kit.evolving`).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 import pyarrow as pa
 
 from txsink.errors import CommitError, StateError
+from txsink.schema import schema_to_json
 from txsink.store import LogStore
 
 __all__ = [
@@ -58,12 +62,14 @@ def document(
     entries: Iterable[Mapping[str, Any]],
     sort_by: str,
     extra: Mapping[str, Any] | None = None,
+    schema: pa.Schema | None = None,
     committed_at: float,
 ) -> dict[str, Any]:
     """The manifest of one epoch: its ``entries`` (files or objects) under ``listing``.
 
     Entries are sorted by their ``sort_by`` field, so a re-run builds the same document;
-    ``rows`` is their sum; ``extra`` fields follow ``format``.
+    ``rows`` is their sum; ``extra`` fields follow ``format``; ``schema`` is the target's
+    schema after the epoch (:mod:`txsink.kit.evolving`), omitted when unknown.
     """
     items = sorted((dict(e) for e in entries), key=lambda e: str(e[sort_by]))
     return {
@@ -73,14 +79,18 @@ def document(
         "epoch": epoch,
         "format": format,
         **(extra or {}),
+        **({"schema": schema_to_json(schema)} if schema is not None else {}),
         "rows": sum(int(e["rows"]) for e in items),
         listing: items,
         "committed_at": committed_at,
     }
 
 
-def _comparable(doc: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in doc.items() if k != "committed_at"}
+def _comparable(doc: Mapping[str, Any], like: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``doc`` without its time; without its schema too when ``like`` (the manifest found)
+    has none: an older txsink wrote it before a crash, and this one's recovery re-runs it."""
+    skip = {"committed_at"} | ({"schema"} if like is not None and "schema" not in like else set())
+    return {k: v for k, v in doc.items() if k not in skip}
 
 
 def encode(doc: Mapping[str, Any]) -> bytes:
@@ -111,7 +121,7 @@ def write(
     # Written before (recovery after a crash, or a retried write): it must say the same.
     raw = store.read(name)
     existing = json.loads(raw) if raw is not None else None
-    if existing is not None and _comparable(existing) == _comparable(doc):
+    if existing is not None and _comparable(existing) == _comparable(doc, like=existing):
         return
     epoch, uid = doc["epoch"], doc["uid"]
     listing = "objects" if "objects" in doc else "data files"

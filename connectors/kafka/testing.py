@@ -139,15 +139,8 @@ class KafkaVerifier:
 
     def values(self, raw: list[bytes | None]) -> list[dict[str, Any]]:
         """The values as a downstream reader decodes them (JSON, or Avro by the registry)."""
-        if self.registry is None:
-            return [json.loads(v or b"null") for v in raw]
-        from confluent_kafka.schema_registry import SchemaRegistryClient
-        from confluent_kafka.schema_registry.avro import AvroDeserializer
-        from confluent_kafka.serialization import MessageField, SerializationContext
-
-        decode = AvroDeserializer(SchemaRegistryClient({"url": self.registry}))
-        where = SerializationContext(self.topic, MessageField.VALUE)
-        return [decode(v, where) for v in raw]
+        decode = value_decoder(self.topic, self.registry)
+        return [decode(v) for v in raw]
 
     def _ends(self) -> tuple[dict[int, int], dict[int, int]]:
         """The last stable offsets and high watermarks once they agree (a transaction
@@ -178,6 +171,20 @@ class KafkaVerifier:
         return left + sum(1 for p, end in high.items() if stable.get(p, 0) < end)
 
 
+def value_decoder(topic: str, registry: str | None) -> Callable[[bytes | None], Any]:
+    """How a downstream reader decodes the topic's values: JSON, or (``registry``: its URL)
+    Confluent Avro with confluent-kafka's own ``AvroDeserializer``, not txsink's code."""
+    if registry is None:
+        return lambda value: json.loads(value or b"null")
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroDeserializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    decode = AvroDeserializer(SchemaRegistryClient({"url": registry}))
+    where = SerializationContext(topic, MessageField.VALUE)
+    return lambda value: decode(value, where)
+
+
 class KafkaTarget:
     """A Kafka topic read by one long-lived consumer (values are JSON objects with an id).
 
@@ -197,6 +204,7 @@ class KafkaTarget:
         name: str | None = None,
         id_field: str = "id",
         config: Mapping[str, Any] | None = None,
+        registry: str | None = None,
     ) -> None:
         if isolation not in ("read_committed", "read_uncommitted"):
             raise ValueError(
@@ -212,6 +220,7 @@ class KafkaTarget:
         self._consumer: Any = None
         self._ids: list[int] = []
         self._logs: dict[int, list[int]] = {}
+        self._decode = value_decoder(topic, registry)
 
     def _open(self) -> Any:
         from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
@@ -247,7 +256,7 @@ class KafkaTarget:
                 continue  # partition EOF and transient errors: the next sample reads on
             value = msg.value()
             with contextlib.suppress(ValueError, TypeError, KeyError):
-                id_ = int(json.loads(value or b"null")[self.id_field])
+                id_ = int(self._decode(value)[self.id_field])
                 self._ids.append(id_)
                 self._logs.setdefault(int(msg.partition()), []).append(id_)
         # The partitions' logs in order: the history checker's epoch-order check.
@@ -397,9 +406,16 @@ class KafkaTesting(ConnectorTesting):
     @override
     def observer_targets(self, spec: Mapping[str, Any], env: Mapping[str, str]) -> list[Target]:
         bootstrap, admin = self._bootstrap(spec, env), self._admin(spec, env)
+        registry = env.get(REGISTRY) if spec.get("value_format") == "avro" else None
         return [
-            KafkaTarget(bootstrap, spec["topic"], config=admin),
-            KafkaTarget(bootstrap, spec["topic"], isolation="read_uncommitted", config=admin),
+            KafkaTarget(bootstrap, spec["topic"], config=admin, registry=registry),
+            KafkaTarget(
+                bootstrap,
+                spec["topic"],
+                isolation="read_uncommitted",
+                config=admin,
+                registry=registry,
+            ),
         ]
 
     @override
@@ -447,9 +463,10 @@ class KafkaTesting(ConnectorTesting):
     @override
     def child_env(self, env: Mapping[str, str]) -> dict[str, str]:
         """The brokers (and the secured broker's, which name password files, not
-        passwords), and the S3 server of a WAL on S3."""
+        passwords), the S3 server of a WAL on S3, and the registry of an Avro target."""
         names = (
             BOOTSTRAP,
+            REGISTRY,
             *secure_testing.SECURE_VARS,
             S3_ENDPOINT,
             S3_ACCESS_KEY,

@@ -19,6 +19,7 @@ from txsink.schema import (
     SchemaEvolutionError,
     check_policy,
     diff,
+    type_names,
 )
 from txsink.spark.checks import check_sinks
 
@@ -201,3 +202,10 @@ def test_the_data_source_path_refuses_any_change_saying_which_path_evolves() -> 
         _plan_for([a], NEW, path="format('txsink')")
     assert "format('txsink') does not evolve schemas" in str(info.value)
     assert "foreachBatch(txsink.Coordinator(...))" in str(info.value) and a.prepared == []
+
+
+def test_a_column_of_a_target_type_that_takes_several_arrow_types_shows_that_type() -> None:
+    text = pa.field("note", pa.null(), metadata={"txsink.target_type": "text"})
+    schema = pa.schema([pa.field("id", pa.int64()), text])
+    assert type_names(schema) == {"id": "int64", "note": "text"}
+    assert diff(schema, pa.schema([("id", pa.int32()), ("note", pa.int64())])).changes == ()

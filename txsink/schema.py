@@ -42,6 +42,7 @@ __all__ = [
     "ADD_FIELD",
     "KINDS",
     "POLICIES",
+    "TARGET_TYPE",
     "WIDEN_DECIMAL",
     "WIDEN_FLOAT",
     "WIDEN_INT",
@@ -68,6 +69,12 @@ WIDEN_INT: Final = "widen-int"
 WIDEN_FLOAT: Final = "widen-float"
 WIDEN_DECIMAL: Final = "widen-decimal"
 KINDS: Final = (ADD, ADD_FIELD, WIDEN_INT, WIDEN_FLOAT, WIDEN_DECIMAL)
+
+#: A field's metadata key for the target's own name of its type: what ``txsink status`` and
+#: ``inspect`` show for a column whose Arrow type is ``null`` (a target type that takes
+#: values of several Arrow types, e.g. a text column the sink casts numbers into, which the
+#: comparison leaves to the sink's own check).
+TARGET_TYPE: Final = "txsink.target_type"
 
 _INTS = (pa.int8(), pa.int16(), pa.int32(), pa.int64())
 _FLOATS = (pa.float16(), pa.float32(), pa.float64())
@@ -159,8 +166,20 @@ def schema_to_json(schema: pa.Schema) -> dict[str, Any]:
     type as text, for ``txsink inspect`` and a human reading the log)."""
     return {
         "arrow": base64.b64encode(schema.serialize().to_pybytes()).decode("ascii"),
-        "columns": {f.name: str(f.type) for f in schema},
+        "columns": type_names(schema),
     }
+
+
+def type_names(schema: pa.Schema) -> dict[str, str]:
+    """Each column's type as text: the target's own name (:data:`TARGET_TYPE`) for a
+    column whose Arrow type is ``null``."""
+    return {f.name: _type_name(f) for f in schema}
+
+
+def _type_name(field: pa.Field) -> str:
+    meta = field.metadata or {}
+    own = meta.get(TARGET_TYPE.encode())
+    return own.decode() if pa.types.is_null(field.type) and own else str(field.type)
 
 
 def schema_from_json(doc: Mapping[str, Any]) -> pa.Schema:

@@ -44,7 +44,7 @@ from txsink.connectors.postgres.connections import Connections
 from txsink.connectors.postgres.staging import GID, ORD, Staging, exists, refusals
 from txsink.connectors.postgres.types import arrow_to_pg_type
 from txsink.errors import ConfigurationError
-from txsink.schema import ADD, SchemaChange, SchemaEvolutionError
+from txsink.schema import ADD, TARGET_TYPE, SchemaChange, SchemaEvolutionError
 
 if TYPE_CHECKING:
     import psycopg
@@ -104,7 +104,7 @@ def pg_schema(conn: psycopg.Connection[Any], tables: Tables) -> pa.Schema | None
         arrow = arrow_type_of(pg_type)
         # Arrow's null type is nullable by definition (and the comparison reads no flag).
         nullable = not required or pa.types.is_null(arrow)
-        fields.append(pa.field(name, arrow, nullable, metadata={"postgres_type": pg_type}))
+        fields.append(pa.field(name, arrow, nullable, metadata={TARGET_TYPE: pg_type}))
     return pa.schema(fields)
 
 

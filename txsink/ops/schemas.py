@@ -14,7 +14,7 @@ import json
 from typing import Any
 
 from txsink.protocol.log import SCHEMA_PREFIX, TxLog
-from txsink.schema import SchemaChange
+from txsink.schema import SchemaChange, type_names
 
 __all__ = ["SchemaEvent", "schema_history"]
 
@@ -38,8 +38,8 @@ class SchemaEvent:
             "committed": self.committed,
             "change": self.change.describe(),
             "columns": [c.to_json() for c in self.change.columns],
-            "old": {f.name: str(f.type) for f in self.change.old},
-            "new": {f.name: str(f.type) for f in self.change.new},
+            "old": type_names(self.change.old),
+            "new": type_names(self.change.new),
         }
 
     def line(self) -> str:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from txsink.testing.adapter import ConnectorTesting, adapter, adapters
+from txsink.testing.adapter import ConnectorTesting, adapter, adapters, build_sink
 
 if TYPE_CHECKING:
     from txsink.testing.observer import Target
@@ -58,8 +58,9 @@ class RunTarget:
         return replace(self, sink_env={**self.env, **self.sink_env, **overrides})
 
     def sink(self) -> Any:
-        """The sink, built in this process."""
-        return self.adapter.build_sink(self.spec, self.sink_env or self.env)
+        """The sink, built in this process (as a pipeline's child builds it: with the
+        spec's ``schema_evolution``)."""
+        return build_sink(self.spec, self.sink_env or self.env)
 
     def verifier(self, expected: Iterable[int], *, log: str | None = None) -> SinkVerifier:
         return self.adapter.verifier(self.spec, expected, self.env, log=log)

@@ -88,6 +88,12 @@ def test_five_targets_gain_a_column_in_one_epoch_under_driver_kills(evolving: Cr
 DEFAULT_CELLS = {("during_commit", "raise", 1), ("after_precommit", "kill-worker", 2)}
 
 
+def _marks(cell: tuple[str, str, int]) -> tuple[Any, ...]:
+    if cell == ("during_commit", "raise", 1):  # the compatibility matrix's cell
+        return (pytest.mark.matrix("schema_evolution"),)
+    return () if cell in DEFAULT_CELLS else (pytest.mark.slow,)
+
+
 class _Shaped:
     """``foreachBatch``: the coordinator, called with each batch in its epoch's shape."""
 
@@ -104,10 +110,7 @@ class _Shaped:
 @pytest.mark.spark
 @pytest.mark.parametrize(
     ("point", "mode", "times"),
-    [
-        pytest.param(*cell, marks=() if cell in DEFAULT_CELLS else (pytest.mark.slow,))
-        for cell in CRASH_MATRIX
-    ],
+    [pytest.param(*cell, marks=_marks(cell)) for cell in CRASH_MATRIX],
 )
 def test_five_targets_gain_a_column_under_the_crash_matrix(
     spark: Any, evolving: Cross, point: str, mode: str, times: int

@@ -51,6 +51,8 @@ FEATURES: dict[str, str] = {
     "iceberg_reader": "Iceberg's Spark runtime reads the Iceberg connector's tables",
     "arrow_schema": "The first batch's Arrow schema check (the #38 regression)",
     "byte_cap": "Arrow batch byte cap lifted for txsink's jobs",
+    "schema_evolution": "Schema evolution: a stream gains a column and widens one (files); five "
+    "targets gain a column in one epoch cut mid-commit (Postgres, Kafka Avro, S3, Iceberg, Delta)",
 }
 
 

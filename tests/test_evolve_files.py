@@ -91,6 +91,7 @@ def _assert_evolved(tmp: Path) -> None:
 
 
 @pytest.mark.spark
+@pytest.mark.matrix("schema_evolution")
 def test_an_epoch_adds_and_widens_with_add_columns(spark: Any, tmp_path: Path) -> None:
     coordinator = _coordinator(tmp_path)
     coordinator(_old(spark, range(10)), 0)
@@ -106,6 +107,7 @@ def test_an_epoch_adds_and_widens_with_add_columns(spark: Any, tmp_path: Path) -
 
 
 @pytest.mark.spark
+@pytest.mark.matrix("schema_evolution")
 def test_strict_stops_before_writing(spark: Any, tmp_path: Path) -> None:
     coordinator = _coordinator(tmp_path, "strict")
     coordinator(_old(spark, range(10)), 0)

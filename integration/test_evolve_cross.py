@@ -41,11 +41,19 @@ pytestmark = [
 ]
 
 CONNECTORS = ("postgres", "kafka", "s3", "iceberg", "delta")
-#: The evolving epoch's driver points: before its decision (nothing may change), after it
-#: (recovery applies every change with the rows), and during that recovery's commit.
-POINTS = ",".join(
-    f"{p}:kill-driver@{ADDED_AT}" for p in ("before_decision", "after_decision", "during_recovery")
-)
+#: The evolving epoch's driver points, each killed once per run (a point a restart's
+#: recovery skips needs a run of its own). By default: before its decision (nothing may
+#: change), after it (recovery applies every change with the rows), and during that
+#: recovery's commit; with --run-slow the other four as well.
+KILLS = [
+    pytest.param(("before_decision", "after_decision", "during_recovery"), id="decision"),
+    pytest.param(
+        ("before_precommit", "after_precommit", "during_commit"),
+        id="precommit-commit",
+        marks=pytest.mark.slow,
+    ),
+    pytest.param(("after_commit_before_mark",), id="before-mark", marks=pytest.mark.slow),
+]
 TRANSFORM = f"{Path(__file__).resolve().parent / 'evolving.py'}:gains_a_column"
 ROWS = 600
 
@@ -61,7 +69,10 @@ def evolving(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cross]:
     made.drop()
 
 
-def test_five_targets_gain_a_column_in_one_epoch_under_driver_kills(evolving: Cross) -> None:
+@pytest.mark.parametrize("points", KILLS)
+def test_five_targets_gain_a_column_in_one_epoch_under_driver_kills(
+    evolving: Cross, points: tuple[str, ...]
+) -> None:
     make_input(evolving.tmp / "input", ROWS, 6)  # the files the runner's helper writes
     expected = input_epochs(evolving.tmp / "input")
     ended: list[Any] = []
@@ -73,7 +84,7 @@ def test_five_targets_gain_a_column_in_one_epoch_under_driver_kills(evolving: Cr
                 evolving.specs(),
                 evolving.child_env(),
                 rows=ROWS,
-                points=POINTS,
+                points=",".join(f"{p}:kill-driver@{ADDED_AT}" for p in points),
                 transform=TRANSFORM,
                 on_line=print,  # the children's lines, shown when the test fails
             )

@@ -745,7 +745,7 @@ def test_spark_with_icebergs_runtime_reads_old_and_new_rows(
         text=True,
         timeout=540,
         check=False,
-        env={**os.environ, **reader.env},
+        env={**os.environ, **target.env, **reader.env},  # the servers of this session
     )
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])

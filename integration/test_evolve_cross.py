@@ -161,6 +161,11 @@ def _check(evolving: Cross, expected: dict[int, list[int]], report: Any, rows: i
     assert {e.epoch for e in history} == {ADDED_AT}
     uids = evolving.uids
     assert {uids[c] for c in CONNECTORS if c != "kafka"} <= {e.sink for e in history}
+    _notes_match(evolving, expected, rows)
+
+
+def _notes_match(evolving: Cross, expected: dict[int, list[int]], rows: int) -> None:
+    """In every target, each row's note as its epoch's shape had it (readers not ours)."""
     epoch_of = {i: e for e, ids in expected.items() for i in ids}
     for name, read in READERS.items():
         notes = read(evolving, name)
@@ -222,3 +227,70 @@ READERS: dict[str, Callable[[Cross, str], dict[int, Any]]] = {
     "iceberg": _iceberg,
     "delta": _delta,
 }
+
+
+# -- a target's server dies at the evolving epoch ----------------------------------------
+
+#: (the fault plan, which private servers): PostgreSQL dies with the decision made (its
+#: ALTER TABLE and the move happen after its restart), the broker likewise, MinIO during the
+#: commit (some targets already evolved), and every server with a task's writes prepared.
+TARGET_KILLS = [
+    f"after_decision:kill-target=postgres@{ADDED_AT}",
+    f"after_decision:kill-target=kafka@{ADDED_AT}",
+    f"during_commit:kill-target=s3@{ADDED_AT}",
+    f"after_precommit:kill-target@{ADDED_AT}#0",
+]
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.parametrize("plan", TARGET_KILLS)
+def test_five_targets_gain_a_column_when_a_target_server_dies(
+    request: pytest.FixtureRequest, tmp_path: Path, plan: str
+) -> None:
+    """Private PostgreSQL (the table and Iceberg's catalog), MinIO (S3 and Iceberg's
+    warehouse) and Kafka servers, SIGKILLed at the evolving epoch by ``kill-target`` and
+    started again before the query restarts (:func:`txsink.testing.run_chaos`); every
+    target then reads back every row once, its note as its epoch had it."""
+    import os
+
+    from crashable_targets import CrashableKafka, CrashableMinio, CrashablePostgres
+
+    from txsink.testing import run_chaos
+    from txsink.testing.targets import child_env, new_targets
+
+    registry = request.getfixturevalue("schema_registry")
+    pg = CrashablePostgres.create()
+    minio = CrashableMinio.create(tmp_path / "minio")
+    kafka = CrashableKafka.create(tmp_path / "kafka")
+    servers: dict[str, Any] = {"postgres": pg, "s3": minio, "kafka": kafka}
+    env = {**os.environ, "TXSINK_PG_DSN": pg.dsn, **minio.env(), **registry.env()}
+    env["TXSINK_KAFKA_BOOTSTRAP"] = kafka.bootstrap
+    try:
+        make_input(tmp_path / "input", ROWS, 6)
+        expected = input_epochs(tmp_path / "input")
+        options = {"kafka": {"value_format": "avro"}}
+        made = new_targets(list(CONNECTORS), tmp_path, tag="xevo", env=env, options=options)
+        for target in made:
+            target.spec["schema_evolution"] = "add-columns"
+        log = str(tmp_path / "txlog")
+        args = {"workdir": str(tmp_path), "sinks": [t.spec for t in made], "log": log}
+        report = run_chaos(
+            "txsink.testing.pipelines:run_stream",
+            plan,
+            workdir=tmp_path,
+            sinks_verifiers={t.connector: t.verifier(range(ROWS), log=log) for t in made},
+            args={**args, "transform": TRANSFORM},
+            env={**env, **child_env(made)},
+            targets=servers,
+            down_s=1.0,
+            observe=[view for t in made for view in t.observer_targets()],
+            expected_epochs=expected,
+        )
+        assert report.ok, report.table()
+        assert report.target_kills and report.restarts >= 1, report.table()
+        cross = Cross({t.connector: t for t in made}, {}, tmp_path, list(made))
+        _notes_match(cross, expected, ROWS)
+    finally:
+        for server in servers.values():
+            server.stop()

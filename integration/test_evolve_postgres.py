@@ -359,17 +359,23 @@ def test_a_driver_killed_after_the_decision_of_the_evolving_epoch(
 ROWS, FILES, GAINS_AT = 400, 4, 2  # file i is epoch i; epochs from GAINS_AT have a note
 
 
-def _gaining(coordinator: Coordinator) -> Any:
+class _Gaining:
     """foreachBatch: the coordinator, with ``note`` from epoch GAINS_AT on (by batch id, so
-    a replay of an epoch has its schema)."""
-    from pyspark.sql import functions as F
+    a replay of an epoch has its schema); ``close`` closes the coordinator (the runner
+    releases what a stopped query held, its lease's thread included)."""
 
-    def batch(df: Any, batch_id: int) -> None:
+    def __init__(self, coordinator: Coordinator) -> None:
+        self.coordinator = coordinator
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        from pyspark.sql import functions as F
+
         if batch_id >= GAINS_AT:
             df = df.withColumn("note", F.concat(F.lit("n"), F.col("id").cast("string")))
-        coordinator(df, batch_id)
+        self.coordinator(df, batch_id)
 
-    return batch
+    def close(self) -> None:
+        self.coordinator.close()
 
 
 def _assert_gained(conn: Any, table: str) -> None:
@@ -395,7 +401,7 @@ def test_a_streaming_query_gains_a_column_mid_stream_under_a_crash(
 
     def make() -> Any:
         sink = _sink(postgres, table, create_table=True)
-        return _gaining(Coordinator([sink], log=str(tmp_path / "txlog"), faults=plan))
+        return _Gaining(Coordinator([sink], log=str(tmp_path / "txlog"), faults=plan))
 
     restarts, _ = run_until_done(spark, tmp_path, make)
     assert restarts == 1
@@ -434,7 +440,7 @@ def test_the_server_killed_on_the_evolving_epoch(spark: Any, tmp_path: Path, poi
                 schema_evolution="add-columns",
             )
             log = str(tmp_path / "txlog")
-            return _gaining(Coordinator([sink], log=log, faults=hooks.plan(), outage_s=0))
+            return _Gaining(Coordinator([sink], log=log, faults=hooks.plan(), outage_s=0))
 
         with hooks:
             restarts, _ = run_until_done(spark, tmp_path, make)

@@ -30,7 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from txsink.errors import CheckpointMismatchError, ConfigurationError, LogError, TxsinkError
+from txsink.errors import (
+    CheckpointMismatchError,
+    ConfigurationError,
+    LogError,
+    TxsinkError,
+    UnreachableError,
+)
 from txsink.protocol.epoch import checkpoint_reset_error
 from txsink.spark import layout as _layout
 from txsink.spark import stability as _stability
@@ -145,10 +151,12 @@ def run_checks(
     run("partitioning", lambda: _partitioning(sinks, arrow))
     if any(s.commits_from_data for s in sinks):
         run("replay", lambda: _replay_stable(df, sinks))
-    # Shown only when the first epoch would change a target's schema (or cannot).
+    # Shown only when the first epoch would change a target's schema (or cannot); a target
+    # out of reach is the sink's own check's to report (once), with the full schema.
     shown = len(results)
     seen = run("schema changes", lambda: _changes(sinks, arrow, as_app)) or {}
-    if results[shown].detail == "none":
+    step = results[shown]
+    if step.detail == "none" or isinstance(step.error, UnreachableError):
         del results[shown]
     for sink in sinks:
         run(f"sink {sink.uid}", functools.partial(_sink, sink, seen.get(sink.uid, arrow), as_app))

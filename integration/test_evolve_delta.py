@@ -314,7 +314,10 @@ def _run(spark: Any, work: Path, coordinator: Any) -> None:
         .trigger(availableNow=True)
         .start()
     )
-    query.awaitTermination()
+    try:
+        query.awaitTermination()
+    finally:  # what the stopped query held in this driver (its lease's thread): released
+        coordinator.close()
 
 
 def _assert_stream_evolved(table: str) -> None:

@@ -538,17 +538,20 @@ def test_reader_following_manifests_never_sees_a_partial_epoch(
     uid = _uid()
     prepare_input(tmp_path, 1000)  # 4 epochs of 250 ids
     plan = FaultPlan.parse("during_commit:raise@1", str(tmp_path / "faults"))
-    query = start_query(spark, tmp_path, _s3_coordinator(s3, tmp_path, bucket, uid, faults=plan)())
+    failing = _s3_coordinator(s3, tmp_path, bucket, uid, faults=plan)()
+    query = start_query(spark, tmp_path, failing)
     with pytest.raises(Exception, match="InjectedFault"):
         query.awaitTermination()
+    failing.close()  # what the failed query held in this driver (its lease's thread)
     assert (
         len(_keys(s3, bucket, "out/epoch=1/")) == 1
     )  # one of the two partitions' objects completed
     table = read_committed(f"s3://{bucket}/out", uid, client_options=_options(s3))
     assert set(table.column("_epoch").to_pylist()) == {0}
     assert sorted(table.column("id").to_pylist()) == list(range(250))
-    query = start_query(spark, tmp_path, _s3_coordinator(s3, tmp_path, bucket, uid)())
-    query.awaitTermination()
+    restarted = _s3_coordinator(s3, tmp_path, bucket, uid)()
+    start_query(spark, tmp_path, restarted).awaitTermination()
+    restarted.close()
     verdict = _verdict(s3, bucket, uid, 1000)
     assert verdict.ok, verdict
     table = read_committed(f"s3://{bucket}/out", uid, client_options=_options(s3))

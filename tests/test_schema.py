@@ -9,6 +9,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from txsink.errors import ConfigurationError
 from txsink.schema import (
     ADD,
     ADD_FIELD,
@@ -209,3 +210,15 @@ def test_a_column_of_a_target_type_that_takes_several_arrow_types_shows_that_typ
     schema = pa.schema([pa.field("id", pa.int64()), text])
     assert type_names(schema) == {"id": "int64", "note": "text"}
     assert diff(schema, pa.schema([("id", pa.int32()), ("note", pa.int64())])).changes == ()
+
+
+def test_a_library_error_reading_a_target_schema_arrives_typed_naming_the_sink() -> None:
+    a = _Sink("a", OLD, "add-columns", ALL)
+
+    def broken(app_id: str) -> pa.Schema:
+        raise OSError("connection reset by peer")
+
+    a.target_schema = broken  # type: ignore[method-assign]
+    with pytest.raises(ConfigurationError) as info:
+        _plan(a)
+    assert info.value.context["sink_uid"] == "a" and "OSError: connection reset" in str(info.value)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import pyarrow as pa
 
-from txsink.errors import InternalError, TxsinkError
+from txsink.errors import ConfigurationError, InternalError, TxsinkError
 from txsink.schema import ADD, ColumnChange, SchemaChange, SchemaEvolutionError, diff
 
 if TYPE_CHECKING:
@@ -91,8 +91,16 @@ def _asked(sink: SinkContract[Any, Any], doing: str, call: Callable[[], R]) -> R
         return call()
     except TxsinkError as err:
         raise err.with_context(**ctx) from err.__cause__
-    except (TypeError, AttributeError) as err:
+    except (TypeError, AttributeError) as err:  # a call our code or a library misreads
         raise InternalError.of(err, f"sink {sink.uid!r} {doing}", **ctx) from err
+    except Exception as err:  # a connector's gap: a library's error let through untyped
+        text = str(err).strip().splitlines()
+        raise ConfigurationError(
+            f"sink {sink.uid!r} failed {doing} with {type(err).__name__}: "
+            f"{text[0] if text else ''}. Fix the cause it names (the target, the sink's "
+            "settings), then start again",
+            **ctx,
+        ) from err
 
 
 def _error(sink: SinkContract[Any, Any], column: str, message: str) -> SchemaEvolutionError:

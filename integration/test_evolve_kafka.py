@@ -20,7 +20,6 @@ import json
 import os
 import pickle
 import sys
-import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -100,43 +99,18 @@ def _run(sink: KafkaSink, epoch: int, schema: pa.Schema, parts: list[range]) -> 
 def read_values(
     bootstrap: str, registry_url: str, topic: str, reader: str | None = None
 ) -> list[Any]:
-    """Every value a ``read_committed`` consumer sees, decoded by the registry's
-    ``AvroDeserializer`` (with the writer's schema, or ``reader``'s)."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+    """Every value a ``read_committed`` consumer sees (``readback.read_records``, to the
+    settled ends), decoded by the registry's ``AvroDeserializer`` (with the writer's
+    schema, or ``reader``'s)."""
     from confluent_kafka.schema_registry import SchemaRegistryClient
     from confluent_kafka.schema_registry.avro import AvroDeserializer
     from confluent_kafka.serialization import MessageField, SerializationContext
 
+    from txsink.connectors.kafka import readback
+
     decode = AvroDeserializer(SchemaRegistryClient({"url": registry_url}), reader)
     ctx = SerializationContext(topic, MessageField.VALUE)
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"evolve-{uuid.uuid4().hex}",
-            "isolation.level": "read_committed",
-            "enable.partition.eof": True,
-            "enable.auto.commit": False,
-        }
-    )
-    try:
-        parts = consumer.list_topics(topic, timeout=30).topics[topic].partitions
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
-        values: list[Any] = []
-        left, deadline = set(parts), time.monotonic() + 60
-        while left and time.monotonic() < deadline:
-            msg = consumer.poll(1.0)
-            if msg is None:
-                continue
-            err = msg.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    left.discard(msg.partition())
-                continue
-            values.append(decode(msg.value(), ctx))
-        assert not left, f"partitions not read to their end: {left}"
-        return values
-    finally:
-        consumer.close()
+    return [decode(r.value, ctx) for r in readback.read_records(bootstrap, topic)]
 
 
 def _versions(registry: Any, subject: str) -> list[int]:

@@ -108,6 +108,8 @@ class FilesSink(TwoPhaseCommitSink[_OpenFiles, FilesHandle]):
         **coordinator_options: Any,
     ) -> None:
         super().__init__(uid, log=log, **coordinator_options)
+        #: The schema this process's last manifest recorded (the next commit's "before").
+        self._recorded = evolving.Recorded()
         self.redact_rows = redact_rows
         self.compression = formats.check_options("FilesSink", format, compression)
         if target_file_bytes < 1:
@@ -300,7 +302,13 @@ class FilesSink(TwoPhaseCommitSink[_OpenFiles, FilesHandle]):
     ) -> None:
         before = None
         if change is None:
-            before = evolving.newest_schema(self._store, self.uid, self._legacy_schema, below=epoch)
+            before = self._recorded.before(
+                epoch,
+                lambda: evolving.newest_schema(
+                    self._store, self.uid, self._legacy_schema, below=epoch
+                ),
+            )
+        schema = evolving.epoch_schema(before, change, (h.schema for h in handles))
         doc = manifests.document(
             uid=self.uid,
             epoch=epoch,
@@ -313,7 +321,7 @@ class FilesSink(TwoPhaseCommitSink[_OpenFiles, FilesHandle]):
                 for e in h.files
             ),
             sort_by="path",
-            schema=evolving.epoch_schema(before, change, (h.schema for h in handles)),
+            schema=schema,
             committed_at=time.time(),
         )
         manifests.write(
@@ -323,6 +331,7 @@ class FilesSink(TwoPhaseCommitSink[_OpenFiles, FilesHandle]):
             place="output folder",
             context=self._ctx(),
         )
+        self._recorded.wrote(epoch, schema)
 
     @override
     def abort(self, handle: FilesHandle) -> None:

@@ -131,6 +131,8 @@ class S3Sink(TwoPhaseCommitSink[multipart.OpenUploads, S3Handle]):
         **coordinator_options: Any,
     ) -> None:
         super().__init__(uid, log=log, **coordinator_options)
+        #: The schema this process's last manifest recorded (the next commit's "before").
+        self._recorded = evolving.Recorded()
         self.redact_rows = redact_rows
         location = parse_s3_url(url)
         # Plain strings: S3Location (a tuple subclass) does not survive pickling into tasks.
@@ -377,7 +379,11 @@ class S3Sink(TwoPhaseCommitSink[multipart.OpenUploads, S3Handle]):
         store = target.objects("the manifest", phase="commit", epoch=epoch)
         before = None
         if change is None:
-            before = evolving.newest_schema(store, self.uid, self._legacy_schema, below=epoch)
+            before = self._recorded.before(
+                epoch,
+                lambda: evolving.newest_schema(store, self.uid, self._legacy_schema, below=epoch),
+            )
+        schema = evolving.epoch_schema(before, change, (h.schema for h in handles))
         first = handles[0] if handles else None
         partition_schema = first.partition_schema if first else self._partition_schema
         doc = manifests.document(
@@ -404,7 +410,7 @@ class S3Sink(TwoPhaseCommitSink[multipart.OpenUploads, S3Handle]):
                 for o in h.objects
             ),
             sort_by="key",
-            schema=evolving.epoch_schema(before, change, (h.schema for h in handles)),
+            schema=schema,
             committed_at=time.time(),
         )
         manifests.write(
@@ -414,6 +420,7 @@ class S3Sink(TwoPhaseCommitSink[multipart.OpenUploads, S3Handle]):
             place="prefix",
             context=target.ctx(),
         )
+        self._recorded.wrote(epoch, schema)
 
     @override
     def abort(self, handle: S3Handle) -> None:

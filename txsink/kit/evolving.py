@@ -39,6 +39,7 @@ from txsink.store import LogStore
 
 __all__ = [
     "FIELD",
+    "Recorded",
     "check_change",
     "decode_schema",
     "encode_schema",
@@ -93,6 +94,26 @@ def epoch_schema(
         epoch = pa.unify_schemas(schemas, promote_options="permissive")
     # No change was planned: the epoch's columns are the target's (or narrower, or fewer).
     return epoch if before is None else diff(before, epoch).merged
+
+
+class Recorded:
+    """The schema the last manifest this process wrote records, so that the next epoch's
+    commit need not read that manifest back (one object read per epoch on S3). A restarted
+    driver, or recovery, has none and reads it (:func:`newest_schema`)."""
+
+    def __init__(self) -> None:
+        self.epoch: int | None = None
+        self.schema: pa.Schema | None = None
+
+    def before(self, epoch: int, read: Callable[[], pa.Schema | None]) -> pa.Schema | None:
+        """The target's schema before ``epoch``: remembered, or ``read()`` (also when the
+        last manifest recorded none: an older output's schema comes from its files)."""
+        if self.schema is not None and self.epoch == epoch - 1:
+            return self.schema
+        return read()
+
+    def wrote(self, epoch: int, schema: pa.Schema | None) -> None:
+        self.epoch, self.schema = epoch, schema
 
 
 def newest_schema(

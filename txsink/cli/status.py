@@ -73,7 +73,7 @@ def status_command(args: argparse.Namespace) -> int:
     states = log.states()
     docs = [_state_doc(s) for s in states]
     lease = _lease_doc(current_lease(log), time.time())
-    history = schema_history(log)
+    history = schema_history(log, states)
     if args.json:
         print(
             json.dumps(

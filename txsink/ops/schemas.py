@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Sequence
 from typing import Any
 
-from txsink.protocol.log import SCHEMA_PREFIX, TxLog
+from txsink.protocol.log import SCHEMA_PREFIX, EpochState, TxLog
 from txsink.schema import SchemaChange, type_names
 
 __all__ = ["SchemaEvent", "schema_history"]
@@ -47,8 +48,9 @@ class SchemaEvent:
         return f"epoch {self.epoch} sink {self.sink}: {self.change.describe()}{state}"
 
 
-def schema_history(log: TxLog) -> list[SchemaEvent]:
-    """Every recorded schema change of ``log``, by epoch then sink."""
+def schema_history(log: TxLog, states: Sequence[EpochState] | None = None) -> list[SchemaEvent]:
+    """Every recorded schema change of ``log``, by epoch then sink. ``states``: the log's
+    epoch states when the caller read them already (``txsink status``): not read again."""
     events: dict[tuple[int, str], SchemaEvent] = {}
     for key in log.store.list(SCHEMA_PREFIX):
         raw = log.store.read(key)
@@ -59,7 +61,7 @@ def schema_history(log: TxLog) -> list[SchemaEvent]:
             epoch = int(doc["epoch"])
             at = float(doc.get("decided_at", 0.0))
             events[(epoch, uid)] = SchemaEvent(epoch, uid, SchemaChange.from_json(uid, change), at)
-    for state in log.states():
+    for state in log.states() if states is None else states:
         decision = state.decision
         if decision is None or not decision.schema:
             continue

@@ -18,6 +18,8 @@ re-implements the protocol. Who calls what, and where::
     driver    abort(handle)                    a prepared transaction no decision names
     driver    list_prepared(app_id)            recovery: every prepared transaction of ours
     driver    migrate_uid(old, app_id)         ``txsink state rename-uid``: the target side
+    any       audit(request)                   ``txsink audit``: what the target holds for
+                                               the decided epochs (read-only)
 
 Schema evolution (:mod:`txsink.schema`; only for sinks whose policy is ``add-columns``)::
 
@@ -68,6 +70,8 @@ from txsink.txid import TxnId, check_name
 
 if TYPE_CHECKING:
     import pyarrow as pa
+
+    from txsink.audit.found import AuditRequest, TargetAudit
 
 __all__ = [
     "EpochCommit",
@@ -439,6 +443,18 @@ class SinkContract(abc.ABC, Generic[T, H]):
         itself here travels with it into the epoch's tasks (they write rows of the new
         schema); the commit gets the change again as :attr:`EpochCommit.schema_change`.
         """
+
+    # -- operator side: the audit (txsink.audit) ------------------------------------
+
+    def audit(self, request: AuditRequest) -> TargetAudit:
+        """What the target holds for ``request``'s epochs, read by the target's own means
+        (:mod:`txsink.audit.found` says what to read and answer); read-only, and bounded by
+        the epochs asked. Runs on any thread (``txsink audit``, or the coordinator's
+        ``audit_every`` in the background, beside a commit): open its own clients, share
+        none with the commit. Default: this connector cannot be audited (the report says
+        so, and ``txsink audit`` does not pass).
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no audit")
 
     # -- operator side: upgrades ----------------------------------------------------
 

@@ -9,6 +9,11 @@ Handles are frozen dataclasses written as JSON under a *serializer name* and
 
     {"serializer": "files.staged", "version": 1, "data": {...}}
 
+The core adds the rows' digest (:class:`txsink.audit.digest.Digest`) next to ``data``, as
+``"evidence"``: what the pre-commit handed the sink, for ``txsink audit``. It is not the
+connector's: :meth:`Handle.encode` leaves it out, and a txsink older than the audit
+ignores it, so it changes no handle's version.
+
 Evolution rule (the TypeSerializerSnapshot discipline): a connector that bumps
 ``version`` keeps reading every older version in :meth:`Handle.decode`, or
 raises :class:`~txsink.errors.HandleFormatError` naming both versions.
@@ -52,6 +57,11 @@ class Handle:
     txn: TxnId
     rows: int = 0
     nbytes: int = 0
+    #: The digest of the rows the sink was handed (:meth:`txsink.audit.digest.Digest.to_json`),
+    #: set by the core, never by a connector; ``None`` in handles decided before the audit.
+    evidence: dict[str, Any] | None = dataclasses.field(
+        default=None, kw_only=True, compare=False, repr=False
+    )
 
     @classmethod
     def readable_versions(cls) -> tuple[int, ...]:
@@ -65,6 +75,7 @@ class Handle:
     def encode(self) -> dict[str, Any]:
         """The ``data`` part of the JSON document."""
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        del data["evidence"]  # the envelope's, not the connector's
         data["txn"] = str(self.txn)
         return data
 
@@ -90,7 +101,10 @@ def register_handle(cls: H) -> H:
 
 
 def dump_handle(handle: Handle) -> dict[str, Any]:
-    return {"serializer": handle.serializer, "version": handle.version, "data": handle.encode()}
+    doc = {"serializer": handle.serializer, "version": handle.version, "data": handle.encode()}
+    if handle.evidence is not None:
+        doc["evidence"] = handle.evidence
+    return doc
 
 
 def load_handle(doc: dict[str, Any], *, sink_uid: str | None = None) -> Handle:
@@ -127,7 +141,9 @@ def load_handle(doc: dict[str, Any], *, sink_uid: str | None = None) -> Handle:
             sink_uid=sink_uid,
         )
     try:
-        return cls.decode(version, dict(data))
+        handle = cls.decode(version, dict(data))
+        evidence = doc.get("evidence")
+        return handle if evidence is None else dataclasses.replace(handle, evidence=evidence)
     except HandleFormatError as err:
         raise err.with_context(sink_uid=sink_uid) from None
     except (KeyError, TypeError, ValueError) as err:

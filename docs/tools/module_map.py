@@ -36,11 +36,13 @@ def _connector_groups(name: str) -> list[tuple[str, str]]:
 
 GROUPS = [
     ("txsink/", "the core's public surface: the base API and the faces"),
+    ("txsink/audit/", "the base API's audit evidence: the row digest, the hook's types"),
     ("txsink/kit/", "plumbing shared by the core and the connectors"),
     ("txsink/observe/", "logging, failures, metering, exporters"),
     ("txsink/protocol/", "the protocol, without Spark"),
     ("txsink/spark/", "everything that touches Spark"),
     ("txsink/ops/", "operator tools over a log"),
+    ("txsink/ops/audit/", "txsink audit: the log's promise against the targets"),
     ("txsink/datasource/", "the Data Source face"),
     ("txsink/cli/", "the command line"),
     ("txsink/testing/", "the testing toolkit"),

@@ -9,6 +9,7 @@ batches and the task's partition id and attempt id.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from txsink.audit.digest import Digest, digest_batch
 from txsink.contract import EpochData, SinkContract, TaskInfo
 from txsink.errors import EpochAbortedError, InjectedFault, RetryableError, TxsinkError
 from txsink.handles import Handle, dump_handle, load_handle
@@ -85,6 +87,10 @@ def run_partition(
     the task are kept there, by sink uid, for the task to commit or discard after the
     driver's answer; on a failure here they are discarded with the others.
 
+    Each handle carries the digest of the rows (:mod:`txsink.audit.digest`) as its
+    ``evidence``: every sink is handed the same batches, so one digest serves them all, and
+    it is computed here, once, for every connector alike.
+
     Bad input (a :class:`~txsink.errors.TxsinkError` that is not retryable)
     comes back as an error ack so the driver raises it with its full context
     and no task retry wastes time on it; transient errors and injected faults
@@ -92,10 +98,12 @@ def run_partition(
     """
     open_txns: dict[str, Any] = {}
     rows = 0
+    digest = Digest()
     try:
         for batch in batches:
             if batch.num_rows == 0:
                 continue
+            digest += digest_batch(batch)
             for sink in plan.sinks:
                 txn = open_txns.get(sink.uid)
                 if txn is None:
@@ -122,6 +130,7 @@ def run_partition(
                 raise
             if held is not None and sink.commits_in_task:
                 held[sink.uid] = txn
+            handle = dataclasses.replace(handle, evidence=digest.to_json())
             acks.append(
                 Ack(sink.uid, partition, attempt, dump_handle(handle), handle.rows, handle.nbytes)
             )

@@ -10,7 +10,9 @@ epoch, the sink and the difference.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import ClassVar
 
 import pyarrow as pa
@@ -21,11 +23,13 @@ from tests.memsink import Crasher, MemHandle, MemSink, MemStore, MemTarget
 from txsink import Coordinator
 from txsink.audit.digest import Digest, digest_batch, digest_rows
 from txsink.audit.found import AuditRequest, EpochFound, Extra, TargetAudit
+from txsink.cli import main as cli_main
 from txsink.errors import ConfigurationError
 from txsink.handles import dump_handle, load_handle
 from txsink.ops.audit import audit_log
 from txsink.protocol.log import TxLog
 from txsink.protocol.task import Ack, TaskPlan, run_partition
+from txsink.store import FileStore
 from txsink.txid import TxnId
 
 APP = "app-audit"
@@ -234,3 +238,44 @@ def test_the_report_is_json() -> None:
 def test_a_log_without_an_app_cannot_be_audited() -> None:
     with pytest.raises(ConfigurationError, match="nothing to audit"):
         audit_log(TxLog(MemStore()), [AuditedSink("a", RowsTarget())])
+
+
+#: The sinks ``txsink audit --pipeline tests.test_audit_core:pipeline`` audits.
+PIPELINE: list[MemSink] = []
+
+
+def pipeline() -> list[MemSink]:
+    return PIPELINE
+
+
+def test_the_command_prints_the_table_and_exits_0_only_if_all_match(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = RowsTarget()
+    sink = AuditedSink("a", target)
+    log = TxLog(FileStore(tmp_path / "log"))
+    coord = Coordinator([sink], log=log, app_id=APP, faults=None)
+    for epoch in range(3):
+        coord.run_epoch(epoch, _precommit(epoch), app_id=APP)  # type: ignore[arg-type]
+    PIPELINE[:] = [sink]
+    args = ["audit", "--log", str(tmp_path / "log"), "--pipeline", f"{__name__}:pipeline"]
+    assert cli_main([*args, "--deep"]) == 0
+    out = capsys.readouterr().out
+    assert "epoch  sink  expected  found  checksum  status" in out
+    assert "audit (deep (rows read)) of epochs 0-2 x 1 sink(s)" in out
+    assert out.rstrip().endswith("every epoch matches")
+
+    name = _txn_of(target, 1, 1)
+    target.batches[name] = [target.batches[name][0].slice(2)]
+    assert cli_main([*args, "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["ok"] is False
+    (bad,) = [r for r in doc["rows"] if r["status"] != "ok"]
+    assert (bad["epoch"], bad["sink"], bad["differences"]) == (
+        1, "a", ["expected 8 rows, found 6 (2 missing)"],
+    )  # fmt: skip
+    assert cli_main([*args, "--last", "1"]) == 0
+    assert "of epoch 2 x 1 sink(s)" in capsys.readouterr().out
+    assert cli_main([*args, "--mismatches-only"]) == 1
+    out = capsys.readouterr().out
+    assert "    expected 8 rows, found 6 (2 missing)" in out and "\n0  " not in out

@@ -1,7 +1,7 @@
 """The ``txsink`` command line: one table of commands.
 
-The core's commands (``status``, ``inspect``, ``check``, ``chaos``, and the operator
-commands ``savepoint``, ``state``, ``recover`` and ``abort``) and those connectors register
+The core's commands (``status``, ``inspect``, ``check``, ``audit``, ``chaos``, and the
+operator commands ``savepoint``, ``state``, ``recover`` and ``abort``) and those connectors register
 (``demo``, by the files connector) through :mod:`txsink.registry`.
 
 May import: every room of txsink/ (the top of the order), and a connector only through
@@ -40,7 +40,7 @@ def log_location_help(what: str = "the txsink log") -> str:
 
 
 def _core() -> dict[str, Command]:
-    from txsink.cli import chaos, check, inspect, operate, state, status
+    from txsink.cli import audit, chaos, check, inspect, operate, state, status
 
     return {
         "status": Command(
@@ -75,6 +75,11 @@ def _core() -> dict[str, Command]:
             "abort lingering (undecided) transactions, by hand",
             operate.add_abort_arguments,
             operate.abort_command,
+        ),
+        "audit": Command(
+            "prove that the targets hold what the log decided, epoch by epoch",
+            audit.add_arguments,
+            audit.audit_command,
         ),
         "chaos": Command(
             "run pipelines under fault plans and verify them (run, soak)",

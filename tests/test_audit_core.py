@@ -26,6 +26,7 @@ from txsink.audit.found import AuditRequest, EpochFound, Extra, TargetAudit
 from txsink.cli import main as cli_main
 from txsink.errors import ConfigurationError
 from txsink.handles import dump_handle, load_handle
+from txsink.metrics import RecordingMetrics
 from txsink.ops.audit import audit_log
 from txsink.protocol.log import TxLog
 from txsink.protocol.task import Ack, TaskPlan, run_partition
@@ -279,3 +280,60 @@ def test_the_command_prints_the_table_and_exits_0_only_if_all_match(
     assert cli_main([*args, "--mismatches-only"]) == 1
     out = capsys.readouterr().out
     assert "    expected 8 rows, found 6 (2 missing)" in out and "\n0  " not in out
+
+
+def test_the_continuous_audit_runs_every_n_epochs_off_the_commit_and_counts_mismatches(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    target = RowsTarget()
+    sink = AuditedSink("a", target)
+    metrics = RecordingMetrics()
+    log = TxLog(MemStore())
+    coord = Coordinator([sink], log=log, app_id=APP, faults=None, metrics=metrics, audit_every=2)
+    auditor = coord.auditor
+    assert auditor is not None
+    for epoch in range(4):
+        coord.run_epoch(epoch, _precommit(epoch), app_id=APP)  # type: ignore[arg-type]
+        auditor.wait(10)
+    assert [r.epochs for r in auditor.reports] == [[0, 1], [2, 3]]
+    assert metrics.audited == {(APP, "a", "memory"): [4, 0]}
+    assert metrics.gauges[(APP, "last_audited_epoch", "a", "memory")] == 3
+
+    del target.batches[_txn_of(target, 3, 0)]  # damage an audited epoch: not looked at again
+    coord.run_epoch(4, _precommit(4), app_id=APP)  # type: ignore[arg-type]
+    # damage epoch 4 as soon as it is committed: the next audit (after epoch 5) covers it
+    target.batches[_txn_of(target, 4, 1)] = []
+    with caplog.at_level("ERROR", logger="txsink"):
+        coord.run_epoch(5, _precommit(5), app_id=APP)  # type: ignore[arg-type]
+        auditor.wait(10)
+    assert auditor.reports[-1].epochs == [4, 5]
+    assert metrics.audited == {(APP, "a", "memory"): [6, 1]}
+    lines = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert any(
+        "audit: sink a mismatch: expected 8 rows, found 4 (4 missing)" in x for x in lines
+    ), lines
+    coord.close()
+
+
+def test_audit_every_must_stay_below_retain_epochs() -> None:
+    sink = AuditedSink("a", RowsTarget())
+    with pytest.raises(ValueError, match="below retain_epochs=5"):
+        Coordinator([sink], log=TxLog(MemStore()), app_id=APP, retain_epochs=5, audit_every=5)
+    with pytest.raises(ValueError, match=">= 1"):
+        Coordinator([sink], log=TxLog(MemStore()), app_id=APP, audit_every=0)
+
+
+def test_prometheus_names_the_audit_metrics_as_the_dashboard_reads_them() -> None:
+    from prometheus_client import generate_latest
+
+    from txsink.observe.prometheus import PrometheusMetrics
+
+    m = PrometheusMetrics(port=0)
+    m.audit(APP, "a", "memory", 4, 1)
+    m.gauge(APP, "last_audited_epoch", 3, "a", "memory")
+    text = generate_latest(m.registry).decode()
+    labels = f'app_id="{APP}",connector="memory",sink_uid="a"'
+    assert f"txsink_audit_epochs_total{{{labels}}} 4.0" in text
+    assert f"txsink_audit_mismatches_total{{{labels}}} 1.0" in text
+    assert f"txsink_last_audited_epoch{{{labels}}} 3.0" in text
+    m.close()

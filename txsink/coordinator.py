@@ -23,6 +23,7 @@ from txsink.contract import SinkContract
 from txsink.metrics import Metrics
 from txsink.observe import failure as _failure
 from txsink.observe.logs import failures_logged, install_console
+from txsink.ops.audit.continuous import check_audit_every
 from txsink.ops.operator import Operations
 from txsink.protocol.epoch import EpochResult
 from txsink.protocol.faults import FaultPlan
@@ -81,6 +82,11 @@ class Coordinator(Operations):
         lease_s: how long this driver's lease on the query (:mod:`txsink.protocol.lease`) lives
             unrenewed; default ``max(60, 3 x trigger interval)``. Shorter: faster take-over
             of a frozen driver; longer: fewer false take-overs (docs/operations.md).
+        audit_every: audit every N committed epochs, in a background thread, that each
+            target holds what the log decided (``txsink audit``'s check; metrics and an
+            ERROR line per mismatch; docs/audit.md). Below ``retain_epochs``. Default: off.
+        audit_deep: the continuous audit reads the epochs' rows and compares checksums,
+            not only the targets' metadata (costs a read of every row once).
     """
 
     def __init__(
@@ -98,6 +104,8 @@ class Coordinator(Operations):
         max_tasks: MaxTasks = "auto",
         outage_s: float | None = None,
         lease_s: float | None = None,
+        audit_every: int | None = None,
+        audit_deep: bool = False,
     ) -> None:
         super().__init__(
             sinks, log=log, app_id=app_id, allow_non_restored_state=allow_non_restored_state,
@@ -108,6 +116,9 @@ class Coordinator(Operations):
         self._log_location = location_of(log)  # what travels to Spark Connect (remote)
         self.from_savepoint = from_savepoint
         self._restored = from_savepoint is None
+        self.audit_every = check_audit_every(audit_every, retain_epochs)
+        self.audit_deep = audit_deep
+        self._start_audit()
         install_console()  # one line per epoch on stderr, unless logging is configured
         _failure.install_excepthook()  # a failure that ends the process: one paragraph
 

@@ -40,6 +40,8 @@ GAUGES: Mapping[str, str] = {
     "transaction timeout (reported by the connector)",
     "blocked_epochs": "decided epochs of a sink its target refuses until an operator acts "
     "(EpochBlockedError; txsink status shows the reason and fix)",
+    "last_audited_epoch": "the newest epoch of a sink the continuous audit checked "
+    "(Coordinator(audit_every=...); txsink.ops.audit)",
 }
 
 
@@ -62,6 +64,12 @@ class Metrics:
         """A phase of an epoch took ``seconds`` (recover, precommit, decide, commit; the
         single pass reports its own phases)."""
 
+    def audit(
+        self, app_id: str, sink_uid: str, connector: str, epochs: int, mismatches: int
+    ) -> None:
+        """The continuous audit checked ``epochs`` epochs of a sink in its target, and
+        ``mismatches`` of them did not match (or could not be audited), extras included."""
+
     def gauge(
         self, app_id: str, name: str, value: float, sink_uid: str = "", connector: str = ""
     ) -> None:
@@ -81,6 +89,7 @@ class RecordingMetrics(Metrics):
         self.handle_counts: dict[tuple[str, str, str, str], int] = {}
         self.phases: dict[tuple[str, str], list[float]] = {}
         self.gauges: dict[tuple[str, str, str, str], float] = {}
+        self.audited: dict[tuple[str, str, str], list[int]] = {}  # [epochs, mismatches]
 
     def epoch(self, app_id: str, outcome: str) -> None:
         with self._lock:
@@ -106,6 +115,14 @@ class RecordingMetrics(Metrics):
     ) -> None:
         with self._lock:
             self.gauges[(app_id, name, sink_uid, connector)] = value
+
+    def audit(
+        self, app_id: str, sink_uid: str, connector: str, epochs: int, mismatches: int
+    ) -> None:
+        with self._lock:
+            counts = self.audited.setdefault((app_id, sink_uid, connector), [0, 0])
+            counts[0] += epochs
+            counts[1] += mismatches
 
     def epoch_count(self, outcome: str) -> int:
         """Epochs with ``outcome``, over every app."""

@@ -45,6 +45,9 @@ class Meter:
         self._pending: set[int] = set()
         self._oldest: dict[str, float] = {}  # sink uid -> prepared since (Unix time)
         self._blocked: dict[str, set[int]] = {}  # sink uid -> its blocked epochs
+        #: Called with each committed epoch after its metrics (the continuous audit's
+        #: turn); a listener that raises is logged and never fails the epoch.
+        self.after_commit: list[Callable[[int], None]] = []
 
     def __getstate__(self) -> dict[str, Any]:
         """Travels as its exporters alone (Spark Connect): what this run learnt stays."""
@@ -86,6 +89,10 @@ class Meter:
         uid, connector = (sink.uid, sink.connector) if sink is not None else ("", "")
         self._each(lambda m: m.gauge(self.app, name, value, uid, connector))
 
+    def audited(self, sink: SinkContract[Any, Any], epochs: int, mismatches: int) -> None:
+        """The continuous audit checked ``epochs`` epochs of ``sink``; ``mismatches`` failed."""
+        self._each(lambda m: m.audit(self.app, sink.uid, sink.connector, epochs, mismatches))
+
     def preparing(self, sinks: Iterable[SinkContract[Any, Any]]) -> None:
         """An epoch's pre-commit starts: its transactions are prepared from now on."""
         now = time.time()
@@ -126,6 +133,11 @@ class Meter:
         self.gauge("last_committed_epoch", epoch)
         self.settled(sinks)
         self.epoch("committed")  # last: an exporter may push on it
+        for listener in self.after_commit:
+            try:
+                listener(epoch)
+            except Exception as err:
+                _log.warning("after epoch %d: %r failed (%r)", epoch, listener, err)
 
     def blocked(self, sink: SinkContract[Any, Any], epoch: int, blocked: bool) -> None:
         """Decided ``epoch`` of ``sink`` is refused for good by its target (``blocked``),

@@ -44,6 +44,10 @@ GAUGE_NAMES: dict[str, tuple[str, str, str]] = {
         "txsink.epoch.blocked", "{epoch}",
         "Decided epochs the target refuses until an operator acts.",
     ),
+    "last_audited_epoch": (
+        "txsink.audit.last_epoch", "{epoch}",
+        "Newest epoch of the sink the continuous audit checked in its target.",
+    ),
 }  # fmt: skip
 
 
@@ -82,6 +86,12 @@ class OTelMetrics(Metrics):
         self._rows = m.create_counter("txsink.rows.written", "{row}", "Rows committed.")
         self._bytes = m.create_counter("txsink.bytes.written", "By", "Bytes committed.")
         self._handles = m.create_counter("txsink.handles", "{handle}", "Handles by outcome.")
+        self._audit_epochs = m.create_counter(
+            "txsink.audit.epochs", "{epoch}", "Epochs the continuous audit checked."
+        )
+        self._audit_mismatches = m.create_counter(
+            "txsink.audit.mismatches", "{epoch}", "Audited epochs that did not match."
+        )
         self._phases = m.create_histogram(
             "txsink.phase.duration", "s", "Duration of an epoch's phases."
         )
@@ -115,6 +125,12 @@ class OTelMetrics(Metrics):
 
     def phase(self, app_id: str, phase: str, seconds: float) -> None:
         self._phases.record(seconds, _attrs(app_id, phase=phase))
+
+    def audit(
+        self, app_id: str, sink_uid: str, connector: str, epochs: int, mismatches: int
+    ) -> None:
+        self._audit_epochs.add(epochs, _attrs(app_id, sink_uid, connector))
+        self._audit_mismatches.add(mismatches, _attrs(app_id, sink_uid, connector))
 
     def gauge(
         self, app_id: str, name: str, value: float, sink_uid: str = "", connector: str = ""

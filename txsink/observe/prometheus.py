@@ -46,6 +46,10 @@ GAUGE_NAMES: dict[str, tuple[str, tuple[str, ...], str]] = {
         "txsink_blocked_epochs", _SINK,
         "Decided epochs of the sink its target refuses until an operator acts (blocked).",
     ),
+    "last_audited_epoch": (
+        "txsink_last_audited_epoch", _SINK,
+        "Newest epoch of the sink the continuous audit checked in its target.",
+    ),
 }  # fmt: skip
 #: Phase-duration buckets, seconds: small epochs to slow commits.
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -111,6 +115,15 @@ class PrometheusMetrics(Metrics):
         self._handles = Counter(
             "txsink_handles", "Handles by outcome.", [*_SINK, "outcome"], registry=r
         )
+        self._audit_epochs = Counter(
+            "txsink_audit_epochs", "Epochs the continuous audit checked.", _SINK, registry=r
+        )
+        self._audit_mismatches = Counter(
+            "txsink_audit_mismatches",
+            "Audited epochs that did not match their decision (or could not be audited).",
+            _SINK,
+            registry=r,
+        )
         self._phases = Histogram(
             "txsink_phase_duration_seconds",
             "Duration of an epoch's phases.",
@@ -156,6 +169,12 @@ class PrometheusMetrics(Metrics):
 
     def phase(self, app_id: str, phase: str, seconds: float) -> None:
         self._phases.labels(app_id, phase).observe(seconds)
+
+    def audit(
+        self, app_id: str, sink_uid: str, connector: str, epochs: int, mismatches: int
+    ) -> None:
+        self._audit_epochs.labels(app_id, sink_uid, connector).inc(epochs)
+        self._audit_mismatches.labels(app_id, sink_uid, connector).inc(mismatches)
 
     def gauge(
         self, app_id: str, name: str, value: float, sink_uid: str = "", connector: str = ""

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, final
 
 from txsink.ops import precheck as _precheck
+from txsink.ops.audit.continuous import ContinuousAudit
 from txsink.ops.follow import LogFollower, follow
 from txsink.ops.precheck import CheckResult
 from txsink.protocol.epoch import EpochProtocol
@@ -40,21 +41,42 @@ class Operations(EpochProtocol):
     #: :class:`txsink.Coordinator`'s ``from_savepoint=`` (none for an operator's own).
     from_savepoint: str | os.PathLike[str] | LogStore | TxLog | None = None
     _restored: bool = True
+    #: :class:`txsink.Coordinator`'s ``audit_every=`` and ``audit_deep=``: the continuous
+    #: audit (:mod:`txsink.ops.audit.continuous`), started in each driver process.
+    audit_every: int | None = None
+    audit_deep: bool = False
+    auditor: ContinuousAudit | None = None
 
     # -- travelling (Spark Connect), closing, following --------------------------------------
 
     def __getstate__(self) -> dict[str, Any]:
-        return portable_state(self.__dict__)  # Spark Connect's foreachBatch: txsink.spark.remote
+        state = portable_state(self.__dict__)  # Spark Connect's foreachBatch: txsink.spark.remote
+        state["auditor"] = None  # a thread: each process starts its own
+        return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(arrived_state(state))
         self._recovery = self._new_recovery()
+        self._start_audit()
+
+    def _start_audit(self) -> None:
+        """Start the continuous audit in this process, if ``audit_every`` asks for one."""
+        if self.audit_every is None or self.auditor is not None:
+            return
+        self.auditor = ContinuousAudit(
+            self.log, self.sinks, every=self.audit_every, deep=self.audit_deep,
+            meter=self._meter, logger=self._log,
+        )  # fmt: skip
+        self._meter.after_commit.append(self.auditor.committed)
 
     def close(self) -> None:
         """Close what the sinks hold open in this driver (:meth:`SinkContract.release`):
         call it once the query has stopped. Using the coordinator again opens what it
         needs again; a failed epoch closes it by itself (Spark ends the query). The
-        driver lease is released: the next driver takes over at once."""
+        driver lease is released: the next driver takes over at once. A continuous audit
+        that is running is given a few seconds to end."""
+        if self.auditor is not None:
+            self.auditor.wait(timeout=5.0)
         lease = self._lease
         if lease is not None:
             lease.release()

@@ -337,3 +337,23 @@ def test_prometheus_names_the_audit_metrics_as_the_dashboard_reads_them() -> Non
     assert f"txsink_audit_mismatches_total{{{labels}}} 1.0" in text
     assert f"txsink_last_audited_epoch{{{labels}}} 3.0" in text
     m.close()
+
+
+def test_inspect_adds_the_audit_section(tmp_path: Path) -> None:
+    target = RowsTarget()
+    sink = AuditedSink("a", target)
+    log = TxLog(FileStore(tmp_path / "log"))
+    coord = Coordinator([sink], log=log, app_id=APP, faults=None)
+    for epoch in range(2):
+        coord.run_epoch(epoch, _precommit(epoch), app_id=APP)  # type: ignore[arg-type]
+    PIPELINE[:] = [sink]
+    out = tmp_path / "report.html"
+    base = ["inspect", "--log", str(tmp_path / "log"), "--out", str(out)]
+    assert cli_main(base) == 0
+    assert "Not audited (pass --pipeline and --audit)" in out.read_text()
+    del target.batches[_txn_of(target, 1, 0)]
+    assert cli_main([*base, "--pipeline", f"{__name__}:pipeline", "--audit", "deep"]) == 0
+    html = out.read_text()
+    assert '<section id="audit">' in html
+    assert "audit (deep (rows read)) of epochs 0-1 x 1 sink(s)" in html
+    assert "expected 8 rows, found 4 (4 missing)" in html

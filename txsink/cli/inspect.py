@@ -39,6 +39,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the pipeline's sink factory, to list lingering prepared transactions in the "
         "targets (read-only)",
     )
+    parser.add_argument(
+        "--audit",
+        choices=["metadata", "deep"],
+        help="with --pipeline: audit the committed epochs in the targets (txsink audit) and "
+        "add the Audit section",
+    )
 
 
 def inspect_command(args: argparse.Namespace) -> int:
@@ -49,8 +55,17 @@ def inspect_command(args: argparse.Namespace) -> int:
         return 1
     snap = read_log(log)
     lingering = list_lingering(snap, args.pipeline) if args.pipeline else None
+    audit = None
+    if args.audit:
+        if not args.pipeline:
+            print("txsink inspect: --audit needs --pipeline (the sinks)", file=sys.stderr)
+            return 1
+        from txsink.cli.pipeline import load_sinks
+        from txsink.ops.audit import audit_log
+
+        audit = audit_log(log, load_sinks(args.pipeline), deep=args.audit == "deep")
     out = Path(args.out)
-    _write(out, render_report(snap, title=args.title, lingering=lingering))
+    _write(out, render_report(snap, title=args.title, lingering=lingering, audit=audit))
     print(f"txsink inspect: report written to {out.resolve()}")
     if args.csv:
         csv = Path(args.csv)
@@ -58,6 +73,10 @@ def inspect_command(args: argparse.Namespace) -> int:
         log_table(snap).to_csv(csv, index=False, date_format="%Y-%m-%dT%H:%M:%S.%fZ")
         print(f"txsink inspect: table written to {csv.resolve()}")
     print(_summary(snap, lingering))
+    if audit is not None:
+        from txsink.ops.audit.table import summary_line
+
+        print(f"txsink inspect: {summary_line(audit)}")
     return 0
 
 

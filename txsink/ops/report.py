@@ -26,6 +26,8 @@ from typing import Any
 import pandas as pd
 
 from txsink.kit import text as fmt
+from txsink.ops.audit.run import AuditReport
+from txsink.ops.audit.table import summary_line
 from txsink.ops.html import CSS, Badge, Code, escape, note, table
 from txsink.ops.inspect import LogLike, LogSnapshot, epoch_table, log_table, read_log
 from txsink.ops.report_charts import (
@@ -44,12 +46,15 @@ def render_report(
     *,
     title: str | None = None,
     lingering: Mapping[str, Sequence[str]] | None = None,
+    audit: AuditReport | None = None,
 ) -> str:
     """The HTML report of ``log`` (a location, store, TxLog or :class:`LogSnapshot`).
 
     ``lingering`` maps sink uid -> names of prepared transactions that the sink's
     ``list_prepared`` returned and that no decision names (what recovery would abort);
     ``None`` means they were not listed, and the section says how to list them.
+    ``audit``: a :func:`txsink.ops.audit.audit_log` report, shown as the "Audit" section
+    (``None``: not audited, and the section says how).
     Raises :class:`~txsink.errors.LogError` if there is no log at the location.
     """
     snap = read_log(log)
@@ -62,6 +67,7 @@ def render_report(
             timeline_section(epochs, rows),
             latency_section(epochs),
             _blocked(epochs),
+            _audit(audit),
             _schema_changes(epochs),
             _pending(rows, snap.read_at),
             _voided(rows),
@@ -280,6 +286,47 @@ def _lingering(lingering: Mapping[str, Sequence[str]] | None, rows: pd.DataFrame
         else:
             table_rows.append([uid, len(names), Code("\n".join(sorted(names)))])
     out.append(table(["sink", "lingering", "transactions"], table_rows))
+    return "".join(out) + "</section>"
+
+
+def _audit(report: AuditReport | None) -> str:
+    head = '<section id="audit">\n<h2>Audit</h2>\n'
+    if report is None:
+        return (
+            head + '<p class="empty">Not audited (pass --pipeline and --audit): the audit '
+            "reads each target's own record of the epochs (txsink audit).</p>\n</section>"
+        )
+    out = [head, f"<p>{escape(summary_line(report))}</p>\n"]
+    bad = report.mismatches
+    red = STATUS_COLORS["aborted"]
+    out.append(
+        '<p class="hint">Each epoch x sink: the rows the decision promised against what '
+        "the target holds"
+        + (", and their checksums" if report.deep else "")
+        + ". "
+        + ("Every one matches." if report.ok else "Only those that do not match:")
+        + "</p>\n"
+    )
+    if bad:
+        out.append(
+            table(
+                ["epoch", "sink", "expected", "found", "checksum", "status", "differences"],
+                [
+                    [r.epoch, Code(r.sink), r.expected, "-" if r.found is None else r.found,
+                     r.checksum, Badge(r.status, red), "; ".join(r.differences)]
+                    for r in bad
+                ],
+            )
+        )  # fmt: skip
+    extras = [(uid, x) for uid, xs in sorted(report.extras.items()) for x in xs]
+    if extras:
+        out.append(
+            table(
+                ["sink", "extra of ours", "epoch", "rows"],
+                [[Code(u), x.what, "-" if x.epoch is None else x.epoch,
+                  "-" if x.rows is None else x.rows] for u, x in extras],
+            )
+        )  # fmt: skip
     return "".join(out) + "</section>"
 
 

@@ -226,3 +226,4 @@ def test_the_grafana_dashboard_queries_only_metrics_the_exporter_has() -> None:
     }
     assert used and used <= known, sorted(used - known)
     assert {"txsink_decided_uncommitted_epochs", "txsink_commit_timeout_ratio"} <= used
+    assert {"txsink_audit_mismatches_total", "txsink_last_audited_epoch"} <= used

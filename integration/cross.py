@@ -18,7 +18,7 @@ from typing import Any
 from txsink.protocol.faults import FaultPlan
 from txsink.testing.observer import Observer, ObserverReport
 from txsink.testing.targets import RunTarget, child_env, new_targets
-from txsink.testing.verifiers import Verdict, verify
+from txsink.testing.verifiers import Verdict, assert_audited, verify
 
 ROWS, FILES = 600, 4
 
@@ -115,6 +115,7 @@ class Cross:
         bad = {name: v for name, v in verdicts.items() if not v.ok}
         assert not bad, f"not exactly-once: {bad}\n{report.table()}"
         report.assert_ok()
+        assert_audited(self.log, self.sinks())  # every epoch x target, rows checksummed
 
     def drop(self) -> None:
         for target in self._made:

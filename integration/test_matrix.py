@@ -32,7 +32,7 @@ from txsink.protocol.faults import CrashPoint, FaultPlan
 from txsink.protocol.log import open_log
 from txsink.testing.adapter import adapters
 from txsink.testing.targets import RunTarget, child_env
-from txsink.testing.verifiers import verify
+from txsink.testing.verifiers import assert_audited, verify
 
 ROWS = 1000
 #: Input files, one epoch each: the faults hit epoch 1, and epoch 2 shows the query going
@@ -184,6 +184,7 @@ def run_cell(
         assert restarts >= 1
     verdict = verify(target.verifier(range(ROWS), log=log if isinstance(log, str) else None))
     assert verdict.ok, verdict
+    assert_audited(log, [target.sink()])  # and the decisions' own promise, epoch by epoch
     txlog = open_log(log)
     assert txlog.pending() == []
     assert [s.status for s in txlog.states()].count("committed") == FILES
@@ -235,3 +236,4 @@ def run_kill_driver(
     for target in targets:
         verdict = verify(target.verifier(range(3000), log=log))
         assert verdict.ok, (target.connector, verdict)
+    assert_audited(log, [t.sink() for t in targets])

@@ -59,7 +59,7 @@ from txsink.testing.observer import (
 )
 from txsink.testing.tables import format_table
 from txsink.testing.targets import RunTarget, available_connectors, new_targets
-from txsink.testing.verifiers import IdsVerifier, SinkVerifier, verify
+from txsink.testing.verifiers import IdsVerifier, SinkVerifier, assert_audited, verify
 
 __all__ = [
     "DEFAULT_MODES",
@@ -86,6 +86,7 @@ __all__ = [
     "adapter",
     "adapters",
     "append_input",
+    "assert_audited",
     "available_connectors",
     "format_table",
     "input_epochs",

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["IdsVerifier", "SinkVerifier", "Verdict", "count_ids", "verify"]
+__all__ = ["IdsVerifier", "SinkVerifier", "Verdict", "assert_audited", "count_ids", "verify"]
 
 
 @dataclass(frozen=True)
@@ -118,3 +118,21 @@ class IdsVerifier:
     def lingering(self) -> int:
         value = self.lingering_count() if callable(self.lingering_count) else self.lingering_count
         return int(value)
+
+
+def assert_audited(log: Any, sinks: Iterable[Any], *, deep: bool = True) -> Any:
+    """``txsink audit`` (``deep``: rows read and checksummed) of every committed epoch of
+    ``log`` in the targets of ``sinks`` (built as the pipeline builds them); raise
+    ``AssertionError`` with the rows that do not match, else return the
+    :class:`~txsink.ops.audit.AuditReport`. The verifiers read the targets with clients that
+    are not ours; the audit checks the decisions' own promise, epoch by epoch."""
+    from txsink.ops.audit import audit_log
+    from txsink.ops.audit.table import render_text
+    from txsink.protocol.log import open_log
+
+    report = audit_log(open_log(log), list(sinks), deep=deep)
+    if not report.ok:
+        raise AssertionError("txsink audit failed:\n" + render_text(report, all_rows=False))
+    if not report.rows:
+        raise AssertionError(f"txsink audit found no committed epoch in {log}: the check is void")
+    return report

@@ -35,7 +35,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from txsink.contract import SinkContract
+from txsink.ops.audit import audit_log
+from txsink.ops.audit.table import render_text, summary_line
 from txsink.protocol.faults import FaultPlan
+from txsink.protocol.log import open_log
 from txsink.protocol.rounds import OUTAGE_ENV
 from txsink.testing.chaos.plan import ChaosPlan
 from txsink.testing.chaos.targetcrash import TargetControl, TargetCrashes
@@ -78,6 +82,9 @@ class ChaosReport:
     disturbance_notes: list[str] = field(default_factory=list)
     #: Where the disturbance was not handled as it must be; each counts as a violation.
     disturbance_violations: list[str] = field(default_factory=list)
+    #: ``txsink audit --deep``'s summary line after the run (``audit=``); a failed audit is
+    #: an error (``errors["audit"]``) as well.
+    audit: str = ""
 
     @property
     def restarts(self) -> int:
@@ -125,6 +132,7 @@ class ChaosReport:
             "target_kills": self.target_kills,
             "observed": self.observed,
             "samples": self.samples,
+            "audit": self.audit,
             **(
                 {
                     "disturbance": self.disturbance,
@@ -156,6 +164,8 @@ class ChaosReport:
                 f"{name} {n} samples" for name, n in self.samples.items()
             )
         head += "".join(f"\n  VIOLATION seen by a reader: {v}" for v in self.observed)
+        if self.audit:
+            head += f"\n{self.audit}"
         cols = (
             "sink",
             "expected",
@@ -216,6 +226,7 @@ def run_chaos(
     expected_epochs: Mapping[int, Sequence[int]] | None = None,
     disturbance: SecondDriver | Poison | None = None,
     input_dir: str | os.PathLike[str] | None = None,
+    audit: Sequence[SinkContract[Any, Any]] = (),
 ) -> ChaosReport:
     """Run ``pipeline`` under ``plan`` until it finishes (or ``max_runs``), then verify.
 
@@ -246,6 +257,9 @@ def run_chaos(
             ``expected_epochs`` (epoch -> its ids; :func:`~txsink.testing.input_epochs`).
         disturbance: a second driver or a poison record (:mod:`txsink.testing.disturb`);
             a poison is written into ``input_dir`` (default ``workdir/input``) first.
+        audit: the pipeline's sinks, built in this process as the child builds them: after
+            the run, ``txsink audit --deep`` of every committed epoch in their targets
+            (:mod:`txsink.ops.audit`) must pass too.
     """
     chaos = plan if isinstance(plan, ChaosPlan) else ChaosPlan.parse(plan)
     root = Path(workdir)
@@ -338,8 +352,10 @@ def run_chaos(
             verdicts[name] = verify(verifier)
         except Exception as err:  # a verifier that cannot read is a failed verdict
             errors[name] = f"{type(err).__name__}: {err}"
+    audited = _audit(log_location, audit, errors) if audit else ""
     report = ChaosReport(
         plan=chaos.spec,
+        audit=audited,
         finished=runner.finished,
         runs=runner.runs,
         exit_codes=list(runner.exit_codes),
@@ -369,6 +385,18 @@ def run_chaos(
         f"{report.violations} violation(s), recovery max {_fmt_s(report.recovery_max)}"
     )
     return report
+
+
+def _audit(location: str, sinks: Sequence[SinkContract[Any, Any]], errors: dict[str, str]) -> str:
+    """``txsink audit --deep`` of the run's committed epochs; a failure goes to ``errors``."""
+    try:
+        report = audit_log(open_log(location), sinks, deep=True)
+    except Exception as err:
+        errors["audit"] = f"{type(err).__name__}: {err}"[:500]
+        return f"audit: could not run ({type(err).__name__})"
+    if not report.ok:
+        errors["audit"] = render_text(report, all_rows=False)[:1500]
+    return summary_line(report)
 
 
 #: txsink's own line for a committed epoch (see txsink.observe.logs): the child told it already.

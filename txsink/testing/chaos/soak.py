@@ -284,6 +284,7 @@ def soak(
             expected_epochs=input_epochs(folder / "input") if observe else None,
             disturbance=disturbance,
             input_dir=folder / "input",
+            audit=[t.sink() for t in made],  # txsink audit --deep at the end of each plan
         )
         with lock:
             done[index] = report

@@ -16,6 +16,7 @@ or whose target could not be read, is ``not audited``, and the audit does not pa
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -26,7 +27,8 @@ from txsink.audit.found import AuditRequest, EpochFound, EpochToAudit, Extra
 from txsink.contract import SinkContract
 from txsink.errors import ConfigurationError, TxsinkError
 from txsink.handles import load_handle
-from txsink.protocol.log import EpochState, TxLog
+from txsink.protocol.log import EpochState, TxLog, open_log
+from txsink.store import LogStore
 
 __all__ = ["AuditReport", "AuditRow", "audit_log", "committed_in_range"]
 
@@ -106,7 +108,7 @@ def committed_in_range(
 
 
 def audit_log(
-    log: TxLog,
+    log: str | os.PathLike[str] | LogStore | TxLog,
     sinks: Sequence[SinkContract[Any, Any]],
     *,
     since: int | None = None,
@@ -114,10 +116,11 @@ def audit_log(
     until: int | None = None,
     deep: bool = False,
 ) -> AuditReport:
-    """Audit the committed epochs in range in every sink's target (see the module's
-    docstring); read-only. Raises :class:`~txsink.errors.ConfigurationError` if the log has
-    no app yet, or a sink is not in the log's decisions at all."""
+    """Audit the committed epochs in range of ``log`` (a location, store or open log) in
+    every sink's target (see the module's docstring); read-only. Raises
+    :class:`~txsink.errors.ConfigurationError` if there is no log at ``log``."""
     started = time.monotonic()
+    log = open_log(log)
     meta = log.meta()
     if meta is None:
         raise ConfigurationError(f"no txsink log at {log.location}: nothing to audit")

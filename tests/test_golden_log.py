@@ -224,6 +224,24 @@ def test_the_first_version_2_record_reads_and_recovers_with_its_change(tmp_path:
     assert commit.schema_change.new.field("amount").type == pa.int64()
 
 
+def test_the_first_evidence_reads_as_the_digest_of_its_rows(tmp_path: Path) -> None:
+    """``log-v1/files-evidence/`` (issue #42): each handle's ``"evidence"`` beside its data
+    is the version-1 digest of its rows, and survives a load and a dump unchanged."""
+    from txsink.audit.digest import Digest, digest_batch
+    from txsink.handles import dump_handle
+
+    path = GOLDEN / "log-v1" / "files-evidence"
+    decision = open_log(path).decision(0)
+    assert decision is not None
+    for p, doc in enumerate(decision.handles["out"]):
+        handle = load_handle(doc, sink_uid="out")
+        ids = [p * 10 + i for i in range(3)]
+        rows = pa.table({"id": ids, "amount": [i * 2 for i in ids], "note": [f"n{i}" for i in ids]})
+        assert handle.evidence is not None
+        assert Digest.from_json(handle.evidence) == digest_batch(rows)
+        assert dump_handle(handle) == doc
+
+
 # -- incompatible logs --------------------------------------------------------------------
 
 

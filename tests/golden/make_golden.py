@@ -21,6 +21,10 @@ of this release, with handles dumped by the connectors' own handle classes
 ``kafka-replay`` decided epoch 0 with a version-1 handle (written as txsink <= 0.1
 wrote it: no ``checksum_version``) and epoch 1 with a version-2 handle.
 
+``files-evidence`` (issue #42, the audit): the files-v2 story with each handle's
+``"evidence"``, the digest of its rows (:mod:`txsink.audit.digest` version 1), beside its
+``data``.
+
 ``files`` and ``s3`` hold version-1 handles (as txsink <= 0.1 wrote them: no ``schema``);
 ``files-v2`` and ``s3-v2`` the same story with version-2 handles, which carry the epoch's
 schema (issue #41, schema evolution).
@@ -32,6 +36,7 @@ pid); handles hold fake but well-formed paths, buckets, keys and upload ids. No 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -39,6 +44,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from txsink.audit.digest import digest_batch
 from txsink.connectors.files import FileEntry, FilesHandle
 from txsink.connectors.kafka import KafkaReplayHandle, KafkaWalHandle
 from txsink.connectors.postgres import PgHandle
@@ -121,6 +127,14 @@ def s3_handle(epoch: int, round_: int, partition: int) -> S3Handle:
     )
 
 
+def files_evidence_handle(epoch: int, round_: int, partition: int) -> FilesHandle:
+    """:func:`files_handle` with the digest of its three rows (ids ``epoch*100+p*10+i``)."""
+    ids = [epoch * 100 + partition * 10 + i for i in range(3)]
+    rows = pa.table({"id": ids, "amount": [i * 2 for i in ids], "note": [f"n{i}" for i in ids]})
+    evidence = digest_batch(rows).to_json()
+    return dataclasses.replace(files_handle(epoch, round_, partition), evidence=evidence)
+
+
 def replay_v1_doc(handle: KafkaReplayHandle) -> dict[str, Any]:
     """A replay handle as txsink <= 0.1 wrote it: version 1, no checksum_version."""
     doc = dump_handle(handle)
@@ -144,6 +158,7 @@ CONNECTORS: dict[str, tuple[str, Any]] = {
     "s3": ("s3", s3_handle),
     "files-v2": ("out", files_handle),
     "s3-v2": ("s3", s3_handle),
+    "files-evidence": ("out", files_evidence_handle),
 }
 #: The folders whose handles are all written as version 1 (:func:`v1_doc`).
 V1_FOLDERS = ("files", "s3")

@@ -357,3 +357,20 @@ def test_inspect_adds_the_audit_section(tmp_path: Path) -> None:
     assert '<section id="audit">' in html
     assert "audit (deep (rows read)) of epochs 0-1 x 1 sink(s)" in html
     assert "expected 8 rows, found 4 (4 missing)" in html
+
+
+def test_without_the_digest_the_audit_compares_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``TXSINK_ROW_DIGEST=off``: no evidence in the decision; the deep audit says so and
+    still counts (the handles' own rows), and a missing row still fails it."""
+    monkeypatch.setenv("TXSINK_ROW_DIGEST", "off")
+    target = RowsTarget()
+    sink = AuditedSink("a", target)
+    log = _run(sink)
+    decision = log.decision(0)
+    assert decision is not None and all("evidence" not in d for d in decision.handles["a"])
+    report = audit_log(log, [sink], deep=True)
+    assert report.ok and {r.checksum for r in report.rows} == {"no evidence"}
+    name = _txn_of(target, 2, 0)
+    target.batches[name] = [target.batches[name][0].slice(1)]
+    (bad,) = audit_log(log, [sink], deep=True).mismatches
+    assert (bad.epoch, bad.differences) == (2, ("expected 8 rows, found 7 (1 missing)",))

@@ -92,11 +92,11 @@ class _Audit:
     def run(self, out: TargetAudit) -> None:
         table, request, app = self.table, self.request, self.request.app_id
         marked = _marked(table, app, self.uid, request.first, request.last)
-        for epoch, snapshots in marked.items():
+        for number, snapshots in marked.items():
             for extra in snapshots[1:]:  # one commit per epoch: a second is not the decision's
                 rows = sum(e.data_file.record_count for e in _added(table, extra))
                 what = f"snapshot {extra.snapshot_id} ({_operation(extra)}) also carries epoch"
-                out.extras.append(Extra(f"{what} {epoch}'s marker: a second commit", epoch, rows))
+                out.extras.append(Extra(f"{what} {number}'s marker: a second commit", number, rows))
         # The oldest audited epoch's sequence number: no manifest written before holds its
         # files (0, every manifest, when an epoch with files has no marked snapshot left).
         seqs = [

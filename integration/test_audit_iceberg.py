@@ -131,6 +131,25 @@ def test_a_clean_run_audits_clean_metadata_and_deep(run: Run) -> None:
         assert report.notes[run.uid], "the audit says what it cannot see"
 
 
+def test_an_epoch_whose_tasks_had_no_rows_audits_clean(run: Run) -> None:
+    """An epoch of empty tasks: no handle of the sink, no snapshot; nothing of ours found."""
+    coord = Coordinator([run.target.sink()], log=run.log, app_id=APP)
+    try:
+        coord.run_epoch(EPOCHS, memory_precommit([[rows([])], [rows([])]]), app_id=APP)
+    finally:
+        coord.close()
+    assert EPOCHS not in {
+        int(str(s.summary.get("txsink.epoch"))) for s in run.table().snapshots() if s.summary
+    }
+    for deep in (False, True):
+        report = run.audit(deep=deep, last=2)
+        assert report.ok, report.to_json()
+        assert [(r.epoch, r.status, r.found) for r in report.rows] == [
+            (EPOCHS - 1, "ok", PER_EPOCH),
+            (EPOCHS, "ok", 0),
+        ]
+
+
 def test_a_data_file_deleted_from_storage_is_named(run: Run) -> None:
     gone = run.files(1)[0]
     run.table().io.delete(gone.file_path)

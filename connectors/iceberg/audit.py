@@ -113,8 +113,11 @@ class _Audit:
         done = committed_epoch(table, app, self.uid)
         for epoch in request.epochs:
             snapshots = marked.get(epoch.epoch, [])
-            if not _files(epoch) and not snapshots:
-                continue  # no rows promised, no commit of ours: nothing to find
+            if not _files(epoch) and not snapshots:  # no file decided, none committed
+                if epoch.handles:  # tasks without rows: nothing to find, and nothing found
+                    empty = _read(table, epoch, {}, {}) if request.deep else None
+                    out.epochs[epoch.epoch] = EpochFound(0, empty, how="no data file decided")
+                continue
             found = out.epochs[epoch.epoch] = self.epoch(epoch, snapshots[:1])
             if done < epoch.epoch and _files(epoch):
                 found.problems.append(

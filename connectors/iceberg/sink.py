@@ -12,6 +12,8 @@
     abort             delete the handle's files
     recover           ``list_prepared`` lists the data location for transaction-named files
                       of this app and sink that no snapshot references
+    audit             each epoch's marked snapshot, its files live and in storage, their
+                      rows; ``deep`` reads and digests them (:mod:`.audit`)
 
 Options: ``catalog`` (pyiceberg catalog properties: ``type``, ``uri``, ``warehouse``,
 ``s3.*``...), ``table`` (``namespace.name``), ``catalog_name``, ``create`` (create the
@@ -46,6 +48,8 @@ from txsink.schema import SchemaChange, SchemaEvolutionError
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
     from pyiceberg.table import Table
+
+    from txsink.audit.found import AuditRequest, TargetAudit
 
 __all__ = ["IcebergSink"]
 
@@ -293,6 +297,37 @@ class IcebergSink(TwoPhaseCommitSink[PreparedWriter, IcebergHandle]):
                     (scheme + k, 0, table.metadata.default_spec_id, None) for k in sorted(left)
                 )
                 yield IcebergHandle(txn=txn, files=files)
+
+    @override
+    def audit(self, request: AuditRequest) -> TargetAudit:
+        """What the table itself says of ``request``'s epochs (:mod:`.audit`), through a
+        catalog of its own (it may run beside a commit); read-only."""
+        from txsink.connectors.iceberg.audit import audit_table
+
+        try:
+            catalog = cat.load_catalog(self.catalog_name, self.catalog_properties)
+        except Exception as exc:
+            raise UnreachableError(
+                f"cannot open Iceberg catalog {self.catalog_name!r} to audit "
+                f"({cat.describe(exc)}): check its 'type', 'uri' and credentials, and that the "
+                "server is reachable",
+                sink_uid=self.uid,
+                connector=self.connector,
+                phase="audit",
+            ) from None
+        try:
+            table = cat.load_table(catalog, self.table, uid=self.uid, connector=self.connector)
+            return audit_table(table, request, uid=self.uid)
+        except OSError as exc:  # storage: pyarrow's file systems raise OSError
+            raise UnreachableError(
+                f"cannot read Iceberg table {self.table!r}'s metadata or files to audit "
+                f"({cat.describe(exc)}): check that its storage is reachable",
+                sink_uid=self.uid,
+                connector=self.connector,
+                phase="audit",
+            ) from None
+        finally:
+            catalog.close()
 
     def __repr__(self) -> str:
         return f"IcebergSink(table={self.table!r}, uid={self.uid!r})"

@@ -140,6 +140,41 @@ def test_a_clean_run_audits_clean_metadata_and_deep(where: tuple[str, Any], tmp_
     assert any("not named by txsink" in n for n in deep.notes[UID])
 
 
+def test_a_column_added_by_schema_evolution_audits_clean(
+    local: tuple[str, Any], tmp_path: Path
+) -> None:
+    """Epoch 0 in the old shape, epochs 1 and 2 with a new column (the commit of epoch 1
+    evolves the table, a log entry txsink writes itself): each epoch digests the columns it
+    was written with, the deep audit is clean."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from deltalake import DeltaTable
+
+    from tests.memsink import memory_precommit
+    from txsink import Coordinator
+
+    table, _ = local
+    wide = SCHEMA.append(pa.field("note", pa.string()))
+    sink = DeltaSink(
+        table, UID, create_table=True, partition_by=["day"], schema_evolution="add-columns"
+    )
+    coordinator = Coordinator([sink], log=str(tmp_path / "txlog"), app_id="app")
+    for epoch in range(EPOCHS):
+        schema = SCHEMA if epoch == 0 else wide
+        rows = [{**r, "note": f"e{epoch}"} if epoch else r for r in _rows(epoch)]
+        coordinator.schema_plan = check_sinks([sink], schema, "app", None)
+        parts = [[pa.RecordBatch.from_pylist(rows[p::2], schema)] for p in range(2)]
+        coordinator.run_epoch(epoch, memory_precommit(parts), app_id="app")
+    assert pa.schema(DeltaTable(table).schema().to_arrow()).names[-1] == "note"
+    assert isinstance(coordinator.log, TxLog)
+    report = audit_log(coordinator.log, [sink], deep=True)
+    assert report.ok, report.to_json()
+    assert [(r.epoch, r.found, r.checksum) for r in report.rows] == [
+        (e, PER, "ok") for e in range(EPOCHS)
+    ]
+
+
 # -- tampering -----------------------------------------------------------------------------
 
 

@@ -189,6 +189,23 @@ def audit_table(
 ) -> TargetAudit:
     """The audit of one Delta sink's table (see the module's docstring); read-only."""
     table = open_table()
+    try:
+        return _read(request, uid, storage, table, ctx)
+    except OSError as err:
+        raise RetryableError(
+            f"cannot read the Delta table at {storage.uri} for the audit: {describe(err)}. "
+            "Check that the storage is reachable and the storage options' credentials",
+            **ctx,
+        ) from err
+
+
+def _read(
+    request: AuditRequest,
+    uid: str,
+    storage: Storage,
+    table: DeltaTable,
+    ctx: Mapping[str, Any],
+) -> TargetAudit:
     walk = _walk(storage, int(table.version()), app_txn_id(request.app_id, uid), request.first, ctx)
     run = _Audit(request, uid, storage, walk, _live(table), pa.schema(table.schema().to_arrow()))
     for epoch in request.epochs:
@@ -244,7 +261,7 @@ def _epoch(run: _Audit, epoch: EpochToAudit) -> EpochFound:
                 path,
             )
     counted = 0
-    readable: list[DeltaFile] = []
+    readable: list[tuple[str, Mapping[str, str | None]]] = []  # path, partition values
     for path, f in sorted(files.items()):
         add = entry.adds.get(path) if entry is not None else None
         if entry is not None and add is None:
@@ -275,7 +292,8 @@ def _epoch(run: _Audit, epoch: EpochToAudit) -> EpochFound:
             found.problems.append(
                 f"data file {path} of epoch {e} has {size} bytes, the decision {f.size}"
             )
-        readable.append(f)  # deep: read what the table holds, changed or not
+        # Deep reads what the table holds, changed or not; the partition values the log has.
+        readable.append((path, add["partitionValues"] if add is not None else dict(f.partition)))
     found.rows = counted
     where = f"version {entry.version}" if entry is not None else "the current version"
     found.how = f"{where}'s add actions (numRecords) and {len(files)} file(s) sized"
@@ -286,7 +304,7 @@ def _epoch(run: _Audit, epoch: EpochToAudit) -> EpochFound:
 
 def _deep(
     epoch: EpochToAudit,
-    files: Iterable[DeltaFile],
+    files: Iterable[tuple[str, Mapping[str, str | None]]],
     storage: Storage,
     schema: pa.Schema,
     found: EpochFound,
@@ -295,9 +313,14 @@ def _deep(
     expected = epoch.expected
     fs, root = storage.filesystem()
     batches: list[pa.Table] = []
-    for f in files:
-        data = pq.read_table(f"{root}/{f.path}", filesystem=fs)
-        data = _with_partitions(data, f, schema)
+    for path, partition in files:
+        try:
+            data = _with_partitions(
+                pq.read_table(f"{root}/{path}", filesystem=fs), partition, schema
+            )
+        except (OSError, pa.ArrowException) as err:
+            found.problems.append(f"data file {path} of epoch {epoch.epoch} cannot be read: {err}")
+            continue
         if expected is not None:
             data = data.select([c for c in data.column_names if c in expected.cols])
         batches.append(data)
@@ -311,10 +334,12 @@ def _deep(
     found.how += f"; deep: read {len(batches)} file(s)"
 
 
-def _with_partitions(data: pa.Table, f: DeltaFile, schema: pa.Schema) -> pa.Table:
+def _with_partitions(
+    data: pa.Table, partition: Mapping[str, str | None], schema: pa.Schema
+) -> pa.Table:
     """``data`` with the file's partition columns (Hive layout: not in the file), each
     value cast from the log's text to the table's type."""
-    for column, value in f.partition:
+    for column, value in partition.items():
         typ = schema.field(column).type if column in schema.names else pa.string()
         text = pa.array([value] * data.num_rows, pa.string())
         data = data.append_column(column, text.cast(typ))

@@ -219,6 +219,15 @@ def _read(
                 epoch.epoch,
                 sum(_records(a) or 0 for a in entry.adds.values()),
             )
+    asked = {e.epoch for e in request.epochs}
+    for entry in walk.entries:
+        txn = entry.txn
+        if txn is not None and request.first <= txn <= request.last and txn not in asked:
+            run.answer.notes.append(
+                f"version {entry.version} commits epoch {txn}, which the txsink log does not "
+                "record as committed: not audited (a commit under way, or one no decision "
+                "made: audit it again once the log commits it)"
+            )
     _extras(run)
     run.answer.notes += _notes(walk, run.txn_id, request.deep)
     return run.answer

@@ -20,7 +20,8 @@ Package map: ``sink`` (configuration and hooks), ``handles``, ``naming`` (file n
 partition folders), ``writer`` (a task's open files and statistics), ``commit`` (the epoch's
 commit), ``checks`` (table and schema at start), ``evolve`` (schema evolution in the
 epoch's commit), ``access`` (the rights on S3, probed at start), ``storage`` (local and
-S3), ``errors``, ``testing``, ``plugin``.
+S3), ``audit`` (what the table holds for audited epochs), ``errors``, ``testing``,
+``plugin``.
 
 Guarantee: exactly-once for every reader of the Delta table (the log is the only way in).
 The txn record lives in the log and its checkpoints, so ``VACUUM`` and log cleanup do not
@@ -36,7 +37,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import pyarrow as pa
 from typing_extensions import override
 
-from txsink.connectors.delta import access, checks, commit, evolve, naming, storage
+from txsink.audit.found import AuditRequest, TargetAudit
+from txsink.connectors.delta import access, audit, checks, commit, evolve, naming, storage
 from txsink.connectors.delta.errors import describe, is_not_found
 from txsink.connectors.delta.handles import DeltaFile, DeltaHandle
 from txsink.connectors.delta.writer import OpenTxn, conform, first_null, groups
@@ -349,6 +351,21 @@ class DeltaSink(TwoPhaseCommitSink[OpenTxn, DeltaHandle]):
             yield DeltaHandle(
                 txn=txn, nbytes=sum(f.size for f in files), table=self.table, files=files
             )
+
+    # -- operator side: the audit ---------------------------------------------------------
+
+    @override
+    def audit(self, request: AuditRequest) -> TargetAudit:
+        """The table's log entries for the epochs, their files' record counts and sizes;
+        with ``request.deep`` the files read and digested (:mod:`~txsink.connectors.delta.audit`;
+        docs/connectors/delta.md#audit). Read-only, its own clients."""
+        return audit.audit_table(
+            request,
+            uid=self.uid,
+            storage=self._storage,
+            open_table=lambda: self._open("audit"),
+            ctx=self._ctx(phase="audit"),
+        )
 
     def _referenced(self) -> set[str]:
         """The stored paths of every file the table's current version adds (none: no table)."""

@@ -261,7 +261,9 @@ def test_upsert_tags_each_key_with_the_epoch_that_last_wrote_it(
     _sql(postgres, f"INSERT INTO {table} VALUES (10, 'x', 0), (11, 'x', 0), (12, 'x', 0)")
     report = _audit(postgres, table, log, epoch_column="ep", mode="upsert", key=["k"])
     row = _assert_only(report, 0)
-    assert row.differences == (f"5 rows of {table} carry ep = 0, more than the 4 rows the epoch wrote",)
+    assert row.differences == (
+        f"5 rows of {table} carry ep = 0, more than the 4 rows the epoch wrote",
+    )
 
 
 def test_the_epoch_column_is_checked_at_start(postgres: Any) -> None:

@@ -60,16 +60,21 @@ def _sink(server: Any, table: str, **options: Any) -> PostgresSink:
 
 def _run(spark: Any, server: Any, tmp: Path, **options: Any) -> tuple[str, Path]:
     """EPOCHS epochs of ROWS rows (two partitions each) into a new table; its name, the log."""
+    table, log, _ = _run_with(spark, server, tmp, **options)
+    return table, log
+
+
+def _run_with(spark: Any, server: Any, tmp: Path, **options: Any) -> tuple[str, Path, PostgresSink]:
+    """:func:`_run`, and the coordinator's sink (its start-up check ran)."""
     options.setdefault("epoch_column", "txsink_epoch")
     table = f"{server.new_schema('audit')}.events"
     log = tmp / "txlog"
-    coordinator = Coordinator(
-        [_sink(server, table, create_table=True, **options)], log=str(log), app_id=APP
-    )
+    sink = _sink(server, table, create_table=True, **options)
+    coordinator = Coordinator([sink], log=str(log), app_id=APP)
     for epoch in range(EPOCHS):
         df = spark.createDataFrame(_rows(epoch), DDL).repartition(2)
         assert coordinator.write(df, epoch=epoch).status == "committed"
-    return table, log
+    return table, log, sink
 
 
 def _audit(
@@ -114,7 +119,7 @@ def _assert_only(report: AuditReport, epoch: int, *, checksum: str = "not read")
 def test_a_clean_run_audits_clean_metadata_and_deep(
     spark: Any, postgres: Any, tmp_path: Path, commit: str
 ) -> None:
-    table, log = _run(spark, postgres, tmp_path, commit=commit)
+    table, log, sink = _run_with(spark, postgres, tmp_path, commit=commit)
     with postgres.connect() as conn:
         tagged = conn.execute(
             f"SELECT txsink_epoch, count(*) FROM {table} GROUP BY 1 ORDER BY 1"
@@ -122,6 +127,8 @@ def test_a_clean_run_audits_clean_metadata_and_deep(
     assert tagged == [(e, ROWS) for e in range(EPOCHS)]
     _assert_clean(_audit(postgres, table, log), deep=False)
     _assert_clean(_audit(postgres, table, log, deep=True), deep=True)
+    # The coordinator's own sink (its check ran: the written Arrow types are known).
+    _assert_clean(audit_log(open_log(str(log)), [sink], deep=True), deep=True)
 
 
 def test_a_deleted_row_is_one_missing_in_its_epoch(

@@ -298,3 +298,28 @@ def test_the_epoch_column_is_checked_at_start(postgres: Any) -> None:
     assert found == [("bigint",)]
     with pytest.raises(ValueError, match="upsert key"):
         _sink(postgres, f"{schema}.t", mode="upsert", key=["ep"], epoch_column="ep")
+
+
+@pytest.mark.parametrize("commit", ["2pc", "staging"])
+def test_an_epoch_that_adds_a_column_is_tagged_and_audits_clean(
+    spark: Any, postgres: Any, tmp_path: Path, commit: str
+) -> None:
+    """An evolving epoch is staged (whatever ``commit``) and moved with the epoch column; the
+    deep audit reads each epoch's own columns (epoch 0's rows have no ``note``)."""
+    table = f"{postgres.new_schema('audit')}.events"
+    _sql(postgres, f"CREATE TABLE {table} (id bigint, name text, txsink_epoch bigint)")
+    options: dict[str, Any] = {"commit": commit, "epoch_column": "txsink_epoch"}
+    sink = _sink(postgres, table, schema_evolution="add-columns", **options)
+    log = tmp_path / "txlog"
+    coordinator = Coordinator([sink], log=str(log), app_id=APP)
+    old = spark.createDataFrame([(i, f"n{i}") for i in range(4)], "id long, name string")
+    rows = [(i, f"n{i}", f"note {i}") for i in range(4, 9)]
+    new = spark.createDataFrame(rows, "id long, name string, note string")
+    assert coordinator.write(old, epoch=0).status == "committed"
+    assert coordinator.write(new, epoch=1).status == "committed"
+    with postgres.connect() as conn:
+        got = conn.execute(f"SELECT txsink_epoch, count(note) FROM {table} GROUP BY 1 ORDER BY 1")
+        assert got.fetchall() == [(0, 0), (1, 5)]
+    report = _audit(postgres, table, log, deep=True, **options)
+    assert report.ok and [r.found for r in report.rows] == [4, 5], report.to_json()
+    assert all(r.checksum == "ok" for r in report.rows)

@@ -16,7 +16,8 @@ In order, each failure a :class:`~txsink.errors.ConfigurationError` that names t
    NULL column without a default is in the DataFrame; the upsert key columns are; a
    warning for every nullable DataFrame column into a NOT NULL column (not a refusal: Spark
    marks most columns nullable, and most hold no NULL; one that arrives refuses its epoch
-   at pre-commit, before the decision, naming the row);
+   at pre-commit, before the decision, naming the row); ``epoch_column``
+   (:mod:`~txsink.connectors.postgres.epochs`): not in the DataFrame, ``bigint`` in the table;
 4. upsert: a unique index (or primary key) on exactly the key, which ON CONFLICT needs;
 5. (the rights, checked at 1b);
 6. the progress table exists (created if missing) and the role may use it;
@@ -41,6 +42,7 @@ import pyarrow as pa
 
 from txsink.connectors.postgres import grants
 from txsink.connectors.postgres.casts import ColumnPlan, Unsendable, plan_column
+from txsink.connectors.postgres.epochs import check_epoch_column, not_carried
 from txsink.connectors.postgres.prepared import foreign_owner, old_prepared
 from txsink.connectors.postgres.progress import ensure_progress_table
 from txsink.connectors.postgres.staging import Staging, ensure_staging, refusals, triggers
@@ -86,6 +88,8 @@ class StartCheck:
     staging: Staging | None = None
     #: The app id (its prepared transactions' owner is checked); "": not checked.
     app_id: str = ""
+    #: The column the sink fills with each row's epoch (:mod:`.epochs`); None: none.
+    epoch_column: str | None = None
 
     @property
     def _ctx(self) -> dict[str, Any]:
@@ -139,7 +143,8 @@ class StartCheck:
         if self.staging is None:
             return
         table = self.tables.qualified
-        refused = refusals(self.conn, self.tables, self.mode, self.key, schema.names)
+        sent = [*schema.names, *([self.epoch_column] if self.epoch_column else [])]
+        refused = refusals(self.conn, self.tables, self.mode, self.key, sent)
         if refused:
             fix = (
                 "use mode='upsert' with key= on the unique columns"
@@ -167,7 +172,7 @@ class StartCheck:
             self.conn,
             self.tables,
             self.staging,
-            columns=schema.names,
+            columns=sent,
             mode=self.mode,
             ctx=self._ctx,
         ):
@@ -180,6 +185,8 @@ class StartCheck:
 
     def _columns(self, schema: pa.Schema) -> list[ColumnPlan]:
         table = self.tables.qualified
+        if self.epoch_column is not None:
+            not_carried(schema, self.epoch_column, table, self._ctx)
         columns = table_columns(self.conn, self.tables)
         if columns is None:
             self._schema_exists()
@@ -191,9 +198,11 @@ class StartCheck:
                 )
             self._create(schema)
             columns = table_columns(self.conn, self.tables) or {}
+        if self.epoch_column is not None:
+            check_epoch_column(columns, self.tables, self.epoch_column, self._ctx)
         plans = plan_columns(columns, schema, table, self._ctx)
         for name, (_, required) in columns.items():
-            if required and name not in schema.names:
+            if required and name not in (*schema.names, self.epoch_column):
                 raise ConfigurationError(
                     f"column {name!r} of {table} is NOT NULL without a default, "
                     "but the DataFrame has no such column",
@@ -245,6 +254,8 @@ class StartCheck:
             sql.SQL("{} {}").format(sql.Identifier(f.name), sql.SQL(arrow_to_pg_type(f.type)))
             for f in schema
         ]
+        if self.epoch_column is not None:
+            cols.append(sql.SQL("{} bigint").format(sql.Identifier(self.epoch_column)))
         if self.key:
             cols.append(
                 sql.SQL("PRIMARY KEY ({})").format(

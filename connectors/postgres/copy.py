@@ -14,10 +14,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 
 from txsink.connectors.postgres.binary import BinaryEncoder
 from txsink.connectors.postgres.casts import ColumnPlan
+from txsink.connectors.postgres.epochs import EPOCH
 from txsink.connectors.postgres.stall import Stall
 from txsink.rowref import RowNames
 from txsink.txid import TxnId
@@ -46,11 +48,18 @@ class OpenTxn:
     nbytes: int = 0
     #: The identifying columns of the rows sent: the server names a bad row by its line.
     names: RowNames | None = None
+    #: The epoch column, filled with ``txn.epoch`` in every row (``epoch_column``).
+    stamp: str | None = None
 
     def write(self, batch: pa.RecordBatch) -> None:
         """Send ``batch`` to the COPY (PostgreSQL checks it as it arrives, or at the end)."""
         if self.names is not None:
             self.names.add(batch)
+        if self.stamp is not None:
+            epochs = pa.array(np.full(batch.num_rows, self.txn.epoch, dtype=np.int64))
+            batch = pa.RecordBatch.from_arrays(
+                [*batch.columns, epochs], names=[*batch.schema.names, self.stamp]
+            )
         data = self.encoder.encode(batch, self.rows)
         with self.stall.guard("COPY"):
             self.copy.write(data)
@@ -76,7 +85,8 @@ def start_copy(
     names: RowNames | None = None,
 ) -> OpenTxn:
     """Open ``COPY target (the planned columns) FROM STDIN (FORMAT BINARY)`` on ``conn``
-    (``names`` keeps what names a row the server rejects)."""
+    (``names`` keeps what names a row the server rejects; a plan of ``how`` ``"epoch"`` is
+    the epoch column, filled by :meth:`OpenTxn.write`)."""
     from psycopg import sql
 
     columns = [p.name for p in plans]
@@ -88,6 +98,8 @@ def start_copy(
         cm = conn.cursor().copy(stmt)
         copy = cm.__enter__()
         copy.write(encoder.header())
+    stamp = next((p.name for p in plans if p.how == EPOCH), None)
+    target_name = target.as_string(conn)
     return OpenTxn(
-        txn, conn, stall, cm, copy, encoder, columns, target.as_string(conn), names=names
+        txn, conn, stall, cm, copy, encoder, columns, target_name, names=names, stamp=stamp
     )

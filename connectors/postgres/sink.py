@@ -32,8 +32,8 @@ other modules: :mod:`~txsink.connectors.postgres.checks` (start), ``copy`` and
 timeouts), ``connections`` (the task's and the driver's), ``progress`` (the
 committed-transaction record), ``prepared`` (the server's prepared transactions and their
 handle), ``staging`` (the staging commit and its table), ``stagerows`` (its rows) and
-``stagecommit`` (its driver side), ``evolve`` (schema evolution), ``errors``, ``types``
-and ``tables``.
+``stagecommit`` (its driver side), ``evolve`` (schema evolution), ``epochs`` (the
+epoch column) and ``audit`` (``txsink audit``), ``errors``, ``types`` and ``tables``.
 """
 
 from __future__ import annotations
@@ -46,11 +46,13 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import pyarrow as pa
 from typing_extensions import override
 
+from txsink.connectors.postgres.audit import Audited
 from txsink.connectors.postgres.casts import ColumnPlan
 from txsink.connectors.postgres.checks import StartCheck, choose_protocol, plans_for
 from txsink.connectors.postgres.copy import OpenTxn, start_copy
+from txsink.connectors.postgres.epochs import epoch_option, epoch_plans
 from txsink.connectors.postgres.errors import check_error, redact_dsn
-from txsink.connectors.postgres.evolve import Evolving, added_plans, stage_columns
+from txsink.connectors.postgres.evolve import added_plans, stage_columns
 from txsink.connectors.postgres.prepared import (
     PgHandle,
     commit_prepared,
@@ -93,7 +95,7 @@ _BUSY_TRIES = 5
 _BUSY_STEP_S = 0.2
 
 
-class PostgresSink(Evolving, TwoPhaseCommitSink[OpenTxn, Handle]):
+class PostgresSink(Audited, TwoPhaseCommitSink[OpenTxn, Handle]):
     """Exactly-once rows into a PostgreSQL table.
 
     Args:
@@ -111,6 +113,8 @@ class PostgresSink(Evolving, TwoPhaseCommitSink[OpenTxn, Handle]):
         staging_schema: where ``staging`` keeps its table (default: the target's schema);
             a schema made for it, for a role without CREATE on the target's schema.
         create_table: create the table from the DataFrame's schema if missing.
+        epoch_column: a ``bigint`` column of the table (not of the DataFrame) the sink fills
+            with each row's epoch: what the audit counts and reads back per epoch.
         progress_table: the table recording which transactions committed
             (created if missing; default ``txsink_progress`` in the table's schema).
         connect_timeout_s: the longest a connection may take to open (libpq).
@@ -142,6 +146,7 @@ class PostgresSink(Evolving, TwoPhaseCommitSink[OpenTxn, Handle]):
         commit: Commit = "auto",
         staging_schema: str | None = None,
         create_table: bool = False,
+        epoch_column: str | None = None,
         progress_table: str | None = None,
         connect_timeout_s: float = 10.0,
         stall_timeout_s: float | None = 60.0,
@@ -175,6 +180,7 @@ class PostgresSink(Evolving, TwoPhaseCommitSink[OpenTxn, Handle]):
         self.mode: Mode = mode
         self.key = tuple(key)
         self.create_table = create_table
+        self.epoch_column = epoch_option(epoch_column, self.key)
         self.progress = progress_table or "txsink_progress"
         self.timeouts = Timeouts(
             connect_s=connect_timeout_s,
@@ -256,6 +262,7 @@ class PostgresSink(Evolving, TwoPhaseCommitSink[OpenTxn, Handle]):
                     protocol=self.protocol,
                     staging=self.staging if self._stages else None,
                     app_id=app_id,
+                    epoch_column=self.epoch_column,
                 ).run(schema)
                 if self._evolution is not None:  # its tasks stage, with the new columns
                     stage_columns(conn, self.staging, self._evolution)
@@ -295,11 +302,12 @@ class PostgresSink(Evolving, TwoPhaseCommitSink[OpenTxn, Handle]):
                 self.timeouts.set_local(conn)
                 planned = [*(self._plans or ()), *added_plans(self._evolution)]
                 plans = plans_for(conn, self.tables, planned, schema, sink_uid=self.uid)
+                plans += epoch_plans(self.epoch_column)
                 target = self.tables.ident()
                 if self._stages:
                     target = self.staging.ident
                 elif self.mode == "upsert":
-                    target = create_stage(conn, self.tables, txn, schema.names)
+                    target = create_stage(conn, self.tables, txn, [p.name for p in plans])
             names = RowNames(self._row_key, partition=txn.partition, redact=self.redact_rows)
             return start_copy(txn, conn, stall, target, plans, names=names)
         except Exception as err:

@@ -41,7 +41,7 @@ def _sink(kafka: Any, topic: str, tmp: Path, mode: str = "wal") -> KafkaSink:
     return KafkaSink(
         kafka.bootstrap,
         topic,
-        uid=f"audit-{mode}",
+        uid=topic,  # the marker topic is shared by the session's tests
         mode=mode,  # type: ignore[arg-type]
         key="key",
         value="value",
@@ -102,7 +102,7 @@ def test_a_recreated_topic_misses_every_epoch(spark: Any, kafka: Any, tmp_path: 
     rows = {r.epoch: r for r in report.rows}
     for epoch in (1, 2, 3):
         row = rows[epoch]
-        assert (row.sink, row.status, row.found) == ("audit-wal", "mismatch", 0)
+        assert (row.sink, row.status, row.found) == (topic, "mismatch", 0)
         assert f"no committed record of epoch {epoch} in topic {topic!r}" in row.differences[0]
         assert f"expected {ROWS} rows, found 0 ({ROWS} missing)" in row.differences
 
@@ -118,7 +118,7 @@ def test_records_deleted_inside_epoch_1(spark: Any, kafka: Any, tmp_path: Path) 
     rows = {r.epoch: r for r in report.rows}
     one = rows[1]
     assert (one.sink, one.status, one.expected, one.found) == (
-        "audit-replay",
+        topic,
         "mismatch",
         ROWS,
         ROWS - 10,
@@ -132,16 +132,34 @@ def test_records_deleted_inside_epoch_1(spark: Any, kafka: Any, tmp_path: Path) 
     assert [(rows[e].status, rows[e].checksum) for e in (2, 3)] == [("ok", "ok")] * 2
 
 
-def test_last_1_reads_only_the_last_epoch(spark: Any, kafka: Any, tmp_path: Path) -> None:
+def test_last_1_reads_only_the_last_epoch(
+    spark: Any, kafka: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Epoch 1 damaged (``delete_records`` inside it): the full audit fails on epoch 1, the
-    ``last=1`` audit reads only epoch 3 and passes (it does not read epoch 1's records)."""
+    ``last=1`` audit reads only epoch 3 and passes. The records the reader hands the audit
+    are counted (the real reader, counted on the way): of epochs 1 and 2 (80 records) it
+    reads one per probe of the binary search only, not the epochs."""
+    from txsink.connectors.kafka import audit
+
     topic, sink, log = _run(spark, kafka, tmp_path)
     _delete_records(kafka, topic, partition=0, before=10)
     assert [r.epoch for r in _audit(log, sink).mismatches] == [1]
+    read: list[int] = []
+    scan = audit._Reader.scan
+
+    def counted(self: Any, p: int, start: int, end: int) -> Any:
+        for item in scan(self, p, start, end):
+            read.append(item[1])
+            yield item
+
+    monkeypatch.setattr(audit._Reader, "scan", counted)
     report = _audit(log, sink, last=1, deep=True)
     assert report.epochs == [3]
     assert [(r.epoch, r.status, r.found) for r in report.rows] == [(3, "ok", ROWS)]
     _assert_clean(report, deep=True)
+    older = sum(1 for e in read if e < 3)
+    assert read.count(3) >= ROWS
+    assert older <= 2 * 8, f"read {older} records of epochs 1 and 2 for an audit of epoch 3"
 
 
 def test_a_foreign_producer_is_not_ours_but_our_header_is(
@@ -166,9 +184,7 @@ def test_a_foreign_producer_is_not_ours_but_our_header_is(
     assert producer.flush(20) == 0
     report = _audit(log, sink)
     assert not report.ok
-    assert [(r.epoch, r.sink, r.status) for r in report.mismatches] == [
-        (2, "audit-direct", "mismatch")
-    ]
+    assert [(r.epoch, r.sink, r.status) for r in report.mismatches] == [(2, topic, "mismatch")]
     assert report.mismatches[0].differences == (
         f"expected {ROWS} rows, found {ROWS + 2} (2 extra)",
     )

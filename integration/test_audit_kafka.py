@@ -191,15 +191,24 @@ def test_a_foreign_producer_is_not_ours_but_our_header_is(
 
 
 def _recreate(kafka: Any, topic: str) -> None:
+    """Create ``topic`` again once its deletion completed, and wait for its leaders."""
     deadline = time.monotonic() + 30
     while True:  # the deletion completes in the background
         try:
             create_topic(kafka.bootstrap, topic, partitions=PARTS)
-            return
+            break
         except Exception:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
+    admin = kafka.admin()
+    while True:
+        meta = admin.list_topics(topic, timeout=5).topics.get(topic)
+        parts = meta.partitions.values() if meta is not None and meta.error is None else []
+        if len(parts) == PARTS and all(p.leader >= 0 for p in parts):
+            return
+        assert time.monotonic() < deadline, f"topic {topic} has no leaders after 30s"
+        time.sleep(0.1)
 
 
 def _delete_records(kafka: Any, topic: str, *, partition: int, before: int) -> int:

@@ -38,7 +38,7 @@ import pyarrow as pa
 from txsink.audit.digest import Digest, digest_batch
 from txsink.audit.found import AuditRequest, EpochFound, EpochToAudit, Extra, TargetAudit
 from txsink.connectors.kafka.clients.columns import py_columns
-from txsink.connectors.kafka.clients.errors import has_code
+from txsink.connectors.kafka.clients.errors import client_calls, has_code
 from txsink.connectors.kafka.clients.offsets import partition_ends
 from txsink.connectors.kafka.clients.settings import KafkaSettings
 from txsink.connectors.kafka.records.checksum import Tally
@@ -64,7 +64,15 @@ class _Epoch:
 def audit_topic(
     request: AuditRequest, settings: KafkaSettings, fmt: RecordFormat, mode: str
 ) -> TargetAudit:
-    """The sink's audit (``SinkContract.audit``): see the module's docstring."""
+    """The sink's audit (``SinkContract.audit``): see the module's docstring. A client
+    error leaves as a txsink error (the audit reports the sink not audited, with it)."""
+    with client_calls(settings, "auditing the topic", phase="audit"):
+        return _audit(request, settings, fmt, mode)
+
+
+def _audit(
+    request: AuditRequest, settings: KafkaSettings, fmt: RecordFormat, mode: str
+) -> TargetAudit:
     out = TargetAudit()
     if not request.epochs:
         return out

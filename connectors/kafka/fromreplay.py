@@ -163,13 +163,15 @@ class ShardCommit:
         if shard is None:  # no shard left under this number: its rows, for the match
             tally = Tally(version)
             for batch in batches:
-                tally.add(self.fmt.encode(batch, partition, tally.rows))
+                tally.add(
+                    self.fmt.encode(batch, partition, tally.rows, app=self.app, epoch=self.epoch)
+                )
             return ShardResult(partition, None, "tallied", tally.rows, tally.checksum)
         rows, sum_, version = self.decided[shard]
         tally = Tally(version)
 
         def produce(producer: Any, batch: pa.RecordBatch) -> int:
-            records = self.fmt.encode(batch, shard, tally.rows)
+            records = self.fmt.encode(batch, shard, tally.rows, app=self.app, epoch=self.epoch)
             columns = py_columns(records)
             tally.add(records, columns)
             produce_records(producer, records, columns)
@@ -214,7 +216,9 @@ class ShardCommit:
             # another shard's (a replay numbered otherwise): counted, for the match.
             tally = Tally(version)
             for batch in taken.rest():
-                tally.add(self.fmt.encode(batch, partition, tally.rows))
+                tally.add(
+                    self.fmt.encode(batch, partition, tally.rows, app=self.app, epoch=self.epoch)
+                )
         return ShardResult(partition, shard, "already-committed", tally.rows, tally.checksum)
 
 

@@ -57,7 +57,8 @@ from typing import Any, ClassVar, Literal, TypeAlias
 import pyarrow as pa
 from typing_extensions import override
 
-from txsink.connectors.kafka import checks, direct, evolve, replay
+from txsink.audit.found import AuditRequest, TargetAudit
+from txsink.connectors.kafka import audit, checks, direct, evolve, replay
 from txsink.connectors.kafka.clients.markers import Markers
 from txsink.connectors.kafka.clients.producers import ShardProducers, fence
 from txsink.connectors.kafka.clients.settings import ENFORCED, KafkaSettings
@@ -141,6 +142,8 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
         redact_rows: name a rejected row in errors by its column names and a hash of its
             values only (for sensitive data; default: the ``key`` column's value, or the
             first columns').
+        epoch_header: add a ``txsink.epoch`` header (``<app>/<uid>/<epoch>``) to every record,
+            by which ``txsink audit`` finds each epoch's records (docs/connectors/kafka.md).
         log: the txsink log, to use the sink alone as ``foreachBatch(sink)``.
     """
 
@@ -176,6 +179,7 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
         max_record_bytes: int | None = None,
         timeout_s: float = 30.0,
         redact_rows: bool = False,
+        epoch_header: bool = False,
         log: str | LogStore | None = None,
         **coordinator_options: Any,
     ) -> None:
@@ -243,6 +247,7 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
                 avro_config=avro_config,
             ),
             compressed=str(self.producer_config.get("compression.type", "lz4")).lower() != "none",
+            epoch_header=epoch_header,
         )
         self.records = dataclasses.replace(
             self.records,
@@ -358,7 +363,8 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
 
     @override
     def write(self, txn: OpenTxn, batch: pa.RecordBatch) -> None:
-        txn.write(self.records.encode(batch, txn.txn.partition, txn.rows))
+        t = txn.txn
+        txn.write(self.records.encode(batch, t.partition, txn.rows, app=t.app, epoch=t.epoch))
 
     @override
     def prepare(self, txn: OpenTxn) -> KafkaHandle:
@@ -424,6 +430,10 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
         if self.mode != "wal":
             return iter(())  # nothing is prepared outside Kafka; check() aborted open ones
         return self._wal.list_prepared(app_id, self.uid)
+
+    @override
+    def audit(self, request: AuditRequest) -> TargetAudit:
+        return audit.audit_topic(request, self.settings, self.records, self.mode)
 
     @override
     def migrate_uid(self, old: str, *, app_id: str, dry_run: bool = False) -> list[str]:

@@ -32,6 +32,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from txsink.audit.digest import NULL as _NULL
+from txsink.audit.digest import SIPHASH_KEY
+from txsink.audit.digest import M as _M
+from txsink.audit.digest import combine as _combine
+from txsink.audit.digest import mix as _mix
+from txsink.audit.digest import siphash as _siphash
 from txsink.connectors.kafka.clients.columns import PyColumns, py_columns
 
 if TYPE_CHECKING:
@@ -39,7 +45,7 @@ if TYPE_CHECKING:
 
     U64 = npt.NDArray[np.uint64]
 
-__all__ = ["CHECKSUM_VERSION", "VERSIONS", "Tally", "checksum"]
+__all__ = ["CHECKSUM_VERSION", "SIPHASH_KEY", "VERSIONS", "Tally", "checksum"]
 
 #: The checksum new pre-commits record.
 CHECKSUM_VERSION = 3
@@ -47,11 +53,8 @@ CHECKSUM_VERSION = 3
 VERSIONS = (1, 2, 3)
 _MOD = 1 << 64
 
-#: Version 3's SipHash key (16 bytes).
-SIPHASH_KEY = "txsink-replay-v3"
-#: Version 3's hash of a null field.
-_NULL = np.uint64(0x6E756C6C_7478736B)
-_M = np.uint64(0x9E3779B97F4A7C15)
+#: Version 3's SipHash key, hash of a null field and multiplier: the row digest's
+#: (:mod:`txsink.audit.digest`), which was built on this checksum.
 _PRESENT = np.uint64(1 << 32)
 
 
@@ -107,29 +110,6 @@ def _v3(records: pa.RecordBatch, cols: PyColumns) -> int:
     ):
         acc = _combine(acc, field)
     return int(acc.sum(dtype=np.uint64))
-
-
-def _mix(x: U64) -> U64:
-    """The splitmix64 finaliser (a bijection of uint64), on a fresh array."""
-    x = x ^ (x >> np.uint64(30))
-    x *= np.uint64(0xBF58476D1CE4E5B9)
-    x ^= x >> np.uint64(27)
-    x *= np.uint64(0x94D049BB133111EB)
-    x ^= x >> np.uint64(31)
-    return x
-
-
-def _combine(acc: U64, field: U64) -> U64:
-    return _mix((acc * _M) ^ field)
-
-
-def _siphash(objects: Any) -> U64:
-    """SipHash-2-4 (key :data:`SIPHASH_KEY`) of each ``str`` (UTF-8) or ``bytes`` of the
-    object array ``objects``, through the splitmix64 finaliser: pandas' ``hash_array``."""
-    from pandas.util import hash_array
-
-    out: U64 = hash_array(objects, encoding="utf8", hash_key=SIPHASH_KEY, categorize=False)
-    return out
 
 
 def _hashes(arr: pa.Array, objects: Any = None) -> U64:

@@ -29,7 +29,7 @@ from txsink.errors import TxsinkError, WriteError
 from txsink.kit.jsonrows import json_rows
 from txsink.rowref import RowNaming
 
-__all__ = ["RECORD_SCHEMA", "RecordFormat", "avro_encoders"]
+__all__ = ["EPOCH_HEADER", "RECORD_SCHEMA", "RecordFormat", "avro_encoders", "epoch_tag"]
 
 #: The records of one Kafka commit, as the WAL stores them and the producers take them.
 RECORD_SCHEMA = pa.schema(
@@ -42,6 +42,15 @@ RECORD_SCHEMA = pa.schema(
     ]
 )
 _HEADERS = RECORD_SCHEMA.field("headers").type
+
+#: The header ``KafkaSink(epoch_header=True)`` adds to every record: ``<app>/<uid>/<epoch>``,
+#: by which an audit finds the epoch's records (:mod:`~txsink.connectors.kafka.audit`).
+EPOCH_HEADER = "txsink.epoch"
+
+
+def epoch_tag(app: str, uid: str, epoch: int) -> bytes:
+    """The :data:`EPOCH_HEADER` value of ``epoch``'s records of sink ``uid`` of ``app``."""
+    return f"{app}/{uid}/{epoch}".encode()
 
 
 def avro_encoders(
@@ -100,6 +109,8 @@ class RecordFormat:
     topics: TopicLookup | None = None
     #: Whether the producer compresses (its codec may add a few bytes to a record).
     compressed: bool = True
+    #: Add :data:`EPOCH_HEADER` to every record (``KafkaSink(epoch_header=True)``).
+    epoch_header: bool = False
 
     def columns(self) -> dict[str, str | None]:
         """The options that name a column, and the column they name."""
@@ -135,13 +146,24 @@ class RecordFormat:
         special = set(self.special_columns())
         return [c for c in names if c not in special]
 
-    def encode(self, batch: pa.RecordBatch, partition: int, first_row: int) -> pa.RecordBatch:
+    def encode(
+        self,
+        batch: pa.RecordBatch,
+        partition: int,
+        first_row: int,
+        *,
+        app: str = "",
+        epoch: int = -1,
+    ) -> pa.RecordBatch:
         """The Kafka records (:data:`RECORD_SCHEMA`) of ``batch``; ``first_row`` counts the
         partition's rows before it, for errors that name a row: by the ``key`` column's
         value (or the first columns), the partition and the offset in it (``redact_rows``:
-        the column names and a hash only)."""
+        the column names and a hash only). With :attr:`epoch_header`, every record gets
+        :data:`EPOCH_HEADER` of ``app`` and ``epoch`` last (not the partition: a replay that
+        numbers its partitions otherwise must encode the same records)."""
+        tag = epoch_tag(app, self.uid, epoch) if self.epoch_header and epoch >= 0 else None
         try:
-            return self._encode(batch, partition, first_row)
+            return self._encode(batch, partition, first_row, tag)
         except TxsinkError as err:
             at = err.row if isinstance(err.row, int) else getattr(err.row, "offset", None)
             if at is not None and 0 <= at - first_row < batch.num_rows:
@@ -150,7 +172,9 @@ class RecordFormat:
                 err.row = naming.ref(batch, at - first_row, at)
             raise
 
-    def _encode(self, batch: pa.RecordBatch, partition: int, first_row: int) -> pa.RecordBatch:
+    def _encode(
+        self, batch: pa.RecordBatch, partition: int, first_row: int, tag: bytes | None = None
+    ) -> pa.RecordBatch:
         n = batch.num_rows
         ctx: dict[str, Any] = {"sink_uid": self.uid, "partition": partition, "connector": "kafka"}
         topic = (
@@ -180,6 +204,8 @@ class RecordFormat:
             else pa.nulls(n, pa.int32())
         )
         headers = _headers(batch.column(self.headers)) if self.headers else pa.nulls(n, _HEADERS)
+        if tag is not None:
+            headers = _tagged(headers, tag)
         records = pa.RecordBatch.from_arrays(
             [topic, part, key, value, headers], schema=RECORD_SCHEMA
         )
@@ -269,6 +295,16 @@ def _headers(arr: pa.Array) -> pa.Array:
             [{"key": str(k), "value": v.encode() if isinstance(v, str) else v} for k, v in pairs]
         )
     return pa.array(out, _HEADERS)
+
+
+def _tagged(headers: pa.Array, tag: bytes) -> pa.Array:
+    """``headers`` with :data:`EPOCH_HEADER` ``tag`` appended to each record's list."""
+    n = len(headers)
+    ours = {"key": EPOCH_HEADER, "value": tag}
+    if headers.null_count == n:  # no headers column (the usual case): one header each
+        values = pa.array([ours] * n, _HEADERS.value_type)
+        return pa.ListArray.from_arrays(pa.array(range(n + 1), pa.int32()), values)
+    return pa.array([[*(item or ()), ours] for item in headers.to_pylist()], _HEADERS)
 
 
 def _first_null(arr: pa.Array) -> int:

@@ -147,9 +147,17 @@ class ProfiledRecordFormat(RecordFormat):
         return cls(**options, profile=profile)
 
     @override
-    def encode(self, batch: pa.RecordBatch, partition: int, first_row: int) -> pa.RecordBatch:
+    def encode(
+        self,
+        batch: pa.RecordBatch,
+        partition: int,
+        first_row: int,
+        *,
+        app: str = "",
+        epoch: int = -1,
+    ) -> pa.RecordBatch:
         t0 = time.perf_counter()
-        records = super().encode(batch, partition, first_row)
+        records = super().encode(batch, partition, first_row, app=app, epoch=epoch)
         self.profile.add("records", t0)
         return records
 

@@ -374,3 +374,22 @@ def test_without_the_digest_the_audit_compares_counts(monkeypatch: pytest.Monkey
     target.batches[name] = [target.batches[name][0].slice(1)]
     (bad,) = audit_log(log, [sink], deep=True).mismatches
     assert (bad.epoch, bad.differences) == (2, ("expected 8 rows, found 7 (1 missing)",))
+
+
+def test_a_sink_says_whether_it_can_be_audited_and_the_toolkit_leaves_out_those_that_cannot(
+    tmp_path: Path,
+) -> None:
+    from txsink.testing import assert_audited
+
+    target = RowsTarget()
+    audited, plain = AuditedSink("a", target), UnauditedSink("p", MemTarget(), Crasher())
+    assert audited.auditable and not plain.auditable
+    log = TxLog(FileStore(tmp_path / "log"))
+    coord = Coordinator([audited, plain], log=log, app_id=APP, faults=None)
+    coord.run_epoch(0, _precommit(0), app_id=APP)  # type: ignore[arg-type]
+    report = assert_audited(str(tmp_path / "log"), [audited, plain])
+    assert {r.sink for r in report.rows} == {"a"}
+    assert assert_audited(str(tmp_path / "log"), [plain]) is None
+    del target.batches[_txn_of(target, 0, 0)]
+    with pytest.raises(AssertionError, match="expected 8 rows, found 4"):
+        assert_audited(str(tmp_path / "log"), [audited, plain])

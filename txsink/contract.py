@@ -446,6 +446,14 @@ class SinkContract(abc.ABC, Generic[T, H]):
 
     # -- operator side: the audit (txsink.audit) ------------------------------------
 
+    @property
+    def auditable(self) -> bool:
+        """Whether :meth:`audit` can check this sink as it is configured: by default,
+        whether the connector has an audit. A sink configured without what its audit needs
+        says False (its :meth:`audit` then raises ``NotImplementedError`` saying what to
+        change); the testing toolkit's ``assert_audited`` leaves such sinks out."""
+        return type(self).audit is not SinkContract.audit
+
     def audit(self, request: AuditRequest) -> TargetAudit:
         """What the target holds for ``request``'s epochs, read by the target's own means
         (:mod:`txsink.audit.found` says what to read and answer); read-only, and bounded by

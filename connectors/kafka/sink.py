@@ -1,9 +1,9 @@
 """Kafka connector: exactly-once into Kafka topics with transactions and a commit marker.
 
-librdkafka cannot resume a prepared transaction from a new producer (KIP-939
-is in no stable broker nor client), so a Kafka transaction cannot stay
-"prepared" across the driver's decision and a crash. The pre-commit is made
-durable elsewhere, and the Kafka transaction is the commit::
+librdkafka cannot resume a prepared transaction from a new producer (KIP-939 is in no
+stable broker nor client), so a Kafka transaction cannot stay "prepared" across the
+driver's decision and a crash. The pre-commit is made durable elsewhere, and the Kafka
+transaction is the commit::
 
     write    each task serialises its rows to Kafka records (key, value, headers, topic,
              partition) and checks their size                        (records/format.py)
@@ -20,25 +20,24 @@ durable elsewhere, and the Kafka transaction is the commit::
     abort    delete the WAL file
     recover  WAL files of this app and sink that no decision names
 
-The marker is a record keyed ``<app>/<uid>/<shard>`` in a compacted marker
-topic (default ``txsink-markers``), written inside the same transaction as the
-records: it never expires (consumer-group offsets do, after 7 days by
-default) and a ``read_committed`` read shows it exactly when the records are
-visible. In WAL mode a shard is ``partition % shards`` of the Spark partition
-that wrote the records, fixed in the decision, so a restart with another number
-of Spark partitions commits exactly what was decided.
+The marker is a record keyed ``<app>/<uid>/<shard>`` in a compacted marker topic (default
+``txsink-markers``), written inside the same transaction as the records: it never expires
+(consumer-group offsets do, after 7 days by default) and a ``read_committed`` read shows
+it exactly when the records are visible. In WAL mode a shard is ``partition % shards`` of
+the Spark partition that wrote the records, fixed in the decision, so a restart with
+another number of Spark partitions commits exactly what was decided.
 
 Direct mode (``mode="direct"``, :mod:`~txsink.connectors.kafka.direct`) is one pass: each
-Spark task's own producer holds the epoch's transaction open while the driver decides,
-then commits it; a shard whose task could not commit after the decision is committed
-from the epoch's replay, verified as in replay mode.
+Spark task's own producer holds the epoch's transaction open while the driver decides, then
+commits it; a shard whose task could not commit after the decision is committed from the
+epoch's replay, verified as in replay mode.
 
-Replay mode (``mode="replay"``) writes no WAL: the epoch is resharded into
-``shards`` tasks by Spark's stable hash of ``shard_by`` (default: the key); the
-commit is a second job over the same (persisted) rows, one task per shard, that
-refuses with :class:`~txsink.errors.NonDeterministicReplayError` if the
-replayed shard differs from what was decided. After a crash, only the replay
-of the same epoch (Spark re-running the batch) can commit it.
+Replay mode (``mode="replay"``) writes no WAL: the epoch is resharded into ``shards``
+tasks by Spark's stable hash of ``shard_by`` (default: the key); the commit is a second
+job over the same (persisted) rows, one task per shard, that refuses with
+:class:`~txsink.errors.NonDeterministicReplayError` if the replayed shard differs from what
+was decided. After a crash, only the replay of the same epoch (Spark re-running the batch)
+can commit it.
 
 Guarantee: exactly-once for consumers with ``isolation.level=read_committed``
 (``read_uncommitted`` consumers can see records of aborted transactions).
@@ -276,15 +275,10 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
     def settings(self) -> KafkaSettings:
         """How this sink's clients reach the brokers, and as whom."""
         return KafkaSettings(
-            bootstrap_servers=self.bootstrap_servers,
-            uid=self.uid,
-            prefix=self.prefix,
-            marker_topic=self.marker_topic,
-            shards=self.shards,
-            timeout_s=self.timeout_s,
-            producer_config=self.producer_config,
-            batch_cap=self._batch_cap,
-        )
+            bootstrap_servers=self.bootstrap_servers, uid=self.uid, prefix=self.prefix,
+            marker_topic=self.marker_topic, shards=self.shards, timeout_s=self.timeout_s,
+            producer_config=self.producer_config, batch_cap=self._batch_cap,
+        )  # fmt: skip
 
     @property
     def _producers(self) -> ShardProducers:
@@ -434,6 +428,11 @@ class KafkaSink(TwoPhaseCommitSink[OpenTxn, Any]):
     @override
     def audit(self, request: AuditRequest) -> TargetAudit:
         return audit.audit_topic(request, self.settings, self.records, self.mode)
+
+    @property
+    @override
+    def auditable(self) -> bool:  # epochs are told apart by their header, one topic only
+        return self.records.epoch_header and self.records.topic_column is None
 
     @override
     def migrate_uid(self, old: str, *, app_id: str, dry_run: bool = False) -> list[str]:

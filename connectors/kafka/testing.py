@@ -279,9 +279,10 @@ class KafkaTesting(ConnectorTesting):
     services: ClassVar[tuple[str, ...]] = ("kafka", "s3")
     variants: ClassVar[Mapping[str, Mapping[str, Any]]] = {
         "wal": {"mode": "wal"},
-        "replay": {"mode": "replay"},
+        # replay and direct with the epoch header: their runs end with txsink audit
+        "replay": {"mode": "replay", "epoch_header": True},
         "wal-s3": {"mode": "wal", "wal_store": "s3"},
-        "direct": {"mode": "direct", "shards": 8},
+        "direct": {"mode": "direct", "shards": 8, "epoch_header": True},
     }
     #: The WAL on S3 is WAL mode with its files elsewhere: a few cells by default.
     slow_variants: ClassVar[frozenset[str]] = frozenset({"wal-s3"})
@@ -367,6 +368,7 @@ class KafkaTesting(ConnectorTesting):
             mode=spec.get("mode", "wal"),
             transactional_id_prefix=spec.get("transactional_id_prefix", "txsink"),
             timeout_s=float(spec.get("timeout_s", 30.0)),
+            epoch_header=bool(spec.get("epoch_header", False)),
             # The least-privileged principal on the secured broker.
             producer_config=secure_testing.security(env) if self._secure(spec) else None,
             **self._avro(spec, env),

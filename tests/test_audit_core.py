@@ -393,3 +393,22 @@ def test_a_sink_says_whether_it_can_be_audited_and_the_toolkit_leaves_out_those_
     del target.batches[_txn_of(target, 0, 0)]
     with pytest.raises(AssertionError, match="expected 8 rows, found 4"):
         assert_audited(str(tmp_path / "log"), [audited, plain])
+
+
+def test_the_decision_records_the_rows_schema_for_the_audit() -> None:
+    """The caller's ``rows_schema`` (SparkEpochs sets it from the DataFrame) is in the
+    decision's stats, and the audit hands it to each hook with the epoch."""
+    seen: list[pa.Schema | None] = []
+
+    class Seeing(AuditedSink):
+        def audit(self, request: AuditRequest) -> TargetAudit:
+            seen.extend(e.schema for e in request.epochs)
+            return super().audit(request)
+
+    sink = Seeing("a", RowsTarget())
+    log = TxLog(MemStore())
+    coord = Coordinator([sink], log=log, app_id=APP, faults=None)
+    coord.rows_schema = _batch(0, 0).schema
+    coord.run_epoch(0, _precommit(0), app_id=APP)  # type: ignore[arg-type]
+    assert audit_log(log, [sink]).ok
+    assert seen == [_batch(0, 0).schema]

@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import pyarrow as pa
+
 from txsink.audit.digest import Digest
 from txsink.handles import Handle
 
@@ -25,10 +27,14 @@ __all__ = ["AuditRequest", "EpochFound", "EpochToAudit", "Extra", "TargetAudit"]
 
 @dataclass(frozen=True)
 class EpochToAudit:
-    """One committed epoch of one sink: its decided handles, each with its ``evidence``."""
+    """One committed epoch of one sink: its decided handles, each with its ``evidence``,
+    and ``schema``: the Arrow schema of the rows the tasks were handed (recorded in the
+    decision; ``None`` in an epoch decided before it was), for reading values back as they
+    were written."""
 
     epoch: int
     handles: tuple[Handle, ...]
+    schema: pa.Schema | None = field(default=None, compare=False)
 
     @property
     def expected(self) -> Digest | None:

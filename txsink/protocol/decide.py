@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import pyarrow as pa
+
 from txsink.contract import SinkContract
 from txsink.errors import FencedError
 from txsink.handles import Handle, dump_handle
@@ -18,7 +20,7 @@ from txsink.observe.logs import EpochLogger
 from txsink.observe.metering import Meter
 from txsink.protocol.commit import abort_one
 from txsink.protocol.log import TxLog
-from txsink.schema import SchemaChange
+from txsink.schema import SchemaChange, schema_to_json
 
 __all__ = ["decide_epoch"]
 
@@ -35,9 +37,11 @@ def decide_epoch(
     logger: EpochLogger,
     meter: Meter | None = None,
     schema: Mapping[str, SchemaChange] | None = None,
+    rows_schema: pa.Schema | None = None,
 ) -> None:
     """Void the epoch's earlier rounds, then create round ``round_``'s decision (with
-    ``schema``: the schema change each sink applies in this epoch's commit).
+    ``schema``: the schema change each sink applies in this epoch's commit; ``rows_schema``:
+    the rows' Arrow schema, kept in its stats as ``"schema"`` for the audit).
 
     Raises :class:`~txsink.errors.FencedError`, after aborting ``handles``, when another
     driver decided an earlier round or voided this one: its decision stands.
@@ -57,6 +61,8 @@ def decide_epoch(
     stats: dict[str, Any] = {"rows": dict(rows)}
     if seconds:
         stats["seconds"] = {k: round(v, 6) for k, v in seconds.items()}
+    if rows_schema is not None:
+        stats["schema"] = schema_to_json(rows_schema)["arrow"]
     changes = {uid: change.to_json() for uid, change in (schema or {}).items()}
     if not log.decide(epoch, round_, docs, stats, changes):
         _lost(

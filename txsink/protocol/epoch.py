@@ -1,29 +1,28 @@
 """The protocol's steps for one epoch, over a set of sinks: Flink's two-phase commit on
 micro-batches, and nothing of Spark.
 
-:class:`EpochProtocol` holds what one coordinator knows between epochs (its log, its
-sinks, the bound app, whether recovery must run first, the driver lease) and runs
+:class:`EpochProtocol` holds what one coordinator knows between epochs (its log, its sinks,
+the bound app, whether recovery must run first, the driver lease) and runs
 :meth:`~EpochProtocol.run_epoch`: recover, skip, pre-commit (in rounds, or in a single
 pass), decide, commit. It never sees a DataFrame: the pre-commit comes in as a callable
 (:data:`~txsink.protocol.task.Precommit`) or a :class:`~txsink.protocol.singlepass.SinglePassJob`,
 the epoch's rows for a commit that reads them again as :class:`~txsink.contract.EpochData`.
-:class:`txsink.Coordinator` is this class with its Spark side
-(:class:`~txsink.spark.epoch.SparkEpochs`) and its operator side
-(:class:`~txsink.ops.operator.Operations`).
+:class:`txsink.Coordinator` is this class with its Spark side and its operator side
+(:class:`~txsink.spark.epoch.SparkEpochs`, :class:`~txsink.ops.operator.Operations`).
 
 Replay edge cases this handles (the reason for each step):
 
-* Spark re-runs the last batch after a crash with the same ``batch_id``: a
-  committed epoch is skipped (step 2) and writes nothing.
-* The driver dies after the decision: the next run commits the decided
-  handles before anything else (step 1); the decision stands.
-* The driver dies before the decision, or a task attempt fails, is retried
-  or runs speculatively: those transactions are named by no decision and are
-  aborted (step 1 at the next start, step 5 after each epoch).
-* A zombie driver still runs an epoch another driver took over: rounds and
-  voids in the log let only one of them decide (see :mod:`txsink.protocol.log`).
-* The Spark checkpoint was reset or restored from an old copy while the log
-  was kept: refused, because epoch numbers no longer mean the same rows.
+* Spark re-runs the last batch after a crash with the same ``batch_id``: a committed epoch
+  is skipped (step 2) and writes nothing.
+* The driver dies after the decision: the next run commits the decided handles before
+  anything else (step 1); the decision stands.
+* The driver dies before the decision, or a task attempt fails, is retried or runs
+  speculatively: those transactions are named by no decision and are aborted (step 1 at
+  the next start, step 5 after each epoch).
+* A zombie driver still runs an epoch another driver took over: rounds and voids in the
+  log let only one of them decide (see :mod:`txsink.protocol.log`).
+* The Spark checkpoint was reset or restored from an old copy while the log was kept:
+  refused, because epoch numbers no longer mean the same rows.
 """
 
 from __future__ import annotations
@@ -34,6 +33,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, final
+
+import pyarrow as pa
 
 from txsink.contract import EpochData, SinkContract, TaskRunner
 from txsink.errors import EpochAbortedError, FencedError
@@ -137,6 +138,8 @@ class EpochProtocol:
         #: sink uid -> the schema change the next epoch applies (:mod:`txsink.schema`);
         #: planned by the caller before :meth:`run_epoch`, recorded in the decision.
         self.schema_plan: dict[str, SchemaChange] = {}
+        #: The rows' Arrow schema, set by the caller; recorded for the audit (decide_epoch).
+        self.rows_schema: pa.Schema | None = None
 
     def _new_recovery(self) -> Recovery:
         return Recovery(
@@ -406,7 +409,7 @@ class EpochProtocol:
     def _plan(self, app_id: str, epoch: int, round_: int) -> TaskPlan:
         return TaskPlan(
             app_id, epoch, round_, self.sinks, self.faults, os.getpid(), socket.gethostname(),
-            dict(self.schema_plan),
+            dict(self.schema_plan), self.rows_schema,
         )  # fmt: skip
 
     # -- step 4: decide ----------------------------------------------------------------
@@ -431,6 +434,7 @@ class EpochProtocol:
                 logger=self._log,
                 meter=self._meter,
                 schema=self.schema_plan,
+                rows_schema=self.rows_schema,
             )
         except FencedError:
             self._needs_recovery = True

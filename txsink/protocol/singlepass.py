@@ -164,6 +164,7 @@ def run_single_pass(
             seconds=dict(outcome.seconds),
             logger=logger,
             schema=plan.schema,
+            rows_schema=plan.rows_schema,
         )
         outcome.decided = True
         outcome.seconds["decide"] = time.monotonic() - t0

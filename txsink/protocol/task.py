@@ -55,6 +55,8 @@ class TaskPlan:
     driver_host: str | None = None
     #: sink uid -> the schema change this epoch applies (recorded in its decision).
     schema: Mapping[str, SchemaChange] = field(default_factory=dict)
+    #: The rows' Arrow schema, as the driver knows it (recorded in the decision).
+    rows_schema: pa.Schema | None = None
 
     def fire(self, point: CrashPoint, partition: int) -> None:
         if self.faults is not None:

@@ -93,6 +93,7 @@ class SparkEpochs:
         the epoch's schema changed (or ``again``: recovery changed the targets); the schema
         changes they plan go to the protocol, for the epoch's decision."""
         schema = arrow_schema(df)
+        self.protocol.rows_schema = schema  # recorded in the decision, for the audit
         if not again and self.checked_schema is not None and schema.equals(self.checked_schema):
             return
         self.checked_schema = None  # until the checks passed

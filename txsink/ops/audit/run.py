@@ -16,11 +16,14 @@ or whose target could not be read, is ``not audited``, and the audit does not pa
 
 from __future__ import annotations
 
+import base64
 import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import pyarrow as pa
 
 from txsink.audit.digest import Digest
 from txsink.audit.found import AuditRequest, EpochFound, EpochToAudit, Extra
@@ -152,8 +155,11 @@ def audit_log(
 
 
 def _to_audit(uid: str, state: EpochState) -> EpochToAudit:
-    docs = state.decision.handles.get(uid, []) if state.decision is not None else []
-    return EpochToAudit(state.epoch, tuple(load_handle(d, sink_uid=uid) for d in docs))
+    decision = state.decision
+    docs = decision.handles.get(uid, []) if decision is not None else []
+    raw = decision.stats.get("schema") if decision is not None else None
+    schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(raw))) if raw else None
+    return EpochToAudit(state.epoch, tuple(load_handle(d, sink_uid=uid) for d in docs), schema)
 
 
 def _unaudited(epoch: EpochToAudit, uid: str, why: str) -> AuditRow:

@@ -323,3 +323,35 @@ def test_an_epoch_that_adds_a_column_is_tagged_and_audits_clean(
     report = _audit(postgres, table, log, deep=True, **options)
     assert report.ok and [r.found for r in report.rows] == [4, 5], report.to_json()
     assert all(r.checksum == "ok" for r in report.rows)
+
+
+def test_values_the_table_spells_otherwise_audit_clean_from_a_new_sink(
+    spark: Any, postgres: Any, tmp_path: Path
+) -> None:
+    """A table made by hand whose columns spell the values otherwise than the DataFrame
+    (a double into ``numeric``, a date into ``timestamptz``): a sink built anew (as the CLI
+    builds it, no start-up check) reads them back as the tasks had them, from the Arrow
+    schema the decision records. Without that record the digest would compare a decimal
+    with a double."""
+    table = f"{postgres.new_schema('audit')}.spelled"
+    _sql(
+        postgres,
+        f"CREATE TABLE {table} (id bigint, score numeric(10,4), day timestamptz, "
+        "txsink_epoch bigint)",
+    )
+    log = tmp_path / "txlog"
+    coordinator = Coordinator(
+        [_sink(postgres, table, epoch_column="txsink_epoch")], log=str(log), app_id=APP
+    )
+    for epoch in range(2):
+        rows = [(epoch * 10 + i, i / 4, dt.date(2026, 1, 1 + i)) for i in range(ROWS)]
+        df = spark.createDataFrame(rows, "id long, score double, day date")
+        assert coordinator.write(df, epoch=epoch).status == "committed"
+    decision = open_log(str(log)).decision(0)
+    assert decision is not None and decision.stats.get("schema")
+    report = _audit(postgres, table, log, deep=True)
+    assert report.ok, report.to_json()
+    assert {r.checksum for r in report.rows} == {"ok"}
+    _sql(postgres, f"UPDATE {table} SET score = score + 1 WHERE id = 12")
+    row = _assert_only(_audit(postgres, table, log, deep=True), 1, checksum="differs")
+    assert row.differences == ("checksum differs in column(s) score",)

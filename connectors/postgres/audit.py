@@ -20,8 +20,8 @@ deep (``deep=True``, needs ``epoch_column``, append mode)
     the epoch's rows, exactly the DataFrame's columns (the decision's digest names them;
     the epoch column is not one), read back through a server-side cursor and digested
     (:func:`~txsink.audit.digest.digest_rows`). Values come back as psycopg's Python
-    values, brought to the Arrow types the epoch wrote when this sink knows them (its
-    start-up check ran: the coordinator's background audit), else as Arrow infers them;
+    values, brought to the Arrow types the epoch wrote (the decision records them; for an
+    epoch decided before it did, the sink's start-up check if it ran), else as Arrow infers them;
     the digest's canonical form (every integer as int64, timestamps as UTC microseconds,
     decimals without trailing zeros) makes the two agree for the types ``create_table``
     makes. Types without a Python value pyarrow takes (``uuid``, ``inet``, ...) are read
@@ -116,8 +116,9 @@ class Audited(Evolving):
 class TargetReader:
     """One audit's reads of ``tables`` on ``conn`` (its transaction, its snapshot).
 
-    ``sources``: the Arrow type each DataFrame column was written with, when known (the
-    sink's check ran); the deep read brings the values back to them."""
+    ``sources``: the Arrow type each DataFrame column was written with, when known: from
+    the epoch's decision (``EpochToAudit.schema``), else from the sink's check if it ran;
+    the deep read brings the values back to them."""
 
     conn: psycopg.Connection[Any]
     stall: Stall
@@ -225,6 +226,8 @@ class TargetReader:
             )
             return None
         types = {c: base_type(columns[c][0]) for c in names}
+        if epoch.schema is not None:  # the decision's record of the types the tasks had
+            self.sources = {f.name: f.type for f in epoch.schema}
         digest = Digest.total(digest_batch(b) for b in self._read(epoch.epoch, names, types))
         return digest if digest.rows else Digest(cols={c: 0 for c in names})
 

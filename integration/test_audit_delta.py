@@ -215,6 +215,31 @@ def test_rows_deleted_by_another_writer_fail_their_epoch(
     assert "missing" in " ".join(row.differences)
 
 
+def test_a_compaction_keeps_every_epoch_counted_and_says_so(
+    local: tuple[str, Any], tmp_path: Path
+) -> None:
+    """``OPTIMIZE`` rewrites the epochs' files with ``dataChange: false``: the table's own
+    statement that the rows are the same. The audit counts them as committed (metadata and
+    deep pass), says which files were compacted, and does not read them per epoch; a DELETE
+    after it is still a mismatch (its remove says ``dataChange: true``)."""
+    from deltalake import DeltaTable
+
+    table, options = local
+    log = _run(table, options, tmp_path / "txlog")
+    DeltaTable(table).optimize.compact()
+    for deep in (False, True):
+        report = _audit(log, table, options, deep=deep)
+        assert report.ok, report.to_json()
+        assert [(r.found, r.checksum) for r in report.rows] == [(PER, "not read")] * EPOCHS
+        assert any("without a data change" in n and "OPTIMIZE" in n for n in report.notes[UID])
+    DeltaTable(table).delete(f"id = {2 * PER + 4}")
+    report = _audit(log, table, options)
+    assert not report.ok  # the compacted file holding every epoch's rows was rewritten
+    assert {r.epoch for r in report.rows if r.status != "ok"} == {0, 1, 2}
+    text = " ".join(report.rows[2].differences)
+    assert "were compacted at version" in text and "(operation DELETE" in text, text
+
+
 def test_a_copy_of_an_epoch_file_added_by_hand_is_an_extra(
     local: tuple[str, Any], tmp_path: Path
 ) -> None:

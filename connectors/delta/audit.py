@@ -59,6 +59,8 @@ class LogEntry:
     txn: int | None = None  # the version our app id records in this entry
     adds: dict[str, dict[str, Any]] = field(default_factory=dict)  # stored path -> add
     removes: set[str] = field(default_factory=set)
+    #: removed with ``dataChange: false``: the rows rearranged, not changed (OPTIMIZE)
+    rearranged: set[str] = field(default_factory=set)
 
     @property
     def what(self) -> str:
@@ -91,7 +93,10 @@ def read_entry(storage: Storage, version: int, app_id: str) -> LogEntry | None:
         elif "add" in action:
             entry.adds[urllib.parse.unquote(action["add"]["path"])] = action["add"]
         elif "remove" in action:
-            entry.removes.add(urllib.parse.unquote(action["remove"]["path"]))
+            path = urllib.parse.unquote(action["remove"]["path"])
+            entry.removes.add(path)
+            if action["remove"].get("dataChange") is False:
+                entry.rearranged.add(path)
     return entry
 
 
@@ -270,6 +275,7 @@ def _epoch(run: _Audit, epoch: EpochToAudit) -> EpochFound:
                 path,
             )
     counted = 0
+    compacted: list[str] = []
     readable: list[tuple[str, Mapping[str, str | None]]] = []  # path, partition values
     for path, f in sorted(files.items()):
         add = entry.adds.get(path) if entry is not None else None
@@ -278,6 +284,18 @@ def _epoch(run: _Audit, epoch: EpochToAudit) -> EpochFound:
         records = _records(add) if add is not None else live.get(path)
         if path not in live:
             gone = walk.removal(path, entry.version if entry is not None else -1)
+            if gone is not None and path in gone.rearranged:  # the table says: same rows
+                changed = _changed_since(walk, gone, live)
+                if changed is None:
+                    counted += records if records is not None else f.rows
+                    compacted.append(f"{path} (version {gone.version}, {gone.what})")
+                    continue
+                n = records if records is not None else f.rows
+                found.problems.append(
+                    f"{n} rows of epoch {e} were compacted at version {gone.version} into "
+                    f"files changed since: {changed}"
+                )
+                continue
             by = f"at version {gone.version} (operation {gone.what})" if gone else "from the table"
             n = records if records is not None else f.rows
             found.problems.append(f"{n} rows of epoch {e} removed {by}: file {path}")
@@ -306,9 +324,35 @@ def _epoch(run: _Audit, epoch: EpochToAudit) -> EpochFound:
     found.rows = counted
     where = f"version {entry.version}" if entry is not None else "the current version"
     found.how = f"{where}'s add actions (numRecords) and {len(files)} file(s) sized"
-    if run.request.deep:
+    if compacted:  # counted as the log says (dataChange false); no longer readable per epoch
+        run.answer.notes.append(
+            f"epoch {e}: file(s) rewritten without a data change (the Delta log's dataChange "
+            f"false), counted as committed, not read by --deep: {'; '.join(compacted)}"
+        )
+        found.how += "; compacted since: not read"
+    elif run.request.deep:
         _deep(epoch, readable, run.storage, run.schema, found)
     return found
+
+
+def _changed_since(walk: _Walk, compaction: LogEntry, live: Mapping[str, Any]) -> str | None:
+    """Whether the files ``compaction`` wrote (all rearranged rows, ``dataChange`` false)
+    were changed since: a file of them gone with a data change, named; ``None``: every one
+    is live, or was itself only rearranged again (followed)."""
+    pending = [(p, compaction) for p in compaction.adds]
+    seen: set[str] = set()
+    while pending:
+        path, added = pending.pop()
+        if path in live or path in seen:
+            continue
+        seen.add(path)
+        gone = walk.removal(path, added.version)
+        if gone is None:
+            return f"file {path} is gone from the table"
+        if path not in gone.rearranged:
+            return f"file {path} removed at version {gone.version} (operation {gone.what})"
+        pending += [(p, gone) for p in gone.adds]
+    return None
 
 
 def _deep(

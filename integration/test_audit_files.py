@@ -16,7 +16,7 @@ import io
 import os
 import shutil
 from collections.abc import Callable, Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from txsink.connectors.files import FilesSink
 from txsink.connectors.s3 import S3Sink
 from txsink.contract import SinkContract
 from txsink.kit import manifests
+from txsink.kit.formats import Format
 from txsink.ops.audit.run import AuditReport, AuditRow, audit_log
 from txsink.protocol.log import TxLog, open_log
 from txsink.protocol.task import Ack, TaskPlan, run_partition
@@ -36,7 +37,7 @@ from txsink.protocol.task import Ack, TaskPlan, run_partition
 APP = "app"
 UID = "audited"
 EPOCHS = 3
-T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def _name(i: int) -> str:
@@ -330,7 +331,7 @@ def test_s3_with_partition_by_lists_the_prefix_and_keeps_to_the_audited_epochs(
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "csv"])
-def test_text_formats_audit_with_their_types_cast_back(tmp_path: Path, fmt: str) -> None:
+def test_text_formats_audit_with_their_types_cast_back(tmp_path: Path, fmt: Format) -> None:
     """JSON lines and CSV keep no types and no footer: metadata counts the manifest's rows
     (and still names a missing file), deep reads the text and casts it back to the epoch's
     written types (the timestamps are text in the file) so a clean epoch digests equal."""

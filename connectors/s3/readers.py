@@ -1,4 +1,5 @@
-"""Reading an S3 sink's output the safe way: through its epoch manifests."""
+"""Reading an S3 sink's output the safe way: through its epoch manifests; and its audit, the
+prefix read back epoch by epoch (:class:`S3Output`, ``txsink audit``)."""
 
 from __future__ import annotations
 
@@ -144,7 +145,14 @@ class S3Output:
         self.target = target
         self.uid = target.uid
         self.partitioned = bool(partition_by)
-        self._store = target.objects("the output", phase="audit")
+        target.client  # noqa: B018 - bad client_options: the sink's ConfigurationError
+        # Its own client (the contract's): an audit may run beside a commit of the sink.
+        self.client = make_client(target.client_options)
+
+        def fail(op: str, key: str, err: Exception) -> Exception:
+            return target.error(err, f"{op} the output at", key, phase="audit")
+
+        self._store = S3Objects(self.client, target.bucket, target.prefix, fail=fail)
 
     def where(self, name: str) -> str:
         return f"{self.target.url}{name}"
@@ -161,7 +169,7 @@ class S3Output:
     def stat(self, name: str) -> Stored | None:
         key = f"{self.target.prefix}{name}"
         try:
-            head = self.target.client.head_object(Bucket=self.target.bucket, Key=key)
+            head = self.client.head_object(Bucket=self.target.bucket, Key=key)
         except Exception as err:
             if is_missing(err):
                 return None
@@ -180,21 +188,22 @@ class S3Output:
     def footer_rows(self, name: str, stored: Stored) -> int:
         key = f"{self.target.prefix}{name}"
         try:
-            footer = _footer(self.target.client, self.target.bucket, key)
+            footer = _footer(self.client, self.target.bucket, key)
         except Exception as err:
             raise self.target.error(err, "read the Parquet footer of", key, phase="audit") from err
         return int(pq.read_metadata(footer).num_rows)  # not Parquet: the audit's problem
 
     def list_data(self, epochs: Sequence[int]) -> list[str]:
         if self.partitioned:  # epoch folders sit under the Hive folders: list them all
-            return [n for n in self._store.list("") if not n.startswith(("_txsink/", "_manifests/"))]
+            hidden = ("_txsink/", "_manifests/")
+            return [n for n in self._store.list("") if not n.startswith(hidden)]
         names = self._top_level()
         for epoch in epochs:
             names += self._store.list(f"epoch={epoch}/")
         return sorted(names)
 
     def _top_level(self) -> list[str]:
-        pages = self.target.client.get_paginator("list_objects_v2")
+        pages = self.client.get_paginator("list_objects_v2")
         prefix = self.target.prefix
         try:
             return [

@@ -160,7 +160,9 @@ def _epoch(
                 )
             )
         return None
-    problems = _manifest_problems(request, epoch, doc, where, decided, listed, out)
+    problems = _manifest_problems(
+        request, doc, where=where, decided=decided, listed=listed, out=out
+    )
     rows, present = _metadata(doc, entries, out, problems)
     found = EpochFound(rows=rows, problems=problems, how=_how(doc, request.deep))
     if request.deep:
@@ -183,8 +185,8 @@ def _epoch(
 
 def _manifest_problems(
     request: AuditRequest,
-    epoch: EpochToAudit,
     doc: Mapping[str, Any],
+    *,
     where: str,
     decided: set[str],
     listed: set[str],

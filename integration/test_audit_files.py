@@ -30,6 +30,7 @@ from txsink.connectors.s3 import S3Sink
 from txsink.contract import SinkContract
 from txsink.kit import manifests
 from txsink.kit.formats import Format
+from txsink.kit.manifest_audit import in_audited_folders
 from txsink.ops.audit.run import AuditReport, AuditRow, audit_log
 from txsink.protocol.log import TxLog, open_log
 from txsink.protocol.task import Ack, TaskPlan, run_partition
@@ -348,3 +349,22 @@ def test_text_formats_audit_with_their_types_cast_back(tmp_path: Path, fmt: Form
     gone.unlink()
     row = _assert_only_mismatch(audit_log(log, [sink]), 0)
     assert f"data file {gone} is missing (the manifest lists it with 5 rows)" in row.differences
+
+
+def test_the_extras_are_looked_for_in_the_audited_epochs_folders_and_the_top_level() -> None:
+    """What the listing's files count as: a file in an audited epoch's folder (under Hive
+    folders or not) or at the top level; not another epoch's, a hidden one, or a file in a
+    folder that is no epoch's (a txsink log kept under the prefix, say)."""
+    looked = [
+        "epoch=1/a.parquet",
+        "region=0/epoch=1/a.parquet",
+        "stray.parquet",
+        "epoch=0/a.parquet",
+        "region=0/epoch=3/a.parquet",
+        "epoch=1/_SUCCESS",
+        "epoch=1/.a.parquet.crc",
+        "_manifests/audited-00000000000000000001.json",
+        "log/epochs/1.json",
+        "region=0/a.parquet",
+    ]
+    assert [n for n in looked if in_audited_folders(n, [1, 2])] == looked[:3]

@@ -273,12 +273,12 @@ def _notes(out: Output) -> list[str]:
 
 def in_audited_folders(name: str, epochs: Iterable[int]) -> bool:
     """Whether ``name`` (relative to the output) is a visible file in one of the ``epochs``'
-    folders (``epoch=<e>``, under Hive folders or not) or outside every epoch folder."""
+    folders (``epoch=<e>``, under Hive folders or not) or at the output's top level."""
     parts = name.split("/")
     if any(p.startswith(("_", ".")) for p in parts):
         return False
     epoch = _epoch_of(name)
-    return epoch is None or epoch in set(epochs)
+    return len(parts) == 1 if epoch is None else epoch in set(epochs)
 
 
 def _epoch_of(name: str) -> int | None:

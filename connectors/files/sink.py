@@ -43,6 +43,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from typing_extensions import override
 
+from txsink.audit import AuditRequest, TargetAudit
+from txsink.connectors.files import audit as files_audit
 from txsink.connectors.files.handles import FileEntry, FilesHandle
 from txsink.contract import EpochCommit
 from txsink.errors import CommitError, ConfigurationError
@@ -351,6 +353,13 @@ class FilesSink(TwoPhaseCommitSink[_OpenFiles, FilesHandle]):
             txn = TxnId.try_parse(name)
             if txn is not None and txn.belongs_to(app_id, self.uid):
                 yield FilesHandle(txn=txn)
+
+    @override
+    def audit(self, request: AuditRequest) -> TargetAudit:
+        """The output folder read back for ``request``'s epochs (:mod:`.audit`): each
+        epoch's manifest, its files' sizes and Parquet footers; deep, their rows and sha256;
+        unnamed data files of those epochs' folders as extras. Read-only."""
+        return files_audit.audit(self.path, self.uid, request)
 
     @override
     def migrate_uid(self, old: str, *, app_id: str, dry_run: bool = False) -> list[str]:

@@ -54,7 +54,8 @@ from typing import Any, ClassVar
 import pyarrow as pa
 from typing_extensions import override
 
-from txsink.connectors.s3 import access, hive, markers, multipart
+from txsink.audit import AuditRequest, TargetAudit
+from txsink.connectors.s3 import access, hive, markers, multipart, readers
 from txsink.connectors.s3.client import S3Location, parse_s3_url
 from txsink.connectors.s3.handles import S3Handle
 from txsink.connectors.s3.multipart import (
@@ -64,7 +65,6 @@ from txsink.connectors.s3.multipart import (
     MIN_PART_BYTES,
     MiB,
 )
-from txsink.connectors.s3.readers import legacy_schema
 from txsink.connectors.s3.target import S3Target
 from txsink.contract import EpochCommit
 from txsink.errors import ConfigurationError, TxsinkError, WriteError
@@ -268,7 +268,7 @@ class S3Sink(TwoPhaseCommitSink[multipart.OpenUploads, S3Handle]):
     def _legacy_schema(self, doc: Mapping[str, Any]) -> pa.Schema | None:
         target = self._target
         try:
-            return legacy_schema(target.client, self.bucket, self.prefix, doc)
+            return readers.legacy_schema(target.client, self.bucket, self.prefix, doc)
         except Exception as err:
             where = f"{self.prefix}{manifests.key(self.uid, int(doc['epoch']))}"
             raise target.error(
@@ -449,6 +449,11 @@ class S3Sink(TwoPhaseCommitSink[multipart.OpenUploads, S3Handle]):
         )
         verb = "would move" if dry_run else "moved"
         return [f"{self!r}: {verb} {moved} epoch manifest(s) from uid {old!r} to {self.uid!r}"]
+
+    @override
+    def audit(self, request: AuditRequest) -> TargetAudit:
+        """The prefix read back for ``request``'s epochs (:class:`.readers.S3Output`)."""
+        return readers.audit(self._target, self.partition_by, request)
 
     # -- helpers -----------------------------------------------------------------------------
 

@@ -1,0 +1,319 @@
+"""The audit benchmark's results and report (the measuring is in ``audit.py``, the
+one-process table in ``_audit_columns.py``; this module only renders what a run saved)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+try:
+    from benchmarks import _bench
+except ImportError:  # run as a plain script
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks import _bench
+
+from txsink.protocol.task import DIGEST_ENV
+
+WRITERS = ("digest", "off")
+LABELS = {"digest": "digest", "off": "off"}
+TARGET = 1.03  # issue #42: the digest costs at most 3% of the pre-commit's time
+
+
+@dataclass
+class Results(_bench.Results):
+    """One measurement per writer and series (``--repeat``): its measured epochs together
+    (``rows``, ``seconds``, ``extra["cpu"]`` summed by role), every epoch's seconds
+    (``epochs_s``) and its pre-commit's from the decision (``precommit_s``); ``columns``:
+    the one-process table (``_audit_columns``)."""
+
+    name: ClassVar[str] = "audit"
+    title: ClassVar[str] = "Audit evidence"
+    server: ClassVar[str] = "postgres"
+    baseline: ClassVar[str] = "off"
+    after: ClassVar[str | None] = "metrics"
+    from_args: ClassVar[tuple[str, ...]] = ("epochs", "column_rows", "connector")
+
+    epochs: int = 0
+    connector: str = "files"
+    epoch_rows: int = 0
+    column_rows: int = 0
+    columns: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def section(self) -> str:
+        """``audit`` (the files sink), ``audit-postgres``; each with its ``-spark-defaults``
+        twin for ``--feed defaults``."""
+        name = self.name + ("" if self.connector == "files" else f"-{self.connector}")
+        return name if self.feed == "same" else f"{name}-spark-defaults"
+
+    @property
+    def section_after(self) -> str | None:
+        """After the live metrics' section: the files sink's, then PostgreSQL's, each then
+        its defaults twin."""
+        if self.feed != "same":
+            return self.section.removesuffix("-spark-defaults")
+        return self.after if self.connector == "files" else self.name
+
+    def times(self, writer: str, partitions: int, key: str) -> list[float]:
+        """Every measured epoch's ``key`` (``epochs_s``, ``precommit_s``), series after
+        series, round by round (so index i of two writers ran in the same round)."""
+        return [s for m in self.of(writer, partitions) for s in m.extra.get(key, [])]
+
+    def series_ratios(self, partitions: int, key: str) -> list[float]:
+        """Per series: digest's summed ``key`` over off's (the repeats' spread)."""
+        pairs = zip(self.of("digest", partitions), self.of("off", partitions), strict=False)
+        return [sum(d.extra[key]) / sum(o.extra[key]) for d, o in pairs if sum(o.extra[key])]
+
+
+# -- the report ----------------------------------------------------------------------------
+
+
+def _pct(ratio: float) -> str:
+    return f"{(ratio - 1) * 100:+.1f}%"
+
+
+def _ratios(values: list[float]) -> str:
+    """``1.412x (1.380-1.450x)``: median (min-max) of ratios; ``-`` for none."""
+    if not values:
+        return "-"
+    mid = f"{_bench.median(values):.3f}x"
+    return mid if len(values) == 1 else f"{mid} ({min(values):.3f}-{max(values):.3f}x)"
+
+
+def timing_table(res: Results) -> str:
+    """Per writer: the pre-commit's and the epoch's ms (min / median / max over the
+    epochs), digest over off paired per round and per series, and the verdict."""
+    rows = []
+    for p in res.partitions:
+        for w in WRITERS:
+            pre, epochs = res.times(w, p, "precommit_s"), res.times(w, p, "epochs_s")
+            if not pre:
+                continue
+            cells = ["", "", "", "", ""]
+            if w == "digest":
+                per_series = res.series_ratios(p, "precommit_s")
+                cells = [
+                    _bench.paired_cell(pre, res.times("off", p, "precommit_s"), digits=3),
+                    _ratios(per_series),
+                    _bench.paired_cell(epochs, res.times("off", p, "epochs_s"), digits=3),
+                    _ratios(res.series_ratios(p, "epochs_s")),
+                    "met" if per_series and _bench.median(per_series) <= TARGET else "NOT met",
+                ]
+            rows.append(
+                [
+                    str(p),
+                    LABELS[w] + (" VOID" if res.is_void(w, p) else ""),
+                    _bench.min_median_max(pre, scale=1000, digits=0),
+                    cells[0],
+                    cells[1],
+                    _bench.min_median_max(epochs, scale=1000, digits=0),
+                    *cells[2:],
+                ]
+            )
+    headers = [
+        "partitions",
+        "writer",
+        "pre-commit ms: median (min-max)",
+        "pre-commit vs off, per round",
+        "pre-commit vs off, per series",
+        "epoch ms: median (min-max)",
+        "epoch vs off, per round",
+        "epoch vs off, per series",
+        "<= 1.03x",
+    ]
+    return _bench.markdown_table(headers, rows, "rlrrrrrrl")
+
+
+def column_tables(res: Results) -> tuple[str, str]:
+    """The one-process tables: per column type, and the steps of the slow ones."""
+    cols = res.columns
+    digest, parquet, whole = cols["digest"], cols["parquet"], cols["digest"]["all"]
+    rows = [
+        [
+            f"`{n}`" if n != "all" else "**the whole batch**",
+            cols["types"].get(n, "6 columns"),
+            f"{digest[n]:.3f}",
+            f"{parquet[n]:.3f}",
+            f"{digest[n] / parquet[n]:.1f}x" if parquet[n] else "-",
+            f"{digest[n] / whole * 100:.0f}%",
+        ]
+        for n in digest
+    ]
+    headers = [
+        "column",
+        "Arrow type",
+        "digest CPU-s per 1M values",
+        "Parquet write CPU-s per 1M",
+        "digest / Parquet",
+        "share of the digest",
+    ]
+    steps = [
+        [f"`{n}`", step, f"{s:.3f}"]
+        for n, parts in cols["steps"].items()
+        for step, s in parts.items()
+    ]
+    return (
+        _bench.markdown_table(headers, rows, "llrrrr"),
+        _bench.markdown_table(["column", "step", "CPU-s per 1M values"], steps, "llr"),
+    )
+
+
+def _total(res: Results, writer: str, p: int) -> float:
+    """CPU-seconds per 1M rows of Spark's processes and the server's (if measured)."""
+    server = [res.cpu_per_row(writer, p, role) for role, _ in SERVERS[res.connector]]
+    return res.cpu_per_row(writer, p, "spark") + sum(v for v in server if v == v)
+
+
+def reading(res: Results) -> list[str]:
+    """The numbers, read: generated from the results, so a rerun cannot contradict them."""
+    out: list[str] = []
+    budgets: list[float] = []
+    for p in res.partitions:
+        pre = res.series_ratios(p, "precommit_s")
+        if not pre:
+            continue
+        mid = _bench.median(pre)
+        verdict = (
+            f"within the {(TARGET - 1) * 100:.0f}% target"
+            if mid <= TARGET
+            else f"the {(TARGET - 1) * 100:.0f}% target missed by {(mid - TARGET) * 100:.0f} points"
+        )
+        workers = res.cpu_per_row("digest", p, "workers") - res.cpu_per_row("off", p, "workers")
+        spark = _total(res, "off", p)
+        line = (
+            f"**Pre-commit** at {p} partitions: the digest adds {_pct(mid)} to its time "
+            f"(per series {_ratios(pre)} of *off*'s): {verdict}. The whole epoch: "
+            f"{_pct(_bench.median(res.series_ratios(p, 'epochs_s')))}. The Python workers, "
+            f"where the digest runs, spend {workers:+.2f} CPU-s per 1M rows"
+        )
+        if res.columns:
+            line += (
+                f" (the one-process digest of the same columns: {res.columns['digest']['all']:.2f})"
+            )
+        total = _total(res, "digest", p)
+        out.append(
+            line + f". In CPU per row the whole run costs {total / spark:.2f}x *off*'s "
+            f"({total:.2f} against {spark:.2f} CPU-s per 1M rows: the *total* above), "
+            "steadier than the times on a busy machine. 3% of *off*'s is "
+            f"{spark * (TARGET - 1):.3f} CPU-s per 1M rows: a digest within the target here "
+            f"must cost about {workers / (spark * (TARGET - 1)):.0f}x less than today's."
+        )
+        budgets.append(spark * (TARGET - 1))
+    if res.columns:
+        d, pq_ = res.columns["digest"], res.columns["parquet"]
+        top = sorted((n for n in d if n != "all"), key=lambda n: -d[n])
+        types = res.columns["types"]
+        fixed = [n for n in top if "string" not in types[n] and "decimal" not in types[n]]
+        out.append(
+            "**Where the time goes**: "
+            + ", ".join(f"`{n}` {d[n] / d['all'] * 100:.0f}%" for n in top[:3])
+            + f" of the digest; the whole digest costs {d['all'] / pq_['all']:.1f}x the "
+            "Parquet write of the same batch. Decimals and strings go through Python objects "
+            "(the steps above); the fixed-width columns stay in numpy and cost "
+            + " to ".join(f"{f(d[n] / pq_[n] for n in fixed):.1f}x" for f in (min, max))
+            + " their Parquet write."
+        )
+        each = sum(d[n] for n in fixed) / len(fixed) if fixed else float("nan")
+        guess = each * (len(d) - 1)
+        out.append(
+            "**What would bring it under** (ideas, not measured): the Python objects first. If "
+            f"every column cost what the fixed-width ones do (about {each:.3f} CPU-s per 1M "
+            f"values), this schema's digest would cost about {guess:.2f} CPU-s per 1M rows"
+            + (f" against a budget of {budgets[0]:.3f}" if budgets else "")
+            + ": decimals hashed from their unscaled integer and scale in numpy (trailing "
+            "zeros stripped arithmetically) instead of `Decimal` objects and their text; "
+            "strings and binaries hashed from Arrow's offsets and data buffers instead of "
+            "Python `str` objects and pandas' SipHash; fewer temporary arrays per column (each "
+            "`combine` allocates several). Below that, one native pass over the Arrow buffers "
+            "(a compiled hash kernel) rather than numpy's several passes per column. A changed "
+            "canonical hash is a new digest version (the module keeps version 1 readable)."
+        )
+    loads = [m.load_before for m in res.runs]
+    cores = int(res.machine.get("cores", "0") or 0)
+    if loads and cores and _bench.median(loads) > cores:
+        out.append(
+            f"**Noise**: the machine was busy (median load {_bench.median(loads):.1f} on {cores} "
+            "cores): times move with it; the CPU per record is the figure to read."
+        )
+    return out
+
+
+#: Where the rows go, per ``--connector``: the section's heading suffix and its words.
+TARGETS = {
+    "files": (
+        "",
+        "into the files sink on local disk (the cheapest target: the worst case "
+        "for the digest's share)",
+    ),
+    "postgres": (
+        ", PostgreSQL",
+        "into PostgreSQL (`PostgresSink`, binary COPY and PREPARE "
+        "in each task, COMMIT PREPARED from the driver; a table per writer)",
+    ),
+}
+SERVERS = {"files": (), "postgres": (("postgres", "PostgreSQL"),)}
+
+
+def render(res: Results) -> str:
+    v = res.versions
+    suffix, into = TARGETS[res.connector]
+    pg = f", psycopg {v['psycopg']}" if "psycopg" in v else ""
+    parts = [
+        *_bench.header(
+            res,
+            "Audit evidence: the cost of the row digest" + suffix,
+            "The load counts the benchmark.",
+        ),
+        f"- Versions: PySpark {v.get('pyspark')} (`local[2]`, {res.machine.get('java')}), "
+        f"Python {res.machine.get('python')}, pyarrow {v.get('pyarrow')}{pg}.",
+        f"- {res.repeat} series of {res.epochs} epochs of {res.epoch_rows:,} rows per writer "
+        f"{into} (epochs this big keep an epoch's fixed costs, the job and the decision, "
+        "small next to its rows: the ratio is the digest's per-row cost against the write's; "
+        "small epochs dilute it), one `Coordinator` per writer; the two take turns epoch by epoch, "
+        "each round's order rotated, after untimed warm-up rounds (`--warmup`). Columns: "
+        "bigint `id`, string `name` (12 characters), double `amount`, timestamp `ts`, "
+        "decimal(12,2) `price`, string `category` (4-5 characters). **digest**: as shipped; "
+        f"**off**: `{DIGEST_ENV}=off` in the Python workers' environment "
+        "(`SparkContext.environment`, sent with each epoch's task function; a daemon of its "
+        "own). Every epoch's decision read back: each handle of a *digest* epoch carries "
+        "evidence counting the epoch's rows, none of an *off* epoch. Every output read back "
+        "exactly.",
+        "- The pre-commit's seconds are the decision's (`stats.seconds.precommit`), the "
+        "epoch's the harness's stopwatch. *per round*: digest's epoch over off's of the same "
+        "round, median (min-max) over the rounds; *per series*: the series' sums, median "
+        "(min-max) over the `--repeat` series. The issue's bar: at most 1.03x.",
+        *_bench.blocks(timing_table(res), title="Pre-commit and epoch time"),
+        *_bench.blocks(
+            "CPU-seconds per 1M rows by role (the series' sums over their rows, median over "
+            "the series); the digest runs in the Python workers' main thread.",
+            _bench.cpu_table(
+                res,
+                LABELS,
+                WRITERS,
+                over="off",
+                servers=SERVERS[res.connector],
+                rate_header="rows/s (median)",
+            ),
+            title="CPU per record by role",
+        ),
+    ]
+    if res.columns:
+        per_type, steps = column_tables(res)
+        parts += _bench.blocks(
+            f"`digest_batch` of a one-column batch of {res.columns['rows']:,} values per "
+            "column (the Spark run's Arrow types), next to `pyarrow.parquet.write_table` of the "
+            "same batch (snappy, local disk: what the files sink does), in one Python process "
+            "without Spark, the best of three tries. To estimate a schema: add its columns' "
+            "digest costs.",
+            per_type,
+            "The columns that go through Python objects, step by step:",
+            steps,
+            title="One process: the digest per column type",
+        )
+    parts += _bench.bullets("Reading", reading(res))
+    if res.void:
+        parts += _bench.bullets("Void runs", res.void)
+    return "\n".join(parts) + "\n"

@@ -259,7 +259,8 @@ ROOMS: dict[str, set[str]] = {
 BASE = {
     "txsink.contract", "txsink.errors", "txsink.handles", "txsink.txid", "txsink.rowref",
     "txsink.registry", "txsink.store", "txsink.metrics", "txsink.schema", "txsink._version",
-    "txsink.audit", "txsink.audit.digest", "txsink.audit.found",
+    "txsink.audit", "txsink.audit.digest", "txsink.audit.found", "txsink.audit.canonical",
+    "txsink.audit.kernels",
 }  # fmt: skip
 #: The faces: top-level modules (and the Data Source package) that may import any room.
 FACES = {"txsink", "txsink.coordinator", "txsink.sink", "txsink.runner", "txsink._moved"}

@@ -1,8 +1,7 @@
 """The row digest per column type, in one Python process without Spark (``run audit``'s
 last table): CPU-seconds per million values of ``digest_batch`` over a one-column batch of
 each column of the audit benchmark's schema, and of ``pyarrow.parquet.write_table`` of the
-same batch (what the files sink does with it) as the yardstick; and, for the column types
-that go through Python objects, where their time goes.
+same batch (what the files sink does with it) as the yardstick.
 
 CPU is the process's (``time.process_time``: every thread, Arrow's pool included), the
 best of a few tries, so a busy machine moves it little.
@@ -22,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from txsink.audit.digest import _decimal_text, digest_batch, siphash
+from txsink.audit.digest import digest_batch
 
 TRIES = 3
 
@@ -62,11 +61,11 @@ def cpu_s(fn: Callable[[], Any]) -> float:
 
 
 def measure(rows: int, schema: pa.Schema | None = None) -> dict[str, Any]:
-    """``{"rows", "types", "digest", "parquet", "steps"}``: per column (and ``"all"``, the
-    whole batch) CPU-seconds per million values of the digest and of the Parquet write;
-    ``steps``: the string and decimal columns' digest split into its parts."""
+    """``{"rows", "types", "digest", "parquet"}``: per column (and ``"all"``, the whole
+    batch) CPU-seconds per million values of the digest and of the Parquet write."""
     data = batch(rows, schema)
     per_m = 1e6 / rows
+    digest_batch(data.slice(0, 8))  # the compiled loops' first call (from numba's cache)
     digest: dict[str, float] = {}
     parquet: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="txsink-bench-audit-columns-") as folder:
@@ -77,34 +76,9 @@ def measure(rows: int, schema: pa.Schema | None = None) -> dict[str, Any]:
             digest[name] = cpu_s(functools.partial(digest_batch, one)) * per_m
             write = functools.partial(pq.write_table, table, path, compression="snappy")
             parquet[name] = cpu_s(write) * per_m
-    steps = {"name": _string_steps(data.column("name"), per_m)}
-    if pa.types.is_decimal(data.schema.field("price").type):
-        steps["price"] = _decimal_steps(data.column("price"), per_m)
     return {
         "rows": rows,
         "types": {n: str(data.schema.field(n).type) for n in data.schema.names},
         "digest": digest,
         "parquet": parquet,
-        "steps": steps,
-    }
-
-
-def _string_steps(arr: pa.Array, per_m: float) -> dict[str, float]:
-    """A string column: Arrow to Python ``str`` objects, then SipHash over them."""
-    objects = arr.to_numpy(zero_copy_only=False)
-    return {
-        "to Python objects": cpu_s(lambda: arr.to_numpy(zero_copy_only=False)) * per_m,
-        "SipHash": cpu_s(lambda: siphash(objects)) * per_m,
-    }
-
-
-def _decimal_steps(arr: pa.Array, per_m: float) -> dict[str, float]:
-    """A decimal column: Arrow to ``Decimal`` objects, their canonical text (normalised,
-    formatted), then SipHash over the texts."""
-    values = arr.to_pylist()
-    texts = np.array([_decimal_text(v) for v in values], dtype=object)
-    return {
-        "to Python objects": cpu_s(arr.to_pylist) * per_m,
-        "canonical text": cpu_s(lambda: [_decimal_text(v) for v in values]) * per_m,
-        "SipHash": cpu_s(lambda: siphash(texts)) * per_m,
     }

@@ -127,8 +127,8 @@ def timing_table(res: Results) -> str:
     return _bench.markdown_table(headers, rows, "rlrrrrrrl")
 
 
-def column_tables(res: Results) -> tuple[str, str]:
-    """The one-process tables: per column type, and the steps of the slow ones."""
+def column_table(res: Results) -> str:
+    """The one-process table: the digest per column type."""
     cols = res.columns
     digest, parquet, whole = cols["digest"], cols["parquet"], cols["digest"]["all"]
     rows = [
@@ -150,15 +150,7 @@ def column_tables(res: Results) -> tuple[str, str]:
         "digest / Parquet",
         "share of the digest",
     ]
-    steps = [
-        [f"`{n}`", step, f"{s:.3f}"]
-        for n, parts in cols["steps"].items()
-        for step, s in parts.items()
-    ]
-    return (
-        _bench.markdown_table(headers, rows, "llrrrr"),
-        _bench.markdown_table(["column", "step", "CPU-s per 1M values"], steps, "llr"),
-    )
+    return _bench.markdown_table(headers, rows, "llrrrr")
 
 
 def _total(res: Results, writer: str, p: int) -> float:
@@ -205,31 +197,13 @@ def reading(res: Results) -> list[str]:
     if res.columns:
         d, pq_ = res.columns["digest"], res.columns["parquet"]
         top = sorted((n for n in d if n != "all"), key=lambda n: -d[n])
-        types = res.columns["types"]
-        fixed = [n for n in top if "string" not in types[n] and "decimal" not in types[n]]
         out.append(
             "**Where the time goes**: "
             + ", ".join(f"`{n}` {d[n] / d['all'] * 100:.0f}%" for n in top[:3])
-            + f" of the digest; the whole digest costs {d['all'] / pq_['all']:.1f}x the "
-            "Parquet write of the same batch. Decimals and strings go through Python objects "
-            "(the steps above); the fixed-width columns stay in numpy and cost "
-            + " to ".join(f"{f(d[n] / pq_[n] for n in fixed):.1f}x" for f in (min, max))
-            + " their Parquet write."
-        )
-        each = sum(d[n] for n in fixed) / len(fixed) if fixed else float("nan")
-        guess = each * (len(d) - 1)
-        out.append(
-            "**What would bring it under** (ideas, not measured): the Python objects first. If "
-            f"every column cost what the fixed-width ones do (about {each:.3f} CPU-s per 1M "
-            f"values), this schema's digest would cost about {guess:.2f} CPU-s per 1M rows"
-            + (f" against a budget of {budgets[0]:.3f}" if budgets else "")
-            + ": decimals hashed from their unscaled integer and scale in numpy (trailing "
-            "zeros stripped arithmetically) instead of `Decimal` objects and their text; "
-            "strings and binaries hashed from Arrow's offsets and data buffers instead of "
-            "Python `str` objects and pandas' SipHash; fewer temporary arrays per column (each "
-            "`combine` allocates several). Below that, one native pass over the Arrow buffers "
-            "(a compiled hash kernel) rather than numpy's several passes per column. A changed "
-            "canonical hash is a new digest version (the module keeps version 1 readable)."
+            + f" of the digest; the whole digest costs {d['all'] / pq_['all']:.2f}x the "
+            "Parquet write of the same batch. Every column is one compiled loop over Arrow's "
+            "buffers (`txsink.audit.kernels`); a decimal is cast to scale 18 first (Arrow), a "
+            "string hashed from its bytes."
         )
     loads = [m.load_before for m in res.runs]
     cores = int(res.machine.get("cores", "0") or 0)
@@ -301,16 +275,13 @@ def render(res: Results) -> str:
         ),
     ]
     if res.columns:
-        per_type, steps = column_tables(res)
         parts += _bench.blocks(
             f"`digest_batch` of a one-column batch of {res.columns['rows']:,} values per "
             "column (the Spark run's Arrow types), next to `pyarrow.parquet.write_table` of the "
             "same batch (snappy, local disk: what the files sink does), in one Python process "
             "without Spark, the best of three tries. To estimate a schema: add its columns' "
             "digest costs.",
-            per_type,
-            "The columns that go through Python objects, step by step:",
-            steps,
+            column_table(res),
             title="One process: the digest per column type",
         )
     parts += _bench.bullets("Reading", reading(res))

@@ -1,0 +1,290 @@
+"""Each value's canonical 64 bits, per column, for the row digest (:mod:`txsink.audit.digest`).
+
+A value read back from a target in another Arrow spelling must give the same bits: the
+*kind* of a column (int, float, decimal, str, bin, ts, date, time, dur, bool, struct,
+list, other) and its canonical form decide them, never the Arrow type's width or unit:
+
+========  ================================================================================
+int       any integer type, as int64 (uint64 above 2**63 wraps)
+float     float16/32/64 as float64; ``-0.0`` as ``0.0``; every NaN as one NaN
+decimal   the value at scale 18 as a 128-bit integer (two words, :func:`kernels.hash_pairs`);
+          a value that does not fit (more than 20 integer or 18 fraction digits): its text
+          without trailing zeros
+str, bin  :func:`kernels.hash_bytes` of the UTF-8 text or the bytes (any offset width, views)
+ts        microseconds since 1970 UTC, any unit and zone (nanoseconds floored)
+date      days since 1970; ``time``, ``dur``: microseconds
+struct    its fields' hashes folded in name order; ``list``: its length and its elements'
+          hashes salted by position (a map: a list of its entries)
+========  ================================================================================
+
+Fixed-width values are read from Arrow's buffers without a copy where the type allows it;
+strings from their offsets and data buffers; nothing becomes a Python object but the rare
+oversized decimal and the ``other`` kinds.
+"""
+
+from __future__ import annotations
+
+import decimal
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from txsink.audit import kernels
+from txsink.audit.kernels import u64
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    U64 = npt.NDArray[np.uint64]
+
+__all__ = ["NULL", "TAG", "Column", "column", "value_hashes"]
+
+#: The raw bits of a null value.
+NULL = np.uint64(0x6E756C6C_7478736B)
+_M = np.uint64(0x9E3779B97F4A7C15)
+_KINDS: tuple[str, ...] = ("bool", "int", "float", "decimal", "str", "bin", "ts", "date")
+_KINDS += ("time", "dur", "struct", "list", "other", "bigdecimal")
+#: One tag per kind, so equal bits of different kinds hash apart.
+TAG = {k: np.uint64(i * 0x1000193 + 0x51ED270B) for i, k in enumerate(_KINDS, start=1)}
+_NO_BITS = np.zeros(0, dtype=np.uint8)
+_DEC = pa.decimal128(38, 18)
+_PER_US = {"s": 1_000_000, "ms": 1_000, "us": 1, "ns": 1}
+
+
+class Column(NamedTuple):
+    """One array's canonical bits: ``raw`` (uint64, one per value; a null's is garbage),
+    its ``kind``, and where its validity bits are (``nulls`` False: no null)."""
+
+    raw: U64
+    kind: str
+    bits: Any
+    offset: int
+    nulls: bool
+
+
+def column(arr: pa.Array) -> Column:
+    """The canonical bits of every value of ``arr`` (see the module's table)."""
+    t = arr.type
+    if pa.types.is_dictionary(t):
+        return column(arr.dictionary_decode())
+    if isinstance(t, pa.ExtensionType):
+        return column(arr.storage)
+    n = len(arr)
+    if pa.types.is_null(t) or (n and arr.null_count == n):
+        return Column(np.zeros(n, np.uint64), _kind(t), np.zeros((n + 7) // 8, np.uint8), 0, True)
+    kind, raw = _raw(arr, t)
+    validity = arr.buffers()[0]
+    if not arr.null_count or validity is None:
+        return Column(raw, kind, _NO_BITS, 0, False)
+    return Column(raw, kind, np.frombuffer(validity, np.uint8), arr.offset, True)
+
+
+def value_hashes(arr: pa.Array) -> U64:
+    """Each value's full hash, ``mix(raw ^ TAG[kind])`` (a null: :data:`NULL`): the
+    elements of structs and lists."""
+    col = column(arr)
+    out = np.empty(len(arr), dtype=np.uint64)
+    tag = TAG.get(col.kind, TAG["other"])
+    kernels.hashes(col.raw, col.bits, col.offset, col.nulls, tag, NULL ^ tag, out)
+    if arr.null_count:
+        out[arr.is_null().to_numpy(zero_copy_only=False)] = NULL
+    return out
+
+
+def _kind(t: pa.DataType) -> str:
+    if pa.types.is_boolean(t):
+        return "bool"
+    if pa.types.is_integer(t):
+        return "int"
+    if pa.types.is_floating(t):
+        return "float"
+    if pa.types.is_decimal(t):
+        return "decimal"
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or _is(t, "string_view"):
+        return "str"
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or _is(t, "binary_view"):
+        return "bin"
+    if pa.types.is_fixed_size_binary(t):
+        return "bin"
+    if pa.types.is_timestamp(t):
+        return "ts"
+    if pa.types.is_date(t):
+        return "date"
+    if pa.types.is_time(t):
+        return "time"
+    if pa.types.is_duration(t):
+        return "dur"
+    if pa.types.is_struct(t):
+        return "struct"
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return "list"
+    if pa.types.is_map(t):
+        return "list"
+    return "null" if pa.types.is_null(t) else "other"
+
+
+def _is(t: pa.DataType, name: str) -> bool:
+    test = getattr(pa.types, f"is_{name}", None)
+    return bool(test(t)) if test is not None else False
+
+
+def _raw(arr: pa.Array, t: pa.DataType) -> tuple[str, U64]:
+    kind = _kind(t)
+    if kind == "int":
+        return kind, u64(_values(arr, t.to_pandas_dtype()))
+    if kind == "float":
+        values = np.add(_values(arr, t.to_pandas_dtype()), 0.0, dtype=np.float64)  # -0.0: 0.0
+        nan = np.isnan(values)
+        if nan.any():
+            values[nan] = np.nan  # one NaN
+        return kind, values.view(np.uint64)
+    if kind in ("ts", "time", "dur"):
+        return kind, _micros(arr, t)
+    if kind == "date":
+        if pa.types.is_date32(t):
+            return kind, u64(_values(arr, np.int32))
+        return kind, u64(_values(arr, np.int64) // 86_400_000)
+    if kind == "bool":
+        return kind, u64(arr.cast(pa.uint8()).fill_null(0).to_numpy())
+    if kind in ("str", "bin"):
+        return kind, _bytes(arr, t)
+    if kind == "decimal":
+        return _decimals(arr)
+    if kind == "struct":
+        return kind, _struct(arr)
+    if kind == "list":
+        return kind, _list(_entries(arr) if pa.types.is_map(t) else arr)
+    return kind, _other(arr)
+
+
+def _values(arr: pa.Array, dtype: Any) -> Any:
+    """The values buffer as numpy, no copy (a null's slot holds whatever Arrow left)."""
+    n = len(arr)
+    buf = arr.buffers()[1]
+    if buf is None:
+        return np.zeros(n, dtype=dtype)
+    return np.frombuffer(buf, dtype=dtype)[arr.offset : arr.offset + n]
+
+
+def _micros(arr: pa.Array, t: pa.DataType) -> U64:
+    values = _values(arr, np.int32 if t.bit_width == 32 else np.int64)
+    if t.unit == "us":
+        return u64(values)
+    return u64(values // 1_000 if t.unit == "ns" else values.astype(np.int64) * _PER_US[t.unit])
+
+
+def _bytes(arr: pa.Array, t: pa.DataType) -> U64:
+    """:func:`kernels.hash_bytes` of each value's bytes, from Arrow's buffers."""
+    n = len(arr)
+    if _is(t, "string_view") or _is(t, "binary_view"):
+        arr = arr.cast(pa.large_string() if _is(t, "string_view") else pa.large_binary())
+        t = arr.type
+    out = np.empty(n, dtype=np.uint64)
+    buffers = arr.buffers()
+    if pa.types.is_fixed_size_binary(t):
+        width = t.byte_width
+        data = np.frombuffer(buffers[1], np.uint8) if buffers[1] is not None else _NO_BITS
+        offsets = (np.arange(n + 1, dtype=np.int64) + arr.offset) * width
+    else:
+        wide = pa.types.is_large_string(t) or pa.types.is_large_binary(t)
+        offsets = np.frombuffer(buffers[1], np.int64 if wide else np.int32)
+        offsets = offsets[arr.offset : arr.offset + n + 1]
+        data = np.frombuffer(buffers[2], np.uint8) if buffers[2] is not None else _NO_BITS
+    kernels.hash_bytes(offsets, data, out)
+    return out
+
+
+def _decimals(arr: pa.Array) -> tuple[str, U64]:
+    """Each decimal at scale 18 as a 128-bit integer; if one does not fit, the column's
+    values one by one (a value that fits gives the same bits either way)."""
+    try:
+        at18 = arr.cast(_DEC)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return "decimal", _decimals_one_by_one(arr)
+    n = len(at18)
+    words = np.frombuffer(at18.buffers()[1], np.uint64)[2 * at18.offset : 2 * (at18.offset + n)]
+    out = np.empty(n, dtype=np.uint64)
+    kernels.hash_pairs(words, TAG["decimal"], out)
+    return "decimal", out
+
+
+def _decimals_one_by_one(arr: pa.Array) -> U64:
+    out = np.zeros(len(arr), dtype=np.uint64)
+    for i, value in enumerate(arr.to_pylist()):
+        if value is None:
+            continue
+        scaled = value.scaleb(18)
+        if scaled == scaled.to_integral_value() and abs(scaled) < 10**38:
+            unscaled = int(scaled) & ((1 << 128) - 1)  # two's complement, as Arrow keeps it
+            words = np.array([unscaled & (2**64 - 1), unscaled >> 64], dtype=np.uint64)
+            one = np.empty(1, dtype=np.uint64)
+            kernels.hash_pairs(words, TAG["decimal"], one)
+            out[i] = one[0]
+        else:
+            text = _decimal_text(value).encode()
+            one = np.empty(1, dtype=np.uint64)
+            kernels.hash_bytes(np.array([0, len(text)]), np.frombuffer(text, np.uint8), one)
+            out[i] = one[0] ^ TAG["bigdecimal"]
+    return out
+
+
+def _decimal_text(value: decimal.Decimal) -> str:
+    return "0" if value == 0 else format(value.normalize(), "f")
+
+
+def _struct(arr: pa.StructArray) -> U64:
+    n = len(arr)
+    fields = sorted(range(arr.type.num_fields), key=lambda i: arr.type.field(i).name)
+    children = arr.flatten()  # the parent's offset applied
+    names = [arr.type.field(i).name.encode() for i in fields]
+    keys = _name_keys(names)
+    acc = np.full(n, np.uint64(len(fields)) ^ TAG["struct"], dtype=np.uint64)
+    for key, i in zip(keys, fields, strict=True):
+        kernels.fold(value_hashes(children[i]), _NO_BITS, 0, False, key, NULL, acc)
+    return kernels.mix_np(acc)
+
+
+def _list(arr: pa.Array) -> U64:
+    """A list's length and the sum of its elements' hashes salted by position."""
+    counts = pc.fill_null(pc.list_value_length(arr), 0).to_numpy().astype(np.int64)
+    flat = pc.list_flatten(arr)  # the listed values only, slicing and null lists accounted for
+    each = value_hashes(flat)
+    ends = np.cumsum(counts)
+    starts = ends - counts
+    position = np.arange(len(flat), dtype=np.uint64) - np.repeat(starts, counts).astype(np.uint64)
+    salted = kernels.mix_np(each + position * _M)
+    sums = np.zeros(len(flat) + 1, dtype=np.uint64)
+    np.cumsum(salted, dtype=np.uint64, out=sums[1:])
+    length = kernels.mix_np(counts.astype(np.uint64) ^ TAG["list"])
+    return kernels.mix_np((length * _M) ^ (sums[ends] - sums[starts]))
+
+
+def _entries(arr: pa.MapArray) -> pa.Array:
+    """A map as the list of its (key, value) entries."""
+    entries = pa.StructArray.from_arrays([arr.keys, arr.items], names=["key", "value"])
+    if len(entries) != arr.offsets[-1].as_py():  # the children sliced with the map
+        entries = pa.concat_arrays([pa.nulls(arr.offsets[0].as_py(), entries.type), entries])
+    return pa.ListArray.from_arrays(arr.offsets, entries)  # its nulls: value_hashes
+
+
+def _other(arr: pa.Array) -> U64:
+    """Any other type: its text (a cast Arrow knows), else each value's ``repr``."""
+    try:
+        text = arr.cast(pa.large_string())
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
+        text = pa.array([repr(v) for v in arr.to_pylist()], pa.large_string())
+    return _bytes(text.fill_null(""), text.type)
+
+
+def name_keys(names: list[str]) -> U64:
+    """Each column name's key (:func:`kernels.hash_bytes` of its UTF-8)."""
+    return _name_keys([n.encode() for n in names])
+
+
+def _name_keys(names: list[bytes]) -> U64:
+    offsets = np.cumsum([0, *(len(n) for n in names)], dtype=np.int64)
+    out = np.empty(len(names), dtype=np.uint64)
+    kernels.hash_bytes(offsets, np.frombuffer(b"".join(names) or b"\0", np.uint8), out)
+    return out

@@ -1,0 +1,145 @@
+"""The row digest's inner loops, compiled (numba): one pass over Arrow's buffers per column.
+
+Why compiled: the digest runs over every row of every pre-commit, and must cost a few
+per cent of it (issue #42). A numpy expression makes one pass over memory per operation
+(a 64-bit mix is five), and strings needed Python objects for pandas' SipHash: the first
+version cost as much as writing the Parquet file. Here each column is one loop that reads
+the values and the validity bits where Arrow keeps them, and folds each value into its
+column's sum and its row's hash at once.
+
+The functions are pure: the same bits in, the same sums out, on any machine (uint64
+arithmetic wraps; no floating point is computed). ``cache=True`` keeps the machine code
+beside this file, so a Spark Python worker compiles once, not per task.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from numba import njit
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    U64 = npt.NDArray[np.uint64]
+
+__all__ = ["fold", "hash_bytes", "hash_pairs", "hashes", "mix_np", "mixed_sum", "u64"]
+
+
+_M = np.uint64(0x9E3779B97F4A7C15)
+_C1 = np.uint64(0xBF58476D1CE4E5B9)
+_C2 = np.uint64(0x94D049BB133111EB)
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+_S3, _B7, _ONE = np.uint64(3), np.uint64(7), np.uint64(1)
+_SEED = np.uint64(0x7478736B62797465)  # the length's salt in hash_bytes
+_TAIL = np.uint64(0x7461696C7478736B)  # marks the partial last word of a value
+
+
+@njit(cache=True, inline="always")
+def _mix(x: np.uint64) -> np.uint64:
+    """splitmix64's finaliser: a bijection of uint64 (the same as txsink.audit.digest.mix)."""
+    x = x ^ (x >> _S30)
+    x = x * _C1
+    x = x ^ (x >> _S27)
+    x = x * _C2
+    return x ^ (x >> _S31)
+
+
+@njit(cache=True, inline="always")
+def _valid(bits: Any, offset: int, i: int) -> bool:
+    j = np.uint64(offset + i)
+    return bool((np.uint64(bits[j >> _S3]) >> (j & _B7)) & _ONE)
+
+
+@njit(cache=True, nogil=True)
+def fold(  # noqa: PLR0917 (a compiled kernel takes its arguments in order)
+    raw: Any, bits: Any, offset: int, nulls: bool, key: np.uint64, null: np.uint64, acc: Any
+) -> np.uint64:
+    """Fold one column into the rows' hashes ``acc`` (in place); return the column's sum.
+
+    ``raw``: each value's 64 canonical bits (uint64); ``bits``/``offset``: Arrow's validity
+    bitmap and the array's offset in it (``nulls`` False: no bitmap to read); ``key``: the
+    column's key (its name's hash and its kind's tag); ``null``: what a null value is.
+    Each value's ``t = mix(raw ^ key)`` is added to the sum and folded into its row's
+    state (``acc = acc * M ^ t``: order matters); the row's hash is ``mix`` of its state once
+    every column is in (:func:`txsink.audit.digest.digest_batch`), which binds the row's
+    values together."""
+    total = np.uint64(0)
+    for i in range(raw.shape[0]):
+        v = raw[i]
+        if nulls and not _valid(bits, offset, i):
+            v = null
+        t = _mix(v ^ key)
+        total += t
+        acc[i] = (acc[i] * _M) ^ t
+    return total
+
+
+@njit(cache=True, nogil=True)
+def mixed_sum(acc: Any) -> np.uint64:
+    """``Σ mix(acc[i])``: the rows' hashes from their states, summed (the digest's ``sum``)."""
+    total = np.uint64(0)
+    for i in range(acc.shape[0]):
+        total += _mix(acc[i])
+    return total
+
+
+@njit(cache=True, nogil=True)
+def hashes(  # noqa: PLR0917
+    raw: Any, bits: Any, offset: int, nulls: bool, key: np.uint64, null: np.uint64, out: Any
+) -> None:
+    """``out[i] = mix(raw[i] ^ key)``, a null's ``raw`` read as ``null`` (as :func:`fold`,
+    without the fold: a nested value's elements)."""
+    for i in range(raw.shape[0]):
+        v = raw[i]
+        if nulls and not _valid(bits, offset, i):
+            v = null
+        out[i] = _mix(v ^ key)
+
+
+@njit(cache=True, nogil=True)
+def hash_bytes(offsets: Any, data: Any, out: Any) -> None:
+    """``out[i]``: a 64-bit hash of value ``i``'s bytes ``data[offsets[i]:offsets[i+1]]``
+    (Arrow's string and binary layout): its length, then each 8-byte little-endian word
+    mixed in, the partial last word marked. Not cryptographic; well mixed."""
+    for i in range(out.shape[0]):
+        start, end = offsets[i], offsets[i + 1]
+        h = _mix(np.uint64(end - start) ^ _SEED)
+        p = start
+        while p + 8 <= end:
+            w = np.uint64(0)
+            for k in range(8):
+                w |= np.uint64(data[p + k]) << np.uint64(8 * k)
+            h = _mix((h * _M) ^ w)
+            p += 8
+        if p < end:
+            w = np.uint64(0)
+            for k in range(end - p):
+                w |= np.uint64(data[p + k]) << np.uint64(8 * k)
+            h = _mix((h * _M) ^ w ^ _TAIL)
+        out[i] = _mix(h)
+
+
+@njit(cache=True, nogil=True)
+def hash_pairs(words: Any, tag: np.uint64, out: Any) -> None:
+    """``out[i]``: the hash of the two 64-bit words ``words[2i]`` (low) and ``words[2i+1]``
+    (high) of a 128-bit value (a decimal's unscaled integer)."""
+    for i in range(out.shape[0]):
+        out[i] = _mix(words[2 * i] ^ _mix(words[2 * i + 1] ^ tag))
+
+
+def mix_np(x: U64) -> U64:
+    """:func:`_mix` over a numpy array (a fresh one), for the rare nested values."""
+    x = x ^ (x >> _S30)
+    x = x * _C1
+    x ^= x >> _S27
+    x *= _C2
+    out: U64 = x ^ (x >> _S31)
+    return out
+
+
+def u64(values: Any) -> U64:
+    """``values`` (any integer numpy array) as uint64 bits, without a copy where it can."""
+    out: U64 = np.ascontiguousarray(values).astype(np.int64, copy=False).view(np.uint64)
+    return out

@@ -160,9 +160,10 @@ class PostgresTesting(ConnectorTesting):
     env_vars: ClassVar[tuple[str, ...]] = (DSN,)
     services: ClassVar[tuple[str, ...]] = ("postgres", "postgres_stock")
     variants: ClassVar[Mapping[str, Mapping[str, Any]]] = {
-        "append": {"mode": "append"},
+        # With the epoch column: the runs' txsink audit reads each epoch's rows (deep).
+        "append": {"mode": "append", "epoch_column": "txsink_epoch"},
         # commit="auto" on a server without prepared transactions: the staging commit.
-        "staging": {"mode": "append", "server": "stock"},
+        "staging": {"mode": "append", "server": "stock", "epoch_column": "txsink_epoch"},
     }
     secure_variants: ClassVar[Mapping[str, Mapping[str, Any]]] = {
         "secure": {"mode": "append", "server": "secure", "commit": "2pc"},
@@ -202,6 +203,12 @@ class PostgresTesting(ConnectorTesting):
         with psycopg.connect(self.admin_dsn({"server": server}, env), autocommit=True) as conn:
             conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
             conn.execute(sql.SQL(DDL).format(sql.Identifier(schema, "events")))
+            if options.get("epoch_column"):
+                conn.execute(
+                    sql.SQL("ALTER TABLE {} ADD COLUMN {} bigint").format(
+                        sql.Identifier(schema, "events"), sql.Identifier(options["epoch_column"])
+                    )
+                )
             if server == "secure":  # the role's least rights, as docs/security.md lists them
                 from txsink.connectors.postgres.grants import rights, setup_sql
 
@@ -218,6 +225,7 @@ class PostgresTesting(ConnectorTesting):
             "key": list(options.get("key", ())),
             "server": server,
             "commit": commit,
+            **({"epoch_column": options["epoch_column"]} if options.get("epoch_column") else {}),
         }
 
     def sink_options(self, spec: Mapping[str, Any]) -> dict[str, Any]:
@@ -234,6 +242,7 @@ class PostgresTesting(ConnectorTesting):
             key=spec.get("key", ()),
             commit=spec.get("commit") or "auto",
             create_table=bool(spec.get("create_table", False)),
+            epoch_column=spec.get("epoch_column"),
             connect_timeout_s=5,
             # Shorter than the cross-system tests' 12 s network stall, so that a stalled
             # server is ended by the sink's own bound, not by the network coming back.

@@ -399,3 +399,56 @@ def test_a_spark_written_output_audits_clean_deep(spark: Any, tmp_path: Path) ->
     )
     row = _assert_only_mismatch(audit_log(log, [sink], deep=True), 1)
     assert "checksum differs in column(s) price" in row.differences
+
+
+@pytest.mark.spark
+def test_the_continuous_audit_of_a_streaming_query_counts_a_lost_file(
+    spark: Any, tmp_path: Path
+) -> None:
+    """``Coordinator(audit_every=2, audit_deep=True)`` in a streaming query (foreachBatch):
+    the background audit covers every epoch as they commit, clean; a data file lost while
+    the query runs is counted as a mismatch of its epoch by the next audit, in the metrics
+    and in an ERROR line, and the query goes on."""
+    import time
+
+    from txsink.metrics import RecordingMetrics
+
+    source = tmp_path / "in"
+    source.mkdir()
+    metrics = RecordingMetrics()
+    sink = FilesSink(tmp_path / "out", UID)
+    coordinator = Coordinator(
+        [sink], log=tmp_path / "log", app_id=APP, metrics=metrics, audit_every=2,
+        audit_deep=True,
+    )  # fmt: skip
+    ddl = "id long, name string"
+
+    def feed(epoch: int) -> None:
+        rows = "".join(f'{{"id": {epoch * 10 + i}, "name": "n{i}"}}\n' for i in range(10))
+        (source / f"e{epoch}.json").write_text(rows)
+
+    query = (
+        spark.readStream.schema(ddl).option("maxFilesPerTrigger", 1).json(str(source))
+        .writeStream.foreachBatch(coordinator)
+        .option("checkpointLocation", str(tmp_path / "ckpt")).start()
+    )  # fmt: skip
+    auditor = coordinator.auditor
+    assert auditor is not None
+    try:
+        for epoch in range(4):
+            feed(epoch)
+            query.processAllAvailable()
+            if epoch == 2:  # lose a file of epoch 2 before the audit of epochs 2-3 runs
+                next((tmp_path / "out" / "epoch=2").glob("*.parquet")).unlink()
+        deadline = time.monotonic() + 60
+        while len(auditor.reports) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        query.stop()
+        coordinator.close()
+    first, second = auditor.reports[:2]
+    assert first.epochs == [0, 1] and first.ok, first.to_json()
+    assert second.epochs == [2, 3] and not second.ok
+    assert [r.epoch for r in second.mismatches] == [2]
+    assert metrics.audited == {(APP, UID, "files"): [4, 1]}
+    assert metrics.gauges[(APP, "last_audited_epoch", UID, "files")] == 3

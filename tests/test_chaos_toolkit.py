@@ -360,6 +360,9 @@ def test_small_soak_has_no_violations(tmp_path: Path, plans: int) -> None:
         files = r["sinks"]["files"]
         assert (files["rows_written"], files["duplicates"], files["missing"]) == (300, 0, 0)
         assert files["lingering"] == 0 and files["epochs"] == 3
+        # and txsink audit --deep of the plan's epochs, at the end of the plan
+        assert r["audit"].startswith("audit (deep (rows read)) of epochs 0-2 x 1 sink(s)"), r
+        assert r["audit"].endswith("every epoch matches"), r
     assert "0 violation(s)" in lines[-2] and "recovery median" in lines[-2]
 
 

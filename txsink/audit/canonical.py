@@ -199,6 +199,13 @@ def _bytes(arr: pa.Array, t: pa.DataType) -> U64:
 def _decimals(arr: pa.Array) -> tuple[str, U64]:
     """Each decimal at scale 18 as a 128-bit integer; if one does not fit, the column's
     values one by one (a value that fits gives the same bits either way)."""
+    t = arr.type
+    if pa.types.is_decimal128(t) and t.precision <= 18 and 0 <= t.scale <= 18:
+        n = len(arr)
+        words = np.frombuffer(arr.buffers()[1], np.uint64)[2 * arr.offset : 2 * (arr.offset + n)]
+        out = np.empty(n, dtype=np.uint64)
+        kernels.hash_small_decimals(words, np.uint64(10 ** (18 - t.scale)), TAG["decimal"], out)
+        return "decimal", out
     try:
         at18 = arr.cast(_DEC)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):

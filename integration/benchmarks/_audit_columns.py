@@ -81,4 +81,38 @@ def measure(rows: int, schema: pa.Schema | None = None) -> dict[str, Any]:
         "types": {n: str(data.schema.field(n).type) for n in data.schema.names},
         "digest": digest,
         "parquet": parquet,
+        "startup": startup_cpu(),
     }
+
+
+#: A fresh Python process: numba's import, then the first digest (the compiled loops
+#: loaded from numba's cache), each as CPU seconds.
+_STARTUP = """
+import time, pyarrow as pa
+t = time.process_time()
+import numba
+imported = time.process_time() - t
+from txsink.audit.digest import digest_batch
+batch = pa.record_batch({"i": [1, None], "s": ["a", None], "f": [1.5, 2.5]})
+t = time.process_time()
+digest_batch(batch)
+print(imported, time.process_time() - t)
+"""
+
+
+def startup_cpu() -> dict[str, float]:
+    """What a new Python worker process pays once before its first digest (the best of
+    :data:`TRIES` fresh processes): ``import`` (numba) and ``first`` (the loops loaded)."""
+    import subprocess
+    import sys
+
+    best = {"import": float("inf"), "first": float("inf")}
+    for _ in range(TRIES):
+        out = subprocess.run(
+            [sys.executable, "-c", _STARTUP], capture_output=True, text=True, check=True
+        ).stdout.split()
+        best = {
+            "import": min(best["import"], float(out[0])),
+            "first": min(best["first"], float(out[1])),
+        }
+    return best

@@ -202,9 +202,20 @@ def reading(res: Results) -> list[str]:
             + ", ".join(f"`{n}` {d[n] / d['all'] * 100:.0f}%" for n in top[:3])
             + f" of the digest; the whole digest costs {d['all'] / pq_['all']:.2f}x the "
             "Parquet write of the same batch. Every column is one compiled loop over Arrow's "
-            "buffers (`txsink.audit.kernels`); a decimal is cast to scale 18 first (Arrow), a "
-            "string hashed from its bytes."
+            "buffers (`txsink.audit.kernels`): a string hashed from its bytes, a decimal brought "
+            "to scale 18 in 128-bit arithmetic (Arrow's cast above precision 18)."
         )
+        start = res.columns.get("startup")
+        if start:
+            once = start["import"] + start["first"]
+            out.append(
+                f"**Once per Python worker process**: {once:.2f} CPU-s before its first digest "
+                f"(importing numba {start['import']:.2f}, loading the compiled loops from "
+                f"numba's cache {start['first']:.2f}). Spark reuses its Python workers "
+                "(`spark.python.worker.reuse`, the default), so a long-running query pays it "
+                "once per executor core; the Python workers' CPU above counts it wherever a "
+                "worker process started during the measured rounds."
+            )
     loads = [m.load_before for m in res.runs]
     cores = int(res.machine.get("cores", "0") or 0)
     if loads and cores and _bench.median(loads) > cores:

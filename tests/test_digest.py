@@ -212,3 +212,46 @@ def test_small_decimals_digest_as_arrows_cast_to_scale_18_does(scale: int) -> No
     wide = pa.table({"d": pa.array(values, pa.decimal128(38, scale))})
     assert digest_batch(small) == digest_batch(wide)
     assert digest_batch(small.slice(2)) == digest_batch(wide.slice(2))
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.binary(max_size=40)), max_size=25), st.integers(0, 5))
+def test_bytes_are_hashed_as_their_reference_says_wherever_they_lie_in_the_buffer(
+    values: list[bytes | None], cut: int
+) -> None:
+    """The compiled loop reads whole words through shifted views, the buffer's last bytes
+    one by one: a pure-Python reading of its definition gives the same hashes, for any
+    lengths, any slice (values near the buffer's end included)."""
+    from txsink.audit.canonical import column
+
+    arr = pa.array(values, pa.binary()).slice(min(cut, len(values)))
+    raw = column(arr).raw if len(arr) else np.zeros(0, np.uint64)
+    want = [_reference_bytes_hash(v or b"") for v in arr.to_pylist()]
+    got = [int(h) for h, v in zip(raw, arr.to_pylist(), strict=True)]
+    assert [g for g, v in zip(got, arr.to_pylist(), strict=True) if v is not None] == [
+        w for w, v in zip(want, arr.to_pylist(), strict=True) if v is not None
+    ]
+
+
+_MASK = (1 << 64) - 1
+
+
+def _mix64(x: int) -> int:
+    x ^= x >> 30
+    x = (x * 0xBF58476D1CE4E5B9) & _MASK
+    x ^= x >> 27
+    x = (x * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
+def _reference_bytes_hash(data: bytes) -> int:
+    """txsink.audit.kernels.hash_bytes, as its docstring defines it."""
+    m = 0x9E3779B97F4A7C15
+    h = ((len(data) * m) & _MASK) ^ 0x7478736B62797465
+    whole = len(data) // 8 * 8
+    for p in range(0, whole, 8):
+        h = _mix64(((h * m) & _MASK) ^ int.from_bytes(data[p : p + 8], "little"))
+    if whole < len(data):
+        tail = int.from_bytes(data[whole:], "little")
+        h = _mix64(((h * m) & _MASK) ^ tail ^ 0x7461696C7478736B)
+    return h

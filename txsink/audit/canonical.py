@@ -192,7 +192,7 @@ def _bytes(arr: pa.Array, t: pa.DataType) -> U64:
         offsets = np.frombuffer(buffers[1], np.int64 if wide else np.int32)
         offsets = offsets[arr.offset : arr.offset + n + 1]
         data = np.frombuffer(buffers[2], np.uint8) if buffers[2] is not None else _NO_BITS
-    kernels.hash_bytes(offsets, data, out)
+    kernels.hash_bytes(offsets, data, kernels.word_views(data), out)
     return out
 
 
@@ -232,7 +232,8 @@ def _decimals_one_by_one(arr: pa.Array) -> U64:
         else:
             text = _decimal_text(value).encode()
             one = np.empty(1, dtype=np.uint64)
-            kernels.hash_bytes(np.array([0, len(text)]), np.frombuffer(text, np.uint8), one)
+            raw = np.frombuffer(text, np.uint8)
+            kernels.hash_bytes(np.array([0, len(text)]), raw, kernels.word_views(raw), one)
             out[i] = one[0] ^ TAG["bigdecimal"]
     return out
 
@@ -293,5 +294,6 @@ def name_keys(names: list[str]) -> U64:
 def _name_keys(names: list[bytes]) -> U64:
     offsets = np.cumsum([0, *(len(n) for n in names)], dtype=np.int64)
     out = np.empty(len(names), dtype=np.uint64)
-    kernels.hash_bytes(offsets, np.frombuffer(b"".join(names) or b"\0", np.uint8), out)
+    data = np.frombuffer(b"".join(names) or b"\0", np.uint8)
+    kernels.hash_bytes(offsets, data, kernels.word_views(data), out)
     return out

@@ -33,6 +33,7 @@ __all__ = [
     "mix_np",
     "mixed_sum",
     "u64",
+    "word_views",
 ]
 
 
@@ -108,27 +109,42 @@ def hashes(  # noqa: PLR0917
 
 
 @njit(cache=True, nogil=True)
-def hash_bytes(offsets: Any, data: Any, out: Any) -> None:
+def hash_bytes(offsets: Any, data: Any, words: Any, out: Any) -> None:
     """``out[i]``: a 64-bit hash of value ``i``'s bytes ``data[offsets[i]:offsets[i+1]]``
     (Arrow's string and binary layout): its length, then each 8-byte little-endian word
     mixed in, the partial last word marked. Not cryptographic; its users mix it once more
-    with the column's key."""
+    with the column's key.
+
+    ``words``: :func:`word_views` of ``data``: ``words[k][j]`` is the 8 bytes from
+    ``8 * j + k``, so a word at any byte is one load, not eight; the last few bytes of the
+    buffer, where no whole word starts, are read byte by byte."""
+    size = data.shape[0]
     for i in range(out.shape[0]):
         start, end = offsets[i], offsets[i + 1]
         h = (np.uint64(end - start) * _M) ^ _SEED
         p = start
         while p + 8 <= end:
-            w = np.uint64(0)
-            for k in range(8):
-                w |= np.uint64(data[p + k]) << np.uint64(8 * k)
-            h = _mix((h * _M) ^ w)
+            h = _mix((h * _M) ^ words[p & 7][p >> 3])
             p += 8
         if p < end:
-            w = np.uint64(0)
-            for k in range(end - p):
-                w |= np.uint64(data[p + k]) << np.uint64(8 * k)
+            if p + 8 <= size:
+                w = words[p & 7][p >> 3] & ((_ONE << np.uint64(8 * (end - p))) - _ONE)
+            else:
+                w = np.uint64(0)
+                for k in range(end - p):
+                    w |= np.uint64(data[p + k]) << np.uint64(8 * k)
             h = _mix((h * _M) ^ w ^ _TAIL)
         out[i] = h  # mixed once more where it is used (fold, hashes)
+
+
+def word_views(data: Any) -> tuple[Any, ...]:
+    """The eight uint64 views of a byte buffer :func:`hash_bytes` reads words through (no
+    copy: each starts one byte further)."""
+    size = len(data)
+    return tuple(
+        np.frombuffer(data, np.uint64, count=max(0, (size - k) // 8), offset=min(k, size))
+        for k in range(8)
+    )
 
 
 @njit(cache=True, nogil=True)

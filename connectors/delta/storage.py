@@ -229,7 +229,9 @@ class Storage:
 
         opts = self.delta_options() or {}
         bucket, _, root = self.uri.removeprefix("s3://").partition("/")
-        client = boto3.client(
+        # A session of its own: boto3's default one keeps the environment (AWS_PROFILE, the
+        # credentials file) of whichever call made it first in this process.
+        client = boto3.session.Session().client(
             "s3",
             endpoint_url=opts.get("AWS_ENDPOINT_URL") or None,
             aws_access_key_id=opts.get("AWS_ACCESS_KEY_ID") or None,

@@ -388,7 +388,12 @@ def run_chaos(
 
 
 def _audit(location: str, sinks: Sequence[SinkContract[Any, Any]], errors: dict[str, str]) -> str:
-    """``txsink audit --deep`` of the run's committed epochs; a failure goes to ``errors``."""
+    """``txsink audit --deep`` of the run's committed epochs, in the sinks that can be audited
+    as configured (``SinkContract.auditable``); a failure goes to ``errors``."""
+    left_out = [s.uid for s in sinks if not s.auditable]
+    sinks = [s for s in sinks if s.auditable]
+    if not sinks:
+        return f"audit: no sink can be audited as configured ({', '.join(left_out)})"
     try:
         report = audit_log(open_log(location), sinks, deep=True)
     except Exception as err:
@@ -396,7 +401,8 @@ def _audit(location: str, sinks: Sequence[SinkContract[Any, Any]], errors: dict[
         return f"audit: could not run ({type(err).__name__})"
     if not report.ok:
         errors["audit"] = render_text(report, all_rows=False)[:1500]
-    return summary_line(report)
+    unaudited = f" (not auditable as configured: {', '.join(left_out)})" if left_out else ""
+    return summary_line(report) + unaudited
 
 
 #: txsink's own line for a committed epoch (see txsink.observe.logs): the child told it already.

@@ -100,12 +100,19 @@ def committed_in_range(
 ) -> tuple[list[EpochState], list[int]]:
     """The committed epochs from ``since`` (or the newest ``last`` of them) up to ``until``,
     oldest first, read from the log; and the decided epochs in range not committed yet."""
-    epochs = [e for e in log.epochs() if (since is None or e >= since)]
-    epochs = [e for e in epochs if until is None or e <= until]
-    states = [log.state(e) for e in (epochs if last is None else epochs[-(last * 2 + 2) :])]
+    epochs = [
+        e for e in log.epochs() if (since is None or e >= since) and (until is None or e <= until)
+    ]
+    states: list[EpochState] = []
+    found = 0
+    for epoch in reversed(epochs):  # newest first: ``last`` reads only as far back as it needs
+        if last is not None and found >= last:
+            break
+        state = log.state(epoch)
+        states.append(state)
+        found += state.status == "committed" and state.decision is not None
+    states.reverse()
     committed = [s for s in states if s.status == "committed" and s.decision is not None]
-    if last is not None:
-        committed = committed[-last:] if last > 0 else []
     waiting = [s.epoch for s in states if s.status in ("decided", "blocked")]
     return committed, waiting
 
@@ -136,12 +143,9 @@ def audit_log(
             continue
         try:
             found = sink.audit(request)
-        except NotImplementedError as err:
-            report.notes[sink.uid] = [f"not audited: {err}"]
-            report.rows += [_unaudited(e, sink.uid, str(err)) for e in request.epochs]
-            continue
-        except TxsinkError as err:
-            err.with_context(sink_uid=sink.uid, phase="audit")
+        except (NotImplementedError, TxsinkError) as err:
+            if isinstance(err, TxsinkError):
+                err.with_context(sink_uid=sink.uid, phase="audit")
             report.notes[sink.uid] = [f"not audited: {err}"]
             report.rows += [_unaudited(e, sink.uid, str(err)) for e in request.epochs]
             continue

@@ -100,6 +100,28 @@ def test_static_write_with_explicit_epoch_is_idempotent(spark: Any, tmp_path: Pa
     assert sorted(read_committed(tmp_path / "output").column("id").to_pylist()) == list(range(400))
 
 
+def test_a_python_worker_freezes_its_heap_after_its_first_txsink_task(
+    spark: Any, tmp_path: Path
+) -> None:
+    """PySpark's daemon collects the garbage after every task of a reused worker, walking
+    every object the process holds; after its first txsink task a worker freezes what it
+    holds then (the row digest's compiled code among it), so that stays cheap
+    (``txsink.spark.jobs.settle_worker_heap``). A job after it finds the workers frozen."""
+    import pyarrow as pa
+
+    files_coordinator(tmp_path, app_id="once").write(spark.range(0, 200, numPartitions=2))
+
+    def frozen(batches: Any) -> Any:
+        import gc
+
+        for _ in batches:
+            pass
+        yield pa.RecordBatch.from_pydict({"n": [gc.get_freeze_count()]})
+
+    probe = spark.range(0, 2, numPartitions=2).mapInArrow(frozen, "n long")
+    assert max(row.n for row in probe.collect()) > 0
+
+
 def test_a_write_of_a_committed_epoch_says_so_and_a_replay_says_replay(
     spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

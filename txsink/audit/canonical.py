@@ -25,6 +25,8 @@ oversized decimal and the ``other`` kinds.
 from __future__ import annotations
 
 import decimal
+import functools
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -39,7 +41,7 @@ if TYPE_CHECKING:
 
     U64 = npt.NDArray[np.uint64]
 
-__all__ = ["NULL", "TAG", "Column", "column", "value_hashes"]
+__all__ = ["NULL", "TAG", "Column", "column", "reader", "value_hashes"]
 
 #: The raw bits of a null value.
 NULL = np.uint64(0x6E756C6C_7478736B)
@@ -66,19 +68,31 @@ class Column(NamedTuple):
 
 def column(arr: pa.Array) -> Column:
     """The canonical bits of every value of ``arr`` (see the module's table)."""
-    t = arr.type
+    return reader(arr.type)(arr)
+
+
+def reader(t: pa.DataType) -> Callable[[pa.Array], Column]:
+    """:func:`column` for arrays of type ``t``, the type's questions answered once: a task
+    digests batch after batch of one schema, and asking them per batch cost a fifth of a
+    short string column's digest."""
     if pa.types.is_dictionary(t):
-        return column(arr.dictionary_decode())
+        return lambda arr: column(arr.dictionary_decode())
     if isinstance(t, pa.ExtensionType):
-        return column(arr.storage)
+        return lambda arr: column(arr.storage)
+    kind, raw = _raw(t)
+    return functools.partial(_read, kind, raw)
+
+
+def _read(kind: str, raw: Callable[[pa.Array], U64], arr: pa.Array) -> Column:
     n = len(arr)
-    if pa.types.is_null(t) or (n and arr.null_count == n):
-        return Column(np.zeros(n, np.uint64), _kind(t), np.zeros((n + 7) // 8, np.uint8), 0, True)
-    kind, raw = _raw(arr, t)
-    validity = arr.buffers()[0]
-    if not arr.null_count or validity is None:
-        return Column(raw, kind, _NO_BITS, 0, False)
-    return Column(raw, kind, np.frombuffer(validity, np.uint8), arr.offset, True)
+    nulls = arr.null_count
+    if kind == "null" or (n and nulls == n):
+        return Column(np.zeros(n, np.uint64), kind, np.zeros((n + 7) // 8, np.uint8), 0, True)
+    values = raw(arr)
+    validity = arr.buffers()[0] if nulls else None
+    if validity is None:
+        return Column(values, kind, _NO_BITS, 0, False)
+    return Column(values, kind, np.frombuffer(validity, np.uint8), arr.offset, True)
 
 
 def value_hashes(arr: pa.Array) -> U64:
@@ -130,33 +144,53 @@ def _is(t: pa.DataType, name: str) -> bool:
     return bool(test(t)) if test is not None else False
 
 
-def _raw(arr: pa.Array, t: pa.DataType) -> tuple[str, U64]:
+def _raw(t: pa.DataType) -> tuple[str, Callable[[pa.Array], U64]]:
+    """The kind of ``t`` and the function giving an array's raw bits (null slots: any)."""
     kind = _kind(t)
     if kind == "int":
-        return kind, u64(_values(arr, t.to_pandas_dtype()))
+        return kind, functools.partial(_ints, t.to_pandas_dtype())
     if kind == "float":
-        values = np.add(_values(arr, t.to_pandas_dtype()), 0.0, dtype=np.float64)  # -0.0: 0.0
-        nan = np.isnan(values)
-        if nan.any():
-            values[nan] = np.nan  # one NaN
-        return kind, values.view(np.uint64)
+        return kind, functools.partial(_floats, t.to_pandas_dtype())
     if kind in ("ts", "time", "dur"):
-        return kind, _micros(arr, t)
+        return kind, functools.partial(_micros, np.int32 if t.bit_width == 32 else np.int64, t.unit)
     if kind == "date":
-        if pa.types.is_date32(t):
-            return kind, u64(_values(arr, np.int32))
-        return kind, u64(_values(arr, np.int64) // 86_400_000)
+        return kind, _days if pa.types.is_date32(t) else _days_from_ms
     if kind == "bool":
-        return kind, u64(arr.cast(pa.uint8()).fill_null(0).to_numpy())
+        return kind, _bools
     if kind in ("str", "bin"):
-        return kind, _bytes(arr, t)
+        return kind, _bytes_reader(t)
     if kind == "decimal":
-        return _decimals(arr)
+        return kind, _decimals
     if kind == "struct":
-        return kind, _struct(arr)
+        return kind, _struct
     if kind == "list":
-        return kind, _list(_entries(arr) if pa.types.is_map(t) else arr)
-    return kind, _other(arr)
+        return kind, (lambda arr: _list(_entries(arr))) if pa.types.is_map(t) else _list
+    return kind, (lambda arr: np.zeros(len(arr), np.uint64)) if kind == "null" else _other
+
+
+def _ints(dtype: Any, arr: pa.Array) -> U64:
+    return u64(_values(arr, dtype))
+
+
+def _floats(dtype: Any, arr: pa.Array) -> U64:
+    values = np.add(_values(arr, dtype), 0.0, dtype=np.float64)  # -0.0: 0.0
+    nan = np.isnan(values)
+    if nan.any():
+        values[nan] = np.nan  # one NaN
+    out: U64 = values.view(np.uint64)
+    return out
+
+
+def _days(arr: pa.Array) -> U64:
+    return u64(_values(arr, np.int32))
+
+
+def _days_from_ms(arr: pa.Array) -> U64:
+    return u64(_values(arr, np.int64) // 86_400_000)
+
+
+def _bools(arr: pa.Array) -> U64:
+    return u64(arr.cast(pa.uint8()).fill_null(0).to_numpy())
 
 
 def _values(arr: pa.Array, dtype: Any) -> Any:
@@ -168,19 +202,29 @@ def _values(arr: pa.Array, dtype: Any) -> Any:
     return np.frombuffer(buf, dtype=dtype)[arr.offset : arr.offset + n]
 
 
-def _micros(arr: pa.Array, t: pa.DataType) -> U64:
-    values = _values(arr, np.int32 if t.bit_width == 32 else np.int64)
-    if t.unit == "us":
+def _micros(dtype: Any, unit: str, arr: pa.Array) -> U64:
+    values = _values(arr, dtype)
+    if unit == "us":
         return u64(values)
-    return u64(values // 1_000 if t.unit == "ns" else values.astype(np.int64) * _PER_US[t.unit])
+    return u64(values // 1_000 if unit == "ns" else values.astype(np.int64) * _PER_US[unit])
+
+
+def _bytes_reader(t: pa.DataType) -> Callable[[pa.Array], U64]:
+    """:func:`_bytes` for arrays of type ``t`` (views read as their large type: a cast)."""
+    if _is(t, "string_view") or _is(t, "binary_view"):
+        wide = pa.large_string() if _is(t, "string_view") else pa.large_binary()
+        return lambda arr: _bytes(arr.cast(wide), wide)
+    return functools.partial(_bytes_of, t)
+
+
+def _bytes_of(t: pa.DataType, arr: pa.Array) -> U64:
+    return _bytes(arr, t)
 
 
 def _bytes(arr: pa.Array, t: pa.DataType) -> U64:
-    """:func:`kernels.hash_bytes` of each value's bytes, from Arrow's buffers."""
+    """:func:`kernels.hash_bytes` of each value's bytes, from Arrow's buffers (``t``: not a
+    view type)."""
     n = len(arr)
-    if _is(t, "string_view") or _is(t, "binary_view"):
-        arr = arr.cast(pa.large_string() if _is(t, "string_view") else pa.large_binary())
-        t = arr.type
     out = np.empty(n, dtype=np.uint64)
     buffers = arr.buffers()
     if pa.types.is_fixed_size_binary(t):
@@ -192,11 +236,11 @@ def _bytes(arr: pa.Array, t: pa.DataType) -> U64:
         offsets = np.frombuffer(buffers[1], np.int64 if wide else np.int32)
         offsets = offsets[arr.offset : arr.offset + n + 1]
         data = np.frombuffer(buffers[2], np.uint8) if buffers[2] is not None else _NO_BITS
-    kernels.hash_bytes(offsets, data, kernels.word_views(data), out)
+    kernels.hash_bytes(offsets, data, out)
     return out
 
 
-def _decimals(arr: pa.Array) -> tuple[str, U64]:
+def _decimals(arr: pa.Array) -> U64:
     """Each decimal at scale 18 as a 128-bit integer; if one does not fit, the column's
     values one by one (a value that fits gives the same bits either way)."""
     t = arr.type
@@ -204,17 +248,17 @@ def _decimals(arr: pa.Array) -> tuple[str, U64]:
         n = len(arr)
         words = np.frombuffer(arr.buffers()[1], np.uint64)[2 * arr.offset : 2 * (arr.offset + n)]
         out = np.empty(n, dtype=np.uint64)
-        kernels.hash_small_decimals(words, np.uint64(10 ** (18 - t.scale)), TAG["decimal"], out)
-        return "decimal", out
+        kernels.hash_small_decimals(words, np.uint64(10 ** (18 - t.scale)), out)
+        return out
     try:
         at18 = arr.cast(_DEC)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        return "decimal", _decimals_one_by_one(arr)
+        return _decimals_one_by_one(arr)
     n = len(at18)
     words = np.frombuffer(at18.buffers()[1], np.uint64)[2 * at18.offset : 2 * (at18.offset + n)]
     out = np.empty(n, dtype=np.uint64)
-    kernels.hash_pairs(words, TAG["decimal"], out)
-    return "decimal", out
+    kernels.hash_pairs(words, out)
+    return out
 
 
 def _decimals_one_by_one(arr: pa.Array) -> U64:
@@ -227,13 +271,13 @@ def _decimals_one_by_one(arr: pa.Array) -> U64:
             unscaled = int(scaled) & ((1 << 128) - 1)  # two's complement, as Arrow keeps it
             words = np.array([unscaled & (2**64 - 1), unscaled >> 64], dtype=np.uint64)
             one = np.empty(1, dtype=np.uint64)
-            kernels.hash_pairs(words, TAG["decimal"], one)
+            kernels.hash_pairs(words, one)
             out[i] = one[0]
         else:
             text = _decimal_text(value).encode()
             one = np.empty(1, dtype=np.uint64)
             raw = np.frombuffer(text, np.uint8)
-            kernels.hash_bytes(np.array([0, len(text)]), raw, kernels.word_views(raw), one)
+            kernels.hash_bytes(np.array([0, len(text)]), raw, one)
             out[i] = one[0] ^ TAG["bigdecimal"]
     return out
 
@@ -295,5 +339,5 @@ def _name_keys(names: list[bytes]) -> U64:
     offsets = np.cumsum([0, *(len(n) for n in names)], dtype=np.int64)
     out = np.empty(len(names), dtype=np.uint64)
     data = np.frombuffer(b"".join(names) or b"\0", np.uint8)
-    kernels.hash_bytes(offsets, data, kernels.word_views(data), out)
+    kernels.hash_bytes(offsets, data, out)
     return out

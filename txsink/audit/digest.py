@@ -164,21 +164,44 @@ def digest_batch(batch: pa.RecordBatch | pa.Table) -> Digest:
             else Digest(cols={c: 0 for c in batch.schema.names})
         )
     n = batch.num_rows
-    names = batch.schema.names
+    schema = batch.schema
     if n == 0:
-        return Digest(cols={name: 0 for name in names})
+        return Digest(cols={name: 0 for name in schema.names})
     from txsink.audit import canonical, kernels
 
-    order = sorted(range(len(names)), key=lambda i: names[i])
-    keys = canonical.name_keys([names[i] for i in order])
-    acc = np.full(n, np.uint64(len(names)), dtype=np.uint64)
+    acc = np.full(n, np.uint64(batch.num_columns), dtype=np.uint64)
     cols: dict[str, int] = {}
-    for key, i in zip(keys, order, strict=True):
-        col = canonical.column(batch.column(i))
+    for i, name, key, read in _plan(schema):
+        col = read(batch.column(i))
         tag = canonical.TAG.get(col.kind, canonical.TAG["other"])
         total = kernels.fold(col.raw, col.bits, col.offset, col.nulls, key ^ tag, NULL ^ tag, acc)
-        cols[names[i]] = int(total)
+        cols[name] = int(total)
     return Digest(n, int(kernels.mixed_sum(acc)), cols)
+
+
+#: The last schema digested and its plan (one task's batches share one schema). Replaced
+#: whole, so a reader in another thread sees one pair or the other.
+_last_plan: list[tuple[pa.Schema | None, tuple[Any, ...]]] = [(None, ())]
+
+
+def _plan(schema: pa.Schema) -> tuple[tuple[int, str, np.uint64, Any], ...]:
+    """Each column's index, name, key and :func:`~txsink.audit.canonical.reader`, in name
+    order: made once per schema, not per batch (comparing a schema costs far less than the
+    type questions it saves)."""
+    from txsink.audit import canonical
+
+    last, plan = _last_plan[0]
+    if last is not None and last == schema:
+        return plan
+    names = schema.names
+    order = sorted(range(len(names)), key=lambda i: names[i])
+    keys = canonical.name_keys([names[i] for i in order])
+    plan = tuple(
+        (i, names[i], key, canonical.reader(schema.field(i).type))
+        for key, i in zip(keys, order, strict=True)
+    )
+    _last_plan[0] = (schema, plan)
+    return plan
 
 
 def digest_rows(batches: Iterable[pa.RecordBatch | pa.Table]) -> Digest:

@@ -17,7 +17,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import intrinsic
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -33,7 +34,6 @@ __all__ = [
     "mix_np",
     "mixed_sum",
     "u64",
-    "word_views",
 ]
 
 
@@ -43,7 +43,8 @@ _C2 = np.uint64(0x94D049BB133111EB)
 _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 _S3, _B7, _ONE = np.uint64(3), np.uint64(7), np.uint64(1)
 _SEED = np.uint64(0x7478736B62797465)  # the length's salt in hash_bytes
-_TAIL = np.uint64(0x7461696C7478736B)  # marks the partial last word of a value
+_TAIL = np.uint64(0x7461696C7478736B)  # marks the last word of a value
+_ALL = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
 @njit(cache=True, inline="always")
@@ -108,51 +109,73 @@ def hashes(  # noqa: PLR0917
         out[i] = _mix(v ^ key)
 
 
-@njit(cache=True, nogil=True)
-def hash_bytes(offsets: Any, data: Any, words: Any, out: Any) -> None:
-    """``out[i]``: a 64-bit hash of value ``i``'s bytes ``data[offsets[i]:offsets[i+1]]``
-    (Arrow's string and binary layout): its length, then each 8-byte little-endian word
-    mixed in, the partial last word marked. Not cryptographic; its users mix it once more
-    with the column's key.
+def _unaligned_u64(typingctx: Any, data: Any, p: Any) -> Any:
+    """The 8 bytes of the uint8 array ``data`` from byte ``p``, as one unaligned load in
+    the machine's order (little-endian: the x86-64 and arm64 machines Spark runs on). No
+    bounds check: the caller keeps ``p + 8`` within the array. (numba offers no such load;
+    an intrinsic writes it in numba's own IR builder.)"""
+    sig = types.uint64(data, p)
 
-    ``words``: :func:`word_views` of ``data``: ``words[k][j]`` is the 8 bytes from
-    ``8 * j + k``, so a word at any byte is one load, not eight; the last few bytes of the
-    buffer, where no whole word starts, are read byte by byte."""
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        array = context.make_array(signature.args[0])(context, builder, args[0])
+        at = context.cast(builder, args[1], signature.args[1], types.intp)
+        word = context.get_value_type(types.uint64).as_pointer()
+        return builder.load(builder.bitcast(builder.gep(array.data, [at]), word), align=1)
+
+    return sig, codegen
+
+
+_load8: Any = intrinsic(_unaligned_u64)
+
+
+@njit(cache=True, inline="always")
+def _word(data: Any, p: int) -> np.uint64:
+    """The 8 bytes from byte ``p``, little-endian (bytes past the buffer's end read as 0):
+    one load wherever the value starts (values of varying lengths start anywhere: reading
+    a word through a choice of aligned views mispredicts on most of them); byte by byte
+    only within the buffer's last 8 bytes."""
     size = data.shape[0]
+    if p + 8 <= size:
+        w: np.uint64 = _load8(data, p)
+        return w
+    w = np.uint64(0)
+    for k in range(size - p):
+        w |= np.uint64(data[p + k]) << np.uint64(8 * k)
+    return w
+
+
+@njit(cache=True, nogil=True)
+def hash_bytes(offsets: Any, data: Any, out: Any) -> None:
+    """``out[i]``: a 64-bit hash of value ``i``'s bytes ``data[offsets[i]:offsets[i+1]]``
+    (Arrow's string and binary layout; ``data`` a uint8 array): its length, then its
+    8-byte little-endian words, each but the last mixed in; the last (1 to 8 bytes, zero
+    padded) is marked and folded in *unmixed*. Not cryptographic.
+
+    Why the last word stays unmixed: every user mixes the result once more with the column's
+    key (:func:`fold`, :func:`hashes`), and one mix fewer is a third of a short string's cost.
+    Each step is a bijection of the state and of the word, so values of one length that
+    differ in one word never collide."""
     for i in range(out.shape[0]):
         start, end = offsets[i], offsets[i + 1]
         h = (np.uint64(end - start) * _M) ^ _SEED
         p = start
-        while p + 8 <= end:
-            h = _mix((h * _M) ^ words[p & 7][p >> 3])
+        while p + 8 < end:
+            h = _mix((h * _M) ^ _word(data, p))
             p += 8
         if p < end:
-            if p + 8 <= size:
-                w = words[p & 7][p >> 3] & ((_ONE << np.uint64(8 * (end - p))) - _ONE)
-            else:
-                w = np.uint64(0)
-                for k in range(end - p):
-                    w |= np.uint64(data[p + k]) << np.uint64(8 * k)
-            h = _mix((h * _M) ^ w ^ _TAIL)
-        out[i] = h  # mixed once more where it is used (fold, hashes)
-
-
-def word_views(data: Any) -> tuple[Any, ...]:
-    """The eight uint64 views of a byte buffer :func:`hash_bytes` reads words through (no
-    copy: each starts one byte further)."""
-    size = len(data)
-    return tuple(
-        np.frombuffer(data, np.uint64, count=max(0, (size - k) // 8), offset=min(k, size))
-        for k in range(8)
-    )
+            w = _word(data, p) & (_ALL >> np.uint64(64 - 8 * (end - p)))
+            h = (h * _M) ^ w ^ _TAIL
+        out[i] = h
 
 
 @njit(cache=True, nogil=True)
-def hash_pairs(words: Any, tag: np.uint64, out: Any) -> None:
-    """``out[i]``: the hash of the two 64-bit words ``words[2i]`` (low) and ``words[2i+1]``
-    (high) of a 128-bit value (a decimal's unscaled integer)."""
+def hash_pairs(words: Any, out: Any) -> None:
+    """``out[i]``: the two 64-bit words ``words[2i]`` (low) and ``words[2i+1]`` (high) of a
+    128-bit value (a decimal's unscaled integer) as one, ``low ^ high * M``: unmixed, as
+    an integer's raw bits are (:func:`fold` mixes them with the column's key). Values that
+    share a high word never collide (small ones: high is 0 or all ones)."""
     for i in range(out.shape[0]):
-        out[i] = _mix(words[2 * i] ^ _mix(words[2 * i + 1] ^ tag))
+        out[i] = words[2 * i] ^ (words[2 * i + 1] * _M)
 
 
 def mix_np(x: U64) -> U64:
@@ -170,25 +193,27 @@ _S32 = np.uint64(32)
 
 
 @njit(cache=True, nogil=True)
-def hash_small_decimals(words: Any, multiplier: np.uint64, tag: np.uint64, out: Any) -> None:
+def hash_small_decimals(words: Any, multiplier: np.uint64, out: Any) -> None:
     """:func:`hash_pairs` of decimals of precision up to 18 (their unscaled value fits an
     int64: the low word of each 16-byte value), brought to scale 18 by ``multiplier``
     (``10 ** (18 - scale)``) here, in 128-bit arithmetic, instead of Arrow's cast: the same
-    two words the cast would give (two's complement), at a fraction of its cost."""
+    two words the cast would give (two's complement), at a fraction of its cost.
+
+    Without a branch (the sign is a mask: negate, multiply, negate back), so the compiler
+    runs several values at once."""
+    m_lo, m_hi = multiplier & _LOW32, multiplier >> _S32
     for i in range(out.shape[0]):
-        x = np.int64(words[2 * i])
-        negative = x < 0
-        a = np.uint64(-x) if negative else np.uint64(x)  # -(-2**63) wraps to 2**63: right
+        x = words[2 * i]
+        sign = np.uint64(np.int64(x) >> 63)  # all ones if negative
+        a = (x ^ sign) - sign  # |x| (-(-2**63) wraps to 2**63: right)
         a_lo, a_hi = a & _LOW32, a >> _S32
-        b_lo, b_hi = multiplier & _LOW32, multiplier >> _S32
-        p0, p1, p2, p3 = a_lo * b_lo, a_lo * b_hi, a_hi * b_lo, a_hi * b_hi
+        p0, p1, p2, p3 = a_lo * m_lo, a_lo * m_hi, a_hi * m_lo, a_hi * m_hi
         middle = (p0 >> _S32) + (p1 & _LOW32) + (p2 & _LOW32)
         lo = (p0 & _LOW32) | (middle << _S32)
         hi = p3 + (p1 >> _S32) + (p2 >> _S32) + (middle >> _S32)
-        if negative:  # two's complement of the 128-bit product
-            lo = ~lo + _ONE
-            hi = ~hi + (_ONE if lo == 0 else np.uint64(0))
-        out[i] = _mix(lo ^ _mix(hi ^ tag))
+        lo = (lo ^ sign) - sign  # the 128-bit two's complement if negative: ~lo + 1 ...
+        hi = (hi ^ sign) + (np.uint64(lo == 0) & sign & _ONE)  # ... carried into ~hi
+        out[i] = lo ^ (hi * _M)  # as hash_pairs
 
 
 def u64(values: Any) -> U64:

@@ -25,6 +25,7 @@ from txsink.protocol.faults import FaultPlan
 from txsink.protocol.task import Ack, TaskPlan, run_partition
 from txsink.protocol.taskerror import mark
 from txsink.spark import versions as _versions
+from txsink.spark.jobs import settle_worker_heap
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -214,6 +215,7 @@ def _write_task(
         acks = run_partition(plan, ctx.partitionId(), ctx.taskAttemptId(), batches)
     except Exception as err:  # Spark retries the task; the note names it on the driver
         raise mark(err, sink_uid=config.sink.uid, partition=ctx.partitionId()) from err.__cause__
+    settle_worker_heap()
     return TxsinkCommitMessage(app_id, setup.round, acks, started, time.time())
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import pickle
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -38,6 +39,7 @@ __all__ = [
     "SparkTaskRunner",
     "driver_host",
     "failure_text",
+    "settle_worker_heap",
     "task_retries",
 ]
 
@@ -223,7 +225,24 @@ def _run_task(
         raise RuntimeError("a txsink partition task must run inside a Spark task")
     tasks = len(BarrierTaskContext.get().getTaskInfos()) if barrier else None
     info = TaskInfo(ctx.partitionId(), ctx.taskAttemptId(), tasks=tasks)
-    yield _outcome(info.partition, lambda: task(info, batches))
+    outcome = _outcome(info.partition, lambda: task(info, batches))
+    settle_worker_heap()
+    yield outcome
+
+
+@functools.cache  # once per process
+def settle_worker_heap() -> None:
+    """Once per Python worker process, after its first txsink task: collect the garbage,
+    then freeze what is left (:func:`gc.freeze`), so later collections skip it.
+
+    Why: PySpark's daemon runs a full ``gc.collect()`` after every task of a reused worker,
+    and a full collection walks every object the process holds. What a task imports stays:
+    the row digest's compiled loops bring numba, and its object graph made that collection
+    cost ~80 ms a task instead of ~7 (docs/benchmarks.md, the row digest). Frozen, those
+    objects cost nothing a task. The price, once per process: an object alive now that later
+    becomes cyclic garbage is never reclaimed (modules, the first task's plan)."""
+    gc.collect()
+    gc.freeze()
 
 
 def _outcome(

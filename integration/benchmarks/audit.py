@@ -9,17 +9,20 @@ Epochs of a realistic mixed schema (bigint id, a 12-character string, a double, 
 timestamp, a decimal(12,2), a short string category) into the files sink on local disk (the
 cheapest target: the worst case for the digest's share), or with ``--connector postgres``
 into PostgreSQL (``PostgresSink``, two-phase commit; a table per writer). Writers:
-**digest** (the default) and **off**; one ``Coordinator`` each, in one Spark session on one
-cached input frame, taking turns epoch by epoch, each round's order rotated, after untimed
-warm-up rounds.
+**digest** (the default), **off**, and **control**, a second *off*: what it differs from
+*off* by is the method's own noise and bias (an A/A test), the scale to read the digest's
+few per cent against. One ``Coordinator`` each, in one Spark session on one cached input
+frame, taking turns epoch by epoch, each round's order rotated, after untimed warm-up
+rounds.
 
 The switch reaches the workers through ``SparkContext.environment``: PySpark sends it with
 each Python function (``mapInArrow`` wraps txsink's task function anew for every epoch) and
-the JVM keys its Python worker daemons by that environment, so *off*'s epochs run in a
-daemon of their own. Every epoch's decision is read back from the log: each handle of a
-*digest* epoch must carry ``evidence`` counting the epoch's rows, no handle of an *off*
-epoch any (the benchmark fails otherwise). The pre-commit's seconds come from that
-decision (``stats["seconds"]["precommit"]``); the epoch's from the harness's stopwatch.
+the JVM keys its Python worker daemons by that environment; ``TXSINK_BENCH_WRITER`` set to
+the writer's name gives each writer a daemon of its own. Every epoch's decision is read
+back from the log: each handle of a *digest* epoch must carry ``evidence`` counting the
+epoch's rows, no handle of an *off* or *control* epoch any (the benchmark fails otherwise).
+The pre-commit's seconds come from that decision (``stats["seconds"]["precommit"]``); the
+epoch's from the harness's stopwatch.
 
 After Spark, one Python process digests one batch of ``--column-rows`` values per column
 type (the same types as the Spark run's) and writes it with ``pyarrow.parquet`` (what the
@@ -41,11 +44,11 @@ from typing import Any
 
 try:
     from benchmarks import _audit_columns, _bench
-    from benchmarks._audit_report import WRITERS, Results, render
+    from benchmarks._audit_report import OFF, WRITERS, Results, render
 except ImportError:  # run as a plain script: python integration/benchmarks/audit.py
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from benchmarks import _audit_columns, _bench
-    from benchmarks._audit_report import WRITERS, Results, render
+    from benchmarks._audit_report import OFF, WRITERS, Results, render
 
 from txsink import Coordinator
 from txsink.connectors.files import FilesSink
@@ -64,6 +67,9 @@ COLUMNS = [
     "element_at(array('books', 'games', 'food', 'tools', 'toys'), "
     "cast(id % 5 AS int) + 1) AS category",
 ]
+#: Set to the writer's name in its epochs' Python workers: each writer has a daemon (and
+#: workers) of its own, as the JVM keys daemons by their environment.
+WRITER_ENV = "TXSINK_BENCH_WRITER"
 #: The PostgreSQL table of ``--connector postgres`` (in a schema of its own per writer).
 PG_TABLE = (
     "CREATE TABLE {}.t (id bigint, name text, amount double precision, ts timestamptz, "
@@ -244,12 +250,14 @@ def _write(sc: Any, df: Any, rows: int, coordinator: Coordinator, name: str, epo
            folder: Path) -> dict[str, Any]:  # fmt: skip
     """One epoch of ``name``, the switch set for its tasks only; then its decision read
     back: the proof the switch took effect, and the pre-commit's seconds."""
-    if name == "off":
+    sc.environment[WRITER_ENV] = name  # a daemon per writer, the digest's own included
+    if name in OFF:
         sc.environment[DIGEST_ENV] = "off"
     try:
         result = coordinator.write(df, epoch=epoch)
     finally:
         sc.environment.pop(DIGEST_ENV, None)
+        sc.environment.pop(WRITER_ENV, None)
     if result.status != "committed":
         raise RuntimeError(f"{name} epoch {epoch} not committed: {result}")
     return {"precommit_s": _check_decision(folder / f"{name}-log", name, epoch, rows)}
@@ -257,7 +265,8 @@ def _write(sc: Any, df: Any, rows: int, coordinator: Coordinator, name: str, epo
 
 def _check_decision(log: Path, name: str, epoch: int, rows: int) -> float:
     """Fail unless every handle of a *digest* epoch carries evidence counting the epoch's
-    rows and no handle of an *off* epoch carries any; the decision's pre-commit seconds."""
+    rows and no handle of an *off* or *control* epoch carries any; the decision's pre-commit
+    seconds."""
     decision = open_log(log).decision(epoch)
     if decision is None:
         raise RuntimeError(f"{name} epoch {epoch}: no decision in {log}")
@@ -265,12 +274,12 @@ def _check_decision(log: Path, name: str, epoch: int, rows: int) -> float:
     with_evidence = [doc["evidence"] for doc in docs if doc.get("evidence") is not None]
     if not docs:
         raise RuntimeError(f"{name} epoch {epoch}: the decision has no handle")
-    if name == "off" and with_evidence:
+    if name in OFF and with_evidence:
         raise RuntimeError(
-            f"off epoch {epoch}: {len(with_evidence)} of {len(docs)} handles carry evidence: "
+            f"{name} epoch {epoch}: {len(with_evidence)} of {len(docs)} handles carry evidence: "
             f"{DIGEST_ENV}=off did not reach the Python workers"
         )
-    if name != "off":
+    if name not in OFF:
         counted = sum(int(e["rows"]) for e in with_evidence)
         if len(with_evidence) != len(docs) or counted != rows:
             raise RuntimeError(

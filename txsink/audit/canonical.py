@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
     U64 = npt.NDArray[np.uint64]
 
-__all__ = ["NULL", "TAG", "Column", "column", "reader", "value_hashes"]
+__all__ = ["NULL", "TAG", "Column", "Reader", "column", "reader", "value_hashes"]
 
 #: The raw bits of a null value.
 NULL = np.uint64(0x6E756C6C_7478736B)
@@ -68,27 +68,43 @@ class Column(NamedTuple):
 
 def column(arr: pa.Array) -> Column:
     """The canonical bits of every value of ``arr`` (see the module's table)."""
-    return reader(arr.type)(arr)
+    return reader(arr.type)(arr, None)
 
 
-def reader(t: pa.DataType) -> Callable[[pa.Array], Column]:
+#: What :func:`reader` returns: ``read(arr, out)``, ``out`` a uint64 array of ``len(arr)``
+#: the raw bits may be written to (the returned column's ``raw`` may be it), or None.
+Reader = Callable[[pa.Array, "U64 | None"], Column]
+_Raw = Callable[[pa.Array, "U64"], "U64"]
+
+
+def reader(t: pa.DataType) -> Reader:
     """:func:`column` for arrays of type ``t``, the type's questions answered once: a task
     digests batch after batch of one schema, and asking them per batch cost a fifth of a
-    short string column's digest."""
+    short string column's digest. ``out``: see :data:`Reader` (the row digest passes the
+    same scratch array for every column: fresh arrays cost page faults after a sink's
+    write has freed its own)."""
     if pa.types.is_dictionary(t):
-        return lambda arr: column(arr.dictionary_decode())
+        return _decoded
     if isinstance(t, pa.ExtensionType):
-        return lambda arr: column(arr.storage)
+        return _storage
     kind, raw = _raw(t)
     return functools.partial(_read, kind, raw)
 
 
-def _read(kind: str, raw: Callable[[pa.Array], U64], arr: pa.Array) -> Column:
+def _decoded(arr: pa.DictionaryArray, out: U64 | None) -> Column:
+    return column(arr.dictionary_decode())
+
+
+def _storage(arr: pa.ExtensionArray, out: U64 | None) -> Column:
+    return column(arr.storage)
+
+
+def _read(kind: str, raw: _Raw, arr: pa.Array, out: U64 | None) -> Column:
     n = len(arr)
     nulls = arr.null_count
     if kind == "null" or (n and nulls == n):
         return Column(np.zeros(n, np.uint64), kind, np.zeros((n + 7) // 8, np.uint8), 0, True)
-    values = raw(arr)
+    values = raw(arr, np.empty(n, np.uint64) if out is None else out)
     validity = arr.buffers()[0] if nulls else None
     if validity is None:
         return Column(values, kind, _NO_BITS, 0, False)
@@ -144,8 +160,9 @@ def _is(t: pa.DataType, name: str) -> bool:
     return bool(test(t)) if test is not None else False
 
 
-def _raw(t: pa.DataType) -> tuple[str, Callable[[pa.Array], U64]]:
-    """The kind of ``t`` and the function giving an array's raw bits (null slots: any)."""
+def _raw(t: pa.DataType) -> tuple[str, _Raw]:
+    """The kind of ``t`` and ``raw(arr, out)``, an array's raw bits (null slots: any),
+    written to ``out`` (a uint64 array of ``len(arr)``) or a view of Arrow's buffer."""
     kind = _kind(t)
     if kind == "int":
         return kind, functools.partial(_ints, t.to_pandas_dtype())
@@ -155,38 +172,45 @@ def _raw(t: pa.DataType) -> tuple[str, Callable[[pa.Array], U64]]:
         return kind, functools.partial(_micros, np.int32 if t.bit_width == 32 else np.int64, t.unit)
     if kind == "date":
         return kind, _days if pa.types.is_date32(t) else _days_from_ms
-    if kind == "bool":
-        return kind, _bools
     if kind in ("str", "bin"):
         return kind, _bytes_reader(t)
     if kind == "decimal":
         return kind, _decimals
-    if kind == "struct":
-        return kind, _struct
+    nested: Callable[[pa.Array], U64] = {"bool": _bools, "struct": _struct}.get(kind, _other)
     if kind == "list":
-        return kind, (lambda arr: _list(_entries(arr))) if pa.types.is_map(t) else _list
-    return kind, (lambda arr: np.zeros(len(arr), np.uint64)) if kind == "null" else _other
+        nested = (lambda arr: _list(_entries(arr))) if pa.types.is_map(t) else _list
+    elif kind == "null":
+        nested = lambda arr: np.zeros(len(arr), np.uint64)  # noqa: E731
+    return kind, lambda arr, out: nested(arr)  # these allocate their own
 
 
-def _ints(dtype: Any, arr: pa.Array) -> U64:
-    return u64(_values(arr, dtype))
+def _ints(dtype: Any, arr: pa.Array, out: U64) -> U64:
+    return _as_int64(_values(arr, dtype), out)
 
 
-def _floats(dtype: Any, arr: pa.Array) -> U64:
-    values = np.add(_values(arr, dtype), 0.0, dtype=np.float64)  # -0.0: 0.0
-    nan = np.isnan(values)
-    if nan.any():
-        values[nan] = np.nan  # one NaN
-    out: U64 = values.view(np.uint64)
+def _as_int64(values: Any, out: U64) -> U64:
+    """Integers as int64 bits: a 64-bit buffer as it is, narrower ones widened into ``out``."""
+    if values.dtype.itemsize == 8:
+        return u64(values)
+    np.copyto(out.view(np.int64), values, casting="unsafe")
     return out
 
 
-def _days(arr: pa.Array) -> U64:
-    return u64(_values(arr, np.int32))
+def _floats(dtype: Any, arr: pa.Array, out: U64) -> U64:
+    values = _values(arr, dtype)
+    if values.dtype.itemsize == 2:  # float16: numba has no loop for it
+        values = values.astype(np.float32)
+    kernels.canonical_floats(values, out.view(np.float64))
+    return out
 
 
-def _days_from_ms(arr: pa.Array) -> U64:
-    return u64(_values(arr, np.int64) // 86_400_000)
+def _days(arr: pa.Array, out: U64) -> U64:
+    return _as_int64(_values(arr, np.int32), out)
+
+
+def _days_from_ms(arr: pa.Array, out: U64) -> U64:
+    np.floor_divide(_values(arr, np.int64), 86_400_000, out=out.view(np.int64))
+    return out
 
 
 def _bools(arr: pa.Array) -> U64:
@@ -202,30 +226,34 @@ def _values(arr: pa.Array, dtype: Any) -> Any:
     return np.frombuffer(buf, dtype=dtype)[arr.offset : arr.offset + n]
 
 
-def _micros(dtype: Any, unit: str, arr: pa.Array) -> U64:
+def _micros(dtype: Any, unit: str, arr: pa.Array, out: U64) -> U64:
     values = _values(arr, dtype)
     if unit == "us":
-        return u64(values)
-    return u64(values // 1_000 if unit == "ns" else values.astype(np.int64) * _PER_US[unit])
+        return _as_int64(values, out)
+    if unit == "ns":
+        np.floor_divide(values, 1_000, out=out.view(np.int64))
+    else:
+        np.multiply(values, _PER_US[unit], out=out.view(np.int64), dtype=np.int64)
+    return out
 
 
-def _bytes_reader(t: pa.DataType) -> Callable[[pa.Array], U64]:
+def _bytes_reader(t: pa.DataType) -> _Raw:
     """:func:`_bytes` for arrays of type ``t`` (views read as their large type: a cast)."""
     if _is(t, "string_view") or _is(t, "binary_view"):
         wide = pa.large_string() if _is(t, "string_view") else pa.large_binary()
-        return lambda arr: _bytes(arr.cast(wide), wide)
+        return lambda arr, out: _bytes(arr.cast(wide), wide, out)
     return functools.partial(_bytes_of, t)
 
 
-def _bytes_of(t: pa.DataType, arr: pa.Array) -> U64:
-    return _bytes(arr, t)
+def _bytes_of(t: pa.DataType, arr: pa.Array, out: U64) -> U64:
+    return _bytes(arr, t, out)
 
 
-def _bytes(arr: pa.Array, t: pa.DataType) -> U64:
+def _bytes(arr: pa.Array, t: pa.DataType, out: U64 | None = None) -> U64:
     """:func:`kernels.hash_bytes` of each value's bytes, from Arrow's buffers (``t``: not a
-    view type)."""
+    view type), into ``out`` (a fresh array if None)."""
     n = len(arr)
-    out = np.empty(n, dtype=np.uint64)
+    out = np.empty(n, dtype=np.uint64) if out is None else out
     buffers = arr.buffers()
     if pa.types.is_fixed_size_binary(t):
         width = t.byte_width
@@ -240,14 +268,13 @@ def _bytes(arr: pa.Array, t: pa.DataType) -> U64:
     return out
 
 
-def _decimals(arr: pa.Array) -> U64:
+def _decimals(arr: pa.Array, out: U64) -> U64:
     """Each decimal at scale 18 as a 128-bit integer; if one does not fit, the column's
     values one by one (a value that fits gives the same bits either way)."""
     t = arr.type
     if pa.types.is_decimal128(t) and t.precision <= 18 and 0 <= t.scale <= 18:
         n = len(arr)
         words = np.frombuffer(arr.buffers()[1], np.uint64)[2 * arr.offset : 2 * (arr.offset + n)]
-        out = np.empty(n, dtype=np.uint64)
         kernels.hash_small_decimals(words, np.uint64(10 ** (18 - t.scale)), out)
         return out
     try:
@@ -256,7 +283,6 @@ def _decimals(arr: pa.Array) -> U64:
         return _decimals_one_by_one(arr)
     n = len(at18)
     words = np.frombuffer(at18.buffers()[1], np.uint64)[2 * at18.offset : 2 * (at18.offset + n)]
-    out = np.empty(n, dtype=np.uint64)
     kernels.hash_pairs(words, out)
     return out
 

@@ -36,6 +36,7 @@ the canonical form's resolution (nanoseconds). It is a checksum, not a signature
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -169,14 +170,35 @@ def digest_batch(batch: pa.RecordBatch | pa.Table) -> Digest:
         return Digest(cols={name: 0 for name in schema.names})
     from txsink.audit import canonical, kernels
 
-    acc = np.full(n, np.uint64(batch.num_columns), dtype=np.uint64)
+    acc, out = _scratch(n)
+    acc[0] = batch.num_columns  # every row's initial state (fold's first)
     cols: dict[str, int] = {}
-    for i, name, key, read in _plan(schema):
-        col = read(batch.column(i))
+    for j, (i, name, key, read) in enumerate(_plan(schema)):
+        col = read(batch.column(i), out)  # consumed by the fold before the next column
         tag = canonical.TAG.get(col.kind, canonical.TAG["other"])
-        total = kernels.fold(col.raw, col.bits, col.offset, col.nulls, key ^ tag, NULL ^ tag, acc)
+        total = kernels.fold(
+            col.raw, col.bits, col.offset, col.nulls, key ^ tag, NULL ^ tag, acc, j == 0
+        )
         cols[name] = int(total)
     return Digest(n, int(kernels.mixed_sum(acc)), cols)
+
+
+_local = threading.local()
+#: Batches up to this many rows reuse the thread's two scratch arrays (16 bytes a row).
+SCRATCH_ROWS = 1 << 18
+
+
+def _scratch(n: int) -> tuple[U64, U64]:
+    """Two uint64 arrays of ``n``: the rows' states and a column's raw bits. Reused batch
+    after batch (up to :data:`SCRATCH_ROWS`) because a fresh array's pages fault in: after
+    a sink's write has freed its buffers, allocating them cost more than the digest's loops
+    (docs/benchmarks.md)."""
+    held = getattr(_local, "scratch", None)
+    if n > SCRATCH_ROWS:
+        return np.empty(n, np.uint64), np.empty(n, np.uint64)
+    if held is None or len(held[0]) < n:
+        held = _local.scratch = (np.empty(n, np.uint64), np.empty(n, np.uint64))
+    return held[0][:n], held[1][:n]
 
 
 #: The last schema digested and its plan (one task's batches share one schema). Replaced

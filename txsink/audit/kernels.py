@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     U64 = npt.NDArray[np.uint64]
 
 __all__ = [
+    "canonical_floats",
     "fold",
     "hash_bytes",
     "hash_pairs",
@@ -65,25 +66,35 @@ def _valid(bits: Any, offset: int, i: int) -> bool:
 
 @njit(cache=True, nogil=True)
 def fold(  # noqa: PLR0917 (a compiled kernel takes its arguments in order)
-    raw: Any, bits: Any, offset: int, nulls: bool, key: np.uint64, null: np.uint64, acc: Any
+    raw: Any,
+    bits: Any,
+    offset: int,
+    nulls: bool,
+    key: np.uint64,
+    null: np.uint64,
+    acc: Any,
+    first: bool = False,
 ) -> np.uint64:
-    """Fold one column into the rows' hashes ``acc`` (in place); return the column's sum.
+    """Fold one column into the rows' states ``acc`` (in place); return the column's sum.
 
     ``raw``: each value's 64 canonical bits (uint64); ``bits``/``offset``: Arrow's validity
     bitmap and the array's offset in it (``nulls`` False: no bitmap to read); ``key``: the
     column's key (its name's hash and its kind's tag); ``null``: what a null value is.
     Each value's ``t = mix(raw ^ key)`` is added to the sum and folded into its row's
     state (``acc = acc * M ^ t``: order matters); the row's hash is ``mix`` of its state once
-    every column is in (:func:`txsink.audit.digest.digest_batch`), which binds the row's
-    values together."""
+    every column is in (:func:`mixed_sum`), which binds the row's values together.
+
+    ``first``: every row's state is ``acc[0]`` (the first column: the caller sets one value
+    instead of filling the array, a pass less over memory a sink's write has just evicted)."""
     total = np.uint64(0)
+    start = acc[0] * _M
     for i in range(raw.shape[0]):
         v = raw[i]
         if nulls and not _valid(bits, offset, i):
             v = null
         t = _mix(v ^ key)
         total += t
-        acc[i] = (acc[i] * _M) ^ t
+        acc[i] = (start if first else acc[i] * _M) ^ t
     return total
 
 
@@ -176,6 +187,15 @@ def hash_pairs(words: Any, out: Any) -> None:
     share a high word never collide (small ones: high is 0 or all ones)."""
     for i in range(out.shape[0]):
         out[i] = words[2 * i] ^ (words[2 * i + 1] * _M)
+
+
+@njit(cache=True, nogil=True)
+def canonical_floats(values: Any, out: Any) -> None:
+    """``out[i]``: ``values[i]`` as float64 with ``-0.0`` as ``0.0`` (``x + 0.0``; numba
+    compiles without fast-math, so it is kept) and every NaN as one NaN."""
+    for i in range(values.shape[0]):
+        v = np.float64(values[i]) + 0.0
+        out[i] = np.nan if np.isnan(v) else v
 
 
 def mix_np(x: U64) -> U64:

@@ -187,7 +187,9 @@ def reading(res: Results) -> list[str]:
         )
         if res.columns:
             line += (
-                f" (the one-process digest of the same columns: {res.columns['digest']['all']:.2f})"
+                f" (the one-process digest of the same columns: {res.columns['digest']['all']:.2f}"
+                ", its loops and data hot in the caches; in a task it runs between the sink's "
+                "writes, which evict both)"
             )
         total = _total(res, "digest", p)
         out.append(

@@ -26,7 +26,7 @@ Version 1 (the one written here; :data:`DIGEST_VERSION`), for a column named ``n
   number of columns) and its hash is ``mix(s)``; ``sum = Σ_rows mix(s)``. The fold binds a
   row's values together: moving a value to another row changes ``sum``, not ``cols``.
 
-Computed by compiled loops over Arrow's buffers (:mod:`txsink.audit.kernels`): about 40 ms
+Computed by compiled loops over Arrow's buffers (:mod:`txsink.audit.kernels`): about 30 ms
 of one core per million rows of six mixed columns (docs/benchmarks.md).
 
 What it cannot see: a change that keeps every hash (a 64-bit collision), and values below

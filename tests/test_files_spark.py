@@ -122,6 +122,29 @@ def test_a_python_worker_freezes_its_heap_after_its_first_txsink_task(
     assert max(row.n for row in probe.collect()) > 0
 
 
+@pytest.mark.parametrize("switch", ["on", "off"])
+def test_the_worker_heap_freeze_can_be_switched_off(switch: str) -> None:
+    """``TXSINK_WORKER_GC_FREEZE=off`` in a worker's environment: nothing frozen (a fresh
+    process: freezing is for the process's lifetime)."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import gc\n"
+        "from txsink.spark.jobs import settle_worker_heap\n"
+        "settle_worker_heap()\n"
+        "settle_worker_heap()\n"
+        "print(gc.get_freeze_count())\n"
+    )
+    env = {**os.environ, "TXSINK_WORKER_GC_FREEZE": switch}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    frozen = int(out.stdout.strip())
+    assert (frozen > 0) == (switch == "on")
+
+
 def test_a_write_of_a_committed_epoch_says_so_and_a_replay_says_replay(
     spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

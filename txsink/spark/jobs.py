@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import os
 import pickle
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -240,9 +241,16 @@ def settle_worker_heap() -> None:
     the row digest's compiled loops bring numba, and its object graph made that collection
     cost ~80 ms a task instead of ~7 (docs/benchmarks.md, the row digest). Frozen, those
     objects cost nothing a task. The price, once per process: an object alive now that later
-    becomes cyclic garbage is never reclaimed (modules, the first task's plan)."""
+    becomes cyclic garbage is never reclaimed (modules, the first task's plan).
+    ``TXSINK_WORKER_GC_FREEZE=off`` in the executors' environment leaves the heap as it is."""
+    if os.environ.get(FREEZE_ENV, "on") == "off":
+        return
     gc.collect()
     gc.freeze()
+
+
+#: ``TXSINK_WORKER_GC_FREEZE=off`` in the executors' environment: no :func:`settle_worker_heap`.
+FREEZE_ENV = "TXSINK_WORKER_GC_FREEZE"
 
 
 def _outcome(

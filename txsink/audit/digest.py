@@ -190,9 +190,9 @@ SCRATCH_ROWS = 1 << 18
 
 def _scratch(n: int) -> tuple[U64, U64]:
     """Two uint64 arrays of ``n``: the rows' states and a column's raw bits. Reused batch
-    after batch (up to :data:`SCRATCH_ROWS`) because a fresh array's pages fault in: after
-    a sink's write has freed its buffers, allocating them cost more than the digest's loops
-    (docs/benchmarks.md)."""
+    after batch (up to :data:`SCRATCH_ROWS`) because a fresh array's pages fault in after a
+    sink's write has freed its buffers: with a Parquet write between batches, filling a
+    fresh 80 KB array took 25 µs, against 4 µs without the write."""
     held = getattr(_local, "scratch", None)
     if n > SCRATCH_ROWS:
         return np.empty(n, np.uint64), np.empty(n, np.uint64)

@@ -241,15 +241,11 @@ def _bytes_reader(t: pa.DataType) -> _Raw:
     """:func:`_bytes` for arrays of type ``t`` (views read as their large type: a cast)."""
     if _is(t, "string_view") or _is(t, "binary_view"):
         wide = pa.large_string() if _is(t, "string_view") else pa.large_binary()
-        return lambda arr, out: _bytes(arr.cast(wide), wide, out)
-    return functools.partial(_bytes_of, t)
+        return lambda arr, out: _bytes(wide, arr.cast(wide), out)
+    return functools.partial(_bytes, t)
 
 
-def _bytes_of(t: pa.DataType, arr: pa.Array, out: U64) -> U64:
-    return _bytes(arr, t, out)
-
-
-def _bytes(arr: pa.Array, t: pa.DataType, out: U64 | None = None) -> U64:
+def _bytes(t: pa.DataType, arr: pa.Array, out: U64 | None = None) -> U64:
     """:func:`kernels.hash_bytes` of each value's bytes, from Arrow's buffers (``t``: not a
     view type), into ``out`` (a fresh array if None)."""
     n = len(arr)
@@ -353,7 +349,7 @@ def _other(arr: pa.Array) -> U64:
         text = arr.cast(pa.large_string())
     except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
         text = pa.array([repr(v) for v in arr.to_pylist()], pa.large_string())
-    return _bytes(text.fill_null(""), text.type)
+    return _bytes(text.type, text.fill_null(""))
 
 
 def name_keys(names: list[str]) -> U64:

@@ -231,6 +231,10 @@ def _run_task(
     yield outcome
 
 
+#: ``TXSINK_WORKER_GC_FREEZE=off`` in the executors' environment: no :func:`settle_worker_heap`.
+FREEZE_ENV = "TXSINK_WORKER_GC_FREEZE"
+
+
 @functools.cache  # once per process
 def settle_worker_heap() -> None:
     """Once per Python worker process, after its first txsink task: collect the garbage,
@@ -247,10 +251,6 @@ def settle_worker_heap() -> None:
         return
     gc.collect()
     gc.freeze()
-
-
-#: ``TXSINK_WORKER_GC_FREEZE=off`` in the executors' environment: no :func:`settle_worker_heap`.
-FREEZE_ENV = "TXSINK_WORKER_GC_FREEZE"
 
 
 def _outcome(
